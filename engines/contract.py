@@ -1,0 +1,242 @@
+"""The engine <-> service contract: everything that crosses the thread boundary.
+
+The asyncio service builds a :class:`SynthesisRequest`, calls
+``engine.submit(request, deliver)`` and gets a :class:`RequestHandle` back at once.
+The engine's worker thread (the only thread that touches tensors) later calls
+``deliver(chunk)`` with :class:`AudioChunk` objects, in order, ending with exactly one
+chunk whose ``is_final`` is true (carrying ``error`` when the request failed).
+
+Rules both sides rely on:
+
+* ``deliver`` runs on the worker thread. It must be thread-safe and must not block;
+  the service wraps it with ``loop.call_soon_threadsafe``.
+* ``submit`` never blocks. It raises :class:`InvalidRequest` (bad parameters, say
+  which field) or :class:`EngineOverloaded` (admission queue full) synchronously.
+* ``handle.cancel()`` may be called from any thread, any number of times. The worker
+  frees the request's slot at its next tick and then delivers one final chunk with
+  ``error == "cancelled"``.
+* ``handle.pause()`` / ``handle.resume()`` implement back-pressure: while paused the
+  worker starts no new chunk for the request (a chunk already being denoised finishes).
+* An exception inside one request's computation fails that request only.
+
+This module is frozen: add optional fields with defaults, never rename or remove.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+
+SAMPLE_RATE = 24_000
+"""Output sample rate of every engine (Qwen3-TTS 12 Hz codec)."""
+
+SAMPLES_PER_FRAME = 1920
+"""PCM samples per codec frame (80 ms at 24 kHz)."""
+
+
+class Priority(str, enum.Enum):
+    """Scheduling class: realtime streams are always served before batch work."""
+
+    REALTIME = "realtime"
+    BATCH = "batch"
+
+
+class EngineError(Exception):
+    """Base class for errors the engine reports synchronously from ``submit``."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """A request parameter is out of range; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class EngineOverloaded(EngineError):
+    """The admission queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str = "engine admission queue is full", retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineUnavailable(EngineError):
+    """The engine is not running (not started yet, stopping, or its worker died)."""
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One utterance (or text block) to synthesize.
+
+    ``text`` may hold several sentences; the engine splits long text at clause
+    boundaries itself. ``steps`` / ``guidance_scale`` drive the DiT source and are
+    ignored by the talker source. ``seed`` fully determines every random draw the
+    request makes (initial noise, sampling), independent of what shares a batch.
+    """
+
+    id: str
+    text: str
+    voice: str = "default"
+    seed: int = 0
+    steps: int = 8
+    guidance_scale: float = 2.0
+    speed: float = 1.0
+    priority: Priority = Priority.REALTIME
+    language: str = "Auto"
+    greedy: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class ChunkTiming:
+    """Monotonic timestamps (``time.monotonic()``) for latency accounting."""
+
+    submitted_at: float
+    started_at: float | None
+    emitted_at: float
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of a request's audio, delivered in ``index`` order.
+
+    ``pcm`` is float32 mono in [-1, 1] (possibly empty, e.g. on a final error chunk).
+    ``frames_total`` is the engine's current estimate of the request's frame count;
+    it is exact for the DiT source once the request is admitted and an upper bound
+    for the autoregressive talker until ``is_final``.
+    """
+
+    request_id: str
+    index: int
+    pcm: np.ndarray
+    sample_rate: int
+    frames_done: int
+    frames_total: int
+    is_final: bool
+    error: str | None = None
+    timing: ChunkTiming | None = None
+    text: str | None = None
+    """The text span this chunk voices, when the engine knows it (first chunk of a clause)."""
+
+
+Deliver = Callable[[AudioChunk], None]
+
+
+class RequestHandle:
+    """The service's grip on a submitted request. Thread-safe."""
+
+    def __init__(self, request: SynthesisRequest):
+        self.request = request
+        self.submitted_at = time.monotonic()
+        self._cancelled = threading.Event()
+        self._paused = threading.Event()
+        self._done = threading.Event()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.id
+
+    def cancel(self) -> None:
+        """Ask the worker to stop this request; its slot is freed at the next tick."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def pause(self) -> None:
+        """Back-pressure: start no new chunk for this request until ``resume``."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def mark_done(self) -> None:
+        """Called by the engine after the final chunk was delivered."""
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block (a non-loop thread only) until the final chunk was delivered."""
+        return self._done.wait(timeout)
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """What one worker tick did; passed to tick listeners (metrics)."""
+
+    batch_rows: int
+    """Rows in the tick's model forward (2n under fused CFG)."""
+    active_slots: int
+    seconds: float
+    frames_finished: int
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Static description of a loaded engine, for ``/v1/models`` and the CLI."""
+
+    model: str
+    preset: str
+    source: str
+    device: str
+    dtype: str
+    sample_rate: int
+    voices: tuple[str, ...]
+    voice_aliases: Mapping[str, str]
+    random_components: tuple[str, ...]
+    """Components running on random (untrained) weights; empty when all are trained."""
+    max_queue: int
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A point-in-time snapshot, cheap to take from any thread."""
+
+    alive: bool
+    ready: bool
+    queue_depth: int
+    active_requests: int
+    active_slots: int
+    ticks: int
+    error: str | None = None
+
+
+class SynthesisEngine(Protocol):
+    """What the service needs from an engine (see :mod:`engines.engine`)."""
+
+    info: EngineInfo
+
+    def start(self) -> None:
+        """Load, warm up and start the worker thread; returns when ready."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything, stop the worker thread and release the device."""
+
+    def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
+        """Queue a request; never blocks. Raises InvalidRequest / EngineOverloaded."""
+
+    def stats(self) -> EngineStats: ...
+
+    def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
+        """Call ``listener`` on the worker thread after every tick (keep it cheap)."""
+
+    def resolve_voice(self, name: str) -> str:
+        """Canonical voice name for ``name`` (aliases allowed); InvalidRequest if unknown."""

@@ -1,0 +1,93 @@
+"""Named model sizes.
+
+* ``tiny``  - tests: two seconds of audio in well under a second on a CPU.
+* ``small`` - the CPU default: shrunken sizes, real-time while serving on 2 cores.
+* ``base``  - the GPU default: code predictor and codec decoder at the released
+  Qwen3-TTS 0.6B sizes, DiT about 16 layers x 1024.
+"""
+
+from __future__ import annotations
+
+from .models.configs import (
+    CodecDecoderConfig,
+    CodecHeadConfig,
+    CodePredictorConfig,
+    DiTConfig,
+    DurationConfig,
+    ModelConfig,
+    StreamConfig,
+    TextEncoderConfig,
+)
+
+PRESET_NAMES = ("tiny", "small", "base")
+
+
+def _tiny() -> ModelConfig:
+    d = 64
+    return ModelConfig(
+        name="tiny",
+        text=TextEncoderConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+        duration=DurationConfig(hidden_size=64),
+        dit=DiTConfig(latent_dim=d, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, cond_dim=64, context_frames=4),
+        codec_head=CodecHeadConfig(hidden_size=d, vocab_size=96, codebook_size=64,
+                                   codec_pad_id=80, codec_bos_id=81, codec_eos_token_id=82),
+        code_predictor=CodePredictorConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=8, num_code_groups=4, talker_hidden_size=d),
+        decoder=CodecDecoderConfig(codebook_size=64, codebook_dim=32, hidden_size=32, latent_dim=32,
+                                   num_attention_heads=4, num_key_value_heads=4, head_dim=8, sliding_window=8,
+                                   intermediate_size=64, num_hidden_layers=2, num_quantizers=4, decoder_dim=32),
+        stream=StreamConfig(max_slots=16, batch_ceiling=32, first_chunk_frames=4, chunk_frames=12),
+    )
+
+
+def _small() -> ModelConfig:
+    d = 256
+    return ModelConfig(
+        name="small",
+        text=TextEncoderConfig(hidden_size=192, num_hidden_layers=3, num_attention_heads=6, intermediate_size=512),
+        duration=DurationConfig(hidden_size=192),
+        dit=DiTConfig(latent_dim=d, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                      intermediate_size=768, cond_dim=192, context_frames=6),
+        codec_head=CodecHeadConfig(hidden_size=d, vocab_size=1056, codebook_size=1024,
+                                   codec_pad_id=1036, codec_bos_id=1037, codec_eos_token_id=1038),
+        code_predictor=CodePredictorConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=64, num_code_groups=8, talker_hidden_size=d),
+        decoder=CodecDecoderConfig(codebook_size=1024, codebook_dim=128, hidden_size=128, latent_dim=256,
+                                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72,
+                                   intermediate_size=256, num_hidden_layers=2, num_quantizers=8, decoder_dim=128),
+        stream=StreamConfig(max_slots=16, batch_ceiling=32, first_chunk_frames=4, chunk_frames=25),
+    )
+
+
+def _base() -> ModelConfig:
+    d = 1024  # Qwen3-TTS 0.6B talker hidden
+    return ModelConfig(
+        name="base",
+        text=TextEncoderConfig(hidden_size=768, num_hidden_layers=6, num_attention_heads=12, intermediate_size=2304),
+        duration=DurationConfig(hidden_size=768),
+        dit=DiTConfig(latent_dim=d, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                      intermediate_size=3072, cond_dim=768, context_frames=8),
+        codec_head=CodecHeadConfig(hidden_size=d, vocab_size=3072, codebook_size=2048,
+                                   codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150),
+        code_predictor=CodePredictorConfig(vocab_size=2048, hidden_size=1024, intermediate_size=3072,
+                                           num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=8,
+                                           head_dim=128, num_code_groups=16, talker_hidden_size=d),
+        decoder=CodecDecoderConfig(codebook_size=2048, codebook_dim=512, hidden_size=512, latent_dim=1024,
+                                   num_attention_heads=16, num_key_value_heads=16, head_dim=64, sliding_window=72,
+                                   intermediate_size=1024, num_hidden_layers=8, num_quantizers=16, decoder_dim=1536),
+        stream=StreamConfig(max_slots=64, batch_ceiling=128, first_chunk_frames=4, chunk_frames=25),
+    )
+
+
+_BUILDERS = {"tiny": _tiny, "small": _small, "base": _base}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a named preset; ValueError lists the valid names."""
+    try:
+        return _BUILDERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}") from None
