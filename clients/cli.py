@@ -1,14 +1,36 @@
-"""The `streamvox` command line. Subcommands import `engines` / `service` lazily."""
+"""The `streamvox` command line.
+
+Each subcommand lives in its own module under ``clients/commands/`` and exposes
+``register(subparsers)``; heavy packages (`engines`, `service`, torch) are imported
+lazily inside the command so ``streamvox --help`` stays instant.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+# Subcommand modules, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "clients.commands.serve",
+    "clients.commands.synthesize",
+    "clients.commands.say",
+    "clients.commands.jobs",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamvox", description="Streaming text-to-speech server and tools")
-    parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a command not written yet must not break the others
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
     return parser
 
 
