@@ -1,0 +1,89 @@
+"""`streamvox synthesize`: text -> audio file, in-process (no server needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import uuid
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("synthesize", help="synthesize text to an audio file in-process (no server)")
+    p.add_argument("--text", required=True, help="text to speak ('-' reads standard input)")
+    p.add_argument("--out", required=True, help="output file (.wav or .flac)")
+    p.add_argument("--preset", choices=("tiny", "small", "base"), default=None,
+                   help="model size (default: small on CPU, base on CUDA)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--checkpoint", default=None, help="Qwen3-TTS checkpoint dir or streamvox .safetensors")
+    p.add_argument("--voice", default="default")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--guidance-scale", type=float, default=2.0)
+    p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--format", choices=("wav", "flac"), default=None,
+                   help="file format (default: from the --out extension, else wav)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _progress(done: int, total: int, started: float, stream) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    elapsed = time.monotonic() - started
+    stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} frames {elapsed:5.1f}s")
+    stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import soundfile as sf
+
+    from engines.contract import AudioChunk, EngineError, SynthesisRequest
+    from engines.engine import build_engine
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
+    engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0, warmup=False)
+    info = engine.info
+    random_note = ", ".join(info.random_components) if info.random_components else "none"
+    print(f"streamvox {info.preset} on {info.device}; components with RANDOM weights: {random_note}",
+          file=sys.stderr)
+    engine.start()
+    pieces: list[np.ndarray] = []
+    done = threading.Event()
+    state: dict[str, object] = {}
+    started = time.monotonic()
+    show = not args.quiet and (sys.stderr.isatty() or len(text) > 200)
+
+    def deliver(chunk: AudioChunk) -> None:
+        pieces.append(chunk.pcm)
+        if show:
+            _progress(chunk.frames_done, chunk.frames_total, started, sys.stderr)
+        if chunk.is_final:
+            state["error"] = chunk.error
+            done.set()
+
+    try:
+        request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, voice=args.voice, seed=args.seed,
+                                   steps=args.steps, guidance_scale=args.guidance_scale, speed=args.speed)
+        engine.submit(request, deliver)
+        done.wait()
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.stop()
+    if show:
+        sys.stderr.write("\n")
+    if state.get("error"):
+        print(f"error: synthesis failed: {state['error']}", file=sys.stderr)
+        return 1
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    sf.write(args.out, audio, info.sample_rate, format=fmt.upper(), subtype="PCM_16")
+    seconds = len(audio) / info.sample_rate
+    wall = time.monotonic() - started
+    print(f"wrote {args.out}: {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s "
+          f"(real-time factor {wall / max(seconds, 1e-9):.2f})", file=sys.stderr)
+    return 0

@@ -1,0 +1,297 @@
+"""Assemble models, planner, tick loop, vocalizer and worker into one engine.
+
+``build_engine(...)`` is what the service and the CLI call; the result implements
+:class:`engines.contract.SynthesisEngine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .contract import (
+    SAMPLE_RATE,
+    AudioChunk,
+    Deliver,
+    EngineInfo,
+    EngineStats,
+    EngineUnavailable,
+    InvalidRequest,
+    RequestHandle,
+    SynthesisRequest,
+    TickReport,
+)
+from .models.codec_decoder import CodecDecoder
+from .models.codec_head import CodecHead
+from .models.code_predictor import CodePredictor
+from .models.condition import ConditionEncoder
+from .models.configs import ModelConfig
+from .models.dit import FlowDiT
+from .models.duration import DurationModel
+from .models.init import init_module_
+from .models.text import ByteTokenizer
+from .planner import UtterancePlanner
+from .presets import get_preset
+from .stream import StreamScheduler
+from .vocalizer import Vocalizer
+from .worker import FaultHook, Worker
+
+log = logging.getLogger("streamvox.engine")
+
+VOICE_NAMES = ("default", "aria", "blaze", "cedar", "dune", "ember", "fjord", "gale")
+# OpenAI voice names map onto entries of the voice table.
+OPENAI_VOICE_ALIASES = {
+    "alloy": "aria", "echo": "blaze", "fable": "cedar", "onyx": "dune", "nova": "ember",
+    "shimmer": "fjord", "ash": "gale", "ballad": "cedar", "coral": "aria", "sage": "dune",
+    "verse": "blaze", "marin": "ember", "cedar": "cedar",
+}
+
+# Component name -> attribute on Models; the order of their init seeds is fixed.
+COMPONENTS = ("encoder", "duration", "dit", "codec_head", "code_predictor", "decoder")
+
+WEIGHTS_FILE = "streamvox.safetensors"
+
+
+@dataclass
+class Models:
+    """All nn.Modules of the DiT source pipeline."""
+
+    config: ModelConfig
+    encoder: ConditionEncoder
+    duration: DurationModel
+    dit: FlowDiT
+    codec_head: CodecHead
+    code_predictor: CodePredictor
+    decoder: CodecDecoder
+    random_components: tuple[str, ...]
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {name: getattr(self, name) for name in COMPONENTS}
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> "Models":
+        for module in self.modules().values():
+            module.to(device=device, dtype=dtype).eval()
+        return self
+
+
+def build_models(config: ModelConfig, seed: int = 0) -> Models:
+    """Every component with random weights, deterministically from ``seed``."""
+    modules = {
+        "encoder": ConditionEncoder(config.text),
+        "duration": DurationModel(config.duration, config.text),
+        "dit": FlowDiT(config.dit),
+        "codec_head": CodecHead(config.codec_head),
+        "code_predictor": CodePredictor(config.code_predictor),
+        "decoder": CodecDecoder(config.decoder),
+    }
+    for i, name in enumerate(COMPONENTS):
+        init_module_(modules[name], seed * 1000 + i)
+    return Models(config=config, random_components=COMPONENTS, **modules)
+
+
+def save_weights(models: Models, path: str | Path) -> None:
+    """All components into one safetensors file, keys ``<component>.<param>``."""
+    from safetensors.torch import save_file
+
+    tensors = {f"{name}.{k}": v.detach().contiguous().cpu()
+               for name, module in models.modules().items() for k, v in module.state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": "pt", "preset": models.config.name})
+
+
+def load_weights(models: Models, path: str | Path, components: tuple[str, ...] = COMPONENTS) -> tuple[str, ...]:
+    """Load ``components`` from a streamvox safetensors file (strict); returns what was loaded."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    loaded = []
+    for name in components:
+        prefix = f"{name}."
+        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if not state:
+            continue
+        missing, unexpected = getattr(models, name).load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path}: component {name!r}: missing tensors {sorted(missing)[:8]}, "
+                             f"unexpected tensors {sorted(unexpected)[:8]}")
+        loaded.append(name)
+    models.random_components = tuple(c for c in models.random_components if c not in loaded)
+    return tuple(loaded)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def default_preset(device: torch.device) -> str:
+    return "base" if device.type == "cuda" else "small"
+
+
+class Engine:
+    """The DiT-source engine: implements :class:`engines.contract.SynthesisEngine`."""
+
+    MAX_STEPS = 64
+    MAX_TEXT_CHARS = 100_000
+
+    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
+                 max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True):
+        self.models = models.to(device, dtype)
+        self.device = device
+        self.dtype = dtype
+        cfg = models.config
+        self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
+            VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
+        self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+        self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
+        self.scheduler = StreamScheduler(models.dit, cfg.stream, device, dtype)
+        self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
+        self.worker = Worker(self.planner, self.scheduler, self.vocalizer, self._voice_index,
+                             context_frames=cfg.dit.context_frames, max_queue=max_queue, fault_hook=fault_hook)
+        self._warmup = warmup
+        self._ready = threading.Event()
+        self.info = EngineInfo(
+            model="streamvox", preset=cfg.name, source="dit", device=str(device), dtype=str(dtype).replace("torch.", ""),
+            sample_rate=SAMPLE_RATE, voices=self.voice_names, voice_aliases=self.voice_aliases,
+            random_components=models.random_components, max_queue=max_queue,
+            extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups,
+                   "max_slots": cfg.stream.max_slots, "batch_ceiling": cfg.stream.batch_ceiling},
+        )
+
+    # -- SynthesisEngine ------------------------------------------------------
+    def start(self) -> None:
+        if self.worker.alive:
+            return
+        torch.set_grad_enabled(False)  # this thread (for warm-up); the worker sets its own
+        self.worker.start()
+        if self._warmup:
+            self._warm_up()
+        self._ready.set()
+        log.info("engine ready: preset=%s device=%s random=%s", self.info.preset, self.device,
+                 ",".join(self.info.random_components) or "none")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._ready.clear()
+        self.worker.stop(timeout)
+
+    def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
+        self.validate(request)
+        if not self.worker.alive:
+            raise EngineUnavailable(self.worker.error or "engine is not running")
+        return self.worker.submit(request, deliver)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,
+                           queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
+                           active_slots=self.scheduler.active_slots, ticks=self.worker.ticks,
+                           error=self.worker.error)
+
+    def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
+        self.worker.add_tick_listener(listener)
+
+    def resolve_voice(self, name: str) -> str:
+        key = (name or "default").strip().lower()
+        if key in self.voice_names:
+            return key
+        if key in self.voice_aliases:
+            return self.voice_aliases[key]
+        valid = ", ".join(self.voice_names + tuple(sorted(self.voice_aliases)))
+        raise InvalidRequest("voice", f"unknown voice {name!r}; valid voices: {valid}")
+
+    # -- helpers --------------------------------------------------------------
+    def validate(self, request: SynthesisRequest) -> None:
+        """Raise InvalidRequest naming the first bad field."""
+        if not isinstance(request.text, str) or not request.text.strip():
+            raise InvalidRequest("text", "must be a non-empty string")
+        if len(request.text) > self.MAX_TEXT_CHARS:
+            raise InvalidRequest("text", f"longer than {self.MAX_TEXT_CHARS} characters")
+        self.resolve_voice(request.voice)
+        if not 1 <= int(request.steps) <= self.MAX_STEPS:
+            raise InvalidRequest("steps", f"must be between 1 and {self.MAX_STEPS}")
+        if not 0.0 <= float(request.guidance_scale) <= 20.0:
+            raise InvalidRequest("guidance_scale", "must be between 0 and 20")
+        if not 0.25 <= float(request.speed) <= 4.0:
+            raise InvalidRequest("speed", "must be between 0.25 and 4.0")
+        if not 0.0 < float(request.temperature) <= 5.0:
+            raise InvalidRequest("temperature", "must be in (0, 5]")
+        if not 0.0 < float(request.top_p) <= 1.0:
+            raise InvalidRequest("top_p", "must be in (0, 1]")
+        if int(request.top_k) < 0:
+            raise InvalidRequest("top_k", "must be >= 0")
+
+    def _voice_index(self, name: str) -> int:
+        return self.voice_names.index(self.resolve_voice(name))
+
+    def _warm_up(self) -> None:
+        """One short request through the whole pipeline before reporting ready."""
+        done = threading.Event()
+        errors: list[str] = []
+
+        def deliver(chunk: AudioChunk) -> None:
+            if chunk.is_final:
+                if chunk.error:
+                    errors.append(chunk.error)
+                done.set()
+
+        self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text="Warm up."), deliver)
+        if not done.wait(300):
+            raise RuntimeError("engine warm-up did not finish within 300 s")
+        if errors:
+            raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+
+
+def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
+                 max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
+                 warmup: bool = True) -> Engine:
+    """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA."""
+    dev = resolve_device(device)
+    config = get_preset(preset or default_preset(dev))
+    t0 = time.perf_counter()
+    if checkpoint:
+        models = _models_from_checkpoint(Path(checkpoint), config, seed)
+    else:
+        models = build_models(config, seed)
+    log.info("built %s models in %.2fs", models.config.name, time.perf_counter() - t0)
+    return Engine(models, dev, dtype or torch.float32, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup)
+
+
+def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int) -> Models:
+    """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
+    if path.is_file():
+        models = build_models(preset_config, seed)
+        load_weights(models, path)
+        return models
+    weights = path / WEIGHTS_FILE
+    if (path / "config.json").exists():
+        from .qwen3_tts import load_checkpoint
+
+        parts = load_checkpoint(path)
+        config = parts.model_config(preset_config)
+        models = build_models(config, seed)
+        models.codec_head = parts.head
+        models.code_predictor = parts.predictor
+        models.decoder = parts.decoder
+        models.random_components = ("encoder", "duration", "dit")
+        if weights.exists():
+            load_weights(models, weights, components=("encoder", "duration", "dit"))
+        else:
+            log.warning("%s has no %s: the DiT and condition encoder run on RANDOM weights "
+                        "(no trained DiT exists); the audio will not be speech", path, WEIGHTS_FILE)
+        return models
+    if weights.exists():
+        models = build_models(preset_config, seed)
+        load_weights(models, weights)
+        return models
+    raise FileNotFoundError(f"{path}: neither a Qwen3-TTS checkpoint directory (config.json) nor {WEIGHTS_FILE}")
