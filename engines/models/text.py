@@ -1,0 +1,269 @@
+"""Text frontend: byte-level tokenizer and sentence / clause splitting.
+
+* :class:`ByteTokenizer` maps UTF-8 bytes to ids 0..255 plus three special ids
+  (pad 256, bos 257, eos 258). It needs no files and covers every language.
+* :class:`Tokenizer` is the seam for a trained tokenizer (``tokenizer.json`` loaded
+  with HF ``tokenizers``) via :func:`load_tokenizer`.
+* :func:`split_sentences` cuts an incrementally growing buffer into complete
+  sentences (for streaming text input); :func:`split_clauses` cuts a whole text into
+  pieces no longer than a budget, at clause boundaries, never dropping text.
+
+Splitting is conservative: a missed boundary only makes an utterance longer, a wrong
+one breaks prosody mid-sentence, so ambiguous cases are *not* split.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Protocol, runtime_checkable
+
+PAD_ID = 256
+BOS_ID = 257
+EOS_ID = 258
+BYTE_VOCAB_SIZE = 259
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the planner needs from a tokenizer."""
+
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` wrapped as [bos, ..., eos]."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``; special ids are skipped."""
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255; pad/bos/eos are 256/257/258."""
+
+    vocab_size = BYTE_VOCAB_SIZE
+    pad_id = PAD_ID
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        return [BOS_ID, *text.encode("utf-8"), EOS_ID]
+
+    def decode(self, ids: list[int]) -> str:
+        data = bytearray()
+        for i in ids:
+            if not 0 <= i < BYTE_VOCAB_SIZE:
+                raise ValueError(f"token id {i} outside the byte vocabulary [0, {BYTE_VOCAB_SIZE})")
+            if i < 256:
+                data.append(i)
+        return data.decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` (HF ``tokenizers``) behind the :class:`Tokenizer` seam.
+
+    The special tokens are looked up by name; ``bos``/``eos`` are added by us so the
+    tokenizer's own post-processor is bypassed (``add_special_tokens=False``).
+    """
+
+    def __init__(self, path: str, pad_token: str = "<pad>", bos_token: str = "<s>", eos_token: str = "</s>"):
+        from tokenizers import Tokenizer as _HF  # lazy: only needed for trained tokenizers
+
+        self._tok = _HF.from_file(path)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        ids = {name: self._tok.token_to_id(name) for name in (pad_token, bos_token, eos_token)}
+        missing = [name for name, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"{path}: special tokens {missing} not in the vocabulary")
+        self.pad_id, self.bos_id, self.eos_id = ids[pad_token], ids[bos_token], ids[eos_token]
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_id, *self._tok.encode(text, add_special_tokens=False).ids, self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+
+def load_tokenizer(path: str | None = None) -> Tokenizer:
+    """The byte tokenizer when ``path`` is None, else the ``tokenizer.json`` at ``path``."""
+    return ByteTokenizer() if path is None else HFTokenizer(path)
+
+
+# --------------------------------------------------------------------------- sentences
+
+_LATIN_TERMINATORS = ".!?…"
+_CJK_TERMINATORS = "。！？"
+_CLOSERS = "\"'”’)]}»"
+_CJK_CLOSERS = "」』）”’"
+# Words that end with a period without ending the sentence (compared lowercased).
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st mt vs e.g i.e cf fig approx dept est inc ltd co gen col lt sgt capt rev".split()
+)
+_WORD_BEFORE = re.compile(r"([A-Za-z]+(?:\.[A-Za-z]+)*)$")
+
+
+def _is_abbreviation(text_before_period: str) -> bool:
+    m = _WORD_BEFORE.search(text_before_period)
+    if m is None:
+        return False
+    word = m.group(1)
+    if word.lower() in _ABBREVIATIONS:
+        return True
+    if "." in word:  # "U.S", "a.m": dotted initials
+        return True
+    return len(word) == 1 and word.isupper()  # "J. Smith": an initial
+
+
+def _boundary_end(buffer: str, i: int) -> int | None:
+    """If a sentence provably ends at the terminator run starting at ``buffer[i]``,
+    the index just past it (closers included); None when it does not or cannot be
+    decided yet (the decision must not change when more text arrives)."""
+    n = len(buffer)
+    if buffer[i] in _CJK_TERMINATORS:
+        j = i
+        while j < n and buffer[j] in _CJK_TERMINATORS:
+            j += 1
+        # No whitespace is needed after CJK terminators: the sentence ends as soon as
+        # the next visible character arrives (closing quotes stay with it), so that
+        # "好。" + "」" + "X" splits exactly like "好。」X".
+        while j < n and buffer[j] in _CJK_CLOSERS:
+            j += 1
+        return j if j < n else None
+    j = i
+    while j < n and buffer[j] in _LATIN_TERMINATORS:
+        j += 1
+    while j < n and buffer[j] in _CLOSERS:
+        j += 1
+    # Only whitespace followed by a visible character decides a Latin terminator.
+    k = j
+    while k < n and buffer[k].isspace():
+        k += 1
+    if k == j or k == n:
+        return None  # "3." may become "3.5"; "etc. " may continue with "and"
+    if "\n" in buffer[j:k]:
+        return j  # a line break after a terminator always ends the sentence
+    run = buffer[i:j].rstrip(_CLOSERS)
+    if run == "." and _is_abbreviation(buffer[:i]):
+        return None
+    if buffer[k].islower():
+        return None  # "e.g. this", "... and then": the sentence goes on
+    return j
+
+
+def split_sentences(buffer: str) -> tuple[list[str], str]:
+    """Complete sentences at the front of ``buffer`` and the undecided rest.
+
+    ``"Hello there. How are"`` -> ``(["Hello there."], " How are")``. Sentences are
+    stripped of surrounding whitespace; the rest is returned verbatim so the caller
+    can append the next piece of text to it. A blank line (``"\\n\\n"``) followed by
+    text also ends a sentence. Feeding text piece by piece yields the same sentences
+    as feeding it at once.
+    """
+    if not isinstance(buffer, str):
+        raise TypeError(f"buffer must be str, got {type(buffer).__name__}")
+    sentences: list[str] = []
+    start = 0
+    i = 0
+    n = len(buffer)
+    while i < n:
+        c = buffer[i]
+        end: int | None = None
+        if c in _LATIN_TERMINATORS or c in _CJK_TERMINATORS:
+            end = _boundary_end(buffer, i)
+            if end is None:  # skip the whole terminator run
+                while i < n and (buffer[i] in _LATIN_TERMINATORS or buffer[i] in _CJK_TERMINATORS):
+                    i += 1
+                continue
+        elif c == "\n" and buffer.startswith("\n\n", i):
+            k = i
+            while k < n and buffer[k].isspace():
+                k += 1
+            if k == n:
+                break  # undecided: the next text may still follow
+            end = i
+        if end is None:
+            i += 1
+            continue
+        sentence = buffer[start:end].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = end
+        i = max(end, i + 1)
+    return sentences, buffer[start:]
+
+
+def flush_sentences(buffer: str) -> list[str]:
+    """All sentences of a finished text: complete ones plus the stripped rest."""
+    sentences, rest = split_sentences(buffer)
+    if rest.strip():
+        sentences.append(rest.strip())
+    return sentences
+
+
+# --------------------------------------------------------------------------- clauses
+
+# After , ; : followed by a space ("1,000" stays whole), after CJK commas, and after a
+# spaced dash ("yes — indeed").
+_CLAUSE_BREAK = re.compile(r"(?<=[,;:])\s+|(?<=[，、；：])\s*|(?<=\s[—–])\s+")
+
+
+def _pack(pieces: list[str], max_len: int, measure: Callable[[str], int], sep: str) -> list[str]:
+    """Greedily join consecutive pieces with ``sep`` while the result fits ``max_len``."""
+    out: list[str] = []
+    for p in pieces:
+        if out and measure(out[-1] + sep + p) <= max_len:
+            out[-1] = out[-1] + sep + p
+        else:
+            out.append(p)
+    return out
+
+
+def _hard_split(word: str, max_len: int, measure: Callable[[str], int]) -> list[str]:
+    """Split one over-long word by characters (last resort; keeps every character)."""
+    out, cur = [], ""
+    for ch in word:
+        if cur and measure(cur + ch) > max_len:
+            out.append(cur)
+            cur = ""
+        cur += ch
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _split_long(sentence: str, max_len: int, measure: Callable[[str], int]) -> list[str]:
+    if measure(sentence) <= max_len:
+        return [sentence]
+    clauses = [c.strip() for c in _CLAUSE_BREAK.split(sentence) if c and c.strip()]
+    out: list[str] = []
+    for clause in clauses:
+        if measure(clause) <= max_len:
+            out.append(clause)
+            continue
+        words: list[str] = []
+        for w in clause.split():
+            words.extend([w] if measure(w) <= max_len else _hard_split(w, max_len, measure))
+        out.extend(_pack(words, max_len, measure, " "))
+    # Re-join neighbouring clauses that still fit together, so pieces are not tiny.
+    return _pack(out, max_len, measure, " ")
+
+
+def split_clauses(text: str, max_chars: int, measure: Callable[[str], int] = len) -> list[str]:
+    """Sentences of ``text``, long ones cut at clause boundaries (``, ; : —`` ...)
+    so that ``measure(piece) <= max_chars`` for every piece.
+
+    Nothing is truncated: the pieces joined by spaces equal the text up to
+    whitespace. Falls back to word boundaries, then to characters, when a clause
+    alone is too long. ``measure`` lets a caller budget in bytes or tokens.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    out: list[str] = []
+    for sentence in flush_sentences(text):
+        out.extend(_split_long(sentence, max_chars, measure))
+    return out
