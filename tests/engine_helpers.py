@@ -1,0 +1,49 @@
+"""Shared helpers for engine-level tests: build a tiny engine and collect a request's audio."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.contract import AudioChunk, SynthesisRequest
+from engines.engine import Engine, build_engine
+
+
+@dataclass
+class Collected:
+    """Everything delivered for one request, in delivery order."""
+
+    chunks: list[AudioChunk] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def deliver(self, chunk: AudioChunk) -> None:
+        self.chunks.append(chunk)
+        if chunk.is_final:
+            self.done.set()
+
+    @property
+    def pcm(self) -> np.ndarray:
+        return np.concatenate([c.pcm for c in self.chunks]) if self.chunks else np.zeros(0, np.float32)
+
+    @property
+    def error(self) -> str | None:
+        return self.chunks[-1].error if self.chunks else None
+
+
+def tiny_engine(**kwargs) -> Engine:
+    kwargs.setdefault("warmup", False)
+    engine = build_engine(preset="tiny", device="cpu", seed=0, **kwargs)
+    engine.start()
+    return engine
+
+
+def run_requests(engine: Engine, requests: list[SynthesisRequest], timeout: float = 120.0) -> list[Collected]:
+    """Submit all requests at once (so they share ticks) and wait for every final chunk."""
+    out = [Collected() for _ in requests]
+    for req, col in zip(requests, out):
+        engine.submit(req, col.deliver)
+    for col in out:
+        assert col.done.wait(timeout), "request did not finish in time"
+    return out

@@ -1,0 +1,132 @@
+"""Engine-level behaviour through the real worker thread (tiny preset, CPU, fp32)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from engines.contract import SAMPLES_PER_FRAME, EngineOverloaded, InvalidRequest, SynthesisRequest
+from engine_helpers import Collected, run_requests, tiny_engine
+
+TEXTS = [
+    "Hello there, this is a test.",
+    "Short one.",
+    "The quick brown fox jumps over the lazy dog, twice.",
+    "Numbers like 3.5 and 42 are read aloud.",
+    "A somewhat longer sentence to give this request several chunks of frames to stream.",
+    "Okay.",
+    "Streaming speech while it is being generated.",
+    "Eight requests share every tick of the loop.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = tiny_engine()
+    yield eng
+    eng.stop()
+
+
+def _req(i: int, text: str, **kw) -> SynthesisRequest:
+    return SynthesisRequest(id=f"r{i}", text=text, seed=kw.pop("seed", 100 + i), **kw)
+
+
+def test_audio_is_frames_times_1920_finite_and_not_silent(engine):
+    [col] = run_requests(engine, [_req(0, TEXTS[0])])
+    assert col.error is None
+    final = col.chunks[-1]
+    assert final.is_final and final.frames_done == final.frames_total
+    pcm = col.pcm
+    assert len(pcm) == final.frames_total * SAMPLES_PER_FRAME
+    assert np.isfinite(pcm).all()
+    assert np.abs(pcm).max() > 1e-3
+    assert [c.index for c in col.chunks] == list(range(len(col.chunks)))
+    assert len(col.chunks) >= 2, "a multi-chunk utterance streams in several pieces"
+
+
+def test_same_seed_alone_or_beside_seven_others_gives_same_audio(engine):
+    [alone] = run_requests(engine, [_req(0, TEXTS[0], seed=7)])
+    crowd = run_requests(engine, [_req(0, TEXTS[0], seed=7)] + [_req(i, TEXTS[i]) for i in range(1, 8)])
+    assert engine.worker.ticks > 0
+    np.testing.assert_allclose(crowd[0].pcm, alone.pcm, atol=1e-4, rtol=0)
+
+
+def test_different_seed_gives_different_audio(engine):
+    a, b = run_requests(engine, [_req(0, TEXTS[1], seed=1), _req(1, TEXTS[1], seed=2)])
+    assert len(a.pcm) == len(b.pcm)
+    assert np.abs(a.pcm - b.pcm).max() > 1e-3
+
+
+def test_cancel_frees_the_slot_within_a_tick(engine):
+    col = Collected()
+    long_text = " ".join(TEXTS) * 3
+    handle = engine.submit(_req(50, long_text), col.deliver)
+    deadline = time.monotonic() + 60
+    while not col.chunks and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert col.chunks, "no audio before cancel"
+    ticks_at_cancel = engine.worker.ticks
+    handle.cancel()
+    assert col.done.wait(30)
+    assert col.error == "cancelled"
+    assert engine.worker.ticks - ticks_at_cancel <= 1
+    assert engine.scheduler.active_slots == 0
+    assert engine.stats().active_requests == 0
+
+
+def test_invalid_requests_are_rejected_synchronously(engine):
+    with pytest.raises(InvalidRequest) as exc:
+        engine.submit(SynthesisRequest(id="x", text="hi", voice="nobody"), lambda c: None)
+    assert exc.value.field == "voice" and "default" in exc.value.message
+    with pytest.raises(InvalidRequest, match="steps"):
+        engine.submit(SynthesisRequest(id="x", text="hi", steps=0), lambda c: None)
+    with pytest.raises(InvalidRequest, match="text"):
+        engine.submit(SynthesisRequest(id="x", text="   "), lambda c: None)
+    with pytest.raises(InvalidRequest, match="speed"):
+        engine.submit(SynthesisRequest(id="x", text="hi", speed=9), lambda c: None)
+
+
+def test_voice_aliases_resolve(engine):
+    assert engine.resolve_voice("alloy") in engine.info.voices
+    assert engine.resolve_voice("DEFAULT") == "default"
+
+
+def test_injected_error_fails_only_that_request():
+    def reference():
+        eng = tiny_engine()
+        try:
+            return run_requests(eng, [_req(i, TEXTS[i]) for i in range(4)])
+        finally:
+            eng.stop()
+
+    ref = reference()
+    for stage in ("plan", "admit", "vocalize"):
+        def hook(request_id: str, s: str, stage=stage) -> None:
+            if request_id == "r2" and s == stage:
+                raise RuntimeError(f"injected failure at {stage}")
+
+        eng = tiny_engine(fault_hook=hook)
+        try:
+            got = run_requests(eng, [_req(i, TEXTS[i]) for i in range(4)])
+            assert eng.stats().alive
+        finally:
+            eng.stop()
+        assert got[2].error is not None and "injected failure" in got[2].error
+        for i in (0, 1, 3):
+            assert got[i].error is None
+            np.testing.assert_allclose(got[i].pcm, ref[i].pcm, atol=1e-4, rtol=0)
+
+
+def test_admission_queue_is_bounded():
+    eng = tiny_engine(max_queue=2)
+    try:
+        cols = []
+        with pytest.raises(EngineOverloaded):
+            for i in range(50):
+                col = Collected()
+                eng.submit(_req(i, TEXTS[4] * 2), col.deliver)
+                cols.append(col)
+    finally:
+        eng.stop()
