@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build the Qwen3-TTS *oracle*: a second virtualenv (.venv-oracle) holding the official
+# qwen-tts model code, then write the parity fixtures with it (tests/fixtures/oracle/).
+#
+# Why a separate venv: qwen-tts pins transformers==4.57.3 and declares torchaudio,
+# gradio, librosa... as dependencies (torchaudio alone can drag in a multi-GB CUDA
+# torch). It is a test oracle, never a runtime dependency of streamvox, so it lives
+# apart and is installed with --no-deps next to exactly what its model files import.
+#
+# Idempotent: the venv is reused when its packages are already right, and the
+# fixtures are rebuilt only when tests/oracle/*.py changed (stamp = their sha256).
+# Env: ORACLE_FORCE=1 rebuilds the fixtures; PYTHON picks the base interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv-oracle
+OUT=tests/fixtures/oracle
+TORCH_VERSION=${STREAMVOX_TORCH_VERSION:-2.13.0}
+start=$(date +%s)
+
+# What the two model files (and the package modules they pull in) really need.
+# librosa / soundfile / sox / onnxruntime / torchaudio / einops are only used by the
+# 25 Hz tokenizer and the audio I/O helpers: tests/oracle/official.py stubs them.
+# transformers brings tokenizers, huggingface-hub, safetensors, numpy, regex, pyyaml.
+ORACLE_PKGS=("transformers==4.57.3")   # the version qwen-tts 0.1.1 pins
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "oracle-env: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+OPY="$VENV/bin/python"
+
+if ! "$OPY" - "$TORCH_VERSION" <<'EOF' 2>/dev/null
+import sys, importlib.metadata as md
+want = {"torch": sys.argv[1], "transformers": "4.57.3", "qwen-tts": "0.1.1"}
+for name, version in want.items():
+    if md.version(name).split("+")[0] != version:
+        raise SystemExit(1)
+EOF
+then
+  echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, qwen-tts 0.1.1 --no-deps"
+  # Pinned torch first: the CPU wheel this machine provides; never a bare `torch`.
+  "$OPY" -m pip install -q "torch==$TORCH_VERSION"
+  "$OPY" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
+  # The official code itself, without its declared (heavy) dependencies.
+  "$OPY" -m pip install -q --no-deps "qwen-tts==0.1.1"
+fi
+echo "oracle-env: venv ready after $(( $(date +%s) - start ))s"
+
+# Fixtures: rebuild only when the fixture scripts changed (or ORACLE_FORCE=1).
+stamp=$(cat tests/oracle/*.py | sha256sum | cut -d' ' -f1)
+if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
+  echo "oracle-env: fixtures up to date ($OUT)"
+  exit 0
+fi
+rm -rf "$OUT"
+mkdir -p "$OUT"
+# Single-threaded torch keeps the 2-core CI box usable and the numerics reproducible.
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$OPY" tests/oracle/make_fixtures.py "$OUT"
+echo "$stamp" > "$OUT/STAMP"
+echo "oracle-env: fixtures written to $OUT in $(( $(date +%s) - start ))s total"
