@@ -1,0 +1,265 @@
+"""Async Python client for a streamvox server: WebSocket streaming and REST.
+
+    async with StreamvoxClient("http://127.0.0.1:8000", api_key=None) as client:
+        result = await client.say("Hello there. How are you?")      # WebSocket
+        wav = await client.speech("Hello", response_format="wav")   # OpenAI-style REST
+        job = await client.submit_job("A longer text ...")          # REST jobs
+        job = await client.wait_job(job["id"]); audio = await client.fetch_audio(job["id"])
+
+It reaches the service only over the network (no server imports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import aiohttp
+import numpy as np
+import websockets
+
+SUBPROTOCOL = "streamvox"
+
+
+class StreamvoxError(Exception):
+    """An error answer from the server: HTTP status (or 0 on WebSocket), code, message."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}" + (f" (HTTP {status})" if status else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Utterance:
+    index: int
+    text: str
+    pcm: bytearray = field(default_factory=bytearray)
+    samples: int | None = None  # as announced by audio.done
+    cancelled: bool = False
+
+
+@dataclass
+class StreamResult:
+    """Everything one round of a WebSocket session produced."""
+
+    sample_rate: int
+    utterances: list[Utterance]
+    events: list[dict]
+    time_to_first_audio_s: float | None
+    wall_s: float
+
+    @property
+    def pcm(self) -> np.ndarray:
+        """All utterances' audio as int16 samples, in order."""
+        data = b"".join(bytes(u.pcm) for u in self.utterances)
+        return np.frombuffer(data, dtype="<i2")
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.pcm.size / self.sample_rate
+
+    @property
+    def real_time_factor(self) -> float:
+        """Audio seconds per wall second (above 1 means faster than real time)."""
+        return self.audio_seconds / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+class StreamSession:
+    """One open WebSocket session; ``recv`` yields dicts (JSON messages) or bytes (PCM16)."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.created: dict = {}
+
+    async def send(self, message: dict) -> None:
+        await self.connection.send(json.dumps(message))
+
+    async def configure(self, **fields: Any) -> None:
+        await self.send({"type": "session.config", **fields})
+
+    async def send_text(self, text: str) -> None:
+        await self.send({"type": "input.text", "text": text})
+
+    async def done(self) -> None:
+        await self.send({"type": "input.done"})
+
+    async def cancel(self) -> None:
+        await self.send({"type": "response.cancel"})
+
+    async def close(self) -> None:
+        try:
+            await self.send({"type": "session.close"})
+        except websockets.ConnectionClosed:
+            pass
+        await self.connection.close()
+
+    async def recv(self) -> dict | bytes:
+        message = await self.connection.recv()
+        return message if isinstance(message, bytes) else json.loads(message)
+
+    async def __aiter__(self) -> AsyncIterator[dict | bytes]:
+        try:
+            while True:
+                yield await self.recv()
+        except websockets.ConnectionClosedOK:
+            return
+
+    async def collect_round(self, fatal_errors: bool = True) -> StreamResult:
+        """Read until ``session.done``; a fatal ``error`` raises StreamvoxError."""
+        started = time.monotonic()
+        first_audio: float | None = None
+        utterances: list[Utterance] = []
+        events: list[dict] = []
+        while True:
+            message = await self.recv()
+            if isinstance(message, bytes):
+                if first_audio is None:
+                    first_audio = time.monotonic() - started
+                utterances[-1].pcm.extend(message)
+                continue
+            events.append(message)
+            kind = message.get("type")
+            if kind == "audio.start":
+                utterances.append(Utterance(message["utterance"], message.get("text", "")))
+            elif kind == "audio.done":
+                utterances[-1].samples = message["samples"]
+                utterances[-1].cancelled = bool(message.get("cancelled"))
+            elif kind == "session.done":
+                break
+            elif kind == "error" and fatal_errors:
+                raise StreamvoxError(0, message.get("code", "error"), message.get("message", ""))
+        return StreamResult(self.created.get("sample_rate", 24000), utterances, events, first_audio,
+                            time.monotonic() - started)
+
+
+class StreamvoxClient:
+    def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout_s: float = 300.0):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "StreamvoxClient":
+        self._http = aiohttp.ClientSession(timeout=self._timeout)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url[len("http"):] + "/v1/stream"
+
+    # -- REST ----------------------------------------------------------------------
+    async def _request(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
+        if self._http is None:
+            raise RuntimeError("use `async with StreamvoxClient(...)`")
+        response = await self._http.request(method, self.url + path, headers=self.headers, **kwargs)
+        if response.status >= 400:
+            try:
+                error = (await response.json()).get("error", {})
+            except (aiohttp.ContentTypeError, json.JSONDecodeError, AttributeError):
+                error = {}
+            response.release()
+            raise StreamvoxError(response.status, error.get("code", "http_error"), error.get("message", response.reason))
+        return response
+
+    async def _json(self, method: str, path: str, **kwargs) -> Any:
+        response = await self._request(method, path, **kwargs)
+        async with response:
+            return await response.json()
+
+    async def ready(self) -> bool:
+        try:
+            await self._json("GET", "/readyz")
+            return True
+        except (StreamvoxError, aiohttp.ClientError):
+            return False
+
+    async def models(self) -> dict:
+        return await self._json("GET", "/v1/models")
+
+    async def voices(self) -> dict:
+        return await self._json("GET", "/v1/voices")
+
+    async def speech(self, input: str, response_format: str = "wav", **params: Any) -> bytes:
+        """``POST /v1/audio/speech`` (not streamed): the whole file."""
+        response = await self._request("POST", "/v1/audio/speech",
+                                       json={"model": "streamvox", "input": input, "response_format": response_format,
+                                             **params})
+        async with response:
+            return await response.read()
+
+    async def submit_job(self, input: str, **params: Any) -> dict:
+        return await self._json("POST", "/v1/jobs", json={"input": input, **params})
+
+    async def get_job(self, job_id: str) -> dict:
+        return await self._json("GET", f"/v1/jobs/{job_id}")
+
+    async def list_jobs(self, status: str | None = None) -> list[dict]:
+        return (await self._json("GET", "/v1/jobs", params={"status": status} if status else None))["data"]
+
+    async def cancel_job(self, job_id: str) -> dict:
+        return await self._json("DELETE", f"/v1/jobs/{job_id}")
+
+    async def fetch_audio(self, job_id: str) -> bytes:
+        response = await self._request("GET", f"/v1/jobs/{job_id}/audio")
+        async with response:
+            return await response.read()
+
+    async def wait_job(self, job_id: str, poll_s: float = 0.2) -> dict:
+        """Poll until the job is finished (succeeded, failed or cancelled)."""
+        while True:
+            job = await self.get_job(job_id)
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return job
+            await asyncio.sleep(poll_s)
+
+    # -- WebSocket -----------------------------------------------------------------
+    def connect(self) -> "_SessionContext":
+        return _SessionContext(self)
+
+    async def say(self, text: str, **config: Any) -> StreamResult:
+        """Stream ``text`` over WebSocket and return the audio of the round."""
+        async with self.connect() as session:
+            if config:
+                await session.configure(**config)
+            await session.send_text(text)
+            await session.done()
+            return await session.collect_round()
+
+
+class _SessionContext:
+    def __init__(self, client: StreamvoxClient):
+        self.client = client
+        self.session: StreamSession | None = None
+
+    async def __aenter__(self) -> StreamSession:
+        connection = await websockets.connect(self.client.ws_url, additional_headers=self.client.headers,
+                                              subprotocols=[SUBPROTOCOL], max_size=None)
+        self.session = StreamSession(connection)
+        first = await self.session.recv()
+        if isinstance(first, dict) and first.get("type") == "error":
+            await connection.close()
+            raise StreamvoxError(0, first.get("code", "error"), first.get("message", ""))
+        self.session.created = first if isinstance(first, dict) else {}
+        return self.session
+
+    async def __aexit__(self, *exc) -> None:
+        if self.session is not None:
+            await self.session.connection.close()

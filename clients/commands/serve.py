@@ -1,0 +1,27 @@
+"""`streamvox serve`: run the HTTP + WebSocket server (flags also as STREAMVOX_* env vars)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    from service.settings import add_arguments  # light: no torch
+
+    parser = subparsers.add_parser("serve", help="run the streaming TTS server",
+                                   description="Run the server. Every flag can also be set by its environment variable.")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.server import run as run_server
+    from service.settings import from_args
+
+    try:
+        settings = from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"streamvox serve: {exc}", file=sys.stderr)
+        return 2
+    return run_server(settings)

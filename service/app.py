@@ -1,0 +1,75 @@
+"""The aiohttp application: one port for HTTP and WebSocket.
+
+``create_app(settings, engine)`` wires routes and middleware around an engine that the
+caller has already started (``service.server`` in production, fixtures in tests).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from engines.contract import SynthesisEngine
+
+from . import jobs, speech, ws
+from .metrics import CONTENT_TYPE
+from .middleware import (auth_middleware, cors_middleware, error_middleware, on_response_prepare,
+                         request_id_middleware)
+from .settings import Settings
+from .state import STATE_KEY, AppState
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    stats = state.engine.stats()
+    ready = state.ready()
+    state.metrics.ready.set(1 if ready else 0)
+    body = {"ready": ready, "draining": state.draining, "engine": {"alive": stats.alive, "ready": stats.ready,
+                                                                    "error": stats.error}}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    info = request.app[STATE_KEY].engine.info
+    model = {
+        "id": "streamvox", "object": "model", "owned_by": "streamvox",
+        "engine_model": info.model, "preset": info.preset, "source": info.source, "device": info.device,
+        "dtype": info.dtype, "sample_rate": info.sample_rate, "random_components": list(info.random_components),
+        "random_weights": bool(info.random_components), "voices": list(info.voices), "max_queue": info.max_queue,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def voices(request: web.Request) -> web.Response:
+    info = request.app[STATE_KEY].engine.info
+    return web.json_response({"voices": list(info.voices), "aliases": dict(info.voice_aliases), "default": "default"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    state.metrics.ready.set(1 if state.ready() else 0)
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
+    middlewares = [request_id_middleware, error_middleware]
+    if settings.cors_origins:
+        middlewares.append(cors_middleware(settings.cors_origins))
+    middlewares.append(auth_middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    state = AppState(settings, engine)
+    engine.add_tick_listener(state.metrics.on_tick)
+    app[STATE_KEY] = state
+    app.on_response_prepare.append(on_response_prepare)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/voices", voices)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/audio/speech", speech.create_speech)
+    app.router.add_get("/v1/stream", ws.stream_session)
+    jobs.add_routes(app)
+    return app

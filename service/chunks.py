@@ -1,0 +1,108 @@
+"""The bridge from the engine's worker thread to the event loop, one request at a time.
+
+``ChunkStream`` submits a request, receives its chunks through
+``loop.call_soon_threadsafe`` and buffers them. The buffer is bounded by back-pressure:
+when ``high_water`` chunks wait unread, the engine is asked to pause the request (it
+starts no new chunk), and it resumes once the reader has drained to ``low_water``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import AsyncIterator
+
+from engines.contract import AudioChunk, RequestHandle, SynthesisEngine, SynthesisRequest
+
+from .metrics import Metrics
+
+
+class ChunkStream:
+    def __init__(self, engine: SynthesisEngine, request: SynthesisRequest, metrics: Metrics,
+                 high_water: int = 8):
+        self.request = request
+        self._engine = engine
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+        self._buffer: collections.deque[AudioChunk] = collections.deque()
+        self._ready = asyncio.Event()
+        self._high_water = max(1, high_water)
+        self._low_water = self._high_water // 2
+        self._paused_by_us = False
+        self._first_audio_seen = False
+        self.handle: RequestHandle | None = None
+        self.finished = False  # the final chunk was read
+        self.max_buffered = 0  # largest backlog seen; tests check it stays bounded
+
+    def start(self) -> "ChunkStream":
+        """Submit; raises the engine's InvalidRequest / EngineOverloaded / EngineUnavailable."""
+        self.handle = self._engine.submit(self.request, self._deliver_from_worker)
+        return self
+
+    # -- worker thread side -------------------------------------------------------
+    def _deliver_from_worker(self, chunk: AudioChunk) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._on_chunk, chunk)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    # -- loop side ------------------------------------------------------------------
+    def _on_chunk(self, chunk: AudioChunk) -> None:
+        self._buffer.append(chunk)
+        self.max_buffered = max(self.max_buffered, len(self._buffer))
+        if chunk.pcm.size and not self._first_audio_seen:
+            self._first_audio_seen = True
+            submitted = chunk.timing.submitted_at if chunk.timing else self.handle.submitted_at
+            self._metrics.ttfa.observe(max(0.0, time.monotonic() - submitted))
+        if chunk.pcm.size:
+            self._metrics.audio_seconds.inc(chunk.pcm.size / chunk.sample_rate)
+        if len(self._buffer) >= self._high_water and not self._paused_by_us and not chunk.is_final:
+            self._paused_by_us = True
+            self.handle.pause()
+            self._metrics.paused_streams.inc()
+        self._ready.set()
+
+    def _resume_if_drained(self) -> None:
+        if self._paused_by_us and len(self._buffer) <= self._low_water:
+            self._paused_by_us = False
+            self.handle.resume()
+            self._metrics.paused_streams.dec()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_by_us
+
+    async def next_chunk(self) -> AudioChunk:
+        while not self._buffer:
+            self._ready.clear()
+            await self._ready.wait()
+        chunk = self._buffer.popleft()
+        self._resume_if_drained()
+        if chunk.is_final:
+            self.finished = True
+            self.close()
+        return chunk
+
+    def take_buffered(self) -> list[AudioChunk]:
+        """Everything received but not read yet (used on cancel)."""
+        chunks = list(self._buffer)
+        self._buffer.clear()
+        return chunks
+
+    async def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        while not self.finished:
+            yield await self.next_chunk()
+
+    def cancel(self) -> None:
+        if self.handle is not None and not self.finished:
+            self.handle.cancel()
+        self.close()
+
+    def close(self) -> None:
+        """Forget back-pressure bookkeeping (the request is over or abandoned)."""
+        if self._paused_by_us:
+            self._paused_by_us = False
+            self._metrics.paused_streams.dec()
+            if self.handle is not None:
+                self.handle.resume()  # let a cancelled request reach its final chunk

@@ -1,0 +1,155 @@
+"""Durable job records (SQLite in WAL mode) and job audio files in the data directory.
+
+Audio is written to a temporary file, flushed and renamed, so a crash never leaves a
+half-written file under a finished job. Jobs found ``running`` at start-up were
+interrupted (crash, ``kill -9``, shutdown) and go back to ``queued``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    params TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    error TEXT,
+    frames_done INTEGER NOT NULL DEFAULT 0,
+    frames_total INTEGER NOT NULL DEFAULT 0,
+    audio_file TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+"""
+
+
+@dataclass
+class Job:
+    id: str
+    status: str
+    params: dict
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    frames_done: int = 0
+    frames_total: int = 0
+    audio_file: str | None = None
+
+    @property
+    def response_format(self) -> str:
+        return self.params.get("response_format", "wav")
+
+    def to_json(self) -> dict:
+        body = {
+            "id": self.id, "status": self.status,
+            "progress": {"frames_done": self.frames_done, "frames_total": self.frames_total},
+            "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
+            "response_format": self.response_format,
+        }
+        if self.error:
+            body["error"] = self.error
+        if self.status == "succeeded":
+            body["audio_url"] = f"/v1/jobs/{self.id}/audio"
+        return body
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class JobStore:
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self.audio_dir = self.data_dir / "audio"
+        self.audio_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- records -----------------------------------------------------------------
+    def _job(self, row: sqlite3.Row) -> Job:
+        return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
+                   started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
+                   frames_done=row["frames_done"], frames_total=row["frames_total"], audio_file=row["audio_file"])
+
+    def create(self, params: dict) -> Job:
+        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time())
+        self._db.execute("INSERT INTO jobs (id, status, params, created_at) VALUES (?, ?, ?, ?)",
+                         (job.id, job.status, json.dumps(params), job.created_at))
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._job(row) if row else None
+
+    def list(self, status: str | None = None, limit: int = 100) -> list[Job]:
+        if status:
+            rows = self._db.execute("SELECT * FROM jobs WHERE status = ? ORDER BY created_at DESC LIMIT ?",
+                                    (status, limit))
+        else:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [self._job(row) for row in rows]
+
+    def oldest_queued(self, limit: int) -> list[Job]:
+        rows = self._db.execute("SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT ?", (limit,))
+        return [self._job(row) for row in rows]
+
+    def mark_running(self, job_id: str) -> None:
+        self._db.execute("UPDATE jobs SET status = 'running', started_at = ?, error = NULL WHERE id = ?",
+                         (time.time(), job_id))
+
+    def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
+        self._db.execute("UPDATE jobs SET frames_done = ?, frames_total = ? WHERE id = ?",
+                         (frames_done, frames_total, job_id))
+
+    def finish(self, job_id: str, status: str, error: str | None = None, audio_file: str | None = None) -> None:
+        self._db.execute("UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ? WHERE id = ?",
+                         (status, time.time(), error, audio_file, job_id))
+
+    def requeue(self, job_id: str) -> None:
+        self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 WHERE id = ?",
+                         (job_id,))
+
+    def requeue_interrupted(self) -> int:
+        cursor = self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 "
+                                  "WHERE status = 'running'")
+        return cursor.rowcount
+
+    # -- audio files ---------------------------------------------------------------
+    def audio_path(self, job: Job) -> Path | None:
+        return self.audio_dir / job.audio_file if job.audio_file else None
+
+    def write_audio(self, job_id: str, extension: str, data: bytes) -> str:
+        """Write atomically (temp file, fsync, rename); returns the file name. Blocking."""
+        name = f"{job_id}.{extension}"
+        final = self.audio_dir / name
+        temp = self.audio_dir / f".{name}.tmp"
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, final)
+        finally:
+            temp.unlink(missing_ok=True)
+        return name

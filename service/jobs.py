@@ -1,0 +1,227 @@
+"""REST jobs: ``/v1/jobs``. A runner feeds queued jobs to the engine at batch priority.
+
+Jobs use the capacity real-time streams leave (the engine serves ``Priority.REALTIME``
+first); at most ``settings.job_workers`` jobs run at once. On shutdown running jobs go
+back to ``queued``; on start-up any job still marked ``running`` is re-queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+from aiohttp import web
+
+from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest, Priority
+
+from .audio import CONTENT_TYPES, encode_file, check_format
+from .chunks import ChunkStream
+from .errors import ApiError, invalid_field
+from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
+from .params import VoiceParams, build_request, parse_input, parse_params
+from .speech import read_json_object
+from .state import STATE_KEY, AppState
+
+log = logging.getLogger("streamvox.jobs")
+
+JOB_FORMATS = ("wav", "flac")
+RETRY_SECONDS = 0.5  # how long the runner waits when the engine queue is full
+
+
+class JobRunner:
+    def __init__(self, state: AppState, store: JobStore):
+        self.state = state
+        self.store = store
+        self.running: dict[str, ChunkStream] = {}
+        self.cancelled: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._dispatcher: asyncio.Task | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        requeued = self.store.requeue_interrupted()
+        if requeued:
+            log.info("re-queued %d interrupted job(s)", requeued)
+        self._dispatcher = asyncio.create_task(self._dispatch())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop taking jobs; running ones are cancelled in the engine and left ``queued``."""
+        self._stopping = True
+        if self._dispatcher:
+            self._dispatcher.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *(t for t in [self._dispatcher] if t), return_exceptions=True)
+
+    async def _dispatch(self) -> None:
+        while not self._stopping:
+            free = self.state.settings.job_workers - len(self.running)
+            started = 0
+            if free > 0 and not self.state.draining:
+                for job in self.store.oldest_queued(free):
+                    if not await self._start(job):
+                        break
+                    started += 1
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=RETRY_SECONDS if not started else None)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _start(self, job: Job) -> bool:
+        params = VoiceParams(**{k: job.params[k] for k in ("voice", "seed", "steps", "guidance_scale", "speed")})
+        synthesis = build_request(f"job-{job.id}", job.params["input"], params, Priority.BATCH)
+        stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
+        try:
+            stream.start()
+        except (EngineOverloaded, EngineUnavailable):
+            return False  # stays queued; the dispatcher retries shortly
+        except InvalidRequest as exc:
+            self.store.finish(job.id, "failed", error=str(exc))
+            return True
+        self.store.mark_running(job.id)
+        self.running[job.id] = stream
+        task = asyncio.create_task(self._run(job, stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _run(self, job: Job, stream: ChunkStream) -> None:
+        pieces: list[np.ndarray] = []
+        try:
+            while True:
+                chunk = await stream.next_chunk()
+                if chunk.pcm.size:
+                    pieces.append(chunk.pcm)
+                self.store.set_progress(job.id, chunk.frames_done, chunk.frames_total)
+                if chunk.is_final:
+                    break
+            if job.id in self.cancelled:
+                return  # DELETE already recorded the cancellation
+            if chunk.error:
+                self.store.finish(job.id, "failed", error=f"synthesis failed: {chunk.error}")
+                return
+            signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+            fmt = job.response_format
+            try:
+                data = await asyncio.to_thread(encode_file, signal, fmt)
+                name = await asyncio.to_thread(self.store.write_audio, job.id, fmt, data)
+            except OSError as exc:  # disk full, permissions: this job fails, with the reason
+                self.store.finish(job.id, "failed", error=f"could not write audio: {exc.strerror or exc}")
+                return
+            self.store.finish(job.id, "succeeded", audio_file=name)
+            log.info("job %s succeeded (%.2f s audio)", job.id, signal.size / chunk.sample_rate)
+        except asyncio.CancelledError:
+            stream.cancel()
+            if job.id not in self.cancelled:
+                self.store.requeue(job.id)  # shutdown: run it again after the restart
+            raise
+        except Exception:  # a bug here must fail this job only, visibly
+            log.exception("job %s failed", job.id)
+            self.store.finish(job.id, "failed", error="internal error while finishing the job")
+        finally:
+            self.running.pop(job.id, None)
+            self.cancelled.discard(job.id)
+            self.wake()
+
+    def cancel(self, job: Job) -> None:
+        if job.id in self.running:
+            self.cancelled.add(job.id)
+            self.running[job.id].cancel()
+        self.store.finish(job.id, "cancelled", error="cancelled by the client")
+
+
+# -- routes ---------------------------------------------------------------------------
+
+def _runner(request: web.Request) -> JobRunner:
+    return request.app[STATE_KEY].jobs
+
+
+def _job_or_404(request: web.Request) -> Job:
+    job_id = request.match_info["job_id"]
+    if not JOB_ID_RE.match(job_id):
+        raise invalid_field("id", "a job id is 32 lowercase hex characters")
+    job = _runner(request).store.get(job_id)
+    if job is None:
+        raise ApiError(404, "not_found", f"no job with id {job_id}")
+    return job
+
+
+async def create_job(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    body = await read_json_object(request)
+    text = parse_input(body, state.settings.max_input_chars)
+    fmt = check_format(body.get("response_format") or "wav", JOB_FORMATS)
+    params = parse_params(body, state.engine)
+    record = {"input": text, "response_format": fmt, "voice": params.voice, "seed": params.seed,
+              "steps": params.steps, "guidance_scale": params.guidance_scale, "speed": params.speed}
+    job = _runner(request).store.create(record)
+    _runner(request).wake()
+    log.info("job %s queued (request %s, %d chars)", job.id, request["request_id"], len(text))
+    return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    status = request.query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise invalid_field("status", f"choose one of {', '.join(STATUSES)}")
+    try:
+        limit = int(request.query.get("limit", "100"))
+    except ValueError:
+        raise invalid_field("limit", "must be an integer") from None
+    if not 1 <= limit <= 1000:
+        raise invalid_field("limit", "must be between 1 and 1000")
+    jobs = _runner(request).store.list(status, limit)
+    return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return web.json_response(_job_or_404(request).to_json())
+
+
+async def get_job_audio(request: web.Request) -> web.StreamResponse:
+    job = _job_or_404(request)
+    if job.status != "succeeded":
+        raise ApiError(409, "job_not_ready", f"job {job.id} is {job.status}; audio exists once it has succeeded")
+    path = _runner(request).store.audio_path(job)
+    if path is None or not path.exists():
+        raise ApiError(410, "audio_gone", f"the audio of job {job.id} is no longer stored")
+    return web.FileResponse(path, headers={"Content-Type": CONTENT_TYPES[job.response_format],
+                                           "Content-Disposition": f'attachment; filename="{path.name}"'})
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    job = _job_or_404(request)
+    if job.status in FINISHED:
+        raise ApiError(409, "job_finished", f"job {job.id} is already {job.status}")
+    _runner(request).cancel(job)
+    return web.json_response(_runner(request).store.get(job.id).to_json())
+
+
+async def _start_runner(app: web.Application) -> None:
+    state = app[STATE_KEY]
+    state.jobs = JobRunner(state, JobStore(state.settings.data_dir))
+    state.jobs.start()
+
+
+async def _stop_runner(app: web.Application) -> None:
+    runner = app[STATE_KEY].jobs
+    if runner is not None:
+        await runner.stop()
+        runner.store.close()
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/jobs", create_job)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{job_id}", get_job)
+    app.router.add_get("/v1/jobs/{job_id}/audio", get_job_audio)
+    app.router.add_delete("/v1/jobs/{job_id}", delete_job)
+    app.on_startup.append(_start_runner)
+    app.on_shutdown.append(_stop_runner)

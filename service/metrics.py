@@ -1,0 +1,48 @@
+"""Prometheus metrics, on a per-app registry (several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from engines.contract import SynthesisEngine, TickReport
+
+# Fine-grained at the low end so "at least 8 rows in one tick" is visible (le=7 vs le=8).
+BATCH_ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, engine: SynthesisEngine):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge("streamvox_queue_depth", "Requests waiting for an engine slot", registry=r)
+        self.queue_depth.set_function(lambda: engine.stats().queue_depth)
+        self.active_slots = Gauge("streamvox_active_slots", "Engine slots in use", registry=r)
+        self.active_slots.set_function(lambda: engine.stats().active_slots)
+        self.active_requests = Gauge("streamvox_active_requests", "Requests admitted and not finished", registry=r)
+        self.active_requests.set_function(lambda: engine.stats().active_requests)
+        self.ready = Gauge("streamvox_ready", "1 while the server accepts work", registry=r)
+        self.paused_streams = Gauge("streamvox_paused_streams", "Streams paused by back-pressure", registry=r)
+        self.tick_batch_rows = Histogram("streamvox_tick_batch_rows", "Rows in one tick's model forward",
+                                         buckets=BATCH_ROW_BUCKETS, registry=r)
+        self.tick_seconds = Histogram("streamvox_tick_seconds", "Wall time of one worker tick",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfa = Histogram("streamvox_time_to_first_audio_seconds", "Submit to first audio chunk",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.audio_seconds = Counter("streamvox_audio_seconds_total", "Seconds of audio produced", registry=r)
+        self.requests = Counter("streamvox_requests_total", "Requests by endpoint and outcome",
+                                ["endpoint", "outcome"], registry=r)
+
+    def on_tick(self, report: TickReport) -> None:
+        """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""
+        self.tick_batch_rows.observe(report.batch_rows)
+        self.tick_seconds.observe(report.seconds)
+
+    def count(self, endpoint: str, outcome: str) -> None:
+        self.requests.labels(endpoint=endpoint, outcome=outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,102 @@
+"""Cross-cutting HTTP concerns: request ids, JSON errors, request counting, auth, CORS."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from aiohttp import web
+
+from .auth import bearer_key
+from .errors import HTTP_STATUS_CODES, ApiError, error_response
+from .state import STATE_KEY
+
+log = logging.getLogger("streamvox.http")
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+WS_PATH = "/v1/stream"  # authenticates inside the socket so it can send an `error` message
+
+
+def endpoint_label(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Headers every response carries, streamed or not: its request id and CORS."""
+    if "request_id" in request:
+        response.headers["X-Request-Id"] = request["request_id"]
+    origin = request.get("cors_origin")
+    if origin:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Location, Retry-After"
+        response.headers["Vary"] = "Origin"
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler):
+    incoming = request.headers.get("X-Request-Id", "")
+    request["request_id"] = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+    return await handler(request)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    metrics = request.app[STATE_KEY].metrics
+    endpoint = endpoint_label(request)
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        metrics.count(endpoint, exc.code)
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = HTTP_STATUS_CODES.get(exc.status, "http_error")
+        metrics.count(endpoint, code)
+        message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+        return error_response(exc.status, code, message or exc.reason)
+    except Exception:
+        log.exception("request %s failed", request.get("request_id"))
+        metrics.count(endpoint, "internal_error")
+        return error_response(500, "internal_error", f"internal error (request id {request.get('request_id')})")
+    if not request.get("counted"):
+        metrics.count(endpoint, "ok" if response.status < 400 else HTTP_STATUS_CODES.get(response.status, "error"))
+    return response
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    state = request.app[STATE_KEY]
+    if state.api_keys.enabled and request.method != "OPTIONS" and not _is_open(request.path, state.settings.metrics_auth):
+        if not state.api_keys.accepts(bearer_key(request)):
+            raise ApiError(401, "unauthorized", "missing or invalid API key (Authorization: Bearer KEY)",
+                           headers={"WWW-Authenticate": "Bearer"})
+    return await handler(request)
+
+
+def _is_open(path: str, metrics_auth: bool) -> bool:
+    return path in OPEN_PATHS or path == WS_PATH or (path == "/metrics" and not metrics_auth)
+
+
+def cors_middleware(origins: tuple[str, ...]):
+    allow_any = "*" in origins
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        origin = request.headers.get("Origin")
+        allowed = origin is not None and (allow_any or origin in origins)
+        if not allowed:
+            return await handler(request)
+        request["cors_origin"] = origin
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Request-Id",
+                "Access-Control-Max-Age": "600",
+            })
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,157 @@
+"""Server settings: one frozen dataclass, parsed from CLI flags and environment variables.
+
+Every flag has an environment variable; a flag given on the command line wins over the
+environment, which wins over the default. This is the only place that knows the names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    preset: str | None = None  # None: "small" on CPU, "base" on CUDA (decided when the device is known)
+    device: str = "auto"
+    data_dir: Path = Path("./data")
+    checkpoint: str | None = None
+    max_queue: int = 64
+    drain_seconds: float = 20.0
+    api_keys: tuple[str, ...] = ()
+    metrics_auth: bool = False
+    cors_origins: tuple[str, ...] = ()
+    max_input_chars: int = 4096
+    log_level: str = "info"
+    seed: int = 0
+    # Limits without a flag of their own (issue 7 defaults); tests may override them.
+    max_body_bytes: int = 1 << 20
+    max_ws_message_bytes: int = 128 * 1024
+    ws_config_timeout_s: float = 10.0
+    ws_idle_timeout_s: float = 60.0
+    ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
+    job_workers: int = 2
+
+    def resolved_preset(self, device: str) -> str:
+        if self.preset:
+            return self.preset
+        return "base" if device.startswith("cuda") else "small"
+
+
+# (flag, env var, Settings field, help)
+_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("--host", "STREAMVOX_HOST", "host", "interface to bind"),
+    ("--port", "STREAMVOX_PORT", "port", "TCP port (0 = ephemeral)"),
+    ("--preset", "STREAMVOX_PRESET", "preset", "model size: tiny|small|base (default: small on CPU, base on CUDA)"),
+    ("--device", "STREAMVOX_DEVICE", "device", "auto|cpu|cuda"),
+    ("--data-dir", "STREAMVOX_DATA_DIR", "data_dir", "where the job database and audio live"),
+    ("--checkpoint", "STREAMVOX_CHECKPOINT", "checkpoint", "Qwen3-TTS / streamvox checkpoint directory"),
+    ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
+    ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
+    ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
+    ("--metrics-auth", "STREAMVOX_METRICS_AUTH", "metrics_auth", "require an API key for /metrics (on|off)"),
+    ("--cors-origins", "STREAMVOX_CORS_ORIGINS", "cors_origins", "comma separated allowed origins (empty = CORS off)"),
+    ("--max-input-chars", "STREAMVOX_MAX_INPUT_CHARS", "max_input_chars", "longest accepted input text"),
+    ("--log-level", "STREAMVOX_LOG_LEVEL", "log_level", "debug|info|warning|error"),
+)
+
+ENV_API_KEYS = "STREAMVOX_API_KEYS"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every server flag; defaults are None so the environment can fill them in."""
+    for flag, env, dest, help_text in _OPTIONS:
+        default = getattr(Settings, dest, None)
+        shown = f" [env {env}; default {default}]" if default not in (None, ()) else f" [env {env}]"
+        parser.add_argument(flag, dest=dest, default=None, help=help_text + shown)
+    parser.add_argument("--api-key", dest="api_key", action="append", default=None,
+                        help=f"accepted API key, repeatable [env {ENV_API_KEYS}, comma separated]")
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "on", "yes"):
+        return True
+    if lowered in ("0", "false", "off", "no", ""):
+        return False
+    raise ValueError(f"{name}: expected on|off, got {value!r}")
+
+
+def _split_list(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _read_key_file(path: str) -> tuple[str, ...]:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from parsed flags (may be None) and the environment.
+
+    Raises ValueError with the offending flag named when a value does not parse.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, str] = {}
+    for flag, env_name, dest, _ in _OPTIONS:
+        value = getattr(args, dest, None) if args is not None else None
+        if value is None:
+            value = env.get(env_name)
+        if value is not None:
+            raw[dest] = value
+
+    def number(dest: str, kind, minimum):
+        flag = "--" + dest.replace("_", "-")
+        try:
+            value = kind(raw[dest])
+        except ValueError:
+            raise ValueError(f"{flag}: expected a number, got {raw[dest]!r}") from None
+        if value < minimum:
+            raise ValueError(f"{flag}: must be >= {minimum}, got {value}")
+        return value
+
+    values: dict[str, object] = {}
+    for dest in ("host", "device", "checkpoint"):
+        if dest in raw:
+            values[dest] = raw[dest]
+    if "preset" in raw and raw["preset"]:
+        values["preset"] = raw["preset"]
+    if "data_dir" in raw:
+        values["data_dir"] = Path(raw["data_dir"])
+    if "port" in raw:
+        values["port"] = number("port", int, 0)
+    if "max_queue" in raw:
+        values["max_queue"] = number("max_queue", int, 1)
+    if "drain_seconds" in raw:
+        values["drain_seconds"] = number("drain_seconds", float, 0.0)
+    if "max_input_chars" in raw:
+        values["max_input_chars"] = number("max_input_chars", int, 1)
+    if "metrics_auth" in raw:
+        values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
+    if "cors_origins" in raw:
+        values["cors_origins"] = _split_list(raw["cors_origins"])
+    if "log_level" in raw:
+        level = raw["log_level"].lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"--log-level: choose one of {', '.join(LOG_LEVELS)}")
+        values["log_level"] = level
+    if values.get("device", "auto") not in ("auto", "cpu", "cuda") and not str(values["device"]).startswith("cuda:"):
+        raise ValueError("--device: choose auto, cpu or cuda")
+
+    keys: list[str] = []
+    flag_keys = getattr(args, "api_key", None) if args is not None else None
+    if flag_keys:
+        keys.extend(k.strip() for k in flag_keys if k.strip())
+    elif env.get(ENV_API_KEYS):
+        keys.extend(_split_list(env[ENV_API_KEYS]))
+    if raw.get("api_key_file"):
+        keys.extend(_read_key_file(raw["api_key_file"]))
+    values["api_keys"] = tuple(dict.fromkeys(keys))
+    return Settings(**values)  # type: ignore[arg-type]

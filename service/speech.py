@@ -1,0 +1,154 @@
+"""``POST /v1/audio/speech``: OpenAI-compatible speech, as a file, a byte stream or SSE."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+import numpy as np
+from aiohttp import web
+
+from engines.contract import EngineError, Priority
+
+from .audio import CONTENT_TYPES, StreamEncoder, check_format, encode_file
+from .chunks import ChunkStream
+from .errors import ApiError, invalid_field
+from .params import build_request, parse_input, parse_params
+from .state import STATE_KEY, engine_error
+
+log = logging.getLogger("streamvox.speech")
+
+MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+DEFAULT_FORMAT = "mp3"  # OpenAI's default
+STREAM_FORMATS = ("audio", "sse")
+
+
+async def read_json_object(request: web.Request) -> dict:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return body
+
+
+def client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+class _SpeechWork:
+    """An in-flight streamed response, as the drain sees it."""
+
+    busy = True
+
+    def __init__(self, stream: ChunkStream):
+        self.stream = stream
+        self.abort_code: str | None = None
+
+    async def abort(self, code: str, message: str) -> None:
+        self.abort_code = code
+        self.stream.cancel()
+
+
+async def create_speech(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    body = await read_json_object(request)
+    text = parse_input(body, state.settings.max_input_chars)
+    model = body.get("model", "streamvox")
+    if model not in MODEL_NAMES:
+        raise invalid_field("model", f"choose one of {', '.join(MODEL_NAMES)}")
+    fmt = check_format(body.get("response_format") or DEFAULT_FORMAT)
+    stream_format = body.get("stream_format")
+    if stream_format is not None and stream_format not in STREAM_FORMATS:
+        raise invalid_field("stream_format", "choose audio or sse")
+    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
+        raise invalid_field("instructions", "must be a string")  # accepted for compatibility, not used
+    params = parse_params(body, state.engine)
+    request_id = request["request_id"]
+    priority = Priority.REALTIME if stream_format else Priority.BATCH
+    synthesis = build_request(request_id, text, params, priority)
+    stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
+    try:
+        stream.start()
+    except EngineError as exc:
+        raise engine_error(exc) from None
+    log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
+    try:
+        if stream_format is None:
+            return await _whole_file(request, stream, fmt)
+        return await _streamed(request, stream, fmt, stream_format, len(text))
+    finally:
+        stream.cancel()  # no-op once finished; frees the slot if the client went away
+
+
+async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> web.Response:
+    pieces: list[np.ndarray] = []
+    while True:
+        chunk = await stream.next_chunk()
+        if chunk.pcm.size:
+            pieces.append(chunk.pcm)
+        if chunk.is_final:
+            break
+        if client_gone(request):
+            stream.cancel()
+            raise ApiError(499, "client_closed", "the client went away")
+    if chunk.error == "cancelled":
+        raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
+    if chunk.error:
+        log.error("speech %s failed: %s", request["request_id"], chunk.error)
+        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request['request_id']})")
+    signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    audio = encode_file(signal, fmt)
+    return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
+
+
+def _sse(event: dict) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+async def _streamed(request: web.Request, stream: ChunkStream, fmt: str, stream_format: str,
+                    input_chars: int) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    sse = stream_format == "sse"
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else CONTENT_TYPES[fmt],
+                                           "Cache-Control": "no-cache"})
+    encoder = StreamEncoder(fmt)
+    work = _SpeechWork(stream)
+    state.streams.add(work)
+    samples = 0
+
+    async def send(data: bytes) -> None:
+        if not data:
+            return
+        await response.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                             if sse else data)
+
+    try:
+        await response.prepare(request)
+        await send(encoder.header())
+        while True:
+            chunk = await stream.next_chunk()
+            samples += chunk.pcm.size
+            await send(encoder.encode(chunk.pcm))
+            if chunk.is_final:
+                break
+        if chunk.error and sse:
+            code = work.abort_code or ("cancelled" if chunk.error == "cancelled" else "synthesis_failed")
+            await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
+        elif not chunk.error:
+            await send(encoder.finish())
+            if sse:
+                usage = {"input_characters": input_chars, "output_samples": samples,
+                         "audio_seconds": round(samples / state.engine.info.sample_rate, 3)}
+                await response.write(_sse({"type": "speech.audio.done", "usage": usage}))
+        await response.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        log.info("speech %s: client went away", request["request_id"])
+        state.metrics.count("/v1/audio/speech", "client_closed")
+        request["counted"] = True
+    finally:
+        state.streams.discard(work)
+    return response

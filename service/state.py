@@ -1,0 +1,70 @@
+"""What one running app holds: settings, engine, metrics, keys, and the drain switch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from aiohttp import web
+
+from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest, SynthesisEngine
+
+from .auth import ApiKeys
+from .errors import ApiError
+from .metrics import Metrics
+from .settings import Settings
+
+
+class Abortable(Protocol):
+    busy: bool  # has work in flight (an idle WebSocket session is not busy)
+
+    async def abort(self, code: str, message: str) -> None: ...
+
+
+class AppState:
+    def __init__(self, settings: Settings, engine: SynthesisEngine):
+        self.settings = settings
+        self.engine = engine
+        self.metrics = Metrics(engine)
+        self.api_keys = ApiKeys(settings.api_keys)
+        self.draining = False
+        self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
+        self.jobs = None  # service.jobs.JobRunner, set by the app on startup
+
+    def ready(self) -> bool:
+        stats = self.engine.stats()
+        return stats.alive and stats.ready and not self.draining
+
+    def check_admission(self) -> None:
+        if self.draining:
+            raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
+                           headers={"Retry-After": "1"})
+
+
+def engine_error(exc: Exception) -> ApiError:
+    """Map the engine's synchronous submit errors to HTTP."""
+    if isinstance(exc, InvalidRequest):
+        return ApiError(400, "invalid_field", str(exc))
+    if isinstance(exc, EngineOverloaded):
+        retry = max(1, round(exc.retry_after_s))
+        return ApiError(429, "overloaded", "the server is at capacity; retry later", headers={"Retry-After": str(retry)})
+    if isinstance(exc, EngineUnavailable):
+        return ApiError(503, "unavailable", "the engine is not running", headers={"Retry-After": "5"})
+    raise exc
+
+
+async def drain(state: AppState, grace_seconds: float) -> None:
+    """Stop admission, give in-flight streams ``grace_seconds``, then abort the rest."""
+    state.draining = True
+    state.metrics.ready.set(0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_seconds
+    while any(s.busy for s in state.streams) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    leftovers = list(state.streams)
+    if leftovers:
+        await asyncio.gather(*(s.abort("shutting_down", "the server is shutting down") for s in leftovers),
+                             return_exceptions=True)
+
+
+STATE_KEY = web.AppKey("streamvox_state", AppState)

@@ -1,0 +1,339 @@
+"""WebSocket ``/v1/stream``: text in as it is typed, PCM16 out as it is generated.
+
+A session has two tasks. The reader parses client messages, splits the text buffer
+into sentences and appends work items (utterances and end-of-round markers) to a
+queue. The speaker takes the items in order, submits each utterance (the next one is
+submitted early so audio has no gap) and sends ``audio.start``, binary frames and
+``audio.done``; utterances never interleave. The protocol is specified in docs/API.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from engines.contract import EngineError, EngineOverloaded, EngineUnavailable, Priority
+from engines.models.text import split_sentences
+
+from .audio import to_pcm16
+from .auth import WS_SUBPROTOCOL, websocket_key
+from .chunks import ChunkStream
+from .errors import ApiError
+from .params import VoiceParams, build_request, parse_params
+from .state import STATE_KEY, AppState
+
+log = logging.getLogger("streamvox.ws")
+
+PROTOCOL_VERSION = 1
+FADE_OUT_SAMPLES = 480  # 20 ms ramp to silence when an utterance is cancelled
+CLOSE_OVERLOADED = 1013  # "try again later"
+ENDPOINT = "/v1/stream"
+
+
+class SessionClosed(Exception):
+    """The socket is gone or a fatal error was sent; stop the session."""
+
+
+@dataclass
+class Utterance:
+    text: str
+
+
+@dataclass
+class EndOfRound:
+    """Marks where an ``input.done`` (or a cancel) ends a round: send ``session.done``."""
+
+
+class StreamSession:
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, state: AppState):
+        self.request = request
+        self.ws = ws
+        self.state = state
+        self.session_id = uuid.uuid4().hex
+        self.params = VoiceParams()
+        self.buffer = ""  # text not yet ending in a sentence boundary
+        self.queue: collections.deque[Utterance | EndOfRound] = collections.deque()
+        self.wake = asyncio.Event()
+        self.next_utterance = 0
+        self.round_utterances = 0
+        self.submitted = 0
+        self.current: ChunkStream | None = None
+        self.prefetched: tuple[Utterance, ChunkStream] | None = None
+        self.cancelling = False
+        self.closed = False
+
+    # -- state the drain and the reader look at ------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.current is not None or bool(self.buffer.strip())
+
+    def queued_chars(self) -> int:
+        return len(self.buffer) + sum(len(item.text) for item in self.queue if isinstance(item, Utterance))
+
+    # -- sending -------------------------------------------------------------------
+    async def send_json(self, message: dict) -> None:
+        if self.closed or self.ws.closed:
+            raise SessionClosed()
+        try:
+            await self.ws.send_json(message)
+        except (ConnectionError, RuntimeError) as exc:
+            raise SessionClosed() from exc
+
+    async def send_pcm(self, pcm: np.ndarray) -> int:
+        if self.closed or self.ws.closed:
+            raise SessionClosed()
+        try:
+            await self.ws.send_bytes(to_pcm16(pcm))
+        except (ConnectionError, RuntimeError) as exc:
+            raise SessionClosed() from exc
+        return int(pcm.size)
+
+    async def error(self, code: str, message: str) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message})
+
+    async def fatal(self, code: str, message: str, close_code: int) -> None:
+        if self.closed:
+            return
+        try:
+            await self.error(code, message)
+        except SessionClosed:
+            pass
+        self.closed = True
+        self.cancel_all()
+        await self.ws.close(code=close_code, message=code.encode())
+
+    async def abort(self, code: str, message: str) -> None:
+        """Called by the drain when the grace period is over."""
+        await self.fatal(code, message, WSCloseCode.GOING_AWAY)
+
+    # -- the reader ----------------------------------------------------------------
+    async def read_loop(self) -> None:
+        settings = self.state.settings
+        first_message = True
+        while not self.closed:
+            timeout = settings.ws_config_timeout_s if first_message else settings.ws_idle_timeout_s
+            try:
+                message = await self.ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                if self.busy:
+                    continue  # audio is still being produced: listening is not idling
+                code = "config_timeout" if first_message else "idle_timeout"
+                await self.fatal(code, f"no message for {timeout:g} s", WSCloseCode.OK)
+                return
+            first_message = False
+            if message.type == WSMsgType.TEXT:
+                await self.on_text_message(message.data)
+            elif message.type == WSMsgType.BINARY:
+                await self.error("binary_not_supported", "send JSON text messages; binary input is not accepted")
+            elif message.type == WSMsgType.ERROR:
+                await self.fatal("message_too_large" if isinstance(self.ws.exception(), ValueError) else "bad_frame",
+                                 str(self.ws.exception()), WSCloseCode.MESSAGE_TOO_BIG)
+                return
+            else:  # CLOSE / CLOSING / CLOSED
+                return
+
+    async def on_text_message(self, data: str) -> None:
+        try:
+            message = json.loads(data)
+        except json.JSONDecodeError:
+            await self.error("invalid_json", "the message is not valid JSON")
+            return
+        if not isinstance(message, dict):
+            await self.error("invalid_json", "the message must be a JSON object")
+            return
+        kind = message.get("type")
+        handler = {
+            "session.config": self.on_config,
+            "input.text": self.on_input_text,
+            "input.done": self.on_input_done,
+            "response.cancel": self.on_cancel,
+            "session.close": self.on_close,
+        }.get(kind if isinstance(kind, str) else "")
+        if handler is None:
+            await self.error("unknown_type", f"unknown message type {str(kind)[:64]!r}")
+            return
+        await handler(message)
+
+    async def on_config(self, message: dict) -> None:
+        try:
+            self.params = parse_params(message, self.state.engine, self.params)
+        except ApiError as exc:
+            await self.error(exc.code, exc.message)
+            return
+        self.drop_prefetch()  # it was submitted with the old parameters
+
+    async def on_input_text(self, message: dict) -> None:
+        text = message.get("text")
+        if not isinstance(text, str):
+            await self.error("invalid_field", "text: must be a string")
+            return
+        limit = self.state.settings.max_input_chars
+        if self.queued_chars() + len(text) > limit:
+            await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
+            return
+        sentences, self.buffer = split_sentences(self.buffer + text)
+        self.enqueue(Utterance(s) for s in sentences)
+
+    async def on_input_done(self, message: dict) -> None:
+        rest, self.buffer = self.buffer.strip(), ""
+        items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
+        self.enqueue(items + [EndOfRound()])
+
+    async def on_cancel(self, message: dict) -> None:
+        self.buffer = ""
+        self.queue.clear()
+        self.drop_prefetch()
+        if self.current is not None:
+            self.cancelling = True
+            self.current.cancel()
+        self.enqueue([EndOfRound()])
+
+    async def on_close(self, message: dict) -> None:
+        self.closed = True
+        self.cancel_all()
+        await self.ws.close(code=WSCloseCode.OK)
+
+    def enqueue(self, items) -> None:
+        self.queue.extend(items)
+        self.wake.set()
+
+    # -- the speaker ---------------------------------------------------------------
+    async def speak_loop(self) -> None:
+        while not self.closed:
+            while not self.queue:
+                self.wake.clear()
+                await self.wake.wait()
+            item = self.queue.popleft()
+            if isinstance(item, EndOfRound):
+                await self.send_json({"type": "session.done", "utterances": self.round_utterances})
+                self.round_utterances = 0
+                continue
+            stream = self.take_prefetched(item) or await self.submit(item)
+            if stream is not None:
+                await self.speak(item, stream)
+
+    async def submit(self, utterance: Utterance) -> ChunkStream | None:
+        """Submit one utterance; a fatal error closes the session, a bad field skips it."""
+        self.submitted += 1
+        request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
+        synthesis = build_request(request_id, utterance.text, self.params, Priority.REALTIME)
+        stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
+                             high_water=self.state.settings.ws_buffer_chunks)
+        try:
+            return stream.start()
+        except EngineOverloaded:
+            await self.fatal("overloaded", "the server is at capacity; reconnect later", CLOSE_OVERLOADED)
+            raise SessionClosed() from None
+        except EngineUnavailable:
+            await self.fatal("unavailable", "the engine is not running", WSCloseCode.TRY_AGAIN_LATER)
+            raise SessionClosed() from None
+        except EngineError as exc:
+            await self.error("invalid_field", str(exc))
+            return None
+
+    def take_prefetched(self, utterance: Utterance) -> ChunkStream | None:
+        if self.prefetched is not None and self.prefetched[0] is utterance:
+            stream = self.prefetched[1]
+            self.prefetched = None
+            return stream
+        self.drop_prefetch()
+        return None
+
+    def drop_prefetch(self) -> None:
+        if self.prefetched is not None:
+            self.prefetched[1].cancel()
+            self.prefetched = None
+
+    async def prefetch_next(self) -> None:
+        """Submit the next queued utterance now so its audio is ready when this one ends."""
+        if self.prefetched is None and self.queue and isinstance(self.queue[0], Utterance):
+            upcoming = self.queue[0]
+            stream = await self.submit(upcoming)
+            if stream is not None:
+                self.prefetched = (upcoming, stream)
+
+    async def speak(self, utterance: Utterance, stream: ChunkStream) -> None:
+        index = self.next_utterance
+        self.next_utterance += 1
+        self.round_utterances += 1
+        self.current = stream
+        self.cancelling = False
+        samples = 0
+        last_sample = 0.0
+        try:
+            await self.send_json({"type": "audio.start", "utterance": index, "text": utterance.text})
+            await self.prefetch_next()
+            while True:
+                chunk = await stream.next_chunk()
+                if chunk.pcm.size and not self.cancelling and not chunk.error:
+                    samples += await self.send_pcm(chunk.pcm)
+                    last_sample = float(chunk.pcm[-1])
+                if chunk.is_final:
+                    break
+            done = {"type": "audio.done", "utterance": index, "samples": samples}
+            if self.cancelling or chunk.error == "cancelled":
+                # A ramp from the last sample sent to silence, so the cut does not click.
+                samples += await self.send_pcm(np.linspace(last_sample, 0.0, FADE_OUT_SAMPLES, dtype=np.float32))
+                done.update(samples=samples, cancelled=True)
+            elif chunk.error:
+                log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
+                done["error"] = "synthesis_failed"
+            done["duration_s"] = round(samples / self.state.engine.info.sample_rate, 4)
+            await self.send_json(done)
+        finally:
+            stream.cancel()
+            self.current = None
+            self.cancelling = False
+
+    def cancel_all(self) -> None:
+        self.queue.clear()
+        self.drop_prefetch()
+        if self.current is not None:
+            self.current.cancel()
+
+
+async def stream_session(request: web.Request) -> web.WebSocketResponse:
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
+                               heartbeat=30.0)
+    await ws.prepare(request)
+    session = StreamSession(request, ws, state)
+    if not state.api_keys.accepts(websocket_key(request)):
+        state.metrics.count(ENDPOINT, "unauthorized")
+        request["counted"] = True
+        await session.fatal("unauthorized", "missing or invalid API key", WSCloseCode.POLICY_VIOLATION)
+        return ws
+    log.info("session %s opened (request %s)", session.session_id, request["request_id"])
+    await session.send_json({"type": "session.created", "session_id": session.session_id,
+                             "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
+                             "format": "pcm_s16le", "channels": 1})
+    state.streams.add(session)
+    speaker = asyncio.create_task(session.speak_loop())
+    reader = asyncio.create_task(session.read_loop())
+    try:
+        await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (speaker, reader):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                if not isinstance(task.exception(), SessionClosed):
+                    log.error("session %s failed", session.session_id, exc_info=task.exception())
+    finally:
+        state.streams.discard(session)
+        session.closed = True
+        session.cancel_all()
+        for task in (speaker, reader):
+            task.cancel()
+        await asyncio.gather(speaker, reader, return_exceptions=True)
+        if not ws.closed:
+            await ws.close()
+        state.metrics.count(ENDPOINT, "ok")
+        request["counted"] = True
+        log.info("session %s closed", session.session_id)
+    return ws

@@ -1,0 +1,147 @@
+"""Shared fixtures: a real server on 127.0.0.1 with an ephemeral port.
+
+* ``engine`` (module scope): the real tiny engine on CPU, started once per test module.
+* ``start_server(engine, data_dir, **settings)``: the aiohttp app on a real TCP socket.
+* ``ServerProcess``: ``python -m clients.cli serve`` as a subprocess, for restart,
+  drain and signal tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_engine(max_queue: int = 64):
+    """The real tiny engine; STREAMVOX_TEST_FAKE_ENGINE=1 swaps in the development stand-in."""
+    if os.environ.get("STREAMVOX_TEST_FAKE_ENGINE") == "1":
+        from tests.service_fake_engine import FakeEngine
+
+        return FakeEngine(max_queue=max_queue)
+    from engines.engine import build_engine
+
+    return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = make_engine()
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+class LiveServer:
+    def __init__(self, runner: web.AppRunner, app: web.Application):
+        self.runner = runner
+        self.app = app
+        host, port = runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        self.ws_url = f"ws://{host}:{port}/v1/stream"
+
+    @property
+    def state(self):
+        from service.state import STATE_KEY
+
+        return self.app[STATE_KEY]
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(engine, data_dir: Path, **overrides) -> LiveServer:
+    from service.app import create_app  # imported here so other suites never depend on service/
+    from service.settings import Settings
+
+    settings = replace(Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=data_dir), **overrides)
+    app = create_app(settings, engine)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, 0).start()
+    return LiveServer(runner, app)
+
+
+@pytest.fixture
+async def server(engine, tmp_path):
+    live = await start_server(engine, tmp_path / "data")
+    yield live
+    await live.stop()
+
+
+async def metric_value(url: str, name: str, labels: str = "", headers: dict | None = None) -> float:
+    """One sample from a live /metrics scrape (0.0 when absent)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/metrics", headers=headers) as response:
+            text = await response.text()
+    pattern = re.compile(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.eE+-]+|NaN)$", re.M)
+    match = pattern.search(text)
+    return float(match.group(1)) if match else 0.0
+
+
+async def wait_until(predicate, timeout_s: float = 60.0, every_s: float = 0.05):
+    """Poll an async predicate; fail the test (not hang it) when it never holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"condition not reached within {timeout_s} s")
+
+
+class ServerProcess:
+    """``streamvox serve`` in a subprocess; stderr is collected by a thread."""
+
+    def __init__(self, data_dir: Path, *extra_args: str, env: dict | None = None):
+        cmd = [sys.executable, "-m", "clients.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--preset", "tiny",
+               "--device", "cpu", "--data-dir", str(data_dir), *extra_args]
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     text=True)
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._listening = threading.Event()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            match = re.search(r"listening on (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                self._listening.set()
+
+    def wait_listening(self, timeout_s: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while not self._listening.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("server did not start:\n" + "".join(self.lines[-40:]))
+        return self.url
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
