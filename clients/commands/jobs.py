@@ -1,0 +1,89 @@
+"""`streamvox submit`, `streamvox jobs`, `streamvox fetch ID`: REST jobs on a running server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from .say import add_connection_arguments
+
+
+def register(subparsers) -> None:
+    submit = subparsers.add_parser("submit", help="submit a synthesis job (REST)")
+    submit.add_argument("text", help="text to synthesize ('-' reads stdin)")
+    submit.add_argument("--format", dest="response_format", choices=("wav", "flac"), default="wav")
+    submit.add_argument("--voice", default=None)
+    submit.add_argument("--seed", type=int, default=None)
+    submit.add_argument("--speed", type=float, default=None)
+    submit.add_argument("--wait", action="store_true", help="poll until the job is finished")
+    add_connection_arguments(submit)
+    submit.set_defaults(func=run_submit)
+
+    jobs = subparsers.add_parser("jobs", help="list jobs, or show one")
+    jobs.add_argument("id", nargs="?", help="a job id (omit to list)")
+    jobs.add_argument("--status", choices=("queued", "running", "succeeded", "failed", "cancelled"))
+    add_connection_arguments(jobs)
+    jobs.set_defaults(func=run_jobs)
+
+    fetch = subparsers.add_parser("fetch", help="download a finished job's audio")
+    fetch.add_argument("id", help="job id")
+    fetch.add_argument("--out", default=None, help="output file (default ID.wav / ID.flac)")
+    add_connection_arguments(fetch)
+    fetch.set_defaults(func=run_fetch)
+
+
+def _call(args: argparse.Namespace, action) -> int:
+    from clients.client import StreamvoxClient, StreamvoxError
+
+    async def go():
+        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
+            return await action(client)
+
+    try:
+        asyncio.run(go())
+    except StreamvoxError as exc:
+        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"streamvox {args.command}: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    params = {k: v for k, v in {"voice": args.voice, "seed": args.seed, "speed": args.speed}.items() if v is not None}
+
+    async def action(client):
+        job = await client.submit_job(text, response_format=args.response_format, **params)
+        if args.wait:
+            job = await client.wait_job(job["id"])
+        print(json.dumps(job, indent=2))
+
+    return _call(args, action)
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    async def action(client):
+        if args.id:
+            print(json.dumps(await client.get_job(args.id), indent=2))
+            return
+        for job in await client.list_jobs(args.status):
+            progress = job["progress"]
+            print(f"{job['id']}  {job['status']:<9}  {progress['frames_done']}/{progress['frames_total']} frames")
+
+    return _call(args, action)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    async def action(client):
+        job = await client.get_job(args.id)
+        out = args.out or f"{args.id}.{job.get('response_format', 'wav')}"
+        data = await client.fetch_audio(args.id)
+        with open(out, "wb") as handle:
+            handle.write(data)
+        print(f"wrote {out} ({len(data)} bytes)")
+
+    return _call(args, action)

@@ -1,0 +1,60 @@
+"""`streamvox say "text" --out x.wav`: stream over WebSocket, report TTFA and real-time factor."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """--url / --api-key, shared with the jobs commands."""
+    parser.add_argument("--url", default=os.environ.get("STREAMVOX_URL", DEFAULT_URL),
+                        help=f"server base URL [env STREAMVOX_URL; default {DEFAULT_URL}]")
+    parser.add_argument("--api-key", default=os.environ.get("STREAMVOX_API_KEY"),
+                        help="API key sent as a Bearer token [env STREAMVOX_API_KEY]")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("say", help="speak text through a running server (WebSocket)")
+    parser.add_argument("text", help="text to speak ('-' reads stdin)")
+    parser.add_argument("--out", default="say.wav", help="output WAV file (default say.wav)")
+    parser.add_argument("--voice", default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--speed", type=float, default=None)
+    add_connection_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import soundfile as sf
+
+    from clients.client import StreamvoxClient, StreamvoxError
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
+                                             "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
+              if value is not None}
+
+    async def speak():
+        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
+            return await client.say(text, **config)
+
+    try:
+        result = asyncio.run(speak())
+    except StreamvoxError as exc:
+        print(f"streamvox say: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"streamvox say: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    sf.write(args.out, result.pcm, result.sample_rate, subtype="PCM_16")
+    ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
+    print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
+          f"time to first audio {ttfa}; real-time factor {result.real_time_factor:.2f}x")
+    return 0
