@@ -373,7 +373,7 @@ class CodecDecoder(nn.Module):
             blocks.append(DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate))
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         blocks += [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
-        blocks[-1].conv.init_gain = 0.1  # random init only: keep the waveform mostly inside +-1
+        blocks[-1].conv.init_gain = 0.05  # random init only: keep the waveform (and its DC) inside +-1
         self.decoder = nn.ModuleList(blocks)
         # Every module with a left context gets a slot in DecoderState.conv (module order).
         self.streaming = [m for m in self.modules() if isinstance(m, (CausalConv, CausalTransConv))]

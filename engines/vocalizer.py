@@ -1,0 +1,194 @@
+"""Frame latents -> codes -> PCM, batched across requests, with decoder state per stream.
+
+For every call: the frames of ALL items go through the codec head (code 0) and the code
+predictor (codes 1..G-1) as one batch, in pieces of at most ``max_batch_rows``; sampling
+is keyed by (seed, global frame, group), so a stream's codes do not depend on its batch
+neighbours. Then each stream's codes go through the streaming codec decoder with that
+stream's carried state; streams whose chunks have the same length decode together.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from .models.code_predictor import CodePredictor, FrameSampling
+from .models.codec_decoder import CodecDecoder, DecoderState
+from .models.codec_head import CodecHead
+
+
+@dataclass(frozen=True)
+class VocalizeItem:
+    stream_id: str  # request id; decoder state is kept per stream
+    latents: torch.Tensor  # [T, D] unit-RMS frame latents
+    frame_offset: int  # global index of latents[0] in the utterance (sampling counters)
+    seed: int
+    greedy: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    is_last: bool = False  # drop the stream's decoder state after this item
+
+
+@dataclass(frozen=True)
+class VocalizeResult:
+    stream_id: str
+    codes: torch.Tensor  # [T, G] int64 (code 0 first)
+    pcm: torch.Tensor  # [T * 1920] float32 (on the model device)
+
+
+@dataclass
+class _Stream:
+    state: DecoderState  # decoder state, batch 1
+    next_frame: int  # frame_offset the stream's next item must have
+
+
+def _sampling(item: VocalizeItem, device) -> FrameSampling:
+    return FrameSampling.for_stream(item.latents.shape[0], item.seed, item.frame_offset, device, item.greedy,
+                                    item.temperature, item.top_k, item.top_p)
+
+
+def frame_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Tensor, sampling: FrameSampling,
+                naive: bool = False) -> torch.Tensor:
+    """latents [N, D] -> codes [N, G] (code 0 from the head, 1..G-1 from the predictor)."""
+    h = head.hidden(latents)
+    code0 = head.sample_code0(head.logits_from_hidden(h), sampling)
+    predict = predictor.naive_predict if naive else predictor.predict
+    rest = predict(h, head.embed(code0), sampling)
+    return torch.cat([code0[:, None], rest], dim=1)
+
+
+@torch.no_grad()
+def reference_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Tensor, seed: int, frame_offset: int,
+                    greedy: bool = True, temperature: float = 0.9, top_k: int = 50, top_p: float = 1.0) -> torch.Tensor:
+    """Naive reference for one stream: no KV cache, each predictor step recomputes the whole sequence.
+    latents [T, D] -> codes [T, G]."""
+    p = next(predictor.parameters())
+    latents = latents.to(p.device, p.dtype)
+    s = FrameSampling.for_stream(latents.shape[0], seed, frame_offset, p.device, greedy, temperature, top_k, top_p)
+    return frame_codes(head, predictor, latents, s, naive=True)
+
+
+class Vocalizer:
+    def __init__(self, head: CodecHead, predictor: CodePredictor, decoder: CodecDecoder, device,
+                 dtype: torch.dtype = torch.float32, max_batch_rows: int = 512):
+        hc, pc, dc = head.cfg, predictor.cfg, decoder.cfg
+        if hc.hidden_size != pc.talker_hidden_size:
+            raise ValueError(f"codec head width {hc.hidden_size} != predictor talker_hidden_size {pc.talker_hidden_size}")
+        if not (hc.codebook_size == pc.vocab_size == dc.codebook_size):
+            raise ValueError(f"codebook sizes differ: head {hc.codebook_size}, predictor {pc.vocab_size}, "
+                             f"decoder {dc.codebook_size}")
+        if pc.num_code_groups != dc.num_quantizers:
+            raise ValueError(f"predictor num_code_groups {pc.num_code_groups} != decoder num_quantizers "
+                             f"{dc.num_quantizers}")
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+        self.device, self.dtype, self.max_batch_rows = torch.device(device), dtype, max_batch_rows
+        self.head = head.to(self.device, dtype).eval()
+        self.predictor = predictor.to(self.device, dtype).eval()
+        self.decoder = decoder.to(self.device, dtype).eval()
+        self.latent_dim, self.num_code_groups = hc.hidden_size, pc.num_code_groups
+        self.samples_per_frame = decoder.samples_per_frame
+        self._streams: dict[str, _Stream] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def close(self, stream_id: str) -> None:
+        """Forget a stream's decoder state (cancel); unknown ids are ignored."""
+        self._streams.pop(stream_id, None)
+
+    @torch.no_grad()
+    def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
+        """Codes and PCM for each item, in the same order. Items of one stream are decoded in order."""
+        self._validate(items)
+        codes = self._codes(items)
+        pcm = self._decode(items, codes)
+        for it in items:
+            if it.is_last:
+                self._streams.pop(it.stream_id, None)
+        return [VocalizeResult(it.stream_id, c, p) for it, c, p in zip(items, codes, pcm)]
+
+    # ------------------------------------------------------------------ steps
+
+    def _validate(self, items: list[VocalizeItem]) -> None:
+        """Check everything up front so a bad item fails the call before any state changes."""
+        expected: dict[str, int] = {}
+        for it in items:
+            lat = it.latents
+            if lat.dim() != 2 or lat.shape[1] != self.latent_dim:
+                raise ValueError(f"stream {it.stream_id!r}: latents must be [T, {self.latent_dim}], got {tuple(lat.shape)}")
+            if not lat.is_floating_point():
+                raise ValueError(f"stream {it.stream_id!r}: latents must be floating point, got {lat.dtype}")
+            if it.frame_offset < 0:
+                raise ValueError(f"stream {it.stream_id!r}: frame_offset must be >= 0, got {it.frame_offset}")
+            if not it.greedy and it.temperature <= 0:
+                raise ValueError(f"stream {it.stream_id!r}: temperature must be > 0, got {it.temperature}")
+            if not 0 < it.top_p <= 1:
+                raise ValueError(f"stream {it.stream_id!r}: top_p must be in (0, 1], got {it.top_p}")
+            # The decoder carries state frame by frame: chunks must follow each other without gaps.
+            if it.stream_id in expected:
+                want = expected[it.stream_id]
+            elif it.stream_id in self._streams:
+                want = self._streams[it.stream_id].next_frame
+            else:
+                want = it.frame_offset  # a new stream may start anywhere
+            if it.frame_offset != want:
+                raise ValueError(f"stream {it.stream_id!r}: frame_offset {it.frame_offset} but the decoder is at "
+                                 f"frame {want} (chunks must be contiguous)")
+            expected[it.stream_id] = it.frame_offset + lat.shape[0]
+
+    def _codes(self, items: list[VocalizeItem]) -> list[torch.Tensor]:
+        """All frames of all items as one batch (pieces of max_batch_rows) -> codes [T_i, G] per item."""
+        lengths = [it.latents.shape[0] for it in items]
+        active = [i for i, n in enumerate(lengths) if n > 0]  # active -> original item index
+        out = [torch.empty(0, self.num_code_groups, dtype=torch.int64, device=self.device) for _ in items]
+        if not active:
+            return out
+        latents = torch.cat([items[i].latents.to(self.device, self.dtype) for i in active])  # [N, D]
+        sampling = FrameSampling.cat([_sampling(items[i], self.device) for i in active])
+        pieces = []
+        for start in range(0, latents.shape[0], self.max_batch_rows):
+            sl = slice(start, start + self.max_batch_rows)
+            pieces.append(frame_codes(self.head, self.predictor, latents[sl], sampling.rows(sl)))
+        codes = torch.cat(pieces)  # [N, G]
+        for i, c in zip(active, codes.split([lengths[i] for i in active])):
+            out[i] = c
+        return out
+
+    def _decode(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Streaming decode; round r holds the r-th item of every stream, so a stream's chunks stay in order."""
+        pcm: list[torch.Tensor | None] = [None] * len(items)
+        rounds: list[list[int]] = []
+        seen: dict[str, int] = defaultdict(int)
+        for i, it in enumerate(items):
+            r = seen[it.stream_id]
+            seen[it.stream_id] += 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(i)
+        for round_items in rounds:
+            by_length: dict[int, list[int]] = defaultdict(list)
+            for i in round_items:
+                by_length[codes[i].shape[0]].append(i)
+            for t, group in by_length.items():
+                if t == 0:
+                    for i in group:
+                        pcm[i] = torch.empty(0, device=self.device, dtype=torch.float32)
+                    continue
+                states = [self._stream_state(items[i].stream_id) for i in group]
+                batch_codes = torch.stack([codes[i].T for i in group])  # [n, G, t]
+                wav, new_state = self.decoder.decode_step(batch_codes, DecoderState.cat(states))
+                for row, (i, st) in enumerate(zip(group, new_state.split() if len(group) > 1 else [new_state])):
+                    self._streams[items[i].stream_id] = _Stream(st, items[i].frame_offset + t)
+                    pcm[i] = wav[row].float()
+        return pcm  # type: ignore[return-value]
+
+    def _stream_state(self, stream_id: str) -> DecoderState:
+        """A known stream's carried state, or a fresh one (decoder positions count from its first chunk)."""
+        stream = self._streams.get(stream_id)
+        return stream.state if stream is not None else self.decoder.init_state(1, self.device, self.dtype)
