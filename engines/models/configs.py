@@ -33,6 +33,7 @@ class TextEncoderConfig(_FromDict):
     num_attention_heads: int = 4
     intermediate_size: int = 384
     max_text_tokens: int = 512
+    max_clause_tokens: int = 200  # longer sentences are split at clause boundaries
     num_voices: int = 8
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000.0

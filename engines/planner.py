@@ -1,0 +1,115 @@
+"""Admission-time planning of one request (runs once, outside the steady-state tick).
+
+text -> clauses -> token ids -> encoder states (positive + null) -> durations ->
+frame chunks. All clauses of a request are encoded in one padded batch. Frame indices
+are global across the request's clauses, so the counter-based noise of two chunks
+never collides and a request's audio depends only on its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .models.condition import ConditionEncoder
+from .models.configs import ModelConfig, StreamConfig
+from .models.duration import DurationModel
+from .models.text import Tokenizer, split_clauses
+
+
+@dataclass(frozen=True)
+class ClausePlan:
+    text: str
+    token_ids: tuple[int, ...]
+    enc: torch.Tensor  # [L, C] positive encoder states (one object for all chunks of the clause)
+    enc_null: torch.Tensor  # [L, C] null states (an expanded view of the learned null embedding)
+    frame_start: int  # global index of the clause's first frame
+    frames_total: int
+    chunks: tuple[tuple[int, int], ...]  # (global frame start, num frames), in order
+
+
+def frames_total(plans: list[ClausePlan]) -> int:
+    return sum(p.frames_total for p in plans)
+
+
+def chunk_layout(frame_start: int, frames: int, first_chunk: int, chunk: int,
+                 min_chunk: int = 1) -> tuple[tuple[int, int], ...]:
+    """Cut ``frames`` frames starting at ``frame_start`` into a first chunk of
+    ``first_chunk`` frames, then chunks of ``chunk`` frames. A last chunk smaller than
+    ``min_chunk`` joins the chunk before it (a tiny last chunk would cost a whole
+    denoising run for a few frames)."""
+    if frames < 1 or first_chunk < 1 or chunk < 1:
+        raise ValueError(f"chunk_layout needs positive sizes, got frames={frames}, first={first_chunk}, chunk={chunk}")
+    sizes = [min(first_chunk, frames)]
+    left = frames - sizes[0]
+    while left > 0:
+        sizes.append(min(chunk, left))
+        left -= sizes[-1]
+    if len(sizes) > 1 and sizes[-1] < min_chunk:
+        last = sizes.pop()
+        sizes[-1] += last
+    out, start = [], frame_start
+    for n in sizes:
+        out.append((start, n))
+        start += n
+    return tuple(out)
+
+
+class UtterancePlanner:
+    def __init__(self, tokenizer: Tokenizer, encoder: ConditionEncoder, duration: DurationModel,
+                 model_cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.float32):
+        self.tokenizer = tokenizer
+        self.encoder = encoder
+        self.duration = duration
+        self.cfg = model_cfg
+        self.stream_cfg: StreamConfig = model_cfg.stream
+        self.device = torch.device(device)
+        self.dtype = dtype
+        # A clause must fit the encoder (bos + eos included) and a prosodic budget.
+        self.max_clause_tokens = min(model_cfg.text.max_clause_tokens, model_cfg.text.max_text_tokens - 2)
+
+    def _measure(self, text: str) -> int:
+        return len(self.tokenizer.encode(text)) - 2  # without bos/eos
+
+    def plan(self, text: str, voice_index: int, speed: float = 1.0) -> list[ClausePlan]:
+        """Clause plans for ``text``; ValueError on bad input (says which)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("text must be a non-empty string")
+        if not 0 <= voice_index < self.cfg.text.num_voices:
+            raise ValueError(f"voice index {voice_index} outside [0, {self.cfg.text.num_voices})")
+        if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a positive finite number, got {speed!r}")
+        clauses = split_clauses(text, self.max_clause_tokens, measure=self._measure)
+        ids = [self.tokenizer.encode(c) for c in clauses]
+        with torch.inference_mode():
+            token_ids, mask = self._pad(ids)
+            voice = torch.full((len(ids),), voice_index, dtype=torch.long, device=self.device)
+            enc = self.encoder(token_ids, voice, mask)  # [N, Lmax, C]
+            special = torch.tensor([self.tokenizer.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id],
+                                   device=self.device)
+            speech_mask = mask & ~torch.isin(token_ids, special)
+            frames = self.duration.frame_counts(self.duration(enc, speech_mask), speed)
+            plans, start = [], 0
+            for i, (clause, clause_ids, n) in enumerate(zip(clauses, ids, frames)):
+                first = self.stream_cfg.first_chunk_frames if i == 0 else self.stream_cfg.chunk_frames
+                L = len(clause_ids)
+                plans.append(ClausePlan(
+                    text=clause, token_ids=tuple(clause_ids),
+                    enc=enc[i, :L].clone(),  # own storage: the padded batch can be freed
+                    enc_null=self.encoder.null_states(L, 1)[0],
+                    frame_start=start, frames_total=n,
+                    chunks=chunk_layout(start, n, first, self.stream_cfg.chunk_frames,
+                                        min_chunk=self.stream_cfg.first_chunk_frames)))
+                start += n
+        return plans
+
+    def _pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        L = max(len(x) for x in ids)
+        token_ids = torch.full((len(ids), L), self.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), L), dtype=torch.bool)
+        for i, x in enumerate(ids):
+            token_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+            mask[i, : len(x)] = True
+        return token_ids.to(self.device), mask.to(self.device)
