@@ -1,0 +1,287 @@
+"""Real Qwen3-TTS weights behind one API: codec head, code predictor, 12 Hz decoder.
+
+    from engines.qwen3_tts import load_checkpoint
+    parts = load_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-Base", device="cuda", dtype=torch.bfloat16)
+    codes = parts.codes(inputs_embeds)       # [B, 2, H_talker] -> [B, G-1] (codes 1..G-1 of a frame)
+    logits = parts.codec_logits(hidden)      # [B, H_talker]    -> [B, V_talker]
+    wav = parts.decode(codes_bgt)            # [B, G, T]        -> [B, T * 1920] at 24 kHz
+
+The directory is the Hugging Face layout of the released models (REFERENCES.md):
+``config.json`` + ``model.safetensors`` (``talker.*``, maybe ``speaker_encoder.*``) and
+``speech_tokenizer/config.json`` + ``speech_tokenizer/model.safetensors``
+(``encoder.*``, ``decoder.*``). We load three things and check them strictly:
+
+* ``talker.code_predictor.*``                      -> ``parts.predictor`` (CodePredictor)
+* ``talker.model.norm.weight``, ``talker.codec_head.weight``,
+  ``talker.model.codec_embedding.weight``          -> ``parts.head`` (CodecHead)
+* ``decoder.*`` of the speech tokenizer             -> ``parts.decoder`` (CodecDecoder)
+
+Everything else (talker layers, text embedding, speaker encoder, tokenizer encoder)
+is left on disk. Sizes come from the config files; see docs/CHECKPOINTS.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from .contract import SAMPLES_PER_FRAME
+from .models.code_predictor import CodePredictor, FrameSampling
+from .models.codec_decoder import CodecDecoder, DecoderState
+from .models.codec_head import CodecHead
+from .models.configs import CodecDecoderConfig, CodecHeadConfig, CodePredictorConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+STREAMVOX_WEIGHTS = "streamvox.safetensors"  # our own DiT / condition encoder, when trained
+PREDICTOR_PREFIX = "talker.code_predictor."
+HEAD_PREFIX = "talker."
+DECODER_PREFIX = "decoder."
+
+__all__ = ["CheckpointError", "Qwen3TTSCheckpointConfig", "Qwen3TTSParts", "load_checkpoint", "read_configs"]
+
+
+@dataclass(frozen=True)
+class Qwen3TTSCheckpointConfig:
+    """Sizes of the loaded parts, read from the directory's config files."""
+
+    path: str
+    num_code_groups: int  # G: code 0 from the codec head + G-1 from the predictor
+    codebook_size: int  # entries per codebook (2048 in the releases)
+    talker_hidden_size: int  # latent width D of a frame (1024 / 2048)
+    talker_vocab_size: int  # codec head outputs (codebook ids + special ids)
+    codec_head: CodecHeadConfig
+    code_predictor: CodePredictorConfig
+    decoder: CodecDecoderConfig
+    tts_model_type: str | None = None  # "base", "custom_voice", "voice_design", ...
+    weight_dtypes: tuple[str, ...] = ()  # dtypes the loaded tensors were stored in
+    sample_rate: int = 24_000
+    samples_per_frame: int = SAMPLES_PER_FRAME
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _positive_ints(section: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    for key in keys:
+        if require(section, key, int, where) <= 0:
+            raise CheckpointError(f"{where}: {key!r} must be > 0, got {section[key]}")
+
+
+def _predictor_config(talker: Mapping[str, Any], where: str) -> CodePredictorConfig:
+    cp = require(talker, "code_predictor_config", dict, where)
+    where = f"{where} [talker_config.code_predictor_config]"
+    _positive_ints(cp, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "num_code_groups"), where)
+    head_dim = cp.get("head_dim") or cp["hidden_size"] // cp["num_attention_heads"]
+    if cp["num_attention_heads"] % cp["num_key_value_heads"]:
+        raise CheckpointError(f"{where}: num_attention_heads {cp['num_attention_heads']} is not a multiple of "
+                              f"num_key_value_heads {cp['num_key_value_heads']}")
+    # What our port implements: SwiGLU, plain 1-D RoPE, full causal attention.
+    if cp.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act {cp['hidden_act']!r} is not supported (only 'silu')")
+    if cp.get("rope_scaling") not in (None, {}):
+        raise CheckpointError(f"{where}: rope_scaling {cp['rope_scaling']!r} is not supported (plain RoPE only)")
+    if cp.get("use_sliding_window"):
+        raise CheckpointError(f"{where}: use_sliding_window is not supported by the code predictor")
+    return CodePredictorConfig.from_dict({
+        **cp, "head_dim": head_dim, "talker_hidden_size": talker["hidden_size"],
+        "rms_norm_eps": float(cp.get("rms_norm_eps", 1e-6)), "rope_theta": float(cp.get("rope_theta", 10_000.0)),
+    })
+
+
+def _head_config(talker: Mapping[str, Any], codebook_size: int, where: str) -> CodecHeadConfig:
+    ids = {k: require(talker, k, int, where) for k in ("codec_pad_id", "codec_bos_id", "codec_eos_token_id")}
+    if codebook_size > talker["vocab_size"]:
+        raise CheckpointError(f"{where}: codebook size {codebook_size} exceeds the talker's codec vocab_size "
+                              f"{talker['vocab_size']}")
+    return CodecHeadConfig(hidden_size=talker["hidden_size"], vocab_size=talker["vocab_size"],
+                           codebook_size=codebook_size, rms_norm_eps=float(talker.get("rms_norm_eps", 1e-6)), **ids)
+
+
+def _decoder_config(tokenizer_config: Mapping[str, Any], where: str) -> CodecDecoderConfig:
+    dec = require(tokenizer_config, "decoder_config", dict, where)
+    where = f"{where} [decoder_config]"
+    _positive_ints(dec, ("codebook_size", "codebook_dim", "hidden_size", "latent_dim", "num_attention_heads",
+                         "num_key_value_heads", "sliding_window", "intermediate_size", "num_hidden_layers",
+                         "num_quantizers", "decoder_dim"), where)
+    head_dim = dec.get("head_dim") or dec["hidden_size"] // dec["num_attention_heads"]
+    if dec.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act {dec['hidden_act']!r} is not supported (only 'silu')")
+    rates = tuple(require(dec, "upsample_rates", list, where)) + tuple(require(dec, "upsampling_ratios", list, where))
+    if math.prod(rates) != SAMPLES_PER_FRAME:
+        raise CheckpointError(f"{where}: upsample_rates x upsampling_ratios = {math.prod(rates)} samples per "
+                              f"frame; streamvox needs {SAMPLES_PER_FRAME} (24 kHz at 12.5 frames/s)")
+    return CodecDecoderConfig.from_dict({**dec, "head_dim": head_dim})
+
+
+def read_configs(path: str | Path) -> Qwen3TTSCheckpointConfig:
+    """Parse and cross-check ``config.json`` and ``speech_tokenizer/config.json``."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory")
+    main_file = root / "config.json"
+    main = read_json(main_file)
+    where = str(main_file)
+    talker = require(main, "talker_config", dict, where)
+    twhere = f"{where} [talker_config]"
+    _positive_ints(talker, ("hidden_size", "vocab_size", "num_code_groups"), twhere)
+    predictor = _predictor_config(talker, twhere)
+
+    st_file = root / "speech_tokenizer" / "config.json"
+    decoder = _decoder_config(read_json(st_file), str(st_file))
+
+    g = talker["num_code_groups"]
+    if predictor.num_code_groups != g:
+        raise CheckpointError(f"{twhere}: num_code_groups {g} != code_predictor_config.num_code_groups "
+                              f"{predictor.num_code_groups}")
+    if decoder.num_quantizers != g:
+        raise CheckpointError(f"{st_file}: decoder_config.num_quantizers {decoder.num_quantizers} != "
+                              f"num_code_groups {g} in {main_file}")
+    if decoder.codebook_size != predictor.vocab_size:
+        raise CheckpointError(f"{st_file}: decoder_config.codebook_size {decoder.codebook_size} != code predictor "
+                              f"vocab_size {predictor.vocab_size} in {main_file}")
+    head = _head_config(talker, predictor.vocab_size, twhere)
+    return Qwen3TTSCheckpointConfig(
+        path=str(root), num_code_groups=g, codebook_size=predictor.vocab_size,
+        talker_hidden_size=talker["hidden_size"], talker_vocab_size=talker["vocab_size"],
+        codec_head=head, code_predictor=predictor, decoder=decoder, tts_model_type=main.get("tts_model_type"))
+
+
+# --------------------------------------------------------------------------- parts
+
+
+class Qwen3TTSParts:
+    """The loaded modules plus the calls the tests, benchmarks and engine use."""
+
+    def __init__(self, config: Qwen3TTSCheckpointConfig, head: CodecHead, predictor: CodePredictor,
+                 decoder: CodecDecoder, device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.head = head.eval()
+        self.predictor = predictor.eval()
+        self.decoder = decoder.eval()
+        self.device = device
+        self.dtype = dtype
+
+    @property
+    def streamvox_weights(self) -> Path:
+        return Path(self.config.path) / STREAMVOX_WEIGHTS
+
+    @property
+    def has_streamvox_weights(self) -> bool:
+        """Whether the directory ships trained streamvox DiT / condition-encoder weights."""
+        return self.streamvox_weights.is_file()
+
+    def model_config(self, preset: ModelConfig) -> ModelConfig:
+        """``preset`` with every codec-side size from the checkpoint; the DiT's latent width
+        becomes the talker hidden size D; DiT / text / duration sizes stay the preset's."""
+        c = self.config
+        return dataclasses.replace(
+            preset, codec_head=c.codec_head, code_predictor=c.code_predictor, decoder=c.decoder,
+            dit=dataclasses.replace(preset.dit, latent_dim=c.talker_hidden_size))
+
+    def _sampling(self, batch: int, greedy: bool, seed: int) -> FrameSampling:
+        return FrameSampling.for_stream(batch, seed, 0, self.device, greedy=greedy)
+
+    def _check_embeds(self, inputs_embeds: torch.Tensor) -> None:
+        d = self.config.talker_hidden_size
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[1:] != (2, d):
+            raise ValueError(f"inputs_embeds must be [B, 2, {d}], got {tuple(inputs_embeds.shape)}")
+
+    @torch.no_grad()
+    def codes(self, inputs_embeds: torch.Tensor, greedy: bool = True, seed: int = 0) -> torch.Tensor:
+        """Code predictor for one frame: [B, 2, H_talker] (talker hidden after its final norm,
+        codec embedding of code 0) -> LongTensor [B, G-1], codes 1..G-1."""
+        return self.codes_and_logits(inputs_embeds, greedy, seed)[0]
+
+    @torch.no_grad()
+    def codes_and_logits(self, inputs_embeds: torch.Tensor, greedy: bool = True,
+                         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`codes`, plus the raw logits of every step [B, G-1, V] (float32)."""
+        self._check_embeds(inputs_embeds)
+        x = inputs_embeds.to(device=self.device, dtype=self.dtype)
+        sampling = self._sampling(x.shape[0], greedy, seed)
+        return self.predictor.predict(x[:, 0], x[:, 1], sampling, return_logits=True)
+
+    @torch.no_grad()
+    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The talker's codec head: hidden [B, H_talker] (after the final norm) -> [B, V_talker]."""
+        d = self.config.talker_hidden_size
+        if hidden.dim() != 2 or hidden.shape[1] != d:
+            raise ValueError(f"hidden must be [B, {d}], got {tuple(hidden.shape)}")
+        return self.head.logits_from_hidden(hidden.to(device=self.device, dtype=self.dtype))
+
+    def _check_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        g, cb = self.config.num_code_groups, self.config.codebook_size
+        if codes.dim() != 3 or codes.shape[1] != g:
+            raise ValueError(f"codes must be [B, {g}, T], got {tuple(codes.shape)}")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= cb):
+            raise ValueError(f"codes must lie in [0, {cb}), got [{int(codes.min())}, {int(codes.max())}]")
+        return codes.to(device=self.device, dtype=torch.long)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Full decode: codes [B, G, T] -> PCM [B, T * 1920] in [-1, 1] at 24 kHz
+        (float32; float64 when loaded in float64)."""
+        return _pcm(self.decoder(self._check_codes(codes)))
+
+    @torch.no_grad()
+    def decode_stream(self, codes: torch.Tensor, chunk_frames: int) -> Iterator[torch.Tensor]:
+        """Streamed decode with carried state: yields PCM [B, t * 1920] per chunk of
+        ``chunk_frames`` frames; the concatenation equals :meth:`decode`."""
+        if chunk_frames <= 0:
+            raise ValueError(f"chunk_frames must be > 0, got {chunk_frames}")
+        codes = self._check_codes(codes)
+        state: DecoderState = self.decoder.init_state(codes.shape[0], self.device, self.dtype)
+        for start in range(0, codes.shape[-1], chunk_frames):
+            wav, state = self.decoder.decode_step(codes[..., start:start + chunk_frames], state)
+            yield _pcm(wav)
+
+
+def _pcm(wav: torch.Tensor) -> torch.Tensor:
+    return wav if wav.dtype == torch.float64 else wav.float()
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> Qwen3TTSParts:
+    """Load the codec head, code predictor and codec decoder of a Qwen3-TTS directory.
+
+    Weights may be stored as float32, bfloat16 or float16; they are cast to ``dtype``
+    (float32 / bfloat16 / float16, or float64 for reference comparisons).
+    Raises :class:`CheckpointError` (naming the file and tensors) for anything missing,
+    unexpected or malformed inside what is loaded.
+    """
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+    config = read_configs(path)
+    root = Path(config.path)
+    device = torch.device(device)
+
+    talker_files = SafetensorsFiles(root)
+    predictor = CodePredictor(config.code_predictor)
+    stored = load_into(predictor, talker_files, PREDICTOR_PREFIX, device=device, dtype=dtype)
+    head = CodecHead(config.codec_head)
+    stored |= load_into(head, talker_files, HEAD_PREFIX, device=device, dtype=dtype,
+                        only=list(head.state_dict()))
+    # Anything under talker.codec_head. that our head does not hold (e.g. a bias) is wrong.
+    extra = [k for k in talker_files.under("talker.codec_head.") if k != "talker.codec_head.weight"]
+    if extra:
+        raise CheckpointError(f"{talker_files.label}: unexpected tensors under 'talker.codec_head.': "
+                              f"{', '.join(sorted(extra))}")
+
+    decoder = CodecDecoder(config.decoder)
+    stored |= load_into(decoder, SafetensorsFiles(root / "speech_tokenizer"), DECODER_PREFIX,
+                        device=device, dtype=dtype)
+    config = dataclasses.replace(config, weight_dtypes=tuple(sorted(str(d).removeprefix("torch.") for d in stored)))
+    parts = Qwen3TTSParts(config, head, predictor, decoder, device, dtype)
+    log.info("loaded Qwen3-TTS parts from %s: G=%d codebook=%d D=%d weights=%s -> %s on %s", root,
+             config.num_code_groups, config.codebook_size, config.talker_hidden_size,
+             "/".join(config.weight_dtypes), str(dtype).removeprefix("torch."), device)
+    return parts
