@@ -21,7 +21,7 @@ from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
 from .params import VoiceParams, build_request, parse_input, parse_params
 from .speech import read_json_object
-from .state import STATE_KEY, AppState
+from .state import REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -163,7 +163,7 @@ async def create_job(request: web.Request) -> web.Response:
               "steps": params.steps, "guidance_scale": params.guidance_scale, "speed": params.speed}
     job = _runner(request).store.create(record)
     _runner(request).wake()
-    log.info("job %s queued (request %s, %d chars)", job.id, request["request_id"], len(text))
+    log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(text))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 

@@ -10,11 +10,12 @@ from aiohttp import web
 
 from .auth import bearer_key
 from .errors import HTTP_STATUS_CODES, ApiError, error_response
-from .state import STATE_KEY
+from .state import COUNTED, REQUEST_ID, STATE_KEY
 
 log = logging.getLogger("streamvox.http")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+CORS_ORIGIN = web.RequestKey("cors_origin", str)
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 WS_PATH = "/v1/stream"  # authenticates inside the socket so it can send an `error` message
 
@@ -26,9 +27,9 @@ def endpoint_label(request: web.Request) -> str:
 
 async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """Headers every response carries, streamed or not: its request id and CORS."""
-    if "request_id" in request:
-        response.headers["X-Request-Id"] = request["request_id"]
-    origin = request.get("cors_origin")
+    if REQUEST_ID in request:
+        response.headers["X-Request-Id"] = request[REQUEST_ID]
+    origin = request.get(CORS_ORIGIN)
     if origin:
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Location, Retry-After"
@@ -38,7 +39,7 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
 @web.middleware
 async def request_id_middleware(request: web.Request, handler):
     incoming = request.headers.get("X-Request-Id", "")
-    request["request_id"] = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+    request[REQUEST_ID] = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
     return await handler(request)
 
 
@@ -59,10 +60,10 @@ async def error_middleware(request: web.Request, handler):
         message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         return error_response(exc.status, code, message or exc.reason)
     except Exception:
-        log.exception("request %s failed", request.get("request_id"))
+        log.exception("request %s failed", request.get(REQUEST_ID))
         metrics.count(endpoint, "internal_error")
         return error_response(500, "internal_error", f"internal error (request id {request.get('request_id')})")
-    if not request.get("counted"):
+    if not request.get(COUNTED):
         metrics.count(endpoint, "ok" if response.status < 400 else HTTP_STATUS_CODES.get(response.status, "error"))
     return response
 
@@ -90,7 +91,7 @@ def cors_middleware(origins: tuple[str, ...]):
         allowed = origin is not None and (allow_any or origin in origins)
         if not allowed:
             return await handler(request)
-        request["cors_origin"] = origin
+        request[CORS_ORIGIN] = origin
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",

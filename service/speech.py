@@ -15,7 +15,7 @@ from .audio import CONTENT_TYPES, StreamEncoder, check_format, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .params import build_request, parse_input, parse_params
-from .state import STATE_KEY, engine_error
+from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
 log = logging.getLogger("streamvox.speech")
 
@@ -67,7 +67,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     if body.get("instructions") is not None and not isinstance(body["instructions"], str):
         raise invalid_field("instructions", "must be a string")  # accepted for compatibility, not used
     params = parse_params(body, state.engine)
-    request_id = request["request_id"]
+    request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     synthesis = build_request(request_id, text, params, priority)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
@@ -98,7 +98,7 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> we
     if chunk.error == "cancelled":
         raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
     if chunk.error:
-        log.error("speech %s failed: %s", request["request_id"], chunk.error)
+        log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
         raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request['request_id']})")
     signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     audio = encode_file(signal, fmt)
@@ -146,9 +146,9 @@ async def _streamed(request: web.Request, stream: ChunkStream, fmt: str, stream_
                 await response.write(_sse({"type": "speech.audio.done", "usage": usage}))
         await response.write_eof()
     except (ConnectionResetError, ConnectionError):
-        log.info("speech %s: client went away", request["request_id"])
+        log.info("speech %s: client went away", request[REQUEST_ID])
         state.metrics.count("/v1/audio/speech", "client_closed")
-        request["counted"] = True
+        request[COUNTED] = True
     finally:
         state.streams.discard(work)
     return response

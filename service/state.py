@@ -68,3 +68,5 @@ async def drain(state: AppState, grace_seconds: float) -> None:
 
 
 STATE_KEY = web.AppKey("streamvox_state", AppState)
+REQUEST_ID = web.RequestKey("request_id", str)
+COUNTED = web.RequestKey("counted", bool)  # the handler already counted its outcome in requests_total

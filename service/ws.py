@@ -27,7 +27,7 @@ from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
 from .params import VoiceParams, build_request, parse_params
-from .state import STATE_KEY, AppState
+from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.ws")
 
@@ -308,10 +308,10 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
     session = StreamSession(request, ws, state)
     if not state.api_keys.accepts(websocket_key(request)):
         state.metrics.count(ENDPOINT, "unauthorized")
-        request["counted"] = True
+        request[COUNTED] = True
         await session.fatal("unauthorized", "missing or invalid API key", WSCloseCode.POLICY_VIOLATION)
         return ws
-    log.info("session %s opened (request %s)", session.session_id, request["request_id"])
+    log.info("session %s opened (request %s)", session.session_id, request[REQUEST_ID])
     await session.send_json({"type": "session.created", "session_id": session.session_id,
                              "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
                              "format": "pcm_s16le", "channels": 1})
@@ -334,6 +334,6 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
         if not ws.closed:
             await ws.close()
         state.metrics.count(ENDPOINT, "ok")
-        request["counted"] = True
+        request[COUNTED] = True
         log.info("session %s closed", session.session_id)
     return ws

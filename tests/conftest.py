@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 def make_engine(max_queue: int = 64):
     """The real tiny engine; STREAMVOX_TEST_FAKE_ENGINE=1 swaps in the development stand-in."""
     if os.environ.get("STREAMVOX_TEST_FAKE_ENGINE") == "1":
-        from tests.service_fake_engine import FakeEngine
+        from service_fake_engine import FakeEngine
 
         return FakeEngine(max_queue=max_queue)
     from engines.engine import build_engine
