@@ -17,8 +17,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (the project's minimum): pip vendors the same parser
+    from pip._vendor import tomli as tomllib
 
 import pytest
 import yaml
