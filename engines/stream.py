@@ -176,7 +176,7 @@ class StreamScheduler:
 
     # ------------------------------------------------------------------ admission
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: that hides ops from dispatch-mode checks
     def admit(self, job: ChunkJob) -> None:
         """Put ``job`` in a free slot. Everything per-job is decided here, once."""
         self._validate(job)
@@ -243,7 +243,7 @@ class StreamScheduler:
     def _needs_negative(self, slot: _Slot) -> bool:
         return slot.guided and (self.cfg.guidance_timing == "full" or slot.step == 0)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def tick(self) -> list[FinishedChunk]:
         """One denoising step for every active slot; returns the chunks that finished."""
         slots = [s for s in self._ring if s is not None]
