@@ -30,8 +30,22 @@ VERSIONS = (kv.all_versions()[0], kv.latest_version())
 NOT_OBJECTS = {"kustomization.yaml", "helm-values.yaml"}
 
 
+OVERLAYS = sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+def patch_files() -> set[Path]:
+    """Files kustomizations use as patches: partial objects, checked in the rendered output."""
+    found = set()
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(kustomization.read_text()).get("patches", []):
+            if "path" in patch:
+                found.add((kustomization.parent / patch["path"]).resolve())
+    return found
+
+
 def manifest_files() -> list[Path]:
-    return sorted(p for p in K8S.rglob("*.yaml") if p.name not in NOT_OBJECTS)
+    patches = patch_files()
+    return sorted(p for p in K8S.rglob("*.yaml") if p.name not in NOT_OBJECTS and p.resolve() not in patches)
 
 
 def load_all(path: Path) -> list[dict]:
@@ -87,7 +101,7 @@ def test_validator_rejects_a_broken_manifest():
         kv.validate(broken, VERSIONS[-1], strict=True)
 
 
-@pytest.mark.parametrize("directory", [BASE, K8S / "overlays" / "cpu", ADAPTER], ids=lambda p: p.name)
+@pytest.mark.parametrize("directory", [BASE, ADAPTER, *OVERLAYS], ids=lambda p: p.name)
 def test_kustomization_references_exist(directory):
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
@@ -114,9 +128,9 @@ def kustomize(directory: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/cpu", "prometheus-adapter"])
-def test_kustomize_output_validates(overlay):
-    rendered = kustomize(K8S / overlay)
+@pytest.mark.parametrize("directory", [BASE, ADAPTER, *OVERLAYS], ids=lambda p: p.name)
+def test_kustomize_output_validates(directory):
+    rendered = kustomize(directory)
     assert rendered
     for doc in rendered:
         validate(doc, VERSIONS[-1])
@@ -133,6 +147,19 @@ def test_cpu_overlay_drops_the_gpu():
     assert config["STREAMVOX_DEVICE"] == "cpu" and config["STREAMVOX_PRESET"] == "small"
     # Everything else from base is still there.
     assert {k for k, _ in rendered} >= {"Service", "Ingress", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+
+
+def test_durable_jobs_overlay_keeps_one_volume():
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(K8S / "overlays" / "durable-jobs")}
+    deployment = rendered[("Deployment", "streamvox")]["spec"]
+    volumes = {v["name"]: v for v in deployment["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "streamvox-data"}}
+    assert ("PersistentVolumeClaim", "streamvox-data") in rendered
+    # One pod at a time on a ReadWriteOnce volume: a fixed single replica, no autoscaler,
+    # and the old pod gone before the new one mounts the volume.
+    assert deployment["replicas"] == 1
+    assert deployment["strategy"] == {"type": "Recreate"}
+    assert not any(kind == "HorizontalPodAutoscaler" for kind, _ in rendered)
 
 
 # --- the pieces agree ---------------------------------------------------------------------
