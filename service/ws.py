@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import logging
+import socket
 import uuid
 from dataclasses import dataclass
 
@@ -34,6 +35,11 @@ log = logging.getLogger("streamvox.ws")
 PROTOCOL_VERSION = 1
 FADE_OUT_SAMPLES = 480  # 20 ms ramp to silence when an utterance is cancelled
 CLOSE_OVERLOADED = 1013  # "try again later"
+# Back-pressure must reach the engine quickly: cap what the kernel and the transport
+# may hold for one slow reader (64 KiB is over a second of PCM16 at 24 kHz, plenty of
+# window for real-time audio on any link).
+SOCKET_SEND_BUFFER = 64 * 1024
+TRANSPORT_BUFFER_LIMIT = 64 * 1024
 ENDPOINT = "/v1/stream"
 
 
@@ -91,9 +97,19 @@ class StreamSession:
             raise SessionClosed()
         try:
             await self.ws.send_bytes(to_pcm16(pcm))
+            await self.wait_for_reader()
         except (ConnectionError, RuntimeError) as exc:
             raise SessionClosed() from exc
         return int(pcm.size)
+
+    async def wait_for_reader(self) -> None:
+        """Hold the speaker while the client is behind; its chunk buffer then fills and pauses the engine."""
+        transport = self.request.transport
+        while transport is not None and not transport.is_closing() \
+                and transport.get_write_buffer_size() > TRANSPORT_BUFFER_LIMIT:
+            await asyncio.sleep(0.02)
+        if transport is None or transport.is_closing():
+            raise SessionClosed()
 
     async def error(self, code: str, message: str) -> None:
         await self.send_json({"type": "error", "code": code, "message": message})
@@ -305,6 +321,9 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
                                heartbeat=30.0)
     await ws.prepare(request)
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
     session = StreamSession(request, ws, state)
     if not state.api_keys.accepts(websocket_key(request)):
         state.metrics.count(ENDPOINT, "unauthorized")
