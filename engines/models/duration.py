@@ -1,10 +1,10 @@
 """Duration model: frames per text token, from encoder states.
 
-Each token gets a positive duration ``base_frames_per_token * softplus(head(h) + b)``
-with ``b`` chosen so that a zero head output gives exactly the prior. So even with
-random weights the frame count of an utterance stays near
-``base_frames_per_token * tokens / speed`` (a random head scales single tokens, the
-sum over a clause averages that out).
+Each token gets a positive duration ``base_frames_per_token * softplus(k head(h) + b)``
+with ``b`` chosen so that a zero head output gives exactly the prior. The gentle slope
+``k`` keeps an untrained (random) head within about 0.7x-1.4x of the prior, so the
+frame count of an utterance stays near ``base_frames_per_token * tokens / speed``;
+a trained head can still reach any positive duration.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .condition import RMSNorm
 from .configs import DurationConfig, TextEncoderConfig
 
 _SOFTPLUS_ONE = math.log(math.e - 1.0)  # softplus(_SOFTPLUS_ONE) == 1
+_HEAD_SLOPE = 0.25
 
 
 class DurationModel(nn.Module):
@@ -34,7 +35,7 @@ class DurationModel(nn.Module):
         # not padding / bos / eos) -> durations [B, L] fp32 frames, 0 where masked
         h = self.norm(F.silu(self.proj(enc)))
         raw = self.head(h).squeeze(-1).float()  # [B, L]
-        per_token = self.cfg.base_frames_per_token * F.softplus(raw + _SOFTPLUS_ONE)
+        per_token = self.cfg.base_frames_per_token * F.softplus(_HEAD_SLOPE * raw + _SOFTPLUS_ONE)
         return per_token * speech_mask.to(per_token.dtype)
 
     def frame_counts(self, durations: torch.Tensor, speed: float) -> list[int]:
