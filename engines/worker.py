@@ -272,10 +272,10 @@ class Worker:
     def _tick(self) -> None:
         t0 = time.perf_counter()
         finished = self.scheduler.tick()
+        self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
         rows, slots = self.scheduler.last_batch_rows, self.scheduler.active_slots + len(finished)
         if finished:
             self._vocalize(finished)
-        self.ticks += 1
         report = TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
                             frames_finished=sum(f.latents.shape[0] for f in finished))
         for listener in self._listeners:
