@@ -294,3 +294,21 @@ def test_missing_decoder_tensor(ckpt):
     key = "decoder.quantizer.rvq_rest.vq.layers.0._codebook.embedding_sum"
     _edit_tensors(ckpt / "speech_tokenizer" / "model.safetensors", lambda t: t.pop(key))
     _expect(ckpt, str(ckpt / "speech_tokenizer" / "model.safetensors"), "missing tensors under 'decoder.'", key)
+
+
+# --------------------------------------------------------------------------- the engine on top
+
+
+def test_engine_builds_from_a_qwen3_tts_directory(tmp_path):
+    """`serve/synthesize --checkpoint DIR`: codec side from the directory (its sizes, its
+    weights), DiT side random at the preset's sizes and reported as such."""
+    from engines.engine import build_engine
+
+    root = write_directory(tmp_path / "ckpt")
+    engine = build_engine(preset="small", device="cpu", checkpoint=str(root), warmup=False)
+    assert engine.info.random_components == ("encoder", "duration", "dit")
+    cfg = engine.models.config
+    assert cfg.code_predictor == PRESET.code_predictor and cfg.decoder == PRESET.decoder
+    assert cfg.latent_dim == PRESET.codec_head.hidden_size and cfg.dit.hidden_size == get_preset("small").dit.hidden_size
+    stored = load_file(str(root / "model.safetensors"))["talker.codec_head.weight"]
+    assert torch.equal(engine.models.codec_head.codec_head.weight, stored)
