@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from engines.contract import AudioChunk, EngineError, SynthesisRequest
+    from engines.contract import SAMPLES_PER_FRAME, AudioChunk, EngineError, SynthesisRequest
     from engines.engine import build_engine
 
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     sf.write(args.out, audio, info.sample_rate, format=fmt.upper(), subtype="PCM_16")
     seconds = len(audio) / info.sample_rate
     wall = time.monotonic() - started
-    print(f"wrote {args.out}: {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s "
+    frames = len(audio) // SAMPLES_PER_FRAME
+    print(f"wrote {args.out}: {frames} frames, {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s "
           f"(real-time factor {wall / max(seconds, 1e-9):.2f})", file=sys.stderr)
     return 0
