@@ -172,3 +172,27 @@ async def test_overload_answers_429_with_retry_after(tmp_path):
     finally:
         await server.stop()
         await asyncio.to_thread(engine.stop)
+
+
+async def test_ws_config_and_idle_timeouts(engine, tmp_path):
+    live = await start_server(engine, tmp_path / "data", ws_config_timeout_s=0.3, ws_idle_timeout_s=0.3)
+    try:
+        async with websockets.connect(live.ws_url) as ws:
+            await ws.recv()  # session.created, then the client says nothing
+            reply = json.loads(await ws.recv())
+            assert (reply["type"], reply["code"]) == ("error", "config_timeout")
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await ws.recv()
+        async with websockets.connect(live.ws_url) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "input.text", "text": "Then silence."}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            codes = []
+            with pytest.raises(websockets.ConnectionClosedOK):
+                while True:
+                    message = await ws.recv()
+                    if isinstance(message, str):
+                        codes.append(json.loads(message).get("code") or json.loads(message)["type"])
+            assert codes == ["audio.start", "audio.done", "session.done", "idle_timeout"]
+    finally:
+        await live.stop()

@@ -1,0 +1,56 @@
+"""Settings: flags win over environment variables, which win over defaults; bad values are named."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from service.settings import Settings, add_arguments, from_args
+
+
+def parse(argv: list[str], env: dict[str, str]) -> Settings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(argv), env)
+
+
+def test_defaults():
+    settings = parse([], {})
+    assert (settings.host, settings.port, settings.device, settings.data_dir) == ("127.0.0.1", 8000, "auto", Path("data"))
+    assert (settings.max_queue, settings.drain_seconds, settings.max_input_chars) == (64, 20.0, 4096)
+    assert settings.api_keys == () and settings.metrics_auth is False and settings.cors_origins == ()
+    assert settings.resolved_preset("cpu") == "small" and settings.resolved_preset("cuda") == "base"
+
+
+def test_environment_then_flags(tmp_path):
+    key_file = tmp_path / "keys"
+    key_file.write_text("# comment\nfile-key\n\n")
+    env = {"STREAMVOX_HOST": "0.0.0.0", "STREAMVOX_PORT": "9000", "STREAMVOX_PRESET": "tiny",
+           "STREAMVOX_DEVICE": "cpu", "STREAMVOX_DATA_DIR": str(tmp_path), "STREAMVOX_MAX_QUEUE": "8",
+           "STREAMVOX_DRAIN_SECONDS": "3.5", "STREAMVOX_API_KEYS": "a, b", "STREAMVOX_API_KEY_FILE": str(key_file),
+           "STREAMVOX_METRICS_AUTH": "on", "STREAMVOX_CORS_ORIGINS": "https://x.example,https://y.example",
+           "STREAMVOX_MAX_INPUT_CHARS": "100", "STREAMVOX_LOG_LEVEL": "DEBUG", "STREAMVOX_CHECKPOINT": "/ckpt"}
+    settings = parse([], env)
+    assert (settings.host, settings.port, settings.preset, settings.device) == ("0.0.0.0", 9000, "tiny", "cpu")
+    assert (settings.max_queue, settings.drain_seconds, settings.max_input_chars) == (8, 3.5, 100)
+    assert settings.api_keys == ("a", "b", "file-key") and settings.metrics_auth is True
+    assert settings.cors_origins == ("https://x.example", "https://y.example")
+    assert (settings.log_level, settings.checkpoint, settings.data_dir) == ("debug", "/ckpt", tmp_path)
+    flagged = parse(["--port", "0", "--api-key", "c", "--api-key", "d", "--metrics-auth", "off"], env)
+    assert flagged.port == 0 and flagged.api_keys == ("c", "d", "file-key") and flagged.metrics_auth is False
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--port", "http"], "--port"),
+    (["--port", "-1"], "--port"),
+    (["--max-queue", "0"], "--max-queue"),
+    (["--drain-seconds", "soon"], "--drain-seconds"),
+    (["--metrics-auth", "maybe"], "--metrics-auth"),
+    (["--log-level", "loud"], "--log-level"),
+    (["--device", "tpu"], "--device"),
+])
+def test_bad_values_name_the_flag(argv, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        parse(argv, {})
