@@ -22,7 +22,7 @@ from .models.codec_head import CodecHead
 @dataclass(frozen=True)
 class VocalizeItem:
     stream_id: str  # request id; decoder state is kept per stream
-    latents: torch.Tensor  # [T, D] unit-RMS frame latents
+    latents: torch.Tensor | None  # [T, D] unit-RMS frame latents (None when ``codes`` are given)
     frame_offset: int  # global index of latents[0] in the utterance (sampling counters)
     seed: int
     greedy: bool = True
@@ -30,6 +30,11 @@ class VocalizeItem:
     top_k: int = 50
     top_p: float = 1.0
     is_last: bool = False  # drop the stream's decoder state after this item
+    codes: torch.Tensor | None = None  # [T, G] codes already known (talker source): decode only
+
+    @property
+    def num_frames(self) -> int:
+        return self.codes.shape[0] if self.codes is not None else self.latents.shape[0]  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class _Stream:
 
 
 def _sampling(item: VocalizeItem, device) -> FrameSampling:
-    return FrameSampling.for_stream(item.latents.shape[0], item.seed, item.frame_offset, device, item.greedy,
+    return FrameSampling.for_stream(item.num_frames, item.seed, item.frame_offset, device, item.greedy,
                                     item.temperature, item.top_k, item.top_p)
 
 
@@ -119,10 +124,19 @@ class Vocalizer:
         """Check everything up front so a bad item fails the call before any state changes."""
         expected: dict[str, int] = {}
         for it in items:
-            lat = it.latents
-            if lat.dim() != 2 or lat.shape[1] != self.latent_dim:
+            if it.codes is not None:
+                c = it.codes
+                if c.dim() != 2 or c.shape[1] != self.num_code_groups or c.dtype != torch.int64:
+                    raise ValueError(f"stream {it.stream_id!r}: codes must be int64 [T, {self.num_code_groups}], "
+                                     f"got {c.dtype} {tuple(c.shape)}")
+                lat = None
+            else:
+                lat = it.latents
+            if lat is None and it.codes is None:
+                raise ValueError(f"stream {it.stream_id!r}: give latents or codes")
+            if lat is not None and (lat.dim() != 2 or lat.shape[1] != self.latent_dim):
                 raise ValueError(f"stream {it.stream_id!r}: latents must be [T, {self.latent_dim}], got {tuple(lat.shape)}")
-            if not lat.is_floating_point():
+            if lat is not None and not lat.is_floating_point():
                 raise ValueError(f"stream {it.stream_id!r}: latents must be floating point, got {lat.dtype}")
             if it.frame_offset < 0:
                 raise ValueError(f"stream {it.stream_id!r}: frame_offset must be >= 0, got {it.frame_offset}")
@@ -140,13 +154,15 @@ class Vocalizer:
             if it.frame_offset != want:
                 raise ValueError(f"stream {it.stream_id!r}: frame_offset {it.frame_offset} but the decoder is at "
                                  f"frame {want} (chunks must be contiguous)")
-            expected[it.stream_id] = it.frame_offset + lat.shape[0]
+            expected[it.stream_id] = it.frame_offset + it.num_frames
 
     def _codes(self, items: list[VocalizeItem]) -> list[torch.Tensor]:
         """All frames of all items as one batch (pieces of max_batch_rows) -> codes [T_i, G] per item."""
-        lengths = [it.latents.shape[0] for it in items]
-        active = [i for i, n in enumerate(lengths) if n > 0]  # active -> original item index
-        out = [torch.empty(0, self.num_code_groups, dtype=torch.int64, device=self.device) for _ in items]
+        lengths = [it.num_frames for it in items]
+        # Items with known codes (talker source) skip prediction.
+        active = [i for i, n in enumerate(lengths) if n > 0 and items[i].codes is None]  # active -> original index
+        out = [torch.empty(0, self.num_code_groups, dtype=torch.int64, device=self.device) if it.codes is None
+               else it.codes.to(self.device) for it in items]
         if not active:
             return out
         latents = torch.cat([items[i].latents.to(self.device, self.dtype) for i in active])  # [N, D]

@@ -136,3 +136,22 @@ def test_bad_items_raise_before_any_state_changes():
     with pytest.raises(ValueError, match="codebook sizes differ"):
         bad = CodePredictor(TINY.code_predictor.__class__(**{**TINY.code_predictor.to_dict(), "vocab_size": 32}))
         Vocalizer(parts()[0], bad, parts()[2], device="cpu")
+
+
+def test_items_with_known_codes_are_decoded_only():
+    """The talker source hands over finished codes: the vocalizer must decode exactly them."""
+    from engines.engine import build_models
+    from engines.presets import get_preset
+    from engines.vocalizer import VocalizeItem, Vocalizer
+
+    m = build_models(get_preset("tiny"), seed=3)
+    voc = Vocalizer(m.codec_head, m.code_predictor, m.decoder, "cpu")
+    G, V = m.config.num_code_groups, m.config.decoder.codebook_size
+    codes = torch.randint(0, V, (7, G), generator=torch.Generator().manual_seed(0))
+    first, second = voc.vocalize([VocalizeItem("s", None, 0, seed=0, codes=codes[:3])])[0], \
+        voc.vocalize([VocalizeItem("s", None, 3, seed=0, codes=codes[3:], is_last=True)])[0]
+    assert torch.equal(torch.cat([first.codes, second.codes]), codes)
+    full = m.decoder(codes.T[None])[0]
+    torch.testing.assert_close(torch.cat([first.pcm, second.pcm]), full, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="codes must be int64"):
+        voc.vocalize([VocalizeItem("t", None, 0, seed=0, codes=codes.float())])
