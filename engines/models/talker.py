@@ -1,0 +1,260 @@
+"""Qwen3-TTS talker: the autoregressive decoder that yields code 0 and the frame hidden.
+
+Plain-torch port of ``Qwen3TTSTalkerForConditionalGeneration`` (minus its code
+predictor, see ``code_predictor.py``). State-dict keys equal the official ones under
+``talker.``:
+
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight, ...q_norm/k_norm.weight
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.{input,post_attention}_layernorm.weight
+    model.norm.weight, model.codec_embedding.weight, model.text_embedding.weight
+    text_projection.linear_fc{1,2}.{weight,bias}, codec_head.weight
+
+Input position = text part ``text_projection(text_embedding(id))`` + codec part
+``codec_embedding(id)`` (see ``engines/qwen3_prompt.py``). Positions use 3-section
+interleaved M-RoPE; for text-only input the three position ids are equal, so it is
+numerically the 1-D RoPE, but we compute it the official way.
+
+``forward`` runs any number of rows and positions over a static KV cache
+[rows, KVH, L, hd]: each row writes its K/V at its own positions and attends to
+cache slots <= its position; only the last position goes through the final norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..randomness import DOMAIN_TALKER, keyed_uniform, sample_logits
+from .code_predictor import DecoderLayer, FrameSampling, RMSNorm, rope_inv_freq
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    """Keys of ``config.json`` ``talker_config`` that the talker needs."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    mrope_section: tuple[int, ...] = (2, 3, 3)  # in rotary pairs (sums to head_dim / 2)
+    mrope_interleaved: bool = True
+    vocab_size: int = 3072  # codec vocabulary (codebook ids + special ids)
+    text_vocab_size: int = 151936
+    text_hidden_size: int = 2048
+    num_code_groups: int = 16
+    codec_eos_token_id: int = 2150
+    max_position_embeddings: int = 32768
+    suppressed_width: int = 1024  # the official generate() suppresses [V - 1024, V) except EOS
+
+    @classmethod
+    def from_dict(cls, talker: Mapping[str, Any]) -> "TalkerConfig":
+        rope = talker.get("rope_scaling") or {}
+        head_dim = talker.get("head_dim") or talker["hidden_size"] // talker["num_attention_heads"]
+        section = tuple(rope.get("mrope_section") or (head_dim // 2, 0, 0))
+        names = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in talker.items() if k in names and k not in ("mrope_section", "mrope_interleaved")}
+        return cls(**{**kw, "head_dim": head_dim, "mrope_section": section,
+                      "mrope_interleaved": bool(rope.get("interleaved", False)),
+                      "rope_theta": float(talker.get("rope_theta", 10_000.0)),
+                      "rms_norm_eps": float(talker.get("rms_norm_eps", 1e-6))})
+
+    def valid_code0_ids(self) -> list[int]:
+        """Ids the official generate() can emit as code 0: [0, V - 1024) and EOS, ascending."""
+        ids = set(range(max(0, self.vocab_size - self.suppressed_width))) | {self.codec_eos_token_id}
+        return sorted(ids)
+
+
+# --------------------------------------------------------------------------- rope
+
+
+def mrope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], interleaved: bool,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [3, B, S] (temporal, height, width) -> cos, sin [B, S, hd] (official order of ops)."""
+    freqs = positions.float()[..., None] * inv_freq.float()  # [3, B, S, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [3, B, S, hd]
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    n = len(section)
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        if interleaved:  # pair j takes section (j mod n) for j < n * section[j mod n]
+            half = t[..., : t.shape[-1] // 2]
+            out = half[0].clone()
+            for i, width in enumerate(section[1:], 1):
+                out[..., i:width * n:n] = half[i, ..., i:width * n:n]
+            return torch.cat((out, out), dim=-1)
+        chunks = t.split(list(section) * 2, dim=-1)
+        return torch.cat([c[i % n] for i, c in enumerate(chunks)], dim=-1)
+
+    return pick(cos), pick(sin)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ResizeMLP(nn.Module):
+    """text_projection: Linear(text_hidden, text_hidden) -> SiLU -> Linear(text_hidden, hidden), with biases."""
+
+    def __init__(self, d_in: int, d_mid: int, d_out: int):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(d_in, d_mid, bias=True)
+        self.linear_fc2 = nn.Linear(d_mid, d_out, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerLayer(DecoderLayer):
+    """The code predictor's Qwen3 layer (same parameters); K/V written at per-row positions."""
+
+    def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
+                positions: torch.Tensor):
+        """x [B, S, D]; cache k/v [B, KVH, L, hd]; rows [B, 1] / positions [B, S] index the
+        slots written; mask [B, 1, S, L] (True = attend)."""
+        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        cache_k, cache_v = cache
+        cache_k[rows, :, positions] = k.transpose(1, 2)  # [B, S, KVH, hd] into slots (b, :, pos)
+        cache_v[rows, :, positions] = v.transpose(1, 2)
+        x = x + self.self_attn.attend(q, cache_k, cache_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(TalkerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+
+
+@dataclass
+class TalkerKVCache:
+    """Per-layer K/V [rows, KVH, max_len, hd], allocated once and written in place."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    lengths: list[int] = field(default_factory=list)  # unused slots are masked, never read
+
+    @property
+    def rows(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy rows src -> dst (device index tensors), first ``length`` positions: compaction."""
+        for t in (*self.k, *self.v):
+            t[dst, :, :length] = t[src, :, :length]
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        if sum(cfg.mrope_section) * 2 != cfg.head_dim:
+            raise ValueError(f"mrope_section {cfg.mrope_section} must sum to head_dim / 2 = {cfg.head_dim // 2}")
+        self.cfg = cfg
+        self.model = TalkerModel(cfg)
+        self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, cfg.hidden_size)
+        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self.register_buffer("valid_ids", torch.tensor(cfg.valid_code0_ids(), dtype=torch.long), persistent=False)
+
+    # ---------------------------------------------------------------- embeddings
+
+    def text_part(self, ids: torch.Tensor) -> torch.Tensor:
+        """text ids [...] -> [..., D]."""
+        return self.text_projection(self.model.text_embedding(ids))
+
+    def codec_part(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(ids)
+
+    def prompt_embeds(self, text_ids: torch.Tensor, codec_ids: torch.Tensor) -> torch.Tensor:
+        """text_ids, codec_ids [S] (codec -1 = no codec part) -> inputs [S, D]."""
+        x = self.text_part(text_ids)
+        codec = self.codec_part(codec_ids.clamp_min(0))
+        return torch.where((codec_ids >= 0)[:, None], x + codec, x)
+
+    # ---------------------------------------------------------------- cache / forward
+
+    def new_cache(self, rows: int, max_len: int, device, dtype) -> TalkerKVCache:
+        shape = (rows, self.cfg.num_key_value_heads, max_len, self.cfg.head_dim)
+        n = self.cfg.num_hidden_layers
+        return TalkerKVCache([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)],
+                             [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)])
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: TalkerKVCache, row0: int = 0,
+                attend_len: int | None = None) -> torch.Tensor:
+        """x [B, S, D] for cache rows row0..row0+B-1 at positions [B, S] (int64, device)
+        -> hidden after the final norm at the last position [B, D].
+
+        ``attend_len`` (host-known, > every position) bounds the cache slots read."""
+        b, s, _ = x.shape
+        length = attend_len or cache.max_len
+        cos, sin = mrope_cos_sin(self.inv_freq, positions[None].expand(3, b, s), self.cfg.mrope_section,
+                                 self.cfg.mrope_interleaved, x.dtype)
+        rows = torch.arange(b, device=x.device)[:, None]  # into the row-sliced cache views
+        slots = torch.arange(length, device=x.device)
+        mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]
+        for i, layer in enumerate(self.model.layers):
+            kv = (cache.k[i][row0:row0 + b, :, :length], cache.v[i][row0:row0 + b, :, :length])
+            x = layer(x, cos, sin, mask, kv, rows, positions)
+        return self.model.norm(x[:, -1])
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, D] (post-norm) -> full codec logits [B, V]."""
+        return self.codec_head(h)
+
+    def valid_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, D] -> logits over the compact valid range [B, n_valid] (columns = ``valid_ids``)."""
+        return F.linear(h, self.codec_head.weight[self.valid_ids])
+
+
+# --------------------------------------------------------------------------- code-0 sampling
+
+
+def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor,
+                            eos_col: int, eos_blocked: torch.Tensor) -> torch.Tensor:
+    """The official logits processors on compact logits [B, n] (float32):
+    repetition penalty over the code-0 ids generated so far (``seen`` [B, n] bool), and
+    EOS blocked where ``eos_blocked`` [B] (min_new_tokens). Suppression is the compact range."""
+    x = logits.float()
+    if not isinstance(penalty, torch.Tensor):
+        penalty = torch.tensor(float(penalty), device=x.device)
+    p = penalty.float().reshape(-1, 1) if penalty.dim() else penalty.float()
+    penalised = torch.where(x < 0, x * p, x / p)
+    x = torch.where(seen, penalised, x)
+    x[:, eos_col] = torch.where(eos_blocked, torch.full_like(x[:, eos_col], float("-inf")), x[:, eos_col])
+    return x
+
+
+def sample_code0(scores: torch.Tensor, ids: torch.Tensor, sampling: FrameSampling) -> torch.Tensor:
+    """scores [B, n] (processed) over token ids ``ids`` [n] -> compact column [B].
+
+    Noise is keyed by (seed, DOMAIN_TALKER, token index, token id), so the draw does not
+    depend on the batch, nor on whether the caller used the compact range or the full one.
+    """
+    if sampling.all_greedy:
+        return scores.argmax(dim=-1)
+    x = scores.float()
+    n = x.shape[-1]
+    k = torch.where(sampling.top_k > 0, sampling.top_k, n).clamp(1, n)
+    kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
+    x = x.masked_fill(x < kth, float("-inf"))
+    u = keyed_uniform(sampling.seed_lo[:, None], sampling.seed_hi[:, None], DOMAIN_TALKER,
+                      sampling.frame[:, None], ids[None, :], device=x.device)
+    gumbel = -torch.log(-torch.log(u))
+    top_p = sampling.top_p if sampling.any_top_p else None
+    return sample_logits(x, gumbel, sampling.temperature, None, top_p, sampling.greedy)
+
+
+__all__ = ["Talker", "TalkerConfig", "TalkerKVCache", "apply_talker_processors", "mrope_cos_sin", "sample_code0"]

@@ -1,0 +1,230 @@
+"""Load the Qwen3-TTS talker of a checkpoint and run it plainly, one utterance at a time.
+
+    bundle = load_talker("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu", dtype=torch.float32)
+    codes = bundle.generate_codes("Hello.", "Vivian", language="Auto", greedy=True)   # LongTensor [T, G]
+
+:func:`generate_codes` is the reference loop, written the way the official
+``Qwen3TTSForConditionalGeneration.generate`` + HF ``generate()`` run it: full codec
+vocabulary, the official logits processors (repetition penalty over generated code-0
+ids, min_new_tokens 2, suppression of [V-1024, V) except EOS), EOS ends the utterance
+(and is not a frame), ``max_new_tokens = N`` gives at most N-1 frames. Every ``None``
+argument means what the official package does for this checkpoint (generation_config.json,
+then the package's hard defaults). The batched engine path is ``engines/talker_source.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from .models.code_predictor import CodePredictor, FrameSampling
+from .models.configs import CodePredictorConfig
+from .models.talker import Talker, TalkerConfig, apply_talker_processors, sample_code0
+from .qwen3_prompt import PromptBuilder, PromptConfig, QwenTextTokenizer, TalkerPrompt
+
+TALKER_PREFIX = "talker."
+PREDICTOR_PREFIX = "talker.code_predictor."
+
+# Qwen3TTSModel._merge_generate_kwargs: used when generation_config.json lacks a key.
+HARD_DEFAULTS: dict[str, Any] = dict(
+    do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05, subtalker_dosample=True,
+    subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9, max_new_tokens=2048)
+MIN_NEW_TOKENS = 2  # hard-coded in the official generate()
+
+
+@dataclass(frozen=True)
+class TalkerGenerationConfig:
+    do_sample: bool
+    top_k: int
+    top_p: float
+    temperature: float
+    repetition_penalty: float
+    subtalker_dosample: bool
+    subtalker_top_k: int
+    subtalker_top_p: float
+    subtalker_temperature: float
+    max_new_tokens: int
+    min_new_tokens: int = MIN_NEW_TOKENS
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TalkerGenerationConfig":
+        merged = {k: data.get(k, v) for k, v in HARD_DEFAULTS.items()}
+        return cls(**merged)
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> "TalkerGenerationConfig":
+        path = Path(directory) / "generation_config.json"
+        return cls.from_dict(read_json(path) if path.is_file() else {})
+
+
+@dataclass
+class TalkerBundle:
+    """What the talker source needs: models, prompt builder, generation defaults."""
+
+    talker: Talker
+    predictor: CodePredictor
+    prompt: PromptBuilder
+    generation: TalkerGenerationConfig
+    path: str
+    device: torch.device
+    dtype: torch.dtype
+
+    def voices(self) -> list[str]:
+        return self.prompt.voices()
+
+    def languages(self) -> list[str]:
+        return self.prompt.languages()
+
+    def generate_codes(self, text: str, voice: str | None, language: str = "Auto", greedy: bool = False,
+                       max_new_tokens: int | None = None, non_streaming_mode: bool | None = None,
+                       repetition_penalty: float | None = None, seed: int = 0) -> torch.Tensor:
+        return generate_codes(self.talker, self.predictor, self.prompt, text, voice, language=language,
+                              greedy=greedy, max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
+                              repetition_penalty=repetition_penalty, seed=seed, generation=self.generation)
+
+
+def talker_config_from(config: Mapping[str, Any], where: str) -> TalkerConfig:
+    talker = require(config, "talker_config", dict, where)
+    tw = f"{where} [talker_config]"
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "text_vocab_size", "text_hidden_size", "num_code_groups",
+                "codec_eos_token_id"):
+        require(talker, key, int, tw)
+    if talker.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{tw}: hidden_act {talker['hidden_act']!r} is not supported (only 'silu')")
+    if talker.get("attention_bias"):
+        raise CheckpointError(f"{tw}: attention_bias is not supported")
+    if talker.get("use_sliding_window"):
+        raise CheckpointError(f"{tw}: use_sliding_window is not supported by the talker")
+    rope = talker.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(f"{tw}: rope_type {rope.get('rope_type')!r} is not supported (default M-RoPE only)")
+    try:
+        return TalkerConfig.from_dict(talker)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{tw}: {exc}") from None
+
+
+def predictor_config_from(config: Mapping[str, Any], where: str) -> CodePredictorConfig:
+    from .qwen3_tts import _predictor_config  # the loader's parser (same checks as load_checkpoint)
+
+    talker = require(config, "talker_config", dict, where)
+    return _predictor_config(talker, f"{where} [talker_config]")
+
+
+def load_talker(checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                predictor: CodePredictor | None = None) -> TalkerBundle:
+    """The talker (strict inside ``talker.`` minus ``talker.code_predictor.``), the code
+    predictor (loaded here unless one is passed, e.g. ``parts.predictor``), the text
+    tokenizer + prompt builder and the generation config of a Qwen3-TTS directory."""
+    root = Path(checkpoint_dir)
+    device = torch.device(device)
+    config_file = root / "config.json"
+    config = read_json(config_file)
+    tcfg = talker_config_from(config, str(config_file))
+    files = SafetensorsFiles(root)
+    talker = Talker(tcfg)
+    names = list(talker.state_dict())
+    load_into(talker, files, TALKER_PREFIX, device=device, dtype=dtype, only=names)
+    known = {TALKER_PREFIX + n for n in names}
+    extra = [k for k in files.under(TALKER_PREFIX) if k not in known and not k.startswith(PREDICTOR_PREFIX)]
+    if extra:
+        raise CheckpointError(f"{files.label}: unexpected tensors under {TALKER_PREFIX!r}: {', '.join(sorted(extra)[:8])}")
+    if predictor is None:
+        predictor = CodePredictor(predictor_config_from(config, str(config_file)))
+        load_into(predictor, files, PREDICTOR_PREFIX, device=device, dtype=dtype)
+    prompt = PromptBuilder(PromptConfig.from_config(config, str(config_file)), QwenTextTokenizer.from_dir(root))
+    bad_ids = [n for n, i in {"tts_pad": prompt.config.tts_pad_token_id, "tts_bos": prompt.config.tts_bos_token_id,
+                               "tts_eos": prompt.config.tts_eos_token_id}.items() if not 0 <= i < tcfg.text_vocab_size]
+    if bad_ids:
+        raise CheckpointError(f"{config_file}: {', '.join(bad_ids)} ids outside text_vocab_size {tcfg.text_vocab_size}")
+    return TalkerBundle(talker.eval(), predictor.eval(), prompt, TalkerGenerationConfig.from_dir(root), str(root),
+                        device, dtype)
+
+
+# --------------------------------------------------------------------------- reference loop
+
+
+def prompt_tensors(talker: Talker, prompt: TalkerPrompt, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> prefill inputs [S, D], trailing text parts [T, D], tts_pad text part [D]."""
+    text = torch.tensor(prompt.text_ids, dtype=torch.long, device=device)
+    codec = torch.tensor(prompt.codec_ids, dtype=torch.long, device=device)
+    trailing = talker.text_part(torch.tensor(prompt.trailing_text_ids, dtype=torch.long, device=device))
+    pad = talker.text_part(torch.tensor([prompt.pad_text_id], dtype=torch.long, device=device))[0]
+    return talker.prompt_embeds(text, codec), trailing, pad
+
+
+def frame_embedding(talker: Talker, predictor: CodePredictor, codes: torch.Tensor) -> torch.Tensor:
+    """codes [B, G] -> sum of the frame's G code embeddings [B, D] (code 0 via the talker's
+    table, code g via the predictor's table g-1), summed in the official order."""
+    parts = [talker.codec_part(codes[:, 0])]
+    parts += [predictor.model.codec_embedding[g - 1](codes[:, g]) for g in range(1, codes.shape[1])]
+    return torch.stack(parts, dim=1).sum(1)
+
+
+@torch.no_grad()
+def generate_codes(talker: Talker, predictor: CodePredictor, prompt_builder: PromptBuilder, text: str,
+                   voice: str | None, language: str = "Auto", greedy: bool = False, max_new_tokens: int | None = None,
+                   non_streaming_mode: bool | None = None, repetition_penalty: float | None = None, seed: int = 0,
+                   generation: TalkerGenerationConfig | None = None, instruct: str | None = None) -> torch.Tensor:
+    """One utterance -> LongTensor [T, G] (see the module docstring)."""
+    gen = generation or TalkerGenerationConfig.from_dict({})
+    n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    penalty = gen.repetition_penalty if repetition_penalty is None else float(repetition_penalty)
+    prompt = prompt_builder.build(text, voice, language, non_streaming_mode, instruct=instruct)
+    device = talker.codec_head.weight.device
+    dtype = talker.codec_head.weight.dtype
+    cfg = talker.cfg
+    g = cfg.num_code_groups
+    eos = cfg.codec_eos_token_id
+    x, trailing, pad = prompt_tensors(talker, prompt, device)
+    s = x.shape[0]
+    cache = talker.new_cache(1, s + max(n_max, 1), device, dtype)
+
+    talker_greedy = greedy or not gen.do_sample
+    code0_sampling = FrameSampling.for_stream(1, seed, 0, device, greedy=talker_greedy,
+                                              temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    suppressed = torch.ones(cfg.vocab_size, dtype=torch.bool, device=device)
+    suppressed[talker.valid_ids] = False
+    ids = torch.arange(cfg.vocab_size, device=device)
+
+    h = talker(x[None], torch.arange(s, device=device)[None], cache, attend_len=s)  # [1, D]
+    generated: list[int] = []
+    frames: list[torch.Tensor] = []
+    for step in range(n_max):
+        scores = talker.logits(h).float()  # [1, V], full vocabulary as HF sees it
+        seen = torch.zeros_like(scores, dtype=torch.bool)
+        if generated:
+            seen[0, torch.tensor(generated, device=device)] = True
+        blocked = torch.tensor([step < gen.min_new_tokens], device=device)
+        scores = apply_talker_processors(scores, seen, penalty, eos, blocked)
+        scores = scores.masked_fill(suppressed, float("-inf"))
+        sampling = FrameSampling(code0_sampling.seed_lo, code0_sampling.seed_hi,
+                                 torch.tensor([step], device=device), code0_sampling.greedy,
+                                 code0_sampling.temperature, code0_sampling.top_k, code0_sampling.top_p,
+                                 code0_sampling.all_greedy, code0_sampling.any_top_p)
+        code0 = ids[sample_code0(scores, ids, sampling)]  # [1]
+        token = int(code0)
+        generated.append(token)
+        if token == eos or step == n_max - 1:  # the last sampled code 0 never gets its residual codes
+            break
+        sub = FrameSampling.for_stream(1, seed, step, device, greedy=greedy or not gen.subtalker_dosample,
+                                       temperature=gen.subtalker_temperature, top_k=gen.subtalker_top_k,
+                                       top_p=gen.subtalker_top_p)
+        rest = predictor.predict(h, talker.codec_part(code0), sub)  # [1, G-1]
+        frame = torch.cat([code0[:, None], rest], dim=1)  # [1, G]
+        frames.append(frame[0])
+        text_part = trailing[step] if step < trailing.shape[0] else pad
+        nxt = frame_embedding(talker, predictor, frame) + text_part  # [1, D]
+        h = talker(nxt[:, None], torch.tensor([[s + step]], device=device), cache, attend_len=s + step + 1)
+    if not frames:
+        return torch.zeros(0, g, dtype=torch.long, device=device)
+    return torch.stack(frames)
+
+
+__all__ = ["HARD_DEFAULTS", "TalkerBundle", "TalkerGenerationConfig", "frame_embedding", "generate_codes",
+           "load_talker", "prompt_tensors"]
