@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "clients.commands.synthesize",
     "clients.commands.say",
     "clients.commands.jobs",
+    "clients.commands.export",
+    "clients.commands.build_engines",
 )
 
 

@@ -40,21 +40,21 @@ from .manifest import GraphSpec, Manifest
 log = logging.getLogger("streamvox.tensorrt")
 
 
-def require_tensorrt():
+def require_tensorrt(what: str = "--backend tensorrt"):
     """The tensorrt module, or BackendUnavailable saying what is missing."""
     try:
         import tensorrt  # noqa: F401
     except ImportError as exc:
         raise BackendUnavailable(
-            "--backend tensorrt needs NVIDIA TensorRT (>= 10) and a CUDA GPU: pip install 'streamvox[tensorrt]' "
-            "in the CUDA image, or use --backend torch / onnxruntime") from exc
+            f"{what} needs NVIDIA TensorRT (>= 10) and a CUDA GPU, and TensorRT is not installed: "
+            f"pip install 'streamvox[tensorrt]' in the CUDA image, or use --backend torch / onnxruntime") from exc
     if not torch.cuda.is_available():
-        raise BackendUnavailable("--backend tensorrt needs a CUDA device; torch sees none")
+        raise BackendUnavailable(f"{what} needs a CUDA device; torch sees none")
     return tensorrt
 
 
 def require_polygraphy():
-    trt = require_tensorrt()
+    trt = require_tensorrt("streamvox build-engines")
     try:
         import polygraphy  # noqa: F401
     except ImportError as exc:
@@ -301,3 +301,50 @@ def host_view(ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
         return torch.empty(shape, dtype=dtype)
     raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
     return torch.frombuffer(raw, dtype=dtype, count=n).view(shape)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build_engines(onnx_dir: str | Path, out_dir: str | Path, graphs: tuple[str, ...] | None = None,
+                  workspace_gb: float | None = None) -> Manifest:
+    """TensorRT engines (one optimization profile each, from the manifest's ranges) for the
+    exported graphs, via polygraphy; writes ``<graph>.plan`` and manifest.json into ``out_dir``.
+
+    The network is built *strongly typed*: every tensor keeps the dtype the ONNX graph gives
+    it, so a float16/bfloat16 export runs in half precision with fp32 exactly where the
+    torch code casts to fp32 (RMSNorm, RoPE, timestep embedding), and a float32 export
+    gives fp32 engines. The DiT profile's max batch is the pipeline's batch ceiling."""
+    trt = require_polygraphy()
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+
+    src, out = Path(onnx_dir), Path(out_dir)
+    manifest = Manifest.load(src)
+    names = tuple(graphs or manifest.graphs)
+    missing = [g for g in names if g not in manifest.graphs]
+    if missing:
+        raise ArtifactMismatch(f"{src}: manifest has no graphs {missing} (has {sorted(manifest.graphs)})")
+    if manifest.dtype == "float32":
+        log.warning("%s holds float32 graphs: the engines will be fp32; export with --dtype float16 or bfloat16 "
+                    "for half precision", src)
+    out.mkdir(parents=True, exist_ok=True)
+    pools = {trt.MemoryPoolType.WORKSPACE: int(workspace_gb * (1 << 30))} if workspace_gb else None
+    for name in names:
+        spec = manifest.graphs[name]
+        shapes = {w: spec.input_shapes(w) for w in ("min", "opt", "max")}
+        profile = Profile()
+        for t in spec.inputs:
+            profile.add(t.name, min=shapes["min"][t.name], opt=shapes["opt"][t.name], max=shapes["max"][t.name])
+        log.info("building %s: profile %s", name, {k: v.to_list() for k, v in spec.profile.items()})
+        network = NetworkFromOnnxPath(str(src / spec.onnx), strongly_typed=True)
+        plan = EngineBytesFromNetwork(network, CreateConfig(profiles=[profile], memory_pool_limits=pools))()
+        (out / f"{name}.plan").write_bytes(bytes(plan))
+        manifest.graphs[name] = GraphSpec(spec.component, spec.onnx, spec.inputs, spec.outputs, spec.profile,
+                                          engine=f"{name}.plan")
+        if src.resolve() != out.resolve():  # keep the graph next to its engine (inspection, rebuilds)
+            (out / spec.onnx).write_bytes((src / spec.onnx).read_bytes())
+    manifest.graphs = {k: v for k, v in manifest.graphs.items() if k in names}
+    manifest.tensorrt = {"version": trt.__version__, "strongly_typed": True,
+                         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    manifest.save(out)
+    return manifest

@@ -1,0 +1,67 @@
+"""`streamvox export`: the DiT and codec decoder as ONNX graphs + manifest.json.
+
+The artifacts serve ``--backend onnxruntime`` directly and are the input of
+``streamvox build-engines`` (TensorRT). Use the same --preset / --checkpoint / --seed
+as the server: the manifest records the weights' hash and the backends refuse others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("export", help="export the DiT and codec decoder to ONNX (+ manifest.json)")
+    p.add_argument("--preset", choices=("tiny", "small", "base"), default="small")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--checkpoint", default=None, help="Qwen3-TTS checkpoint dir or streamvox .safetensors")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random-init components (as the server's)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="graph precision; half precision keeps the torch path's fp32 islands (for TensorRT)")
+    p.add_argument("--graphs", default="dit,decoder_step,decoder_full", help="comma-separated subset to export")
+    p.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                   help="torch.onnx exporter (torchscript: seconds; dynamo: torch.export based, minutes)")
+    p.add_argument("--max-full-frames", type=int, default=1500, help="longest whole-utterance decode (frames)")
+    p.add_argument("--verify", action="store_true",
+                   help="after export, run the graphs in ONNX Runtime and print the max |diff| to torch")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from engines.backends.onnx_export import DTYPES, default_profiles, export_models
+    from engines.engine import _models_from_checkpoint, build_models
+    from engines.presets import get_preset
+
+    config = get_preset(args.preset)
+    models = _models_from_checkpoint(Path(args.checkpoint), config, args.seed) if args.checkpoint else (
+        build_models(config, args.seed))
+    graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
+    t0 = time.perf_counter()
+    try:
+        manifest = export_models(models, args.out, dtype=DTYPES[args.dtype], graphs=graphs,
+                                 profiles=default_profiles(models.config, args.max_full_frames),
+                                 checkpoint=args.checkpoint, exporter=args.exporter)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {', '.join(manifest.graphs)} ({manifest.preset}, {manifest.dtype}) to {args.out} "
+          f"in {time.perf_counter() - t0:.1f}s")
+    for name, g in manifest.graphs.items():
+        ranges = ", ".join(f"{a} {r.min}..{r.max}" for a, r in g.profile.items())
+        print(f"  {g.onnx:20s} {ranges}")
+    if args.verify:
+        if args.dtype != "float32":
+            print("--verify compares fp32 graphs only; skipped", file=sys.stderr)
+            return 0
+        from engines.backends.onnxruntime_backend import parity_report
+
+        torch.manual_seed(0)
+        for name, err in parity_report(models, args.out).items():
+            print(f"  onnxruntime vs torch {name:28s} max |diff| {err:.2e}")
+    return 0
