@@ -12,7 +12,7 @@ from engines.contract import SynthesisEngine
 
 from . import jobs, speech, ws
 from .metrics import CONTENT_TYPE
-from .middleware import (auth_middleware, cors_middleware, error_middleware, on_response_prepare,
+from .middleware import (access_log_middleware, auth_middleware, cors_middleware, error_middleware, on_response_prepare,
                          request_id_middleware)
 from .settings import Settings
 from .state import STATE_KEY, AppState
@@ -55,7 +55,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
-    middlewares = [request_id_middleware, error_middleware]
+    middlewares = [request_id_middleware, access_log_middleware, error_middleware]
     if settings.cors_origins:
         middlewares.append(cors_middleware(settings.cors_origins))
     middlewares.append(auth_middleware)

@@ -69,6 +69,14 @@ async def error_middleware(request: web.Request, handler):
 
 
 @web.middleware
+async def access_log_middleware(request: web.Request, handler):
+    """Our access log: path without the query string (it may hold ?token=KEY), plus the request id."""
+    response = await handler(request)
+    log.info("%s %s -> %d (request %s)", request.method, request.path, response.status, request.get(REQUEST_ID))
+    return response
+
+
+@web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE_KEY]
     if state.api_keys.enabled and request.method != "OPTIONS" and not _is_open(request.path, state.settings.metrics_auth):

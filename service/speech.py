@@ -76,11 +76,14 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     except EngineError as exc:
         raise engine_error(exc) from None
     log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
+    work = _SpeechWork(stream)
+    state.streams.add(work)  # the drain waits for it, then aborts it
     try:
         if stream_format is None:
             return await _whole_file(request, stream, fmt)
-        return await _streamed(request, stream, fmt, stream_format, len(text))
+        return await _streamed(request, work, fmt, stream_format, len(text))
     finally:
+        state.streams.discard(work)
         stream.cancel()  # no-op once finished; frees the slot if the client went away
 
 
@@ -109,15 +112,14 @@ def _sse(event: dict) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-async def _streamed(request: web.Request, stream: ChunkStream, fmt: str, stream_format: str,
+async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_format: str,
                     input_chars: int) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    stream = work.stream
     sse = stream_format == "sse"
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else CONTENT_TYPES[fmt],
                                            "Cache-Control": "no-cache"})
     encoder = StreamEncoder(fmt)
-    work = _SpeechWork(stream)
-    state.streams.add(work)
     samples = 0
 
     async def send(data: bytes) -> None:
@@ -149,6 +151,4 @@ async def _streamed(request: web.Request, stream: ChunkStream, fmt: str, stream_
         log.info("speech %s: client went away", request[REQUEST_ID])
         state.metrics.count("/v1/audio/speech", "client_closed")
         request[COUNTED] = True
-    finally:
-        state.streams.discard(work)
     return response

@@ -78,7 +78,8 @@ class StreamSession:
     # -- state the drain and the reader look at ------------------------------------
     @property
     def busy(self) -> bool:
-        return bool(self.queue) or self.current is not None or bool(self.buffer.strip())
+        """Audio is queued or being produced (text still waiting for a sentence end is not work yet)."""
+        return bool(self.queue) or self.current is not None
 
     def queued_chars(self) -> int:
         return len(self.buffer) + sum(len(item.text) for item in self.queue if isinstance(item, Utterance))

@@ -26,8 +26,16 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parents[1]
 
 
+# On a shared 2-core box, torch's intra-op thread pool spins against other processes and
+# multiplies CPU time several times over; the tiny engine is fastest on one thread.
+TEST_TORCH_THREADS = 1
+
+
 def make_engine(max_queue: int = 64):
-    """The real tiny engine; STREAMVOX_TEST_FAKE_ENGINE=1 swaps in the development stand-in."""
+    """The real tiny engine (torch on one thread); STREAMVOX_TEST_FAKE_ENGINE=1 swaps in the stand-in."""
+    import torch
+
+    torch.set_num_threads(TEST_TORCH_THREADS)
     if os.environ.get("STREAMVOX_TEST_FAKE_ENGINE") == "1":
         from service_fake_engine import FakeEngine
 
@@ -39,10 +47,14 @@ def make_engine(max_queue: int = 64):
 
 @pytest.fixture(scope="module")
 def engine():
+    import torch
+
+    threads = torch.get_num_threads()
     engine = make_engine()
     engine.start()
     yield engine
     engine.stop()
+    torch.set_num_threads(threads)  # leave other suites as they were
 
 
 class LiveServer:
@@ -108,7 +120,7 @@ class ServerProcess:
     def __init__(self, data_dir: Path, *extra_args: str, env: dict | None = None):
         cmd = [sys.executable, "-m", "clients.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--preset", "tiny",
                "--device", "cpu", "--data-dir", str(data_dir), *extra_args]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(TEST_TORCH_THREADS), **(env or {})}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      text=True)
         self.lines: list[str] = []
