@@ -13,6 +13,7 @@ so an accidental use fails loudly instead of computing something wrong.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import sys
@@ -67,18 +68,22 @@ import transformers  # noqa: E402
 if transformers.__version__ != "4.57.3":
     raise RuntimeError(f"the oracle needs transformers 4.57.3 (qwen-tts pins it), found {transformers.__version__}")
 
-from qwen_tts.core.models.configuration_qwen3_tts import (  # noqa: E402
-    Qwen3TTSConfig,
-    Qwen3TTSTalkerCodePredictorConfig,
-    Qwen3TTSTalkerConfig,
-)
-from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration  # noqa: E402
-from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (  # noqa: E402
-    Qwen3TTSTokenizerV2Config,
-)
-from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
-    Qwen3TTSTokenizerV2Model,
-)
+# The package prints a flash-attn banner on import: keep stdout clean for callers
+# that parse it (tests/oracle/bench_generate.py prints JSON lines).
+with contextlib.redirect_stdout(sys.stderr):
+    from qwen_tts.core.models.configuration_qwen3_tts import (  # noqa: E402
+        Qwen3TTSConfig,
+        Qwen3TTSTalkerCodePredictorConfig,
+        Qwen3TTSTalkerConfig,
+    )
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration  # noqa: E402
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (  # noqa: E402
+        Qwen3TTSTokenizerV2Config,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
+        Qwen3TTSTokenizerV2Model,
+    )
+
 
 __all__ = [
     "STUBBED",
