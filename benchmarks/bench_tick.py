@@ -1,0 +1,182 @@
+"""Stream tick loop throughput: ms/tick, finished chunks/s and audio x realtime at
+several depths (active slots), fused CFG (one forward of 2n rows) vs two passes.
+
+    .venv/bin/python benchmarks/bench_tick.py --preset small --device auto
+
+Slots run in steady state like the worker drives them: staggered steps, and a
+finished chunk is replaced at once by the next chunk of the same clause (same
+encoder-state objects, the previous tail as context). Random weights; before
+timing, fused and two-pass outputs are checked to agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engines.models.dit import FlowDiT
+from engines.models.init import init_module_
+from engines.presets import get_preset
+from engines.randomness import keyed_normal
+from engines.stream import ChunkJob, StreamScheduler
+
+FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class Feeder:
+    """Keeps ``depth`` slots busy: admits staggered jobs, replaces finished ones."""
+
+    def __init__(self, sched: StreamScheduler, depth: int, frames: int, context: int, steps: int,
+                 scale: float, text_len: int, device: torch.device, dtype: torch.dtype):
+        cfg = sched.dit.cfg
+        self.sched, self.frames, self.context, self.steps, self.scale = sched, frames, context, steps, scale
+        null = keyed_normal(0, 900, torch.arange(1, device=device), cfg.cond_dim).to(dtype)[0]
+        self.clauses = []
+        for i in range(depth):
+            enc = keyed_normal(i, 901, torch.arange(text_len, device=device), cfg.cond_dim).to(dtype)
+            self.clauses.append((enc, null.expand(text_len, -1)))
+        self.next_chunk = [0] * depth
+        self.tails = [torch.zeros(0, cfg.latent_dim, device=device)] * depth
+        self.pending = list(range(depth))  # clause indices waiting for a slot
+
+    def admit_one(self) -> None:
+        i = self.pending.pop(0)
+        enc, null = self.clauses[i]
+        n = self.next_chunk[i]
+        self.sched.admit(ChunkJob(key=(f"c{i}", n), enc=enc, enc_null=null, context=self.tails[i],
+                                  frame_start=n * self.frames, num_frames=self.frames, seed=i,
+                                  steps=self.steps, guidance_scale=self.scale))
+        self.next_chunk[i] += 1
+
+    def tick(self) -> list:
+        finished = self.sched.tick()
+        for f in finished:
+            i = int(f.key[0][1:])
+            self.tails[i] = f.latents[-self.context:] if self.context else f.latents[:0]
+            self.pending.append(i)
+        return finished
+
+    def warm_up(self) -> None:
+        # One admission per tick until all slots are busy (staggered steps), then a
+        # full schedule of steady state.
+        for _ in range(len(self.clauses)):
+            self.admit_one()
+            self.tick()
+        for _ in range(self.steps):
+            while self.pending:
+                self.admit_one()
+            self.tick()
+        while self.pending:
+            self.admit_one()
+
+
+def make_scheduler(dit, base_cfg, depth: int, fused: bool, device, dtype) -> StreamScheduler:
+    ceiling = 2 * depth if fused else depth
+    cfg = dataclasses.replace(base_cfg, max_slots=depth, batch_ceiling=ceiling, guidance="cfg",
+                              guidance_timing="full", memo_size=max(8, base_cfg.memo_size))
+    return StreamScheduler(dit, cfg, device, dtype)
+
+
+def check_fused_equals_two_pass(dit, stream_cfg, args, device, dtype) -> float:
+    outs = []
+    for fused in (True, False):
+        feeder = Feeder(make_scheduler(dit, stream_cfg, 4, fused, device, dtype), 4, args.frames, args.context,
+                        args.steps, args.guidance_scale, args.text_len, device, dtype)
+        while feeder.pending:
+            feeder.admit_one()
+        got = {}
+        while feeder.sched.active_slots:
+            got.update({f.key: f.latents for f in feeder.sched.tick()})
+        outs.append(got)
+    err = max((outs[0][k] - outs[1][k]).abs().max().item() for k in outs[0])
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    if err > tol:
+        raise SystemExit(f"fused and two-pass CFG disagree: max abs diff {err:.2e} > {tol:.0e}")
+    return err
+
+
+def measure(dit, stream_cfg, args, depth: int, fused: bool, device, dtype) -> dict:
+    sched = make_scheduler(dit, stream_cfg, depth, fused, device, dtype)
+    feeder = Feeder(sched, depth, args.frames, args.context, args.steps, args.guidance_scale,
+                    args.text_len, device, dtype)
+    feeder.warm_up()
+    sync(device)
+    forwards0 = sched.forward_count
+    chunks = frames = 0
+    t0 = time.perf_counter()
+    for _ in range(args.ticks):
+        finished = feeder.tick()
+        chunks += len(finished)
+        frames += sum(f.latents.shape[0] for f in finished)
+        while feeder.pending:  # admission is part of the steady state
+            feeder.admit_one()
+    sync(device)
+    seconds = time.perf_counter() - t0
+    return dict(ms_tick=1000 * seconds / args.ticks, chunks_s=chunks / seconds, frames_s=frames / seconds,
+                rows=sched.last_batch_rows, forwards=(sched.forward_count - forwards0) / args.ticks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--depths", default="1,4,8,16")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--ticks", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per variant (median reported)")
+    ap.add_argument("--frames", type=int, default=None, help="frames per chunk (default: preset chunk_frames)")
+    ap.add_argument("--guidance-scale", type=float, default=2.0)
+    ap.add_argument("--text-len", type=int, default=60, help="tokens per clause")
+    args = ap.parse_args()
+
+    cfg = get_preset(args.preset)
+    device = pick_device(args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    args.frames = args.frames or cfg.stream.chunk_frames
+    args.context = cfg.dit.context_frames
+    dit = init_module_(FlowDiT(cfg.dit), 0).to(device=device, dtype=dtype).eval()
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    print(f"device: {name} | torch {torch.__version__} | dtype {str(dtype).replace('torch.', '')}")
+    print(f"preset {args.preset}: DiT {cfg.dit.num_hidden_layers}x{cfg.dit.hidden_size}, latent {cfg.dit.latent_dim}; "
+          f"chunk {args.frames} frames + {args.context} context, {args.steps} steps, CFG scale {args.guidance_scale}")
+    err = check_fused_equals_two_pass(dit, cfg.stream, args, device, dtype)
+    print(f"check: fused == two-pass (max abs diff {err:.1e})")
+
+    header = (f"{'depth':>5} | {'rows':>4} | {'fused ms/tick':>13} | {'2-pass ms/tick':>14} | {'2-pass/fused':>12} | "
+              f"{'chunks/s':>8} | {'frames/s':>8} | {'x realtime':>10}")
+    print(header)
+    print("-" * len(header))
+    for depth in [int(d) for d in args.depths.split(",")]:
+        # Alternate the variants and keep each one's median run: a shared machine is noisy.
+        runs = {True: [], False: []}
+        for _ in range(args.repeats):
+            for variant in (True, False):
+                runs[variant].append(measure(dit, cfg.stream, args, depth, variant, device, dtype))
+        fused, split = (sorted(runs[v], key=lambda r: r["ms_tick"])[len(runs[v]) // 2] for v in (True, False))
+        assert fused["forwards"] == 1.0 and split["forwards"] == 2.0, (fused, split)
+        print(f"{depth:>5} | {fused['rows']:>4} | {fused['ms_tick']:>13.2f} | {split['ms_tick']:>14.2f} | "
+              f"{split['ms_tick'] / fused['ms_tick']:>12.2f} | {fused['chunks_s']:>8.2f} | "
+              f"{fused['frames_s']:>8.1f} | {fused['frames_s'] / FRAMES_PER_SECOND:>10.2f}")
+    print("x realtime = finished frames/s / 12.5 (fused); depth = active slots, rows = DiT batch rows (2n under CFG)")
+
+
+if __name__ == "__main__":
+    main()
