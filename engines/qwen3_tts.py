@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 STREAMVOX_WEIGHTS = "streamvox.safetensors"  # our own DiT / condition encoder, when trained
 PREDICTOR_PREFIX = "talker.code_predictor."
 HEAD_PREFIX = "talker."
+HEAD_MODULES = ("talker.codec_head.", "talker.model.norm.", "talker.model.codec_embedding.")
 DECODER_PREFIX = "decoder."
 
 __all__ = ["CheckpointError", "Qwen3TTSCheckpointConfig", "Qwen3TTSParts", "load_checkpoint", "read_configs"]
@@ -270,11 +271,12 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     head = CodecHead(config.codec_head)
     stored |= load_into(head, talker_files, HEAD_PREFIX, device=device, dtype=dtype,
                         only=list(head.state_dict()))
-    # Anything under talker.codec_head. that our head does not hold (e.g. a bias) is wrong.
-    extra = [k for k in talker_files.under("talker.codec_head.") if k != "talker.codec_head.weight"]
+    # Within the three head modules, anything our head does not hold (e.g. a bias) is wrong.
+    head_keys = {HEAD_PREFIX + k for k in head.state_dict()}
+    extra = [k for p in HEAD_MODULES for k in talker_files.under(p) if k not in head_keys]
     if extra:
-        raise CheckpointError(f"{talker_files.label}: unexpected tensors under 'talker.codec_head.': "
-                              f"{', '.join(sorted(extra))}")
+        raise CheckpointError(f"{talker_files.label}: unexpected tensors in the codec head modules "
+                              f"({', '.join(HEAD_MODULES)}): {', '.join(sorted(extra))}")
 
     decoder = CodecDecoder(config.decoder)
     stored |= load_into(decoder, SafetensorsFiles(root / "speech_tokenizer"), DECODER_PREFIX,

@@ -272,6 +272,12 @@ def test_unexpected_codec_head_bias(ckpt):
     _expect(ckpt, str(ckpt / "model.safetensors"), "unexpected tensors", "talker.codec_head.bias")
 
 
+def test_unexpected_final_norm_bias(ckpt):
+    _edit_tensors(ckpt / "model.safetensors",
+                  lambda t: t.update({"talker.model.norm.bias": torch.zeros(PRESET.codec_head.hidden_size)}))
+    _expect(ckpt, str(ckpt / "model.safetensors"), "unexpected tensors", "talker.model.norm.bias")
+
+
 def test_shape_mismatch(ckpt):
     _edit_tensors(ckpt / "model.safetensors",
                   lambda t: t.update({"talker.codec_head.weight": torch.zeros(7, PRESET.codec_head.hidden_size)}))
