@@ -156,6 +156,10 @@ def test_split_clauses_keeps_numbers_whole_and_short_text_alone():
     assert split_clauses("Hi. Ok.", 100) == ["Hi.", "Ok."]
 
 
+def test_split_clauses_joins_cjk_clauses_without_spaces():
+    assert split_clauses("我们今天去公园，然后回家吃饭，好吗？", 14) == ["我们今天去公园，", "然后回家吃饭，好吗？"]
+
+
 def test_split_clauses_bytes_budget():
     text = "世界和平，" * 10
     pieces = split_clauses(text, 24, measure=lambda s: len(s.encode("utf-8")))

@@ -210,12 +210,21 @@ def flush_sentences(buffer: str) -> list[str]:
 _CLAUSE_BREAK = re.compile(r"(?<=[,;:])\s+|(?<=[，、；：])\s*|(?<=\s[—–])\s+")
 
 
-def _pack(pieces: list[str], max_len: int, measure: Callable[[str], int], sep: str) -> list[str]:
-    """Greedily join consecutive pieces with ``sep`` while the result fits ``max_len``."""
+def _is_cjk(ch: str) -> bool:
+    return "\u3000" <= ch <= "\u9fff" or "\uf900" <= ch <= "\ufaff" or "\uff00" <= ch <= "\uffef"
+
+
+def _join(a: str, b: str) -> str:
+    """Join two pieces with a space, except between CJK characters (no spaces there)."""
+    return a + b if _is_cjk(a[-1]) and _is_cjk(b[0]) else a + " " + b
+
+
+def _pack(pieces: list[str], max_len: int, measure: Callable[[str], int]) -> list[str]:
+    """Greedily join consecutive pieces while the result fits ``max_len``."""
     out: list[str] = []
     for p in pieces:
-        if out and measure(out[-1] + sep + p) <= max_len:
-            out[-1] = out[-1] + sep + p
+        if out and measure(_join(out[-1], p)) <= max_len:
+            out[-1] = _join(out[-1], p)
         else:
             out.append(p)
     return out
@@ -246,9 +255,9 @@ def _split_long(sentence: str, max_len: int, measure: Callable[[str], int]) -> l
         words: list[str] = []
         for w in clause.split():
             words.extend([w] if measure(w) <= max_len else _hard_split(w, max_len, measure))
-        out.extend(_pack(words, max_len, measure, " "))
+        out.extend(_pack(words, max_len, measure))
     # Re-join neighbouring clauses that still fit together, so pieces are not tiny.
-    return _pack(out, max_len, measure, " ")
+    return _pack(out, max_len, measure)
 
 
 def split_clauses(text: str, max_chars: int, measure: Callable[[str], int] = len) -> list[str]:
