@@ -1,0 +1,83 @@
+"""End-to-end: the real server under 1..N concurrent WebSocket clients on loopback.
+
+For each concurrency level: time to first audio p50/p95, per-stream wall/audio ratio
+(RTF, < 1 keeps up), sessions with underruns (audio later than playback needs by
+> 100 ms) and errors; then the largest level with no underrun. Shares its load
+generator with load.py.
+
+    .venv/bin/python benchmarks/bench_e2e.py --preset small --device cpu --levels 1,2,4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import TEXTS, Server, percentile, run_ws_session  # noqa: E402
+
+
+async def level(url: str, clients: int, api_key: str | None) -> dict:
+    t0 = time.monotonic()
+    stats = await asyncio.gather(*(run_ws_session(url, TEXTS[i % len(TEXTS)], seed=i, api_key=api_key)
+                                   for i in range(clients)))
+    ok = [s for s in stats if s.ok and not s.error]
+    ttfa = [s.ttfa_s for s in ok if s.ttfa_s is not None]
+    rtf = [s.rtf for s in ok if s.rtf is not None]
+    audio = sum(s.audio_s for s in ok)
+    return {"clients": clients, "errors": len(stats) - len(ok),
+            "ttfa_p50": percentile(ttfa, 0.5), "ttfa_p95": percentile(ttfa, 0.95),
+            "rtf_p50": percentile(rtf, 0.5), "rtf_max": max(rtf) if rtf else None,
+            "underrun_sessions": sum(1 for s in ok if s.underruns), "audio_s_per_s": audio / (time.monotonic() - t0)}
+
+
+def fmt(v, scale=1.0, digits=0):
+    return "n/a" if v is None else f"{v * scale:.{digits}f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="target a running server instead of starting one")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--levels", default="1,8,32,64,128,256")
+    parser.add_argument("--api-key")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    server = None
+    url = args.url
+    if url is None:
+        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-e2e-"))
+        url = server.url
+        asyncio.run(server.wait_ready())
+    try:
+        import torch
+
+        device = args.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU x{torch.get_num_threads()} threads"
+        print(f"streamvox bench_e2e: preset {args.preset}, device {device} ({name}), server {url}")
+        print(f"{'clients':>7} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
+              f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9}")
+        best = 0
+        for c in levels:
+            r = asyncio.run(level(url, c, args.api_key))
+            print(f"{r['clients']:>7} {r['errors']:>6} {fmt(r['ttfa_p50'], 1000):>11} {fmt(r['ttfa_p95'], 1000):>11} "
+                  f"{fmt(r['rtf_p50'], 1, 2):>7} {fmt(r['rtf_max'], 1, 2):>7} {r['underrun_sessions']:>8} "
+                  f"{r['audio_s_per_s']:>9.1f}")
+            if r["errors"] == 0 and r["underrun_sessions"] == 0:
+                best = c
+        print(f"largest concurrency with no underrun and no error: {best}")
+    finally:
+        if server:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Soak load: N concurrent WebSocket sessions plus M REST job loops for a while.
+
+Reports errors, underruns, time to first audio, server RSS growth and open file
+descriptors. Starts its own server (``--preset``/``--device``) or targets ``--url``
+(then ``--pid`` lets it read the server's RSS and fds from /proc).
+
+    .venv/bin/python benchmarks/load.py --preset tiny --sessions 4 --jobs 1 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import TEXTS, Server, percentile, process_open_fds, process_rss_mb, run_job, run_ws_session  # noqa: E402
+
+
+@dataclass
+class LoadReport:
+    sessions: int = 0
+    jobs: int = 0
+    errors: list[str] = field(default_factory=list)
+    underruns: int = 0
+    ttfa: list[float] = field(default_factory=list)
+    rss_start_mb: float = 0.0
+    rss_end_mb: float = 0.0
+    fds_start: int = 0
+    fds_end: int = 0
+    seconds: float = 0.0
+
+    def table(self) -> str:
+        p50, p95 = percentile(self.ttfa, 0.5), percentile(self.ttfa, 0.95)
+        rows = [
+            ("WS sessions completed", self.sessions), ("REST jobs completed", self.jobs),
+            ("errors", len(self.errors)), ("underruns (>100 ms late)", self.underruns),
+            ("TTFA p50 / p95 ms", f"{p50 * 1000:.0f} / {p95 * 1000:.0f}" if p50 is not None else "n/a"),
+            ("server RSS start -> end MiB", f"{self.rss_start_mb:.0f} -> {self.rss_end_mb:.0f}"),
+            ("server open fds start -> end", f"{self.fds_start} -> {self.fds_end}"),
+            ("duration s", f"{self.seconds:.0f}"),
+        ]
+        width = max(len(r[0]) for r in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int | None = None,
+                   api_key: str | None = None) -> LoadReport:
+    report = LoadReport()
+    if pid:
+        report.rss_start_mb, report.fds_start = process_rss_mb(pid), process_open_fds(pid)
+    deadline = time.monotonic() + seconds
+    texts = itertools.cycle(TEXTS)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def ws_loop(worker: int) -> None:
+        for n in itertools.count():
+            if time.monotonic() >= deadline:
+                return
+            stats = await run_ws_session(url, next(texts), seed=worker * 1000 + n, api_key=api_key)
+            if stats.error or not stats.ok:
+                report.errors.append(f"ws: {stats.error or 'no session.done'}")
+            else:
+                report.sessions += 1
+                report.underruns += stats.underruns
+                if stats.ttfa_s is not None:
+                    report.ttfa.append(stats.ttfa_s)
+
+    async def job_loop(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < deadline:
+            error = await run_job(session, url, next(texts), headers)
+            if error:
+                report.errors.append(f"job: {error}")
+            else:
+                report.jobs += 1
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(ws_loop(i) for i in range(sessions)), *(job_loop(http) for _ in range(jobs)))
+    report.seconds = time.monotonic() - t0
+    if pid:
+        report.rss_end_mb, report.fds_end = process_rss_mb(pid), process_open_fds(pid)
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="target a running server instead of starting one")
+    parser.add_argument("--pid", type=int, help="server pid (with --url) for RSS / fd readings")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--api-key")
+    args = parser.parse_args()
+    server = None
+    url, pid = args.url, args.pid
+    if url is None:
+        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-load-"))
+        url, pid = server.url, server.proc.pid
+        asyncio.run(server.wait_ready())
+    try:
+        report = asyncio.run(run_load(url, args.sessions, args.jobs, args.seconds, pid, args.api_key))
+    finally:
+        if server:
+            server.stop()
+    print(f"streamvox load: {args.sessions} WS sessions + {args.jobs} job loops on {url} "
+          f"(preset {args.preset}, device {args.device})")
+    print(report.table())
+    for err in report.errors[:10]:
+        print("error:", err)
+    return 1 if report.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
