@@ -24,6 +24,9 @@ Reference tensors (fp32):
     dec/<case>/codes   [B, G, T]         decoder input
     dec/<case>/wav     [B, T*1920]       official decoder full decode (clamped to +-1)
     dec/<case>/wav64   [B, T*1920]       the same in float64 (weights upcast), free of fp32 noise
+    pipe/latents       [T, H_talker]     unit-RMS frame latents (talker hidden before its final norm)
+    pipe/codes         [T, G]            greedy codes from the official head + generate()
+    pipe/wav           [T*1920]          official decoder on those codes
 The "dep" cases change one thing of a base case (code-0 embedding row, last
 codebook) so the tests can show the oracle outputs depend on their inputs.
 """
@@ -289,11 +292,35 @@ def decoder_refs(decoder, fc: FixtureConfig, refs: dict) -> None:
         refs[f"dec/{case}/wav"] = wav
 
 
+@torch.no_grad()
+def pipeline_refs(model, fc: FixtureConfig, refs: dict) -> None:
+    """Frame latents -> codes -> audio through the official modules, greedy: what
+    streamvox's vocalizer computes from unit-RMS latents (the talker hidden before its
+    final norm). Code 0 is the argmax over codebook ids only (special ids masked)."""
+    talker, decoder = model.talker, model.speech_tokenizer.model.decoder
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(fc.decode_frames, fc.talker_hidden, generator=g)
+    latents = x / x.pow(2).mean(-1, keepdim=True).sqrt()  # unit RMS per frame
+    hidden = talker.model.norm(latents)
+    code0_logits = talker.codec_head(hidden)[:, :fc.codebook_size]
+    top2 = code0_logits.topk(2, dim=-1).values
+    if (top2[:, 0] - top2[:, 1]).min().item() < MIN_TOP2_MARGIN:
+        raise AssertionError(f"{fc.name} pipeline: near-tie in code 0; pick another seed")
+    code0 = code0_logits.argmax(-1)
+    prefill = torch.stack([hidden, talker.model.codec_embedding(code0)], dim=1)  # [T, 2, D]: one frame per row
+    rest = talker.code_predictor.generate(inputs_embeds=prefill, max_new_tokens=fc.num_code_groups - 1,
+                                          do_sample=False, return_dict_in_generate=True).sequences
+    codes = torch.cat([code0[:, None], rest], dim=1)  # [T, G]
+    refs["pipe/latents"], refs["pipe/codes"] = latents, codes
+    refs["pipe/wav"] = decoder(codes.T[None]).reshape(-1)
+
+
 def write_references(model, fc: FixtureConfig, cases, path: Path) -> dict:
     refs: dict[str, torch.Tensor] = {}
     code_predictor_refs(model.talker, fc, cases, refs)
     codec_head_refs(model.talker, fc, refs)
     decoder_refs(model.speech_tokenizer.model.decoder, fc, refs)
+    pipeline_refs(model, fc, refs)
     save_file({k: v.contiguous() for k, v in refs.items()}, str(path))
     return refs
 
