@@ -13,9 +13,13 @@ import collections
 import time
 from typing import AsyncIterator
 
-from engines.contract import AudioChunk, RequestHandle, SynthesisEngine, SynthesisRequest
+import numpy as np
+
+from engines.contract import SAMPLE_RATE, AudioChunk, RequestHandle, SynthesisEngine, SynthesisRequest
 
 from .metrics import Metrics
+
+LIVENESS_CHECK_SECONDS = 1.0  # how often a waiting reader checks that the worker still runs
 
 
 class ChunkStream:
@@ -76,13 +80,22 @@ class ChunkStream:
     async def next_chunk(self) -> AudioChunk:
         while not self._buffer:
             self._ready.clear()
-            await self._ready.wait()
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout=LIVENESS_CHECK_SECONDS)
+            except asyncio.TimeoutError:
+                if not self._engine.stats().alive:  # a dead worker sends nothing more: end the request here
+                    self._on_chunk(self._engine_failure_chunk())
         chunk = self._buffer.popleft()
         self._resume_if_drained()
         if chunk.is_final:
             self.finished = True
             self.close()
         return chunk
+
+    def _engine_failure_chunk(self) -> AudioChunk:
+        return AudioChunk(request_id=self.request.id, index=-1, pcm=np.zeros(0, dtype=np.float32),
+                          sample_rate=SAMPLE_RATE, frames_done=0, frames_total=0, is_final=True,
+                          error="engine_failure")
 
     def take_buffered(self) -> list[AudioChunk]:
         """Everything received but not read yet (used on cancel)."""

@@ -62,7 +62,7 @@ async def error_middleware(request: web.Request, handler):
     except Exception:
         log.exception("request %s failed", request.get(REQUEST_ID))
         metrics.count(endpoint, "internal_error")
-        return error_response(500, "internal_error", f"internal error (request id {request.get('request_id')})")
+        return error_response(500, "internal_error", f"internal error (request id {request.get(REQUEST_ID)})")
     if not request.get(COUNTED):
         metrics.count(endpoint, "ok" if response.status < 400 else HTTP_STATUS_CODES.get(response.status, "error"))
     return response

@@ -38,8 +38,13 @@ def build_engine_for(settings: Settings):
                         seed=settings.seed, max_queue=settings.max_queue)
 
 
-async def serve(settings: Settings, engine=None) -> int:
-    """Serve until a signal (returns 0) or until the engine's worker dies (returns 1)."""
+async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
+                listening: asyncio.Future | None = None) -> int:
+    """Serve until a signal (returns 0) or until the engine's worker dies (returns 1).
+
+    Tests may pass their own started ``engine``, a ``stop`` event (instead of signal
+    handlers) and a ``listening`` future that receives the bound URL.
+    """
     loop = asyncio.get_running_loop()
     if engine is None:
         engine = await asyncio.to_thread(build_engine_for, settings)
@@ -54,10 +59,13 @@ async def serve(settings: Settings, engine=None) -> int:
     await site.start()
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%s", host, port)
+    if listening is not None:
+        listening.set_result(f"http://{host}:{port}")
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     exit_code = 0
     while not stop.is_set():
         try:

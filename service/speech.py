@@ -102,7 +102,7 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> we
         raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
     if chunk.error:
         log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
-        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request['request_id']})")
+        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
     signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     audio = encode_file(signal, fmt)
     return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
