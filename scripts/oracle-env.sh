@@ -53,11 +53,18 @@ FIXTURE_SCRIPTS=(tests/oracle/official.py tests/oracle/randomize.py tests/oracle
 stamp=$(cat "${FIXTURE_SCRIPTS[@]}" | sha256sum | cut -d' ' -f1)
 if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
   echo "oracle-env: fixtures up to date ($OUT)"
-  exit 0
+else
+  rm -rf "$OUT"
+  mkdir -p "$OUT"
+  # Single-threaded torch keeps the 2-core CI box usable and the numerics reproducible.
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$OPY" tests/oracle/make_fixtures.py "$OUT"
+  echo "$stamp" > "$OUT/STAMP"
+  echo "oracle-env: fixtures written to $OUT"
 fi
-rm -rf "$OUT"
-mkdir -p "$OUT"
-# Single-threaded torch keeps the 2-core CI box usable and the numerics reproducible.
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$OPY" tests/oracle/make_fixtures.py "$OUT"
-echo "$stamp" > "$OUT/STAMP"
-echo "oracle-env: fixtures written to $OUT in $(( $(date +%s) - start ))s total"
+
+# The talker's parity fixtures (tests/fixtures/oracle/talker/) use the same venv; build
+# them here too so dev-setup / CI get every oracle fixture from one entry point.
+if [ -f scripts/oracle-talker-fixtures.sh ]; then
+  bash scripts/oracle-talker-fixtures.sh
+fi
+echo "oracle-env: done in $(( $(date +%s) - start ))s"
