@@ -143,7 +143,10 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=None, help="frames per chunk (default: preset chunk_frames)")
     ap.add_argument("--guidance-scale", type=float, default=2.0)
     ap.add_argument("--text-len", type=int, default=60, help="tokens per clause")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     cfg = get_preset(args.preset)
     device = pick_device(args.device)
