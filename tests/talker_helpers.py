@@ -1,0 +1,82 @@
+"""A small random Qwen3-TTS talker bundle built in-process (no oracle needed).
+
+Fan-in scaled weights (N(0, 1/sqrt(fan_in)), embeddings N(0, 1), norms ~ 1) so the codes
+depend on the text, voice and language; a byte-level BPE trained on a few sentences with
+the special tokens the prompt needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from engines.models.code_predictor import CodePredictor
+from engines.models.configs import CodePredictorConfig
+from engines.models.talker import Talker, TalkerConfig
+from engines.qwen3_prompt import QWEN2_SPLIT, PromptBuilder, PromptConfig, QwenTextTokenizer
+from engines.talker_generate import TalkerBundle, TalkerGenerationConfig
+
+CORPUS = ["assistant user the quick brown fox jumps over the lazy dog",
+          "Hello world, this is a small test of streaming speech.", "你好，世界。数字 2026 and 42."] * 4
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
+
+
+def make_tokenizer() -> QwenTextTokenizer:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, show_progress=False, special_tokens=[],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in SPECIALS])
+    return QwenTextTokenizer(tok, QWEN2_SPLIT)
+
+
+@torch.no_grad()
+def randomize(module: nn.Module, g: torch.Generator) -> None:
+    for m in module.modules():
+        for name, p in m.named_parameters(recurse=False):
+            if isinstance(m, nn.Linear) and name == "weight":
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif isinstance(m, nn.Linear):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif isinstance(m, nn.Embedding):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:  # norms
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+
+
+@torch.no_grad()
+def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int = 32, max_new_tokens: int = 24,
+                eos_gain: float = 1.5) -> TalkerBundle:
+    tok = make_tokenizer()
+    ids = {s: tok.token_to_id(s) for s in SPECIALS}
+    cb = codebook
+    tcfg = TalkerConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, mrope_section=(2, 3, 3), vocab_size=cb + 1024,
+                        text_vocab_size=tok.vocab_size + 2, text_hidden_size=24, num_code_groups=groups,
+                        codec_eos_token_id=cb + 102)
+    pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_code_groups=groups,
+                               talker_hidden_size=hidden)
+    prompt_cfg = PromptConfig(
+        tts_model_type="custom_voice", tts_pad_token_id=ids["<tts_pad>"], tts_bos_token_id=ids["<tts_text_bos>"],
+        tts_eos_token_id=ids["<tts_text_eod>"], codec_pad_id=cb + 100, codec_bos_id=cb + 101,
+        codec_think_id=cb + 106, codec_nothink_id=cb + 107, codec_think_bos_id=cb + 108, codec_think_eos_id=cb + 109,
+        speakers={"vivian": cb + 200, "ryan": cb + 201, "dylan": cb + 202},
+        speaker_dialects={"vivian": False, "ryan": False, "dylan": "beijing_dialect"},
+        language_ids={"chinese": cb + 50, "english": cb + 51, "beijing_dialect": cb + 60})
+    g = torch.Generator().manual_seed(seed)
+    talker, predictor = Talker(tcfg), CodePredictor(pcfg)
+    randomize(talker, g)
+    randomize(predictor, g)
+    talker.codec_head.weight[tcfg.codec_eos_token_id] *= eos_gain  # EOS within a few dozen steps
+    generation = TalkerGenerationConfig.from_dict({"max_new_tokens": max_new_tokens})
+    return TalkerBundle(talker.eval(), predictor.eval(), PromptBuilder(prompt_cfg, tok), generation, "<random>",
+                        torch.device("cpu"), torch.float32)
