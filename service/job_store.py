@@ -135,7 +135,20 @@ class JobStore:
                                   "WHERE status = 'running'")
         return cursor.rowcount
 
+    def delete_finished_before(self, cutoff: float) -> int:
+        """Retention: drop finished jobs (records and audio) that finished before ``cutoff``."""
+        rows = self._db.execute("SELECT id, audio_file FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+                                "AND finished_at < ?", (cutoff,)).fetchall()
+        for row in rows:
+            if row["audio_file"]:
+                (self.audio_dir / row["audio_file"]).unlink(missing_ok=True)
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
+        return len(rows)
+
     # -- audio files ---------------------------------------------------------------
+    def audio_bytes(self) -> int:
+        return sum(entry.stat().st_size for entry in os.scandir(self.audio_dir) if entry.is_file())
+
     def audio_path(self, job: Job) -> Path | None:
         return self.audio_dir / job.audio_file if job.audio_file else None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 from aiohttp import web
@@ -18,6 +19,7 @@ from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest
 from .audio import CONTENT_TYPES, encode_file, check_format
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
+from .limits import client_identity
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
 from .params import VoiceParams, build_request, parse_input, parse_params
 from .speech import read_json_object
@@ -27,6 +29,7 @@ log = logging.getLogger("streamvox.jobs")
 
 JOB_FORMATS = ("wav", "flac")
 RETRY_SECONDS = 0.5  # how long the runner waits when the engine queue is full
+RETENTION_EVERY_SECONDS = 60.0
 
 
 class JobRunner:
@@ -39,6 +42,7 @@ class JobRunner:
         self._tasks: set[asyncio.Task] = set()
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
+        self._last_retention = float("-inf")
 
     def start(self) -> None:
         requeued = self.store.requeue_interrupted()
@@ -58,8 +62,20 @@ class JobRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, *(t for t in [self._dispatcher] if t), return_exceptions=True)
 
+    def _apply_retention(self) -> None:
+        ttl_hours = self.state.settings.job_ttl_hours
+        now = time.monotonic()
+        every = min(RETENTION_EVERY_SECONDS, ttl_hours * 3600)  # a short TTL is checked more often
+        if ttl_hours <= 0 or now - self._last_retention < every:
+            return
+        self._last_retention = now
+        removed = self.store.delete_finished_before(time.time() - ttl_hours * 3600)
+        if removed:
+            log.info("retention: deleted %d finished job(s) older than %g h", removed, ttl_hours)
+
     async def _dispatch(self) -> None:
         while not self._stopping:
+            self._apply_retention()
             free = self.state.settings.job_workers - len(self.running)
             started = 0
             if free > 0 and not self.state.draining:
@@ -155,8 +171,13 @@ def _job_or_404(request: web.Request) -> Job:
 async def create_job(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.check_admission()
+    state.limits.check_rate(client_identity(request))
     body = await read_json_object(request)
     text = parse_input(body, state.settings.max_input_chars)
+    quota_mb = state.settings.jobs_disk_quota_mb
+    if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
+        raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
+                                            "download and delete old jobs or wait for retention")
     fmt = check_format(body.get("response_format") or "wav", JOB_FORMATS)
     params = parse_params(body, state.engine)
     record = {"input": text, "response_format": fmt, "voice": params.voice, "seed": params.seed,

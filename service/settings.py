@@ -30,6 +30,11 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     max_input_chars: int = 4096
     log_level: str = "info"
+    rate_limit: float = 0.0  # work-starting requests per second per key (0 = off)
+    rate_burst: int = 20
+    max_sessions_per_key: int = 0  # concurrent WebSocket sessions per key (0 = unlimited)
+    job_ttl_hours: float = 168.0  # finished jobs and their audio are deleted after this (0 = keep)
+    jobs_disk_quota_mb: float = 0.0  # job audio on disk; new jobs get 507 beyond it (0 = unlimited)
     seed: int = 0
     # Limits without a flag of their own (issue 7 defaults); tests may override them.
     max_body_bytes: int = 1 << 20
@@ -60,6 +65,13 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--cors-origins", "STREAMVOX_CORS_ORIGINS", "cors_origins", "comma separated allowed origins (empty = CORS off)"),
     ("--max-input-chars", "STREAMVOX_MAX_INPUT_CHARS", "max_input_chars", "longest accepted input text"),
     ("--log-level", "STREAMVOX_LOG_LEVEL", "log_level", "debug|info|warning|error"),
+    ("--rate-limit", "STREAMVOX_RATE_LIMIT", "rate_limit", "requests/s per API key that start work (0 = off)"),
+    ("--rate-burst", "STREAMVOX_RATE_BURST", "rate_burst", "token-bucket size for --rate-limit"),
+    ("--max-sessions-per-key", "STREAMVOX_MAX_SESSIONS_PER_KEY", "max_sessions_per_key",
+     "concurrent WebSocket sessions per API key (0 = unlimited)"),
+    ("--job-ttl-hours", "STREAMVOX_JOB_TTL_HOURS", "job_ttl_hours", "delete finished jobs after this (0 = keep)"),
+    ("--jobs-disk-quota-mb", "STREAMVOX_JOBS_DISK_QUOTA_MB", "jobs_disk_quota_mb",
+     "disk space for job audio (0 = unlimited)"),
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -133,6 +145,10 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         values["drain_seconds"] = number("drain_seconds", float, 0.0)
     if "max_input_chars" in raw:
         values["max_input_chars"] = number("max_input_chars", int, 1)
+    for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
+                                ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0)):
+        if dest in raw:
+            values[dest] = number(dest, kind, minimum)
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
     if "cors_origins" in raw:

@@ -14,6 +14,7 @@ from engines.contract import EngineError, Priority
 from .audio import CONTENT_TYPES, StreamEncoder, check_format, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
+from .limits import client_identity
 from .params import build_request, parse_input, parse_params
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
@@ -55,6 +56,7 @@ class _SpeechWork:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.check_admission()
+    state.limits.check_rate(client_identity(request))
     body = await read_json_object(request)
     text = parse_input(body, state.settings.max_input_chars)
     model = body.get("model", "streamvox")

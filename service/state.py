@@ -11,6 +11,7 @@ from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest
 
 from .auth import ApiKeys
 from .errors import ApiError
+from .limits import KeyLimits
 from .metrics import Metrics
 from .settings import Settings
 
@@ -27,6 +28,7 @@ class AppState:
         self.engine = engine
         self.metrics = Metrics(engine)
         self.api_keys = ApiKeys(settings.api_keys)
+        self.limits = KeyLimits(settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key)
         self.draining = False
         self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
         self.jobs = None  # service.jobs.JobRunner, set by the app on startup

@@ -27,6 +27,7 @@ from .audio import to_pcm16
 from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
+from .limits import client_identity
 from .params import VoiceParams, build_request, parse_params
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 
@@ -331,6 +332,21 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
         request[COUNTED] = True
         await session.fatal("unauthorized", "missing or invalid API key", WSCloseCode.POLICY_VIOLATION)
         return ws
+    identity = client_identity(request, websocket=True)
+    try:
+        state.limits.check_rate(identity)
+    except ApiError as exc:
+        state.metrics.count(ENDPOINT, exc.code)
+        request[COUNTED] = True
+        await session.fatal(exc.code, exc.message, CLOSE_OVERLOADED)
+        return ws
+    if not state.limits.open_session(identity):
+        state.metrics.count(ENDPOINT, "too_many_sessions")
+        request[COUNTED] = True
+        limit = state.settings.max_sessions_per_key
+        await session.fatal("too_many_sessions", f"at most {limit} concurrent sessions per key",
+                            WSCloseCode.POLICY_VIOLATION)
+        return ws
     log.info("session %s opened (request %s)", session.session_id, request[REQUEST_ID])
     await session.send_json({"type": "session.created", "session_id": session.session_id,
                              "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
@@ -345,6 +361,7 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
                 if not isinstance(task.exception(), SessionClosed):
                     log.error("session %s failed", session.session_id, exc_info=task.exception())
     finally:
+        state.limits.close_session(identity)
         state.streams.discard(session)
         session.closed = True
         session.cancel_all()

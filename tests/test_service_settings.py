@@ -31,13 +31,17 @@ def test_environment_then_flags(tmp_path):
            "STREAMVOX_DEVICE": "cpu", "STREAMVOX_DATA_DIR": str(tmp_path), "STREAMVOX_MAX_QUEUE": "8",
            "STREAMVOX_DRAIN_SECONDS": "3.5", "STREAMVOX_API_KEYS": "a, b", "STREAMVOX_API_KEY_FILE": str(key_file),
            "STREAMVOX_METRICS_AUTH": "on", "STREAMVOX_CORS_ORIGINS": "https://x.example,https://y.example",
-           "STREAMVOX_MAX_INPUT_CHARS": "100", "STREAMVOX_LOG_LEVEL": "DEBUG", "STREAMVOX_CHECKPOINT": "/ckpt"}
+           "STREAMVOX_MAX_INPUT_CHARS": "100", "STREAMVOX_LOG_LEVEL": "DEBUG", "STREAMVOX_CHECKPOINT": "/ckpt",
+           "STREAMVOX_RATE_LIMIT": "2.5", "STREAMVOX_RATE_BURST": "5", "STREAMVOX_MAX_SESSIONS_PER_KEY": "3",
+           "STREAMVOX_JOB_TTL_HOURS": "24", "STREAMVOX_JOBS_DISK_QUOTA_MB": "512"}
     settings = parse([], env)
     assert (settings.host, settings.port, settings.preset, settings.device) == ("0.0.0.0", 9000, "tiny", "cpu")
     assert (settings.max_queue, settings.drain_seconds, settings.max_input_chars) == (8, 3.5, 100)
     assert settings.api_keys == ("a", "b", "file-key") and settings.metrics_auth is True
     assert settings.cors_origins == ("https://x.example", "https://y.example")
     assert (settings.log_level, settings.checkpoint, settings.data_dir) == ("debug", "/ckpt", tmp_path)
+    assert (settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key) == (2.5, 5, 3)
+    assert (settings.job_ttl_hours, settings.jobs_disk_quota_mb) == (24.0, 512.0)
     flagged = parse(["--port", "0", "--api-key", "c", "--api-key", "d", "--metrics-auth", "off"], env)
     assert flagged.port == 0 and flagged.api_keys == ("c", "d", "file-key") and flagged.metrics_auth is False
 
@@ -50,6 +54,7 @@ def test_environment_then_flags(tmp_path):
     (["--metrics-auth", "maybe"], "--metrics-auth"),
     (["--log-level", "loud"], "--log-level"),
     (["--device", "tpu"], "--device"),
+    (["--rate-burst", "0"], "--rate-burst"),
 ])
 def test_bad_values_name_the_flag(argv, fragment):
     with pytest.raises(ValueError, match=fragment):
