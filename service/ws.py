@@ -205,8 +205,12 @@ class StreamSession:
         self.enqueue(items + [EndOfRound()])
 
     async def on_cancel(self, message: dict) -> None:
+        # Queued utterances are dropped; end-of-round markers stay, so every input.done and
+        # every response.cancel is answered by exactly one session.done.
         self.buffer = ""
+        kept = [item for item in self.queue if isinstance(item, EndOfRound)]
         self.queue.clear()
+        self.queue.extend(kept)
         self.drop_prefetch()
         if self.current is not None:
             self.cancelling = True

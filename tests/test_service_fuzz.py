@@ -1,0 +1,154 @@
+"""Property-based fuzzing (hypothesis) of REST bodies and WebSocket message sequences
+against a real `streamvox serve` process: valid requests must produce correct audio,
+hostile ones a documented 4xx / WS error; never a 5xx, never a hung session."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import soundfile as sf
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from websockets.sync.client import connect
+
+from conftest import ServerProcess
+
+RECOVERABLE = {"invalid_json", "unknown_type", "invalid_field", "binary_not_supported", "text_too_long"}
+MAX_CHARS = 60
+SESSION_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def live_url(tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("fuzz"), "--max-input-chars", str(MAX_CHARS))
+    try:
+        yield server.wait_listening()
+        assert server.proc.poll() is None, "the server died during fuzzing:\n" + server.log[-4000:]
+    finally:
+        server.terminate()
+        server.wait_exit()
+        server.kill()
+
+
+short_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+sentences = st.lists(st.sampled_from(["Hello there.", "How are you?", "Dr. Who is 3.5 m tall.", "Fine!", "Ok",
+                                      "雨です。", "Wait..."]), min_size=1, max_size=2).map(" ".join)
+any_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | short_text,
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(short_text, inner, max_size=3),
+                        max_leaves=6)
+field_values = {
+    "input": st.one_of(sentences, short_text, st.text(min_size=MAX_CHARS + 1, max_size=MAX_CHARS + 5), any_json),
+    "voice": st.one_of(st.sampled_from(["default", "alloy", "nova", "ALLOY", "nobody", ""]), any_json),
+    "response_format": st.one_of(st.sampled_from(["pcm", "wav", "flac", "ulaw", "aac", "WAV"]), any_json),
+    "stream_format": st.one_of(st.sampled_from(["audio", "sse", "video"]), any_json),
+    "speed": st.one_of(st.floats(allow_nan=True), st.sampled_from([0.25, 1.0, 4.0, 4.01]), any_json),
+    "seed": st.one_of(st.integers(min_value=-5, max_value=2**64), any_json),
+    "steps": st.one_of(st.integers(min_value=-1, max_value=70), any_json),
+    "guidance_scale": st.one_of(st.floats(), any_json),
+    "model": st.one_of(st.just("streamvox"), short_text),
+}
+speech_bodies = st.fixed_dictionaries({"input": field_values["input"]},
+                                      optional={k: v for k, v in field_values.items() if k != "input"})
+raw_bodies = st.one_of(st.binary(max_size=64), any_json.map(lambda v: json.dumps(v).encode()))
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes, dict]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=SESSION_TIMEOUT_S) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+
+
+def check_http_answer(status: int, payload: bytes, headers: dict, body: dict | None) -> None:
+    assert status < 500, payload[:300]
+    assert headers.get("X-Request-Id")
+    if status >= 400:
+        error = json.loads(payload)["error"]
+        assert error["code"] and error["message"]
+        return
+    assert payload, "an accepted request returned no audio"
+    fmt = (body or {}).get("response_format", "mp3")
+    if fmt in ("wav", "flac") and not body.get("stream_format"):
+        audio, rate = sf.read(io.BytesIO(payload))
+        assert rate == 24000 and audio.size > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=speech_bodies)
+def test_fuzz_speech_bodies(live_url, body):
+    try:
+        raw = json.dumps(body, allow_nan=True).encode()
+    except (TypeError, ValueError):
+        return
+    status, payload, headers = post(live_url + "/v1/audio/speech", raw)
+    event(f"HTTP {status}")  # shown by --hypothesis-show-statistics
+    check_http_answer(status, payload, headers, body)
+
+
+@settings(max_examples=30, deadline=None)
+@given(raw=raw_bodies, path=st.sampled_from(["/v1/audio/speech", "/v1/jobs"]))
+def test_fuzz_raw_bodies(live_url, raw, path):
+    status, payload, headers = post(live_url + path, raw)
+    assert status < 500, payload[:300]
+    if status >= 400:
+        assert json.loads(payload)["error"]["code"]
+
+
+ws_messages = st.one_of(
+    st.builds(lambda t: {"type": "input.text", "text": t}, st.one_of(sentences, short_text, any_json)),
+    st.just({"type": "input.done"}),
+    st.just({"type": "response.cancel"}),
+    st.builds(lambda f: {"type": "session.config", **f},
+              st.fixed_dictionaries({}, optional={k: field_values[k] for k in ("voice", "speed", "seed", "steps")})),
+    st.builds(lambda t: {"type": t}, short_text),
+    any_json,
+    st.binary(min_size=1, max_size=16),
+    short_text.map(lambda s: "{" + s),
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=st.lists(ws_messages, max_size=6))
+def test_fuzz_ws_sequences(live_url, sequence):
+    with connect(live_url.replace("http", "ws") + "/v1/stream", open_timeout=30, max_size=None) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        rounds = 1  # the final input.done below
+        for message in sequence:
+            if isinstance(message, bytes):
+                ws.send(message)
+                continue
+            try:
+                text = message if isinstance(message, str) else json.dumps(message, allow_nan=True)
+            except (TypeError, ValueError):
+                continue
+            ws.send(text)
+            if isinstance(message, dict) and message.get("type") in ("input.done", "response.cancel"):
+                rounds += 1
+        ws.send(json.dumps({"type": "input.done"}))
+        current, received = None, 0
+        while rounds:
+            frame = ws.recv(timeout=SESSION_TIMEOUT_S)  # a hung session fails here
+            if isinstance(frame, bytes):
+                assert current is not None, "audio outside an utterance"
+                received += len(frame)
+                continue
+            reply = json.loads(frame)
+            if reply["type"] == "error":
+                assert reply["code"] in RECOVERABLE, reply
+            elif reply["type"] == "audio.start":
+                assert current is None, "utterances interleave"
+                current, received = reply["utterance"], 0
+            elif reply["type"] == "audio.done":
+                event("utterance spoken")
+                assert reply["utterance"] == current and received == 2 * reply["samples"]
+                current = None
+            elif reply["type"] == "session.done":
+                rounds -= 1
+    status, _, _ = post(live_url + "/v1/audio/speech", json.dumps({"input": "Still ready.", "response_format": "pcm"}).encode())
+    assert status == 200
