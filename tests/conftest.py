@@ -32,15 +32,12 @@ TEST_TORCH_THREADS = 1
 
 
 def make_engine(max_queue: int = 64):
-    """The real tiny engine (torch on one thread); STREAMVOX_TEST_FAKE_ENGINE=1 swaps in the stand-in."""
+    """The real tiny engine on CPU, torch on one thread."""
     import torch
 
-    torch.set_num_threads(TEST_TORCH_THREADS)
-    if os.environ.get("STREAMVOX_TEST_FAKE_ENGINE") == "1":
-        from service_fake_engine import FakeEngine
-
-        return FakeEngine(max_queue=max_queue)
     from engines.engine import build_engine
+
+    torch.set_num_threads(TEST_TORCH_THREADS)
 
     return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
 
