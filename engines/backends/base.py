@@ -60,12 +60,13 @@ class AxisRange:
         return [self.min, self.opt, self.max]
 
 
-def check_axes(graph: str, sizes: dict[str, int], profile: dict[str, AxisRange]) -> None:
+def check_axes(graph: str, sizes: dict[str, int], profile: dict[str, AxisRange],
+               source: str = "exported profile") -> None:
     """Raise ShapeOutsideProfile naming the first axis whose size is out of range."""
     for axis, n in sizes.items():
         r = profile.get(axis)
         if r is not None and not r.contains(n):
-            raise ShapeOutsideProfile(f"{graph}: {axis} = {n} is outside the exported profile "
+            raise ShapeOutsideProfile(f"{graph}: {axis} = {n} is outside the {source} "
                                       f"[{r.min}, {r.max}]; re-export with a wider range "
                                       f"(streamvox export) and rebuild the engines")
 
@@ -74,6 +75,7 @@ class DiTRunner:
     """Calls like FlowDiT. Subclasses implement :meth:`_run` on validated inputs."""
 
     graph = "dit"
+    profile_source = "exported profile"  # TensorRT: the engine's optimization profile
 
     def __init__(self, cfg: DiTConfig, profile: dict[str, AxisRange]):
         self.cfg = cfg
@@ -99,7 +101,8 @@ class DiTRunner:
         if D != self.cfg.latent_dim or enc.shape[-1] != self.cfg.cond_dim:
             raise ValueError(f"{self.graph}: expected x [..., {self.cfg.latent_dim}] and enc [..., {self.cfg.cond_dim}], "
                              f"got {tuple(x.shape)} and {tuple(enc.shape)}")
-        check_axes(self.graph, {"batch": B, "frames": T, "enc_len": enc.shape[1]}, self.profile)
+        check_axes(self.graph, {"batch": B, "frames": T, "enc_len": enc.shape[1]}, self.profile,
+                   self.profile_source)
         return self._run(x, positions, context_mask, frame_mask, t, enc, enc_mask)
 
     forward = __call__
@@ -135,6 +138,8 @@ class DecoderRunner:
     ``template`` is a zero DecoderState of batch 1 (shapes of every carried tensor).
     Subclasses implement ``_run_full(codes)`` and ``_run_step(codes, flat_state)``.
     """
+
+    profile_source = "exported profile"
 
     def __init__(self, cfg: CodecDecoderConfig, samples_per_frame: int, template: DecoderState,
                  full_profile: dict[str, AxisRange], step_profile: dict[str, AxisRange]):
@@ -173,7 +178,7 @@ class DecoderRunner:
         if not self.full_profile:
             raise FileNotFoundError("the artifacts have no decoder_full graph: export it (streamvox export)")
         B, _, T = codes.shape
-        check_axes("decoder_full", {"frames": T}, self.full_profile)  # not split: a split full decode is a step
+        check_axes("decoder_full", {"frames": T}, self.full_profile, self.profile_source)  # not split: a split full decode is a step
         step = self.full_profile["batch"].max
         return torch.cat([self._run_full(codes[i:i + step].long()) for i in range(0, B, step)])
 
@@ -196,7 +201,8 @@ class DecoderRunner:
             pieces = []
             for t0 in range(0, codes.shape[2], tmax):
                 chunk = codes[b0:b0 + bmax, :, t0:t0 + tmax]
-                check_axes("decoder_step", {"batch": chunk.shape[0], "frames": chunk.shape[2]}, self.step_profile)
+                check_axes("decoder_step", {"batch": chunk.shape[0], "frames": chunk.shape[2]}, self.step_profile,
+                           self.profile_source)
                 wav, live = self._run_step(chunk.long(), [rows[i] for i in self.live])
                 rows = list(rows)
                 for i, x in zip(self.live, live):

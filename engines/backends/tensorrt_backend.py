@@ -247,6 +247,8 @@ def load_engine(directory: Path, spec: GraphSpec, manifest: Manifest):
 
 
 class TrtDiT(DiTRunner):
+    profile_source = "engine's optimization profile"
+
     def __init__(self, runner: TrtRunner, cfg: DiTConfig):
         super().__init__(cfg, runner.profile)  # the ceiling comes from the engine, not the manifest
         self.runner = runner
@@ -263,6 +265,8 @@ class TrtDiT(DiTRunner):
 
 
 class TrtDecoder(DecoderRunner):
+    profile_source = "engine's optimization profile"
+
     def __init__(self, step: TrtRunner, full: TrtRunner | None, cfg: CodecDecoderConfig, samples_per_frame: int,
                  template):
         super().__init__(cfg, samples_per_frame, template, full.profile if full else {}, step.profile)
