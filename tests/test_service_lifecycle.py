@@ -7,6 +7,7 @@ import io
 import json
 import sqlite3
 import sys
+import time
 
 import aiohttp
 import numpy as np
@@ -112,6 +113,45 @@ async def test_cli_drain_on_sigterm_and_restart(tmp_path):
             finished = await client.wait_job(drained_job)
             assert finished["status"] == "succeeded"
             assert len(await client.fetch_audio(drained_job)) > 44
+        second.terminate()
+        assert await asyncio.to_thread(second.wait_exit) == 0
+    finally:
+        second.kill()
+
+
+@pytest.mark.timeout(300)
+async def test_kill_9_mid_job_keeps_finished_audio_and_requeues(tmp_path):
+    data_dir = tmp_path / "data"
+    first = ServerProcess(data_dir)
+    try:
+        url = await asyncio.to_thread(first.wait_listening)
+        async with StreamvoxClient(url) as client:
+            finished = await client.wait_job((await client.submit_job("Finished before the crash."))["id"])
+            assert finished["status"] == "succeeded"
+            kept_audio = await client.fetch_audio(finished["id"])
+            busy = await client.submit_job(LONG[:1500])
+
+            async def running():
+                return (await client.get_job(busy["id"]))["status"] == "running"
+
+            await wait_until(running)
+        killed_at = time.time()
+        first.proc.kill()  # SIGKILL: no drain, no cleanup
+        assert await asyncio.to_thread(first.wait_exit) == -9
+    finally:
+        first.kill()
+    # Only the finished job's file; a half-written one could only be a hidden ".ID.wav.tmp".
+    assert [p.name for p in (data_dir / "audio").iterdir() if not p.name.startswith(".")] == [f"{finished['id']}.wav"]
+
+    second = ServerProcess(data_dir)
+    try:
+        url = await asyncio.to_thread(second.wait_listening)
+        async with StreamvoxClient(url) as client:
+            assert await client.fetch_audio(finished["id"]) == kept_audio
+            job = await client.get_job(busy["id"])
+            # Re-queued at start-up: queued again, or already restarted after the crash.
+            assert job["status"] == "queued" or (job["status"] == "running" and job["started_at"] > killed_at)
+            await client.cancel_job(busy["id"])  # no need to spend CPU finishing it
         second.terminate()
         assert await asyncio.to_thread(second.wait_exit) == 0
     finally:
