@@ -132,10 +132,19 @@ def test_oracle_outputs_depend_on_inputs(ckpt):
     comparison is not blind); a dialect speaker under Auto and Chinese gets one id."""
     _, bundle, refs, cases = ckpt
     codes = {case: refs[f"case/{case}/codes"] for case in cases}
-    for a, b in [("p0_vivian_en", "p0_ryan_en"), ("p0_vivian_en", "p1_vivian_en"), ("p0_vivian_en", "p0_vivian_auto"),
-                 ("p1_ryan_en", "p1_ryan_en_stream"), ("p0_vivian_auto", "p0_vivian_auto_stream"),
-                 ]:
-        assert codes[a].shape != codes[b].shape or not torch.equal(codes[a], codes[b]), (a, b)
+
+    def differ(a: str, b: str) -> bool:
+        return codes[a].shape != codes[b].shape or not torch.equal(codes[a], codes[b])
+
+    factors = {  # case pairs that differ in one input only
+        "speaker": [("p0_vivian_en", "p0_ryan_en"), ("p1_vivian_en", "p1_ryan_en"), ("p0_dylan_en", "p0_vivian_en"),
+                    ("p0_dylan_en", "p0_ryan_en")],
+        "text": [("p0_vivian_en", "p1_vivian_en"), ("p0_ryan_en", "p1_ryan_en")],
+        "language": [("p0_vivian_en", "p0_vivian_auto")],
+        "text mode": [("p1_ryan_en", "p1_ryan_en_stream"), ("p0_vivian_auto", "p0_vivian_auto_stream")],
+    }
+    for factor, pairs in factors.items():
+        assert any(differ(a, b) for a, b in pairs), f"{factor} never changes the official greedy codes"
     assert torch.equal(codes["p1_dylan_auto"], codes["p1_dylan_chinese"])
     cfg = bundle.prompt.config
     auto = bundle.prompt.build("x", "Dylan", "Auto")
@@ -148,3 +157,21 @@ def test_oracle_outputs_depend_on_inputs(ckpt):
     for a, b in itertools.combinations(distinct, 2):
         la, lb = refs[f"case/{a}/logits"][0], refs[f"case/{b}/logits"][0]
         assert rel_err(la, lb) > 1e-3, (a, b)
+
+
+@pytest.mark.parametrize("name", ["tok_large", "tok_large_old"])
+def test_large_vocabulary_split_regex_as_official(name):
+    """Base vocabulary > 100 000: the official processor (fix_mistral_regex=True) swaps the
+    split regex when config.json says transformers 4.57.3 wrote it, keeps it for 4.57.1; we
+    decide the same way and tokenize identically (camelCase is where the two differ)."""
+    info = fx.manifest()["large_tokenizers"]
+    if name not in info:
+        fx._unavailable(f"lack tokenizer {name!r}")
+    directory = fx.FIXTURES / name
+    tok = QwenTextTokenizer.from_dir(directory)
+    assert tok.split_regex == (directory / "official_split_regex.txt").read_text(encoding="utf-8")
+    refs = fx._references(name)
+    for i, text in enumerate(fx.manifest()["tokenizer_texts"]):
+        assert tok.encode(text) == refs[f"tok/{i}"].tolist(), text
+    other = fx._references("tok_large_old" if name == "tok_large" else "tok_large")
+    assert any(refs[k].tolist() != other[k].tolist() for k in refs), "the two regexes must differ on some text"

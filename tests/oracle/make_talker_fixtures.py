@@ -66,6 +66,7 @@ CORPUS = [
     "Speech synthesis turns text into audio; streamvox streams it while it is generated.",
     "Numbers like 2026 and 42 are split into digits. Don't, we'll, it's, I'm, you're.",
     "camelCase words, HTTPServer and getHTTPResponse code test streamVox",
+    "camelCase camelCase camelCase camelCase camelCase streamVox streamVox",  # merges across the case change
     "你好，世界。今天天气很好。我们一起说话。",
     "The talker predicts one frame at a time, then the code predictor fills the rest.",
 ] * 8
@@ -83,7 +84,14 @@ TOKENIZER_TEXTS = [
     "  spaces\tand\nnew lines  ",
     "<|im_start|>assistant\nHi there.<|im_end|>\n<|im_start|>assistant\n",
     "unseen wörds ñ émoji 🙂",
+    "paths a/b/c\nand URLs http://x.y/z?q=1",
+    "getHTTPResponse XMLHttpRequest iPhone McDonald's",
 ]
+# Tokenizer-only directories with a base vocabulary above 100 000 ids (padded with
+# unreachable entries): transformers 4.57.3 swaps the split regex under
+# fix_mistral_regex=True unless config.json says it was written by <= 4.57.2.
+LARGE_VOCAB = 100_100
+LARGE_TOKENIZERS = {"tok_large": "4.57.3", "tok_large_old": "4.57.1"}
 
 
 def write_text_tokenizer(directory: Path) -> dict[str, int]:
@@ -148,7 +156,7 @@ class TalkerFixture:
 CONFIGS = [
     # Projection between talker (48) and predictor (32); G = 8.
     TalkerFixture("cv_proj", talker_hidden=48, predictor_hidden=32, num_code_groups=8, codebook_size=64,
-                  text_hidden=40, layers=2, max_new_tokens=28, eos_gain=1.6, seed=21),
+                  text_hidden=40, layers=2, max_new_tokens=28, eos_gain=1.6, seed=23),
     # Identity projection (32 = 32); G = 4; a different text width.
     TalkerFixture("cv_ident", talker_hidden=32, predictor_hidden=32, num_code_groups=4, codebook_size=64,
                   text_hidden=24, layers=2, max_new_tokens=24, eos_gain=1.4, seed=22),
@@ -364,6 +372,36 @@ def run_case(tts: Qwen3TTSModel, case, refs: dict, fc: TalkerFixture) -> dict:
             "ended_by_eos": ended_by_eos, "talker_margin": margin, "predictor_margin": pmargin}
 
 
+def write_large_tokenizer(source: Path, directory: Path, transformers_version: str) -> dict[str, torch.Tensor]:
+    """A copy of ``source``'s tokenizer with the base vocabulary padded past 100 000 ids;
+    returns the official processor's ids for TOKENIZER_TEXTS."""
+    from transformers import AutoConfig, AutoProcessor
+
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = json.loads((source / "vocab.json").read_text(encoding="utf-8"))
+    n = len(vocab)
+    vocab.update({f"<|unused_{i}|>": i for i in range(n, LARGE_VOCAB)})
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (directory / "merges.txt").write_text((source / "merges.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    tok_config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_config["added_tokens_decoder"] = {str(int(k) - n + LARGE_VOCAB): v
+                                          for k, v in tok_config["added_tokens_decoder"].items()}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False))
+    config = json.loads((source / "config.json").read_text())
+    config["transformers_version"] = transformers_version
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    AutoConfig.register("qwen3_tts", Qwen3TTSConfig, exist_ok=True)
+    AutoProcessor.register(Qwen3TTSConfig, Qwen3TTSProcessor, exist_ok=True)
+    processor = AutoProcessor.from_pretrained(str(directory), fix_mistral_regex=True)  # as Qwen3TTSModel does
+    assert processor.tokenizer.vocab_size == LARGE_VOCAB, processor.tokenizer.vocab_size
+    split = json.loads(processor.tokenizer.backend_tokenizer.to_str())["pre_tokenizer"]["pretokenizers"][0]
+    (directory / "official_split_regex.txt").write_text(split["pattern"]["Regex"], encoding="utf-8")
+    return {f"tok/{i}": torch.tensor(processor(text=text)["input_ids"][0], dtype=torch.long)
+            for i, text in enumerate(TOKENIZER_TEXTS)}
+
+
 def main(out: Path) -> None:
     torch.manual_seed(0)
     out.mkdir(parents=True, exist_ok=True)
@@ -389,6 +427,11 @@ def main(out: Path) -> None:
         }
         lengths = {k: (v["frames"], "eos" if v["ended_by_eos"] else "max") for k, v in cases.items()}
         print(f"make_talker_fixtures: {fc.name} in {time.time() - t0:.1f}s: {lengths}", flush=True)
+    manifest["large_tokenizers"] = {}
+    for name, version in LARGE_TOKENIZERS.items():
+        refs = write_large_tokenizer(out / CONFIGS[0].name, out / name, version)
+        save_file(refs, str(out / f"{name}.reference.safetensors"))
+        manifest["large_tokenizers"][name] = {"transformers_version": version}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
 
 
