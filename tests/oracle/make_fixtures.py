@@ -37,7 +37,7 @@ import copy
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -66,7 +66,6 @@ class FixtureConfig:
     seed: int = 0
     cp_cases: tuple[tuple[int, int], ...] = ((0, 1), (1, 3), (2, 8))  # (seed, batch)
     weight_dtypes: tuple[str, ...] = ()  # extra copies of the same weights in these dtypes
-    extra: dict = field(default_factory=dict)
 
 
 CONFIGS = [
