@@ -18,7 +18,7 @@ from engines.models.talker import Talker, TalkerConfig
 from engines.qwen3_prompt import QWEN2_SPLIT, PromptBuilder, PromptConfig, QwenTextTokenizer
 from engines.talker_generate import TalkerBundle, TalkerGenerationConfig
 
-CORPUS = ["assistant user the quick brown fox jumps over the lazy dog",
+CORPUS = ["assistant assistant assistant user user the quick brown fox jumps over the lazy dog",
           "Hello world, this is a small test of streaming speech.", "你好，世界。数字 2026 and 42."] * 4
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
 
@@ -32,7 +32,7 @@ def make_tokenizer() -> QwenTextTokenizer:
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, show_progress=False, special_tokens=[],
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=[],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in SPECIALS])
     return QwenTextTokenizer(tok, QWEN2_SPLIT)
