@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -106,7 +107,7 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> we
         log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
         raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
     signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    audio = encode_file(signal, fmt)
+    audio = await asyncio.to_thread(encode_file, signal, fmt)  # mp3/opus encoding must not block the loop
     return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
 
 
@@ -143,7 +144,7 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
             code = work.abort_code or ("cancelled" if chunk.error == "cancelled" else "synthesis_failed")
             await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
         elif not chunk.error:
-            await send(encoder.finish())
+            await send(await asyncio.to_thread(encoder.finish))
             if sse:
                 usage = {"input_characters": input_chars, "output_samples": samples,
                          "audio_seconds": round(samples / state.engine.info.sample_rate, 3)}
