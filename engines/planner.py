@@ -97,8 +97,8 @@ class UtterancePlanner:
                 L = len(clause_ids)
                 plans.append(ClausePlan(
                     text=clause, token_ids=tuple(clause_ids),
-                    enc=enc[i, :L].clone(),  # own storage: the padded batch can be freed
-                    enc_null=self.encoder.null_states(L, 1)[0],
+                    enc=enc[i, :L].to(self.dtype, copy=True),  # own storage: the padded batch can be freed
+                    enc_null=self.encoder.null_states(L, 1)[0].to(self.dtype),
                     frame_start=start, frames_total=n,
                     chunks=chunk_layout(start, n, first, self.stream_cfg.chunk_frames,
                                         min_chunk=self.stream_cfg.first_chunk_frames)))
