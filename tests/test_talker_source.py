@@ -173,3 +173,19 @@ def test_all_oracle_cases_in_one_batch_equal_official():
                 got[f.request_id].append(f.codes)
         for case in cases:
             assert torch.equal(torch.cat(got[case]), refs[f"case/{case}/codes"]), (name, case)
+
+
+def test_tick_reads_nothing_from_the_device(bundle):
+    """Steady-state ticks (mixed greedy/sampled rows, finishing rows, compaction) make no
+    host read of device values: no .item(), nonzero, boolean-mask indexing or device->host
+    copy other than the id buffer of the previous step (same detector as test_stream)."""
+    from tests.test_stream import NoHostReads
+
+    source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128)
+    for i in range(3):
+        source.admit(request(i, greedy=i != 1, seed=i), max_new_tokens=6 + 4 * i, non_streaming_mode=MODES[i])
+    finished = 0
+    with torch.no_grad(), NoHostReads():
+        while source.active_slots:
+            finished += sum(f.is_last for f in source.tick())
+    assert finished == 3

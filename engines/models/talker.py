@@ -228,9 +228,8 @@ def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: f
     repetition penalty over the code-0 ids generated so far (``seen`` [B, n] bool), and
     EOS blocked where ``eos_blocked`` [B] (min_new_tokens). Suppression is the compact range."""
     x = logits.float()
-    if not isinstance(penalty, torch.Tensor):
-        penalty = torch.tensor(float(penalty), device=x.device)
-    p = penalty.float().reshape(-1, 1) if penalty.dim() else penalty.float()
+    # A Python float stays a scalar operand: no host->device copy (and sync) per step.
+    p = penalty.float().reshape(-1, 1) if isinstance(penalty, torch.Tensor) else float(penalty)
     penalised = torch.where(x < 0, x * p, x / p)
     x = torch.where(seen, penalised, x)
     x[:, eos_col] = torch.where(eos_blocked, torch.full_like(x[:, eos_col], float("-inf")), x[:, eos_col])
