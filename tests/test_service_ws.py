@@ -207,8 +207,10 @@ async def test_slow_reader_is_paused_and_does_not_delay_others(engine, tmp_path)
         assert result.time_to_first_audio_s is not None
         assert len(result.utterances) == 1 and result.utterances[0].samples > 0
         assert await metric_value(server.url, "streamvox_paused_streams") >= 1  # still backed up, still bounded
-        sessions = [s for s in server.state.streams if getattr(s, "current", None) is not None]
-        assert sessions and all(s.current.max_buffered <= 3 for s in sessions)
+        # Every engine request of the slow session buffered at most high water + the one chunk in flight.
+        streams = [stream for session in server.state.streams
+                   for stream in (session.current, session.prefetched and session.prefetched[1]) if stream]
+        assert streams and all(stream.max_buffered <= 3 for stream in streams)
         slow.transport.abort()
 
         async def released():
