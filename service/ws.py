@@ -75,6 +75,7 @@ class StreamSession:
         self.prefetched: tuple[Utterance, ChunkStream] | None = None
         self.cancelling = False
         self.closed = False
+        self.outcome = "ok"  # or the fatal error code that ended the session
 
     # -- state the drain and the reader look at ------------------------------------
     @property
@@ -119,6 +120,7 @@ class StreamSession:
     async def fatal(self, code: str, message: str, close_code: int) -> None:
         if self.closed:
             return
+        self.outcome = code
         try:
             await self.error(code, message)
         except SessionClosed:
@@ -352,18 +354,20 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
                             WSCloseCode.POLICY_VIOLATION)
         return ws
     log.info("session %s opened (request %s)", session.session_id, request[REQUEST_ID])
-    await session.send_json({"type": "session.created", "session_id": session.session_id,
-                             "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
-                             "format": "pcm_s16le", "channels": 1})
     state.streams.add(session)
     speaker = asyncio.create_task(session.speak_loop())
     reader = asyncio.create_task(session.read_loop())
     try:
+        await session.send_json({"type": "session.created", "session_id": session.session_id,
+                                 "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
+                                 "format": "pcm_s16le", "channels": 1})
         await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
         for task in (speaker, reader):
             if task.done() and not task.cancelled() and task.exception() is not None:
                 if not isinstance(task.exception(), SessionClosed):
                     log.error("session %s failed", session.session_id, exc_info=task.exception())
+    except SessionClosed:
+        pass  # the client left before session.created
     finally:
         state.limits.close_session(identity)
         state.streams.discard(session)
@@ -374,7 +378,7 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
         await asyncio.gather(speaker, reader, return_exceptions=True)
         if not ws.closed:
             await ws.close()
-        state.metrics.count(ENDPOINT, "ok")
+        state.metrics.count(ENDPOINT, session.outcome)
         request[COUNTED] = True
-        log.info("session %s closed", session.session_id)
+        log.info("session %s closed (%s)", session.session_id, session.outcome)
     return ws
