@@ -54,17 +54,21 @@ def randomize(module: nn.Module, g: torch.Generator) -> None:
 
 @torch.no_grad()
 def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int = 32, max_new_tokens: int = 24,
-                eos_gain: float = 1.5) -> TalkerBundle:
+                eos_gain: float = 1.5, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                predictor_hidden: int = 32, predictor_layers: int = 2, text_hidden: int = 24,
+                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TalkerBundle:
     tok = make_tokenizer()
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     cb = codebook
-    tcfg = TalkerConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=16, mrope_section=(2, 3, 3), vocab_size=cb + 1024,
-                        text_vocab_size=tok.vocab_size + 2, text_hidden_size=24, num_code_groups=groups,
-                        codec_eos_token_id=cb + 102)
-    pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_code_groups=groups,
-                               talker_hidden_size=hidden)
+    q = head_dim // 2  # rotary pairs, split 3 ways like [24, 20, 20] of 64
+    section = (q - 2 * (q * 5 // 16), q * 5 // 16, q * 5 // 16)
+    tcfg = TalkerConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                        mrope_section=section, vocab_size=cb + 1024, text_vocab_size=tok.vocab_size + 2,
+                        text_hidden_size=text_hidden, num_code_groups=groups, codec_eos_token_id=cb + 102)
+    pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=predictor_hidden, intermediate_size=2 * predictor_hidden,
+                               num_hidden_layers=predictor_layers, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=predictor_hidden // 4, num_code_groups=groups, talker_hidden_size=hidden)
     prompt_cfg = PromptConfig(
         tts_model_type="custom_voice", tts_pad_token_id=ids["<tts_pad>"], tts_bos_token_id=ids["<tts_text_bos>"],
         tts_eos_token_id=ids["<tts_text_eod>"], codec_pad_id=cb + 100, codec_bos_id=cb + 101,
@@ -78,5 +82,6 @@ def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int 
     randomize(predictor, g)
     talker.codec_head.weight[tcfg.codec_eos_token_id] *= eos_gain  # EOS within a few dozen steps
     generation = TalkerGenerationConfig.from_dict({"max_new_tokens": max_new_tokens})
-    return TalkerBundle(talker.eval(), predictor.eval(), PromptBuilder(prompt_cfg, tok), generation, "<random>",
-                        torch.device("cpu"), torch.float32)
+    device = torch.device(device)
+    return TalkerBundle(talker.to(device, dtype).eval(), predictor.to(device, dtype).eval(),
+                        PromptBuilder(prompt_cfg, tok), generation, "<random>", device, dtype)

@@ -1,0 +1,195 @@
+"""Talker source: ms per talker step and per frame at batch 1/8/32 (ours), next to the
+official ``generate()`` when the oracle venv (.venv-oracle) is present.
+
+    python benchmarks/bench_talker.py [--size small] [--device auto] [--batches 1 8 32] [--no-official]
+
+Random weights at the chosen sizes (timing does not depend on their values).
+* ours, "talker step": one batched talker forward (decode, query length 1) at B rows;
+* ours, "tick": TalkerSource.tick() = code predictor for B frames + talker step + code-0
+  sampling, in steady state (finished utterances are replaced at once, so the batch stays
+  full: continuous batching); ms per frame = tick / frames emitted;
+* official: ``Qwen3TTSForConditionalGeneration.generate`` (HF generate, dynamic cache) on
+  B utterances, greedy, EOS made unreachable so it runs exactly N steps; ms per frame =
+  wall / (N - 1) / B. Runs in .venv-oracle as a subprocess (this script, --official-worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+SIZES = {  # talker hidden/layers/heads/kv/head_dim, predictor hidden/layers, G, codebook, text hidden
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, predictor_hidden=64, predictor_layers=2,
+                 groups=4, codebook=64, text_hidden=64),
+    "small": dict(hidden=256, layers=6, heads=8, kv_heads=4, head_dim=32, predictor_hidden=256, predictor_layers=3,
+                  groups=8, codebook=256, text_hidden=256),
+    # The released 0.6B talker sizes (text vocabulary kept small: it does not enter a step).
+    "0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, predictor_hidden=1024,
+                 predictor_layers=5, groups=16, codebook=2048, text_hidden=2048),
+}
+TEXT = "Streaming speech from the talker, one frame at a time, for every utterance in the batch."
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int) -> list[dict]:
+    from engines.contract import SynthesisRequest
+    from engines.talker_source import TalkerSource
+    from tests.talker_helpers import make_bundle
+
+    bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
+    rows = []
+    for b in batches:
+        source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=512)
+        serial = 0
+
+        def fill():
+            nonlocal serial
+            while source.free_slots():
+                source.admit(SynthesisRequest(id=f"u{serial}", text=TEXT, voice="Ryan", greedy=True),
+                             max_new_tokens=200)
+                serial += 1
+
+        fill()
+        for _ in range(3):  # warm-up
+            source.tick()
+            fill()
+        sync(device)
+        frames, spent = 0, 0.0
+        for _ in range(ticks):
+            t0 = time.perf_counter()
+            out = source.tick()
+            sync(device)
+            spent += time.perf_counter() - t0
+            frames += sum(f.codes.shape[0] for f in out)
+            fill()  # admission (prefill) is not part of the tick time
+        # The talker step alone, at B rows, on the source's own cache.
+        t = bundle.talker
+        x = torch.randn(b, 1, t.cfg.hidden_size, device=device, dtype=dtype)
+        pos = source.state.pos[:b, None].clone()
+        attend = int(pos.max()) + 1
+        with torch.no_grad():
+            for _ in range(2):
+                t(x, pos, source.cache, attend_len=attend)
+            sync(device)
+            t0 = time.perf_counter()
+            reps = max(3, ticks // 2)
+            for _ in range(reps):
+                t(x, pos, source.cache, attend_len=attend)
+            sync(device)
+            step_ms = (time.perf_counter() - t0) * 1e3 / reps
+        rows.append(dict(batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
+                         frame_ms=spent * 1e3 / max(frames, 1), frames=frames))
+    return rows
+
+
+def official_worker(size: str, device: str, dtype: str, batches: list[int], steps: int) -> None:
+    """Inside .venv-oracle: time the official generate(); prints one JSON line."""
+    sys.path.insert(0, str(REPO / "tests" / "oracle"))
+    import official  # noqa: F401  (stubs, version pin)
+
+    s = SIZES[size]
+    cb = s["codebook"]
+    special = cb
+    talker = dict(
+        code_predictor_config=dict(vocab_size=cb, hidden_size=s["predictor_hidden"],
+                                   intermediate_size=2 * s["predictor_hidden"],
+                                   num_hidden_layers=s["predictor_layers"], num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=s["predictor_hidden"] // 4,
+                                   rope_theta=1_000_000, num_code_groups=s["groups"]),
+        vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=2 * s["hidden"],
+        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"], rope_theta=1_000_000,
+        rope_scaling={"mrope_section": [s["head_dim"] // 2 - 2 * (s["head_dim"] * 5 // 32),
+                                        s["head_dim"] * 5 // 32, s["head_dim"] * 5 // 32],
+                      "interleaved": True, "rope_type": "default"},
+        num_code_groups=s["groups"], text_hidden_size=s["text_hidden"], text_vocab_size=512,
+        codec_pad_id=special + 100, codec_bos_id=special + 101, codec_eos_token_id=special + 102,
+        codec_think_id=special + 106, codec_nothink_id=special + 107, codec_think_bos_id=special + 108,
+        codec_think_eos_id=special + 109, spk_id={"ryan": special + 201}, spk_is_dialect={"ryan": False},
+        codec_language_id={"english": special + 51})
+    cfg = official.Qwen3TTSConfig(talker_config=talker, speaker_encoder_config={}, tokenizer_type="qwen3_tts_tokenizer_12hz",
+                                  tts_model_size="bench", tts_model_type="custom_voice", im_start_token_id=500,
+                                  im_end_token_id=501, tts_pad_token_id=502, tts_bos_token_id=503, tts_eos_token_id=504)
+    dev = torch.device(device)
+    model = official.Qwen3TTSForConditionalGeneration(cfg).eval().to(dev, getattr(torch, dtype))
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for b in batches:
+        ids = [torch.cat([torch.tensor([[500, 10, 11]]), torch.randint(20, 400, (1, 20), generator=g),
+                          torch.tensor([[501, 12, 500, 10, 11]])], dim=1).to(dev) for _ in range(b)]
+
+        def run(n):
+            model.generate(input_ids=ids, languages=["English"] * b, speakers=["ryan"] * b, non_streaming_mode=True,
+                           max_new_tokens=n, do_sample=False, subtalker_dosample=False,
+                           eos_token_id=special + 100)  # codec_pad: suppressed, so never generated
+
+        run(3)
+        sync(dev)
+        t0 = time.perf_counter()
+        run(steps)
+        sync(dev)
+        wall = time.perf_counter() - t0
+        rows.append(dict(batch=b, step_ms=wall * 1e3 / (steps - 1), frame_ms=wall * 1e3 / (steps - 1) / b))
+    print(json.dumps(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
+    ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
+    ap.add_argument("--official-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if args.official_worker:
+        with torch.no_grad():
+            official_worker(args.size, str(device), args.dtype, args.batches, args.ticks + 1)
+        return
+
+    print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
+    mine = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks)
+    theirs: dict[int, dict] = {}
+    oracle = REPO / ".venv-oracle" / "bin" / "python"
+    if not args.no_official and oracle.is_file():
+        cmd = [str(oracle), __file__, "--official-worker", "--size", args.size, "--device", str(device),
+               "--dtype", args.dtype, "--ticks", str(args.ticks), "--batches", *map(str, args.batches)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+        if res.returncode == 0:
+            theirs = {r["batch"]: r for r in json.loads(res.stdout.strip().splitlines()[-1])}
+        else:
+            print("official baseline failed:\n" + res.stderr[-2000:])
+    elif not args.no_official:
+        print("(no .venv-oracle: official baseline skipped; build it with scripts/oracle-env.sh)")
+    print(f"{'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} || "
+          f"{'official step ms':>16} | {'official ms/frame':>17}")
+    for r in mine:
+        o = theirs.get(r["batch"])
+        off = f"{o['step_ms']:16.2f} | {o['frame_ms']:17.2f}" if o else f"{'-':>16} | {'-':>17}"
+        print(f"{r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} || {off}")
+
+
+if __name__ == "__main__":
+    main()
