@@ -220,3 +220,19 @@ async def test_slow_reader_is_paused_and_does_not_delay_others(engine, tmp_path)
         await wait_until(released)
     finally:
         await server.stop()
+
+
+async def test_session_config_applies_to_later_utterances(server):
+    ws, _ = await connect(server)
+    sentence = "The same sentence twice, at two speeds."
+    lengths = []
+    for speed in (1.0, 2.0):
+        await ws.send(json.dumps({"type": "session.config", "speed": speed, "seed": 3}))
+        await ws.send(json.dumps({"type": "input.text", "text": sentence}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        events, _ = await read_round(ws)
+        lengths.append(next(e["samples"] for e in events if e["type"] == "audio.done"))
+    assert lengths[1] < lengths[0]  # twice the speed: clearly shorter audio
+    await ws.send(json.dumps({"type": "response.cancel"}))  # nothing playing: just closes the (empty) round
+    assert json.loads(await ws.recv()) == {"type": "session.done", "utterances": 0}
+    await ws.close()
