@@ -149,6 +149,24 @@ def dit_spec(model, profile) -> GraphSpec:
         (TensorSpec("v", "float32", ("batch", "frames", cfg.latent_dim)),), profile, engine="dit.plan")
 
 
+def decoder_step_spec(model, profile) -> tuple[GraphSpec, DecoderStepGraph]:
+    """The decoder_step spec as export writes it, and the torch graph module it exports."""
+    from engines.backends.base import flatten_state, state_names
+
+    dec = model.decoder
+    graph = DecoderStepGraph(dec).eval()
+    flat = flatten_state(dec.init_state(1))
+    names = state_names(graph.num_conv, graph.num_layers)
+    inputs = [TensorSpec("codes", "int64", ("batch", dec.cfg.num_quantizers, "frames"))]
+    outputs = [TensorSpec("wav", "float32", ("batch", "frames_out"))]
+    for i in graph.live:
+        dtype = str(flat[i].dtype).replace("torch.", "")
+        inputs.append(TensorSpec(names[i], dtype, ("batch", *flat[i].shape[1:])))
+        outputs.append(TensorSpec("next_" + names[i], dtype, ("batch", *flat[i].shape[1:])))
+    spec = GraphSpec("decoder", "decoder_step.onnx", tuple(inputs), tuple(outputs), profile, engine="decoder_step.plan")
+    return spec, graph
+
+
 def fake_dit(model, log, max_batch=8, streams=None, cache_size=8):
     manifest_profile = default_profiles(model.config)["dit"]  # says batch <= 32
     engine_profile = {**manifest_profile, "batch": AxisRange(1, 4, max_batch)}  # the engine was built for fewer
@@ -216,27 +234,100 @@ def test_output_buffer_is_reused_per_shape(tiny):
         assert (vb - tiny.dit(*b))[b[3]].abs().max().item() < TOL
 
 
-def test_apply_backend_uses_engine_ceiling(tiny, monkeypatch, tmp_path):
-    """apply_backend(tensorrt) wiring with the engine loader replaced by the fake."""
-    import engines.backends as backends
-    import engines.backends.tensorrt_backend as trt_mod
+class FakeTensorRT:
+    """Stands in for the ``tensorrt`` module's runtime: ``Runtime(Logger(...))
+    .deserialize_cuda_engine(plan bytes)`` returns the fake engine registered for them."""
+
+    __version__ = "10.9.0"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level):
+            self.level = level
+
+    def __init__(self, plans: dict[bytes, object]):
+        plans_ = plans
+
+        class Runtime:
+            def __init__(self, logger):
+                self.logger = logger
+
+            def deserialize_cuda_engine(self, data: bytes):
+                return plans_.get(bytes(data))  # None: what TensorRT returns for a bad plan
+
+        self.Runtime = Runtime
+
+
+def write_trt_artifacts(tiny, directory, version="10.9.0", dit_plan=b"dit-plan"):
+    """manifest.json + plan files as build-engines writes them; returns {plan bytes: fake engine}."""
     from engines.backends.manifest import Manifest, jsonable, weights_hash
 
-    spec = dit_spec(tiny, default_profiles(tiny.config)["dit"])
+    dit = dit_spec(tiny, default_profiles(tiny.config)["dit"])
+    step, graph = decoder_step_spec(tiny, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
+    (directory / "dit.plan").write_bytes(dit_plan)
+    (directory / "decoder_step.plan").write_bytes(b"step-plan")
     Manifest(preset="tiny", dtype="float32",
              config=jsonable({"dit": tiny.config.dit.to_dict(), "decoder": tiny.config.decoder.to_dict()}),
              weights={"dit": weights_hash(tiny.dit), "decoder": weights_hash(tiny.decoder)},
-             graphs={"dit": spec}).save(tmp_path)
-    monkeypatch.setattr(trt_mod, "require_tensorrt", lambda what="": None)
-    monkeypatch.setattr(trt_mod.TrtDiT, "from_artifacts",
-                        staticmethod(lambda d, m, cfg, dev: fake_dit(tiny, [], max_batch=6)))
-    monkeypatch.setattr(backends, "make_decoder_runner", lambda dec, *a, **k: dec)
+             graphs={"dit": dit, "decoder_step": step}, tensorrt={"version": version}).save(directory)
+    engine_profile = {**dit.profile, "batch": AxisRange(1, 4, 6)}  # engine built for fewer rows than exported
+    return {b"dit-plan": FakeTrtEngine(dit, lambda *a: (tiny.dit(*a),), engine_profile, []),
+            b"step-plan": FakeTrtEngine(step, lambda *a: graph(*a), step.profile, [])}
+
+
+@pytest.fixture
+def fake_tensorrt(monkeypatch):
+    """Install a fake ``tensorrt`` module (runtime only) and report CUDA as present."""
+    import sys
+
+    installed = {}
+
+    def install(plans):
+        fake = FakeTensorRT(plans)
+        monkeypatch.setitem(sys.modules, "tensorrt", fake)
+        installed["module"] = fake
+        return fake
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return install
+
+
+def test_apply_backend_tensorrt_loads_engines_and_uses_their_ceiling(tiny, tmp_path, fake_tensorrt):
+    fake_tensorrt(write_trt_artifacts(tiny, tmp_path))
     models = apply_backend(tiny, "tensorrt", tmp_path, "cpu")
-    assert isinstance(models.dit, TrtDiT)
+    assert isinstance(models.dit, TrtDiT) and isinstance(models.decoder, TrtDecoder)
     assert models.config.stream.batch_ceiling == 6 and models.config.stream.max_slots == 6
+    jobs = [_job(i, tiny.config) for i in range(3)]  # 6 rows: fused
+    sched = StreamScheduler(models.dit, models.config.stream, "cpu")
+    got = _run(sched, jobs)
+    assert sched.forward_count == 3
+    ref = _run(StreamScheduler(tiny.dit, models.config.stream, "cpu"), jobs)
+    assert all((got[k] - ref[k]).abs().max().item() < TOL for k in ref)
+    codes = torch.randint(0, tiny.decoder.cfg.codebook_size, (1, tiny.decoder.cfg.num_quantizers, 5))
+    wav, _ = models.decoder.decode_step(codes, models.decoder.init_state(1))
+    with torch.no_grad():
+        assert (wav - tiny.decoder(codes)).abs().max().item() < TOL
     other = build_models(get_preset("tiny"), seed=5)
     with pytest.raises(ArtifactMismatch, match="other dit weights"):
         apply_backend(other, "tensorrt", tmp_path, "cpu")
+
+
+def test_tensorrt_artifact_errors(tiny, tmp_path, fake_tensorrt):
+    plans = write_trt_artifacts(tiny, tmp_path, version="10.0.1")
+    fake_tensorrt(plans)
+    with pytest.raises(ArtifactMismatch, match="built with TensorRT 10.0.1, this is 10.9.0"):
+        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
+    write_trt_artifacts(tiny, tmp_path, dit_plan=b"corrupt")
+    with pytest.raises(ArtifactMismatch, match="TensorRT could not load it"):
+        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
+    from engines.backends.manifest import Manifest
+
+    m = Manifest.load(tmp_path)
+    m.graphs["dit"] = dataclasses.replace(m.graphs["dit"], engine=None)  # exported, never built
+    m.save(tmp_path)
+    with pytest.raises(ArtifactMismatch, match="run streamvox build-engines"):
+        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
 
 
 # --------------------------------------------------------------------------- buffers and events
@@ -300,24 +391,11 @@ def test_engine_profile_limits_and_name_checks(tiny):
 
 def test_decoder_streams_through_fake_engine_and_owns_its_state(tiny):
     dec = tiny.decoder
-    graph = DecoderStepGraph(dec).eval()
-    template = dec.init_state(1)
-    from engines.backends.base import flatten_state, state_names
-
-    flat = flatten_state(template)
-    names = state_names(graph.num_conv, graph.num_layers)
     G = dec.cfg.num_quantizers
-    inputs = [TensorSpec("codes", "int64", ("batch", G, "frames"))]
-    outputs = [TensorSpec("wav", "float32", ("batch", "frames_out"))]
-    for i in graph.live:
-        shape = ("batch", *flat[i].shape[1:])
-        inputs.append(TensorSpec(names[i], str(flat[i].dtype).replace("torch.", ""), shape))
-        outputs.append(TensorSpec("next_" + names[i], str(flat[i].dtype).replace("torch.", ""), shape))
-    profile = {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)}
-    spec = GraphSpec("decoder", "decoder_step.onnx", tuple(inputs), tuple(outputs), profile, engine="x.plan")
-    engine = FakeTrtEngine(spec, lambda *a: graph(*a), profile, [])
+    spec, graph = decoder_step_spec(tiny, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
+    engine = FakeTrtEngine(spec, lambda *a: graph(*a), spec.profile, [])
     trt_dec = TrtDecoder(TrtRunner(engine, spec, torch.device("cpu"), HostStreams()), None, dec.cfg,
-                         dec.samples_per_frame, template)
+                         dec.samples_per_frame, dec.init_state(1))
     codes = torch.randint(0, dec.cfg.codebook_size, (2, G, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = dec(codes)

@@ -144,10 +144,12 @@ class _Buffers:
 class TrtRunner:
     """Executes one engine; see the module docstring for the ordering rules."""
 
-    def __init__(self, engine, spec: GraphSpec, device: torch.device, streams=None, cache_size: int = 8):
+    def __init__(self, engine, spec: GraphSpec, device: torch.device, streams=None, cache_size: int = 8,
+                 keepalive=None):
         if cache_size < 1:
             raise ValueError(f"cache_size must be >= 1, got {cache_size}")
         self.engine, self.spec, self.device = engine, spec, torch.device(device)
+        self._keepalive = keepalive  # the trt.Runtime must outlive its engine
         self.streams = streams or (CudaStreams(self.device) if self.device.type == "cuda" else HostStreams())
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         want = {t.name for t in (*spec.inputs, *spec.outputs)}
@@ -230,7 +232,9 @@ class TrtRunner:
 # --------------------------------------------------------------------------- the seam
 
 
-def load_engine(directory: Path, spec: GraphSpec, manifest: Manifest):
+def load_engine(directory: Path, spec: GraphSpec, manifest: Manifest, device: torch.device,
+                cache_size: int = 8) -> TrtRunner:
+    """A TrtRunner for the engine of ``spec`` (deserialized on ``device``)."""
     trt = require_tensorrt()
     if spec.engine is None:
         raise ArtifactMismatch(f"{directory}: no TensorRT engine for {spec.onnx}; run streamvox build-engines")
@@ -238,12 +242,13 @@ def load_engine(directory: Path, spec: GraphSpec, manifest: Manifest):
     if built and built != trt.__version__:
         raise ArtifactMismatch(f"{directory}: engines were built with TensorRT {built}, this is {trt.__version__}; "
                                f"rebuild them (streamvox build-engines)")
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine((directory / spec.engine).read_bytes())
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engine = runtime.deserialize_cuda_engine((directory / spec.engine).read_bytes())
     if engine is None:
         raise ArtifactMismatch(f"{directory / spec.engine}: TensorRT could not load it (other GPU or TensorRT "
                                f"version?); rebuild with streamvox build-engines on this machine")
-    return engine
+    return TrtRunner(engine, spec, device, cache_size=cache_size, keepalive=runtime)
 
 
 class TrtDiT(DiTRunner):
@@ -256,7 +261,7 @@ class TrtDiT(DiTRunner):
     @staticmethod
     def from_artifacts(directory: Path, manifest: Manifest, cfg: DiTConfig, device: torch.device) -> "TrtDiT":
         spec = manifest.graphs["dit"]
-        return TrtDiT(TrtRunner(load_engine(directory, spec, manifest), spec, device), cfg)
+        return TrtDiT(load_engine(directory, spec, manifest, device), cfg)
 
     def _run(self, x, positions, context_mask, frame_mask, t, enc, enc_mask):
         (v,) = self.runner.run({"x": x, "positions": positions, "context_mask": context_mask,
@@ -278,8 +283,8 @@ class TrtDecoder(DecoderRunner):
                        template, device: torch.device) -> "TrtDecoder":
         step = manifest.graphs["decoder_step"]
         full = manifest.graphs.get("decoder_full")
-        return TrtDecoder(TrtRunner(load_engine(directory, step, manifest), step, device),
-                          TrtRunner(load_engine(directory, full, manifest), full, device) if full else None,
+        return TrtDecoder(load_engine(directory, step, manifest, device),
+                          load_engine(directory, full, manifest, device) if full else None,
                           cfg, samples_per_frame, template)
 
     def _run_step(self, codes, live):
