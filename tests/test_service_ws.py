@@ -97,13 +97,14 @@ class _Prefixed:
 
 async def test_three_sentences_in_one_message_give_three_utterances(server):
     ws, _ = await connect(server)
-    await ws.send(json.dumps({"type": "input.text", "text": "Dr. Smith arrived at 3.5 pm. It rained... Then it stopped! "}))
-    await ws.send(json.dumps({"type": "input.text", "text": "Was that all?"}))
+    await ws.send(json.dumps({"type": "input.text", "text": "Dr. Smith arrived at 3.5 pm. It rained... Then it stopped!"}))
     await ws.send(json.dumps({"type": "input.done"}))
     events, frames = await read_round(ws)
     starts = [e["text"] for e in events if e["type"] == "audio.start"]
-    assert starts == ["Dr. Smith arrived at 3.5 pm.", "It rained...", "Then it stopped!", "Was that all?"]
+    assert starts == ["Dr. Smith arrived at 3.5 pm.", "It rained...", "Then it stopped!"]
+    assert events[-1] == {"type": "session.done", "utterances": 3}
     dones = [e for e in events if e["type"] == "audio.done"]
+    assert [d["utterance"] for d in dones] == [0, 1, 2]
     assert all(bytes_of(frames, d["utterance"]) == 2 * d["samples"] > 0 for d in dones)
     await ws.close()
 
