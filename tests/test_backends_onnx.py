@@ -324,3 +324,34 @@ def test_cli_export_and_build_engines(tmp_path, capsys):
     if not has_trt:
         assert main(["build-engines", "--onnx", str(tmp_path / "onnx"), "--out", str(tmp_path / "trt")]) == 2
         assert "needs NVIDIA TensorRT" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- served
+
+
+async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, artifacts, tmp_path):
+    """POST /v1/audio/speech (chunked pcm) on a real 127.0.0.1 server whose engine runs the
+    DiT and decoder in ONNX Runtime: the same int16 samples as the torch engine's (+-1 LSB)."""
+    import aiohttp
+
+    from conftest import start_server
+
+    got = {}
+    for backend in ("torch", "onnxruntime"):
+        models = apply_backend(build_models(tiny.config, seed=0), backend, artifacts, "cpu", threads=1)
+        engine = Engine(models, torch.device("cpu"), warmup=False)
+        engine.start()
+        live = await start_server(engine, tmp_path / backend)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(live.url + "/v1/audio/speech",
+                                     json={"input": "Hello there. How are you today?", "response_format": "pcm"}) as r:
+                    assert r.status == 200, await r.text()
+                    pieces = [chunk async for chunk in r.content.iter_any()]
+        finally:
+            await live.stop()
+            engine.stop()
+        got[backend] = np.frombuffer(b"".join(pieces), dtype="<i2").astype(np.int32)
+    assert got["torch"].size > 24000 // 2 and got["onnxruntime"].shape == got["torch"].shape
+    assert np.abs(got["onnxruntime"] - got["torch"]).max() <= 1
+    assert np.abs(got["torch"]).max() > 100  # audible, not silence
