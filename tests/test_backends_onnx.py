@@ -267,7 +267,7 @@ def test_missing_manifest_and_unknown_backend(tiny, tmp_path):
         apply_backend(tiny, "onnxruntime", tmp_path, "cpu")
     with pytest.raises(ValueError, match="unknown backend"):
         apply_backend(tiny, "openvino", tmp_path, "cpu")
-    with pytest.raises(ValueError, match="needs an artifacts directory"):
+    with pytest.raises(ValueError, match="needs the artifacts directory written by streamvox export"):
         apply_backend(tiny, "onnxruntime", None, "cpu")
     assert apply_backend(tiny, "torch", None, "cpu") is tiny
 

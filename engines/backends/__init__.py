@@ -45,8 +45,8 @@ def _check_backend(backend: str, artifacts_dir) -> Path:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if artifacts_dir is None:
-        flag = "--onnx-dir (streamvox export)" if backend == "onnxruntime" else "--engines-dir (streamvox build-engines)"
-        raise ValueError(f"--backend {backend} needs an artifacts directory: {flag}")
+        made_by = "streamvox export" if backend == "onnxruntime" else "streamvox build-engines"
+        raise ValueError(f"--backend {backend} needs the artifacts directory written by {made_by}")
     return Path(artifacts_dir)
 
 
