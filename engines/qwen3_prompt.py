@@ -160,7 +160,9 @@ class PromptConfig:
         ids |= {k: require(talker, k, int, tw) for k in (
             "codec_pad_id", "codec_bos_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id",
             "codec_think_eos_id")}
-        speakers = {str(k).lower(): int(v) for k, v in (talker.get("spk_id") or {}).items()}
+        # (a one-element list is what torch.tensor(spk_id) embeds to a single row as well)
+        speakers = {str(k).lower(): int(v[0] if isinstance(v, list) else v)
+                    for k, v in (talker.get("spk_id") or {}).items()}
         dialects = {str(k).lower(): v for k, v in (talker.get("spk_is_dialect") or {}).items()}
         languages = {str(k).lower(): int(v) for k, v in (talker.get("codec_language_id") or {}).items()}
         for name, dialect in dialects.items():
@@ -229,8 +231,13 @@ class PromptBuilder:
     def build(self, text: str, speaker: str | None, language: str = "Auto", non_streaming_mode: bool | None = None,
               instruct: str | None = None) -> TalkerPrompt:
         c = self.config
+        if c.tts_model_type == "base":
+            raise ValueError("this is a voice-clone (base) checkpoint: it needs a reference-audio speaker "
+                             "embedding, which streamvox does not support; use a CustomVoice checkpoint")
         if non_streaming_mode is None:
             non_streaming_mode = self.default_non_streaming_mode()
+        if c.tts_model_size in "0b6":  # the official wrapper's test: 0.6B models ignore instructions
+            instruct = None
         if speaker and speaker.lower() not in c.speakers:
             raise ValueError(f"unsupported speaker {speaker!r}; supported: {self.voices()}")
         language_id = self.language_id(speaker, language)

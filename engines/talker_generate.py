@@ -81,10 +81,12 @@ class TalkerBundle:
 
     def generate_codes(self, text: str, voice: str | None, language: str = "Auto", greedy: bool = False,
                        max_new_tokens: int | None = None, non_streaming_mode: bool | None = None,
-                       repetition_penalty: float | None = None, seed: int = 0) -> torch.Tensor:
+                       repetition_penalty: float | None = None, seed: int = 0,
+                       instruct: str | None = None) -> torch.Tensor:
         return generate_codes(self.talker, self.predictor, self.prompt, text, voice, language=language,
                               greedy=greedy, max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
-                              repetition_penalty=repetition_penalty, seed=seed, generation=self.generation)
+                              repetition_penalty=repetition_penalty, seed=seed, generation=self.generation,
+                              instruct=instruct)
 
 
 def talker_config_from(config: Mapping[str, Any], where: str) -> TalkerConfig:

@@ -193,7 +193,7 @@ class TalkerSource:
 
     @torch.no_grad()
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
-              non_streaming_mode: bool | None = None) -> None:
+              non_streaming_mode: bool | None = None, instruct: str | None = None) -> None:
         """Tokenize, build the prompt, prefill (K/V for every prompt position, the head only
         for the last) and sample code 0. ValueError for an unknown voice/language or a
         prompt that does not fit; RuntimeError when no slot is free."""
@@ -202,7 +202,7 @@ class TalkerSource:
         if not self.free_slots():
             raise RuntimeError("no free talker slot")
         gen = self.generation
-        prompt = self.prompt.build(request.text, request.voice, request.language, non_streaming_mode)
+        prompt = self.prompt.build(request.text, request.voice, request.language, non_streaming_mode, instruct=instruct)
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
         n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)

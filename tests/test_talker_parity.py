@@ -56,7 +56,8 @@ def test_tokenizer_ids_equal_official_processor(ckpt):
 def test_prefill_embeddings_match(ckpt):
     _, bundle, refs, cases = ckpt
     for case, c in cases.items():
-        prompt = bundle.prompt.build(c["prompt"], c["speaker"], c["language"], c["non_streaming_mode"])
+        prompt = bundle.prompt.build(c["prompt"], c["speaker"], c["language"], c["non_streaming_mode"],
+                                     instruct=c["instruct"])
         x, _, _ = prompt_tensors(bundle.talker, prompt, "cpu")
         assert rel_err(x, refs[f"case/{case}/prefill"]) < REL_TOL, case
 
@@ -69,7 +70,8 @@ def test_teacher_forced_logits_match(ckpt):
     for case, c in cases.items():
         codes = refs[f"case/{case}/codes"]
         expected = refs[f"case/{case}/logits"]  # [steps, V]
-        prompt = bundle.prompt.build(c["prompt"], c["speaker"], c["language"], c["non_streaming_mode"])
+        prompt = bundle.prompt.build(c["prompt"], c["speaker"], c["language"], c["non_streaming_mode"],
+                                     instruct=c["instruct"])
         x, trailing, pad = prompt_tensors(talker, prompt, "cpu")
         s = x.shape[0]
         cache = talker.new_cache(1, s + expected.shape[0], "cpu", torch.float32)
@@ -87,7 +89,8 @@ def test_greedy_codes_identical_to_official(ckpt):
     name, bundle, refs, cases = ckpt
     for case, c in cases.items():
         codes = bundle.generate_codes(c["prompt"], c["speaker"], c["language"], greedy=True,
-                                      max_new_tokens=c["max_new_tokens"], non_streaming_mode=c["non_streaming_mode"])
+                                      max_new_tokens=c["max_new_tokens"], non_streaming_mode=c["non_streaming_mode"],
+                                      instruct=c["instruct"])
         expected = refs[f"case/{case}/codes"]
         assert codes.shape == expected.shape and torch.equal(codes, expected), (name, case)
 
@@ -98,7 +101,8 @@ def test_defaults_follow_the_checkpoint(ckpt):
     name, bundle, refs, cases = ckpt
     limit = fx.manifest()["checkpoints"][name]["max_new_tokens"]
     assert bundle.generation.max_new_tokens == limit and bundle.generation.repetition_penalty == 1.05
-    hit_limit = [k for k, c in cases.items() if c["max_new_tokens"] is None and not c["ended_by_eos"]]
+    hit_limit = [k for k, c in cases.items()
+                 if c["max_new_tokens"] is None and not c["ended_by_eos"] and not c["instruct"]]
     assert hit_limit, "fixtures should hold a case that runs to max_new_tokens"
     for case in hit_limit[:2]:
         c = cases[case]
@@ -108,7 +112,7 @@ def test_defaults_follow_the_checkpoint(ckpt):
     changed = []
     for case, c in cases.items():
         no_penalty = bundle.generate_codes(c["prompt"], c["speaker"], c["language"], greedy=True,
-                                           max_new_tokens=c["max_new_tokens"],
+                                           max_new_tokens=c["max_new_tokens"], instruct=c["instruct"],
                                            non_streaming_mode=c["non_streaming_mode"], repetition_penalty=1.0)
         expected = refs[f"case/{case}/codes"]
         changed.append(no_penalty.shape != expected.shape or not torch.equal(no_penalty, expected))
@@ -141,6 +145,7 @@ def test_oracle_outputs_depend_on_inputs(ckpt):
                     ("p0_dylan_en", "p0_ryan_en")],
         "text": [("p0_vivian_en", "p1_vivian_en"), ("p0_ryan_en", "p1_ryan_en")],
         "language": [("p0_vivian_en", "p0_vivian_auto")],
+        "instruct": [("p0_vivian_en", "p0_vivian_en_instruct")],
         "text mode": [("p1_ryan_en", "p1_ryan_en_stream"), ("p0_vivian_auto", "p0_vivian_auto_stream")],
     }
     for factor, pairs in factors.items():

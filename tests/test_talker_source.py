@@ -166,7 +166,7 @@ def test_all_oracle_cases_in_one_batch_equal_official():
         for case, c in cases.items():
             source.admit(SynthesisRequest(id=case, text=c["prompt"], voice=c["speaker"], language=c["language"],
                                           greedy=True), max_new_tokens=c["max_new_tokens"],
-                         non_streaming_mode=c["non_streaming_mode"])
+                         non_streaming_mode=c["non_streaming_mode"], instruct=c["instruct"])
         got: dict[str, list] = {case: [] for case in cases}
         while source.active_slots:
             for f in source.tick():

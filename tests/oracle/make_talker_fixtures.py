@@ -176,7 +176,9 @@ CASES = [
     ("p1_ryan_en_stream", 1, "Ryan", "English", False, None),  # streaming-text prompt mode
     ("p0_vivian_auto_stream", 0, "Vivian", "Auto", False, None),
     ("p0_ryan_en_max5", 0, "Ryan", "English", True, 5),  # max_new_tokens = 5 -> at most 4 frames
+    ("p0_vivian_en_instruct", 0, "Vivian", "English", True, None),  # + INSTRUCT (text-only positions first)
 ]
+INSTRUCT = {"p0_vivian_en_instruct": "Speak slowly and warmly."}
 
 
 def talker_config(fc: TalkerFixture, text_ids: dict[str, int]) -> dict:
@@ -320,7 +322,8 @@ def run_case(tts: Qwen3TTSModel, case, refs: dict, fc: TalkerFixture) -> dict:
     kwargs = {} if max_new is None else {"max_new_tokens": max_new}
     try:
         wavs, sr = tts.generate_custom_voice(PROMPTS[prompt], speaker=speaker, language=language,
-                                             non_streaming_mode=non_streaming, do_sample=False,
+                                             instruct=INSTRUCT.get(name), non_streaming_mode=non_streaming,
+                                             do_sample=False,
                                              subtalker_dosample=False, **kwargs)
     finally:
         rec.close()
@@ -368,7 +371,8 @@ def run_case(tts: Qwen3TTSModel, case, refs: dict, fc: TalkerFixture) -> dict:
     refs[f"case/{name}/prefill"] = rec.prefill
     refs[f"case/{name}/logits"] = logits
     return {"prompt": PROMPTS[prompt], "speaker": speaker, "language": language,
-            "non_streaming_mode": non_streaming, "max_new_tokens": max_new, "frames": frames,
+            "non_streaming_mode": non_streaming, "max_new_tokens": max_new, "instruct": INSTRUCT.get(name),
+            "frames": frames,
             "ended_by_eos": ended_by_eos, "talker_margin": margin, "predictor_margin": pmargin}
 
 
