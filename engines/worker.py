@@ -117,6 +117,7 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pending = 0  # requests submitted but not yet started (queue depth)
         self._pending_lock = threading.Lock()
+        self._admitting: tuple[RequestHandle, Deliver] | None = None  # in hand between inbox and _active
         self.ticks = 0
         self.error: str | None = None
 
@@ -173,6 +174,10 @@ class Worker:
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker thread died")
+            if self._admitting is not None:  # taken from the inbox, not yet active
+                handle, deliver = self._admitting
+                self._release_pending()
+                self._deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
             for active in list(self._active.values()):
                 self._finish(active, error="engine_failure")
             raise
@@ -200,26 +205,32 @@ class Worker:
                 handle, deliver = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if handle.cancelled:
-                self._release_pending()
-                self._deliver_final(handle, deliver, 0, 0, 0, "cancelled")
-                continue
-            active = _Active(handle=handle, deliver=deliver, voice_index=0)
-            try:
-                self._hook(handle.request_id, "plan")
-                req = handle.request
-                active.voice_index = self.voice_index(req.voice)
-                for clause in self.planner.plan(req.text, active.voice_index, req.speed):
-                    for i, (start, n) in enumerate(clause.chunks):
-                        active.chunks.append(_Chunk(clause.enc, clause.enc_null, start, n,
-                                                    clause.text if i == 0 else None))
-                active.frames_total = sum(c.num_frames for c in active.chunks)
-            except Exception as exc:
-                log.warning("request %s failed while planning: %s", handle.request_id, exc)
-                self._release_pending()
-                self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
-                continue
-            self._active[handle.request_id] = active
+            self._admitting = (handle, deliver)
+            self._admit_one(handle, deliver)
+            self._admitting = None
+
+    def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
+        """Plan one request taken from the inbox; a planning error fails it alone."""
+        if handle.cancelled:
+            self._release_pending()
+            self._deliver_final(handle, deliver, 0, 0, 0, "cancelled")
+            return
+        active = _Active(handle=handle, deliver=deliver, voice_index=0)
+        try:
+            self._hook(handle.request_id, "plan")
+            req = handle.request
+            active.voice_index = self.voice_index(req.voice)
+            for clause in self.planner.plan(req.text, active.voice_index, req.speed):
+                for i, (start, n) in enumerate(clause.chunks):
+                    active.chunks.append(_Chunk(clause.enc, clause.enc_null, start, n,
+                                                clause.text if i == 0 else None))
+            active.frames_total = sum(c.num_frames for c in active.chunks)
+        except Exception as exc:
+            log.warning("request %s failed while planning: %s", handle.request_id, exc)
+            self._release_pending()
+            self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
+            return
+        self._active[handle.request_id] = active
 
     def _drop_cancelled(self) -> None:
         for active in list(self._active.values()):

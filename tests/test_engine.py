@@ -130,3 +130,28 @@ def test_admission_queue_is_bounded():
                 cols.append(col)
     finally:
         eng.stop()
+
+
+class _WorkerKiller(BaseException):
+    """Not an Exception: per-request handling does not catch it, so the worker thread dies."""
+
+
+def test_worker_death_still_ends_every_request_and_reports_not_alive():
+    def hook(request_id: str, stage: str) -> None:
+        if request_id == "doomed" and stage == "plan":
+            raise _WorkerKiller("simulated worker crash")
+
+    eng = tiny_engine(fault_hook=hook)
+    try:
+        running = Collected()
+        eng.submit(_req(1, TEXTS[4] * 3), running.deliver)
+        while not running.chunks:
+            time.sleep(0.01)
+        doomed = Collected()
+        eng.submit(SynthesisRequest(id="doomed", text="hi"), doomed.deliver)
+        assert doomed.done.wait(30) and running.done.wait(30)
+        assert doomed.error == "engine_failure" and running.error == "engine_failure"
+        stats = eng.stats()
+        assert not stats.alive and not stats.ready and "simulated worker crash" in stats.error
+    finally:
+        eng.stop()
