@@ -132,7 +132,7 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.error is None  # a dying thread is not alive
 
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
         self._listeners.append(listener)
