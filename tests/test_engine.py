@@ -136,6 +136,7 @@ class _WorkerKiller(BaseException):
     """Not an Exception: per-request handling does not catch it, so the worker thread dies."""
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_worker_death_still_ends_every_request_and_reports_not_alive():
     def hook(request_id: str, stage: str) -> None:
         if request_id == "doomed" and stage == "plan":
