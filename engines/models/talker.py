@@ -21,7 +21,7 @@ cache slots <= its position; only the last position goes through the final norm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -139,9 +139,8 @@ class TalkerModel(nn.Module):
 class TalkerKVCache:
     """Per-layer K/V [rows, KVH, max_len, hd], allocated once and written in place."""
 
-    k: list[torch.Tensor]
+    k: list[torch.Tensor]  # unused slots are masked (position > the row's), never read
     v: list[torch.Tensor]
-    lengths: list[int] = field(default_factory=list)  # unused slots are masked, never read
 
     @property
     def rows(self) -> int:
