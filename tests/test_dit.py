@@ -262,3 +262,22 @@ def test_planner_respects_a_small_clause_budget(encoder, duration):
     plans = planner.plan(text, 0, 1.0)
     assert all(len(p.text.encode()) <= 20 for p in plans)
     assert "".join(p.text for p in plans).replace(" ", "") == text.replace(" ", "")
+
+
+def test_dit_exports_with_dynamic_shapes(dit):
+    """No Python control flow on tensor values: torch.export traces it for any batch,
+    frame and text length (the ONNX / TensorRT path relies on this)."""
+    from torch.export import Dim, export
+
+    R, T, L = Dim("R", min=1, max=256), Dim("T", min=2, max=512), Dim("L", min=2, max=512)
+    frames, text = {0: R, 1: T}, {0: R, 1: L}
+    # Example batch of 2 rows (sizes 0/1 would be specialised), checked on 3 other rows.
+    a = batch_padded([dit_inputs(T=10, Tc=3, L=7, seed=50), dit_inputs(T=8, Tc=0, L=5, seed=53)])
+    b = batch_padded([dit_inputs(T=6, Tc=2, L=9, seed=51, t=0.4), dit_inputs(T=17, Tc=0, L=4, seed=52),
+                      dit_inputs(T=3, Tc=1, L=2, seed=54, t=0.9)])
+    names = ["x", "positions", "context_mask", "frame_mask", "t", "enc", "enc_mask"]
+    shapes = {"x": frames, "positions": frames, "context_mask": frames, "frame_mask": frames, "t": {0: R},
+              "enc": text, "enc_mask": text}
+    program = export(dit, (), {k: a[k] for k in names}, dynamic_shapes=shapes)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(**b), dit(**b), rtol=0, atol=TOL)
