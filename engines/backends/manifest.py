@@ -79,15 +79,16 @@ class GraphSpec:
     outputs: tuple[TensorSpec, ...]
     profile: dict[str, AxisRange]  # axis name -> min/opt/max (TensorRT optimization profile)
     engine: str | None = None  # TensorRT plan file, set by build-engines
+    exporter: str | None = None  # torch.onnx exporter that wrote the graph
 
     def to_dict(self) -> dict[str, Any]:
-        return {"component": self.component, "onnx": self.onnx, "engine": self.engine,
+        return {"component": self.component, "onnx": self.onnx, "engine": self.engine, "exporter": self.exporter,
                 "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
                 "profile": {k: v.to_list() for k, v in self.profile.items()}}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "GraphSpec":
-        return GraphSpec(component=d["component"], onnx=d["onnx"], engine=d.get("engine"),
+        return GraphSpec(component=d["component"], onnx=d["onnx"], engine=d.get("engine"), exporter=d.get("exporter"),
                          inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
                          outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
                          profile={k: AxisRange(*v) for k, v in d["profile"].items()})

@@ -21,6 +21,7 @@ keeps exactly the torch path's fp32 islands (see build-engines).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import warnings
 from pathlib import Path
@@ -212,14 +213,21 @@ def export_models(models, out_dir: str | Path, dtype: torch.dtype = torch.float3
     # Export from fp32-on-CPU copies cast to the target dtype; the served modules stay as they are.
     dit = copy.deepcopy(models.dit).to("cpu", dtype).eval()
     decoder = copy.deepcopy(models.decoder).to("cpu", dtype).eval()
-    exporters = {"dit": lambda p, pr: export_dit(dit, p, pr, dtype, exporter),
-                 "decoder_step": lambda p, pr: export_decoder_step(decoder, p, pr, dtype, exporter),
-                 "decoder_full": lambda p, pr: export_decoder_full(decoder, p, pr, dtype, exporter)}
+    exporters = {"dit": lambda p, pr, e: export_dit(dit, p, pr, dtype, e),
+                 "decoder_step": lambda p, pr, e: export_decoder_step(decoder, p, pr, dtype, e),
+                 "decoder_full": lambda p, pr, e: export_decoder_full(decoder, p, pr, dtype, e)}
     specs = {}
     with torch.no_grad():
         for g in graphs:
-            log.info("exporting %s", g)
-            specs[g] = exporters[g](out / f"{g}.onnx", profiles[g])
+            use = exporter
+            if exporter == "torchscript" and dtype == torch.bfloat16 and g.startswith("decoder"):
+                # The torchscript exporter fails on the bf16 decoder ("ScalarType ComplexDouble
+                # is an unexpected tensor scalar type", torch 2.13); the dynamo one exports it.
+                log.warning("%s in bfloat16: the torchscript exporter cannot export it, using dynamo", g)
+                use = "dynamo"
+            log.info("exporting %s (%s)", g, use)
+            spec = exporters[g](out / f"{g}.onnx", profiles[g], use)
+            specs[g] = dataclasses.replace(spec, exporter=use)
     ck = {"path": str(checkpoint), "sha256": file_hash(checkpoint)} if checkpoint and Path(checkpoint).is_file() else (
         {"path": str(checkpoint)} if checkpoint else None)
     manifest = Manifest(preset=config.name, dtype=_name(dtype),
