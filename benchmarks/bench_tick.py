@@ -48,8 +48,9 @@ class Feeder:
         null = keyed_normal(0, 900, torch.arange(1, device=device), cfg.cond_dim).to(dtype)[0]
         self.clauses = []
         for i in range(depth):
-            enc = keyed_normal(i, 901, torch.arange(text_len, device=device), cfg.cond_dim).to(dtype)
-            self.clauses.append((enc, null.expand(text_len, -1)))
+            length = text_len + 5 * (i % 4)  # ragged text lengths: padding is exercised
+            enc = keyed_normal(i, 901, torch.arange(length, device=device), cfg.cond_dim).to(dtype)
+            self.clauses.append((enc, null.expand(length, -1)))
         self.next_chunk = [0] * depth
         self.tails = [torch.zeros(0, cfg.latent_dim, device=device)] * depth
         self.pending = list(range(depth))  # clause indices waiting for a slot
