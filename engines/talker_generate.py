@@ -153,10 +153,12 @@ def load_talker(checkpoint_dir: str | Path, device: str | torch.device = "cpu", 
 
 def prompt_tensors(talker: Talker, prompt: TalkerPrompt, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> prefill inputs [S, D], trailing text parts [T, D], tts_pad text part [D]."""
-    text = torch.tensor(prompt.text_ids, dtype=torch.long, device=device)
-    codec = torch.tensor(prompt.codec_ids, dtype=torch.long, device=device)
-    trailing = talker.text_part(torch.tensor(prompt.trailing_text_ids, dtype=torch.long, device=device))
-    pad = talker.text_part(torch.tensor([prompt.pad_text_id], dtype=torch.long, device=device))[0]
+    def upload(ids) -> torch.Tensor:  # non_blocking: no stream sync at admission
+        return torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True)
+
+    text, codec = upload(prompt.text_ids), upload(prompt.codec_ids)
+    trailing = talker.text_part(upload(prompt.trailing_text_ids))
+    pad = talker.text_part(upload([prompt.pad_text_id]))[0]
     return talker.prompt_embeds(text, codec), trailing, pad
 
 

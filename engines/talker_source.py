@@ -363,8 +363,8 @@ class TalkerSource:
         holes = sorted(i for i in gone if i < n_new)
         movers = sorted(i for i in range(n_new, n) if i not in gone)
         if movers:
-            src = torch.tensor(movers, device=self.device)
-            dst = torch.tensor(holes, device=self.device)
+            src = torch.tensor(movers).to(self.device, non_blocking=True)  # no stream sync for the upload
+            dst = torch.tensor(holes).to(self.device, non_blocking=True)
             length = max(self._rows[i].next_pos for i in movers)
             self.cache.move_rows(src, dst, length)
             st = self.state

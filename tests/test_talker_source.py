@@ -189,3 +189,26 @@ def test_tick_reads_nothing_from_the_device(bundle):
         while source.active_slots:
             finished += sum(f.is_last for f in source.tick())
     assert finished == 3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_steady_state_tick_never_syncs_on_cuda():
+    """On CUDA the only wait in a tick is the event of the previous step's id copy (its
+    device->host copy is non_blocking into pinned memory, so the sync detector is the
+    check here, not NoHostReads, which forbids every device->host copy)."""
+    bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
+    source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128)
+    for i in range(3):
+        source.admit(request(i, greedy=i != 1, seed=i), max_new_tokens=6 + 4 * i, non_streaming_mode=MODES[i])
+    source.tick()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    finished = 0
+    try:
+        with torch.no_grad():
+            while source.active_slots:
+                finished += sum(f.is_last for f in source.tick())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert finished == 3
