@@ -40,6 +40,7 @@ from .models.init import init_module_
 from .models.text import ByteTokenizer
 from .planner import UtterancePlanner
 from .presets import get_preset
+from .sources import DiTSource
 from .stream import StreamScheduler
 from .vocalizer import Vocalizer
 from .worker import FaultHook, Worker
@@ -158,8 +159,9 @@ class Engine:
         self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
         self.scheduler = StreamScheduler(models.dit, cfg.stream, device, dtype)
         self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
-        self.worker = Worker(self.planner, self.scheduler, self.vocalizer, self._voice_index,
-                             context_frames=cfg.dit.context_frames, max_queue=max_queue, fault_hook=fault_hook)
+        self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
+        self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=cfg.stream.max_slots,
+                             max_queue=max_queue, fault_hook=fault_hook)
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(

@@ -1,14 +1,14 @@
 """The dedicated thread that owns the device and runs the tick loop.
 
 One loop iteration ("tick"):
-  1. take new requests from the thread-safe inbox and plan them (admission: text ->
-     clauses -> encoder states -> durations -> chunk layout);
+  1. take new requests from the thread-safe inbox and let the source prepare them
+     (DiT: text -> clauses -> encoder states -> durations -> chunk layout);
   2. drop cancelled requests (their slots are freed before the forward);
-  3. fill free slots with the next chunk of each waiting request, realtime first;
-  4. one ``StreamScheduler.tick()`` (one batched DiT forward);
-  5. finished chunks -> one batched ``Vocalizer.vocalize`` -> ``deliver``.
+  3. fill free slots with the next unit of work of each waiting request, realtime first;
+  4. one ``source.tick()`` (DiT: one batched forward; talker: one talker step);
+  5. finished frames -> one batched ``Vocalizer.vocalize`` -> ``deliver``.
 The thread sleeps on the inbox when nothing is active. Failures are per request:
-an exception while planning, admitting or vocalizing one request fails only it.
+an exception while preparing, starting or vocalizing one request fails only it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,16 +35,10 @@ from .contract import (
     SynthesisRequest,
     TickReport,
 )
-from .stream import ChunkJob, FinishedChunk, StreamScheduler
+from .sources import LatentSource, Produced
 from .vocalizer import VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
-
-
-class Planner(Protocol):
-    """Admission-time planning (engines/planner.py's UtterancePlanner)."""
-
-    def plan(self, text: str, voice_index: int, speed: float) -> list: ...
 
 
 FaultHook = Callable[[str, str], None]
@@ -53,35 +47,19 @@ FaultHook = Callable[[str, str], None]
 
 
 @dataclass
-class _Chunk:
-    enc: torch.Tensor
-    enc_null: torch.Tensor
-    frame_start: int
-    num_frames: int
-    text: str | None  # clause text, on the first chunk of each clause
-
-
-@dataclass
 class _Active:
     handle: RequestHandle
     deliver: Deliver
-    voice_index: int
-    chunks: list[_Chunk] = field(default_factory=list)
     frames_total: int = 0
-    next_chunk: int = 0
-    in_flight: tuple[str, int] | None = None
-    context: torch.Tensor | None = None  # clean tail of the last finished chunk [Tc, D]
-    frames_done: int = 0
-    delivered: int = 0
+    frames_done: int = 0  # frames delivered as audio
+    delivered: int = 0  # chunks delivered
     started_at: float | None = None
+    finished_source: bool = False  # the source produced its last frames
+    pending: list[Produced] = field(default_factory=list)  # produced, not yet vocalized
 
     @property
     def request(self) -> SynthesisRequest:
         return self.handle.request
-
-    @property
-    def finished_all(self) -> bool:
-        return self.next_chunk >= len(self.chunks) and self.in_flight is None
 
 
 class Worker:
@@ -89,25 +67,22 @@ class Worker:
 
     def __init__(
         self,
-        planner: Planner,
-        scheduler: StreamScheduler,
+        source: LatentSource,
         vocalizer: Vocalizer,
         voice_index: Callable[[str], int],
-        context_frames: int,
+        max_slots: int,
         max_queue: int = 64,
         batch_slot_share: float = 0.75,
         fault_hook: FaultHook | None = None,
         name: str = "streamvox-worker",
     ):
-        self.planner = planner
-        self.scheduler = scheduler
+        self.source = source
         self.vocalizer = vocalizer
         self.voice_index = voice_index
-        self.context_frames = context_frames
         self.max_queue = max_queue
         # Batch work may hold at most this share of the slots, so realtime arrivals
         # always find one within a chunk's lifetime.
-        self.batch_slot_limit = max(1, int(scheduler.cfg.max_slots * batch_slot_share))
+        self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
         self._active: OrderedDict[str, _Active] = OrderedDict()
@@ -166,7 +141,7 @@ class Worker:
                 self._admit_new()
                 self._drop_cancelled()
                 self._fill_slots()
-                if self.scheduler.active_slots == 0:
+                if self.source.active_slots == 0:
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
                     continue
@@ -215,18 +190,13 @@ class Worker:
             self._release_pending()
             self._deliver_final(handle, deliver, 0, 0, 0, "cancelled")
             return
-        active = _Active(handle=handle, deliver=deliver, voice_index=0)
+        active = _Active(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
-            req = handle.request
-            active.voice_index = self.voice_index(req.voice)
-            for clause in self.planner.plan(req.text, active.voice_index, req.speed):
-                for i, (start, n) in enumerate(clause.chunks):
-                    active.chunks.append(_Chunk(clause.enc, clause.enc_null, start, n,
-                                                clause.text if i == 0 else None))
-            active.frames_total = sum(c.num_frames for c in active.chunks)
+            active.frames_total = self.source.prepare(handle.request, self.voice_index(handle.request.voice))
         except Exception as exc:
             log.warning("request %s failed while planning: %s", handle.request_id, exc)
+            self.source.drop(handle.request_id)
             self._release_pending()
             self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
             return
@@ -238,106 +208,104 @@ class Worker:
                 self._finish(active, error="cancelled")
 
     def _fill_slots(self) -> None:
-        free = self.scheduler.free_slots()
+        free = self.source.free_slots()
         if free <= 0:
             return
         waiting = [a for a in self._active.values()
-                   if a.in_flight is None and a.next_chunk < len(a.chunks) and not a.handle.paused]
+                   if not a.handle.paused and self.source.wants_slot(a.handle.request_id)]
         # Realtime first; FIFO (dict order) within a class.
         waiting.sort(key=lambda a: a.request.priority != Priority.REALTIME)
         batch_busy = sum(1 for a in self._active.values()
-                         if a.in_flight is not None and a.request.priority == Priority.BATCH)
+                         if a.request.priority == Priority.BATCH and a.started_at is not None
+                         and not a.finished_source and not self.source.wants_slot(a.handle.request_id))
         for active in waiting:
             if free <= 0:
                 break
             if active.request.priority == Priority.BATCH and batch_busy >= self.batch_slot_limit:
                 continue
             try:
-                self._admit_chunk(active)
+                self._hook(active.handle.request_id, "admit")
+                self.source.start(active.handle.request_id)
             except Exception as exc:
-                log.warning("request %s failed at chunk admission: %s", active.handle.request_id, exc)
-                self._finish(active, error=f"chunk admission failed: {exc}")
+                log.warning("request %s failed at slot admission: %s", active.handle.request_id, exc)
+                self._finish(active, error=f"admission failed: {exc}")
                 continue
+            if active.started_at is None:
+                active.started_at = time.monotonic()
+                self._release_pending()
             free -= 1
             batch_busy += active.request.priority == Priority.BATCH
 
-    def _admit_chunk(self, active: _Active) -> None:
-        self._hook(active.handle.request_id, "admit")
-        req = active.request
-        chunk = active.chunks[active.next_chunk]
-        key = (req.id, active.next_chunk)
-        context = active.context
-        if context is None:
-            context = chunk.enc.new_zeros((0, self.scheduler.dit.cfg.latent_dim))
-        guided = req.guidance_scale > 1.0 and self.scheduler.cfg.guidance != "none"
-        self.scheduler.admit(ChunkJob(
-            key=key, enc=chunk.enc, enc_null=chunk.enc_null if guided else None, context=context,
-            frame_start=chunk.frame_start, num_frames=chunk.num_frames, seed=req.seed,
-            steps=req.steps, guidance_scale=req.guidance_scale))
-        if active.started_at is None:
-            active.started_at = time.monotonic()
-            self._release_pending()
-        active.in_flight = key
-        active.next_chunk += 1
-
     def _tick(self) -> None:
         t0 = time.perf_counter()
-        finished = self.scheduler.tick()
+        produced = self.source.tick()
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
-        rows, slots = self.scheduler.last_batch_rows, self.scheduler.active_slots + len(finished)
-        if finished:
-            self._vocalize(finished)
+        rows = self.source.last_batch_rows
+        slots = self.source.active_slots + sum(1 for p in produced if p.is_last)
+        frames = 0
+        for p in produced:
+            active = self._active.get(p.request_id)
+            if active is None:
+                continue  # finished or cancelled meanwhile
+            active.pending.append(p)
+            active.finished_source |= p.is_last
+            frames += p.num_frames
+        self._vocalize_ready()
         report = TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
-                            frames_finished=sum(f.latents.shape[0] for f in finished))
+                            frames_finished=frames)
         for listener in self._listeners:
             try:
                 listener(report)
             except Exception:  # metrics must never break the loop
                 log.exception("tick listener failed")
 
-    def _vocalize(self, finished: list[FinishedChunk]) -> None:
-        work: list[tuple[_Active, _Chunk, VocalizeItem]] = []
-        for fc in finished:
-            active = self._active.get(fc.key[0])
-            if active is None or active.in_flight != fc.key:
-                continue  # cancelled meanwhile
-            active.in_flight = None
-            chunk = active.chunks[fc.key[1]]
-            tail = fc.latents[-self.context_frames:] if self.context_frames > 0 else fc.latents[:0]
-            active.context = tail
+    def _vocalize_ready(self) -> None:
+        """Vocalize, in one batch, every request whose gathered frames reached its flush size."""
+        work: list[tuple[_Active, VocalizeItem, str | None]] = []
+        for active in list(self._active.values()):
+            gathered = sum(p.num_frames for p in active.pending)
+            if not active.pending or (not active.finished_source
+                                      and gathered < self.source.flush_frames(active.frames_done)):
+                continue
+            pieces, active.pending = active.pending, []
             req = active.request
-            item = VocalizeItem(stream_id=req.id, latents=fc.latents, frame_offset=chunk.frame_start,
-                                seed=req.seed, greedy=req.greedy, temperature=req.temperature,
-                                top_k=req.top_k, top_p=req.top_p,
-                                is_last=active.next_chunk >= len(active.chunks))
             try:
                 self._hook(req.id, "vocalize")
             except Exception as exc:
                 self._finish(active, error=f"vocalizer failed: {exc}")
                 continue
-            work.append((active, chunk, item))
+            latents = [p.latents for p in pieces if p.latents is not None]
+            codes = [p.codes for p in pieces if p.codes is not None]
+            item = VocalizeItem(stream_id=req.id, frame_offset=pieces[0].frame_start, seed=req.seed,
+                                greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                is_last=active.finished_source,
+                                latents=torch.cat(latents) if latents else None,
+                                codes=torch.cat(codes) if codes else None)
+            work.append((active, item, next((p.text for p in pieces if p.text), None)))
         if not work:
             return
         try:
-            results = self.vocalizer.vocalize([w[2] for w in work])
+            results: list = self.vocalizer.vocalize([w[1] for w in work])
         except Exception:
             # Isolate the culprit: results do not depend on batch composition, so
             # re-running item by item gives the others exactly the same audio.
             results = []
-            for active, _, item in work:
+            for _, item, _ in work:
                 try:
                     results.extend(self.vocalizer.vocalize([item]))
                 except Exception as exc:
                     log.warning("request %s failed in the vocalizer: %s", item.stream_id, exc)
                     results.append(exc)
-        for (active, chunk, item), result in zip(work, results):
+        for (active, item, text), result in zip(work, results):
             if isinstance(result, Exception):
                 self._finish(active, error=f"vocalizer failed: {result}")
                 continue
             pcm = result.pcm.detach().float().cpu().numpy()
-            active.frames_done += chunk.num_frames
-            final = active.finished_all
-            self._emit(active, pcm, final, chunk.text)
+            active.frames_done += item.num_frames
+            final = item.is_last
+            if final:
+                active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
+            self._emit(active, pcm, final, text)
             if final:
                 self._finish(active, error=None, delivered_final=True)
 
@@ -353,8 +321,7 @@ class Worker:
         rid = active.handle.request_id
         if self._active.pop(rid, None) is None:
             return
-        if active.in_flight is not None:
-            self.scheduler.cancel(active.in_flight)
+        self.source.drop(rid)
         if active.started_at is None:
             self._release_pending()
         self.vocalizer.close(rid)
