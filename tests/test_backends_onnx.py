@@ -188,8 +188,8 @@ def test_decoder_batch_over_profile_is_split(tiny, artifacts):
     wav, state = dec.decode_step(codes, dec.init_state(5))
     ref, ref_state = tiny.decoder.decode_step(codes, tiny.decoder.init_state(5))
     assert (wav - ref).abs().max().item() < TOL
-    assert all((a - b).abs().max().item() < TOL for a, b in zip(state.keys + state.conv, ref_state.keys + ref_state.conv)
-               if a.numel())
+    pairs = zip(state.keys + state.conv, ref_state.keys + ref_state.conv)
+    assert all((a - b).abs().max().item() < TOL for a, b in pairs if a.numel())
 
 
 def _job(i: int, cfg, guided=True, frames=12, context=4, steps=3) -> ChunkJob:

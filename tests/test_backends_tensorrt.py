@@ -223,8 +223,9 @@ def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_
 def test_output_buffer_is_reused_per_shape(tiny):
     """The hazard the two-pass copy guards against is real: same shape, same buffer."""
     trt_dit = fake_dit(tiny, [])
-    a = example_dit_batch(tiny.dit.cfg, positive_rows=2, frames=5, enc_len=3, generator=torch.Generator().manual_seed(0))
-    b = example_dit_batch(tiny.dit.cfg, positive_rows=2, frames=5, enc_len=3, generator=torch.Generator().manual_seed(1))
+    make = lambda seed: example_dit_batch(tiny.dit.cfg, positive_rows=2, frames=5, enc_len=3,  # noqa: E731
+                                          generator=torch.Generator().manual_seed(seed))
+    a, b = make(0), make(1)
     va = trt_dit(*a)
     va_copy = va.clone()
     vb = trt_dit(*b)

@@ -99,8 +99,8 @@ class DiTRunner:
                  enc_mask: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
         if D != self.cfg.latent_dim or enc.shape[-1] != self.cfg.cond_dim:
-            raise ValueError(f"{self.graph}: expected x [..., {self.cfg.latent_dim}] and enc [..., {self.cfg.cond_dim}], "
-                             f"got {tuple(x.shape)} and {tuple(enc.shape)}")
+            raise ValueError(f"{self.graph}: expected x [..., {self.cfg.latent_dim}] and "
+                             f"enc [..., {self.cfg.cond_dim}], got {tuple(x.shape)} and {tuple(enc.shape)}")
         check_axes(self.graph, {"batch": B, "frames": T, "enc_len": enc.shape[1]}, self.profile,
                    self.profile_source)
         return self._run(x, positions, context_mask, frame_mask, t, enc, enc_mask)
@@ -178,7 +178,8 @@ class DecoderRunner:
         if not self.full_profile:
             raise FileNotFoundError("the artifacts have no decoder_full graph: export it (streamvox export)")
         B, _, T = codes.shape
-        check_axes("decoder_full", {"frames": T}, self.full_profile, self.profile_source)  # not split: a split full decode is a step
+        # Frames are not split here: a split full decode is what decode_step is for.
+        check_axes("decoder_full", {"frames": T}, self.full_profile, self.profile_source)
         step = self.full_profile["batch"].max
         return torch.cat([self._run_full(codes[i:i + step].long()) for i in range(0, B, step)])
 

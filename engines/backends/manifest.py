@@ -115,7 +115,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "preset": self.preset, "dtype": self.dtype,
                 "config": self.config, "weights": self.weights, "torch_version": self.torch_version,
-                "opset": self.opset, "exporter": self.exporter, "checkpoint": self.checkpoint, "tensorrt": self.tensorrt,
+                "opset": self.opset, "exporter": self.exporter, "checkpoint": self.checkpoint,
+                "tensorrt": self.tensorrt,
                 "graphs": {k: g.to_dict() for k, g in self.graphs.items()}}
 
     def save(self, directory: str | Path) -> Path:

@@ -60,7 +60,6 @@ class OrtDiT(DiTRunner):
     def __init__(self, directory: Path, manifest: Manifest, cfg: DiTConfig, threads: int | None = None):
         spec = manifest.graphs["dit"]
         super().__init__(cfg, spec.profile)
-        self.graph = "dit"
         self._g = _Graph(directory, spec, threads)
 
     def _run(self, x, positions, context_mask, frame_mask, t, enc, enc_mask):
