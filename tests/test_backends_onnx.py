@@ -355,3 +355,20 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
     assert got["torch"].size > 24000 // 2 and got["onnxruntime"].shape == got["torch"].shape
     assert np.abs(got["onnxruntime"] - got["torch"]).max() <= 1
     assert np.abs(got["torch"]).max() > 100  # audible, not silence
+
+
+def test_cli_export_from_checkpoint_records_its_hash(tiny, tmp_path):
+    from clients.cli import main
+    from engines.backends.manifest import file_hash
+    from engines.engine import save_weights
+
+    other = build_models(get_preset("tiny"), seed=4)  # not the default seed's weights
+    save_weights(other, tmp_path / "w.safetensors")
+    assert main(["export", "--preset", "tiny", "--checkpoint", str(tmp_path / "w.safetensors"),
+                 "--out", str(tmp_path / "onnx"), "--graphs", "dit"]) == 0
+    m = Manifest.load(tmp_path / "onnx")
+    assert m.checkpoint == {"path": str(tmp_path / "w.safetensors"), "sha256": file_hash(tmp_path / "w.safetensors")}
+    assert m.weights["dit"] == weights_hash(other.dit) != weights_hash(tiny.dit)
+    make_dit_runner(other.dit, "onnxruntime", tmp_path / "onnx", "cpu")  # accepted
+    with pytest.raises(ArtifactMismatch):
+        make_dit_runner(tiny.dit, "onnxruntime", tmp_path / "onnx", "cpu")
