@@ -148,28 +148,50 @@ class Engine:
     MAX_TEXT_CHARS = 100_000
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
-                 max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True):
+                 max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
+                 talker=None, talker_slots: int = 8):
+        """``talker``: a TalkerBundle (engines/talker_generate.py) selects the talker source;
+        the vocalizer then only decodes the talker's codes."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
         cfg = models.config
-        self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
-            VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
-        self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
-        self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
-        self.scheduler = StreamScheduler(models.dit, cfg.stream, device, dtype)
         self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
-        self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
-        self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=cfg.stream.max_slots,
+        if talker is None:
+            self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
+                VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
+            self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+            self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
+            self.scheduler = StreamScheduler(models.dit, cfg.stream, device, dtype)
+            self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
+            max_slots, random_components = cfg.stream.max_slots, models.random_components
+        else:
+            from .sources import TalkerLatentSource
+            from .talker_source import TalkerSource
+
+            speakers = tuple(talker.voices())
+            if not speakers:
+                raise ValueError(f"{talker.path}: the checkpoint lists no speakers (talker_config.spk_id)")
+            # "default" and the OpenAI names map onto the checkpoint's speakers, in order.
+            self.voice_names = speakers
+            self.voice_aliases = {"default": speakers[0]}
+            for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
+                self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+            self.source = TalkerLatentSource(TalkerSource.from_bundle(talker, max_slots=talker_slots), speakers,
+                                             first_chunk_frames=cfg.stream.first_chunk_frames,
+                                             chunk_frames=cfg.stream.chunk_frames)
+            max_slots = talker_slots
+            random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
+        self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook)
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(
-            model="streamvox", preset=cfg.name, source="dit", device=str(device), dtype=str(dtype).replace("torch.", ""),
-            sample_rate=SAMPLE_RATE, voices=self.voice_names, voice_aliases=self.voice_aliases,
-            random_components=models.random_components, max_queue=max_queue,
-            extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups,
-                   "max_slots": cfg.stream.max_slots, "batch_ceiling": cfg.stream.batch_ceiling},
+            model="streamvox", preset=cfg.name, source=self.source.name, device=str(device),
+            dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
+            voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
+            extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups, "max_slots": max_slots,
+                   "batch_ceiling": cfg.stream.batch_ceiling},
         )
 
     # -- SynthesisEngine ------------------------------------------------------
@@ -197,7 +219,7 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,
                            queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
-                           active_slots=self.scheduler.active_slots, ticks=self.worker.ticks,
+                           active_slots=self.source.active_slots, ticks=self.worker.ticks,
                            error=self.worker.error)
 
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
@@ -205,8 +227,9 @@ class Engine:
 
     def resolve_voice(self, name: str) -> str:
         key = (name or "default").strip().lower()
-        if key in self.voice_names:
-            return key
+        for canonical in self.voice_names:
+            if key == canonical.lower():
+                return canonical
         if key in self.voice_aliases:
             return self.voice_aliases[key]
         valid = ", ".join(self.voice_names + tuple(sorted(self.voice_aliases)))
@@ -220,6 +243,9 @@ class Engine:
         if len(request.text) > self.MAX_TEXT_CHARS:
             raise InvalidRequest("text", f"longer than {self.MAX_TEXT_CHARS} characters")
         self.resolve_voice(request.voice)
+        languages = getattr(self.source, "languages", None)
+        if languages is not None and request.language.lower() not in [x.lower() for x in languages()]:
+            raise InvalidRequest("language", f"unknown language {request.language!r}; valid: {', '.join(languages())}")
         if not 1 <= int(request.steps) <= self.MAX_STEPS:
             raise InvalidRequest("steps", f"must be between 1 and {self.MAX_STEPS}")
         if not 0.0 <= float(request.guidance_scale) <= 20.0:
@@ -238,6 +264,7 @@ class Engine:
 
     def _warm_up(self) -> None:
         """One short request through the whole pipeline before reporting ready."""
+        voice = self.voice_names[0]
         done = threading.Event()
         errors: list[str] = []
 
@@ -247,29 +274,70 @@ class Engine:
                     errors.append(chunk.error)
                 done.set()
 
-        self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text="Warm up."), deliver)
+        self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text="Warm up.", voice=voice), deliver)
         if not done.wait(300):
             raise RuntimeError("engine warm-up did not finish within 300 s")
         if errors:
             raise RuntimeError(f"engine warm-up failed: {errors[0]}")
 
 
+SOURCES = ("dit", "talker")
+
+
+def has_talker_weights(checkpoint: str | Path | None) -> bool:
+    """True when ``checkpoint`` is a Qwen3-TTS directory with trained talker layers and tokenizer files."""
+    if not checkpoint:
+        return False
+    root = Path(checkpoint)
+    if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
+        return False
+    from .checkpoints import SafetensorsFiles
+
+    try:
+        names = SafetensorsFiles(root).keys()
+    except Exception:
+        return False
+    return any(n.startswith("talker.model.layers.") for n in names)
+
+
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
-                 warmup: bool = True) -> Engine:
-    """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA."""
+                 warmup: bool = True, source: str | None = None, talker_slots: int = 8,
+                 backend: str = "torch", artifacts_dir: str | None = None) -> Engine:
+    """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
+    ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
+    ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
+    (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``)."""
     dev = resolve_device(device)
     config = get_preset(preset or default_preset(dev))
+    if source is None:
+        source = "talker" if has_talker_weights(checkpoint) else "dit"
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source == "talker" and not checkpoint:
+        raise ValueError("--source talker needs --checkpoint DIR (a Qwen3-TTS custom-voice checkpoint)")
+    dtype = dtype or torch.float32
     t0 = time.perf_counter()
+    talker = None
     if checkpoint:
-        models = _models_from_checkpoint(Path(checkpoint), config, seed)
+        models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
+        if source == "talker":
+            from .talker_generate import load_talker
+
+            talker = load_talker(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
     else:
         models = build_models(config, seed)
-    log.info("built %s models in %.2fs", models.config.name, time.perf_counter() - t0)
-    return Engine(models, dev, dtype or torch.float32, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup)
+    if backend != "torch":
+        from .backends import apply_backend
+
+        models = apply_backend(models, backend, artifacts_dir, dev)
+    log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
+             time.perf_counter() - t0)
+    return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
+                  talker=talker, talker_slots=talker_slots)
 
 
-def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int) -> Models:
+def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
     """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
     if path.is_file():
         models = build_models(preset_config, seed)
@@ -288,7 +356,7 @@ def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int) -
         models.random_components = ("encoder", "duration", "dit")
         if weights.exists():
             load_weights(models, weights, components=("encoder", "duration", "dit"))
-        else:
+        elif uses_dit:
             log.warning("%s has no %s: the DiT and condition encoder run on RANDOM weights "
                         "(no trained DiT exists); the audio will not be speech", path, WEIGHTS_FILE)
         return models

@@ -15,7 +15,7 @@ owns its slots and per-request model state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -156,14 +156,19 @@ class TalkerLatentSource:
 
     name = "talker"
 
-    def __init__(self, talker_source, first_chunk_frames: int = 4, chunk_frames: int = 12):
+    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12):
         self.source = talker_source
+        self.voices = voices  # voice index -> the checkpoint's speaker name
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self._waiting: dict[str, SynthesisRequest] = {}
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
-        self._waiting[request.id] = request
+        speaker = self.voices[voice_index]
+        language = request.language or "Auto"
+        if language.lower() not in [name.lower() for name in self.source.languages()]:
+            raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
+        self._waiting[request.id] = replace(request, voice=speaker, language=language)
         return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
 
     def wants_slot(self, request_id: str) -> bool:
@@ -175,6 +180,9 @@ class TalkerLatentSource:
 
     def free_slots(self) -> int:
         return self.source.free_slots()
+
+    def languages(self) -> list[str]:
+        return self.source.languages()
 
     def tick(self) -> list[Produced]:
         return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes)

@@ -90,7 +90,8 @@ class JobRunner:
                 pass
 
     async def _start(self, job: Job) -> bool:
-        params = VoiceParams(**{k: job.params[k] for k in ("voice", "seed", "steps", "guidance_scale", "speed")})
+        known = ("voice", "seed", "steps", "guidance_scale", "speed", "language")
+        params = VoiceParams(**{k: job.params[k] for k in known if k in job.params})
         synthesis = build_request(f"job-{job.id}", job.params["input"], params, Priority.BATCH)
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
         try:
@@ -181,7 +182,8 @@ async def create_job(request: web.Request) -> web.Response:
     fmt = check_format(body.get("response_format") or "wav", JOB_FORMATS)
     params = parse_params(body, state.engine)
     record = {"input": text, "response_format": fmt, "voice": params.voice, "seed": params.seed,
-              "steps": params.steps, "guidance_scale": params.guidance_scale, "speed": params.speed}
+              "steps": params.steps, "guidance_scale": params.guidance_scale, "speed": params.speed,
+              "language": params.language}
     job = _runner(request).store.create(record)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(text))

@@ -23,6 +23,7 @@ class VoiceParams:
     steps: int = 8
     guidance_scale: float = 2.0
     speed: float = 1.0
+    language: str = "Auto"  # talker source: a language name or "Auto"
 
 
 def _int_field(body: Mapping, name: str, low: int, high: int) -> int:
@@ -66,6 +67,11 @@ def parse_params(body: Mapping, engine: SynthesisEngine, base: VoiceParams = Voi
         changes["guidance_scale"] = _float_field(body, "guidance_scale", *GUIDANCE_RANGE)
     if body.get("speed") is not None:
         changes["speed"] = _float_field(body, "speed", *SPEED_RANGE)
+    if body.get("language") is not None:
+        language = body["language"]
+        if not isinstance(language, str) or not language.strip() or len(language) > 64:
+            raise invalid_field("language", "must be a language name or 'Auto'")
+        changes["language"] = language.strip()
     return replace(base, **changes)
 
 
@@ -80,4 +86,5 @@ def parse_input(body: Mapping, max_chars: int, name: str = "input") -> str:
 
 def build_request(request_id: str, text: str, params: VoiceParams, priority: Priority) -> SynthesisRequest:
     return SynthesisRequest(id=request_id, text=text, voice=params.voice, seed=params.seed, steps=params.steps,
-                            guidance_scale=params.guidance_scale, speed=params.speed, priority=priority)
+                            guidance_scale=params.guidance_scale, speed=params.speed, priority=priority,
+                            language=params.language)

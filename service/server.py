@@ -35,7 +35,8 @@ def build_engine_for(settings: Settings):
     from engines.engine import build_engine
 
     return build_engine(preset=settings.preset, device=settings.device, checkpoint=settings.checkpoint,
-                        seed=settings.seed, max_queue=settings.max_queue)
+                        seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
+                        backend=settings.backend, artifacts_dir=settings.artifacts_dir)
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

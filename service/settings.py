@@ -23,6 +23,9 @@ class Settings:
     device: str = "auto"
     data_dir: Path = Path("./data")
     checkpoint: str | None = None
+    source: str | None = None  # None: talker when the checkpoint has trained talker weights, else dit
+    backend: str = "torch"
+    artifacts_dir: str | None = None
     max_queue: int = 64
     drain_seconds: float = 20.0
     api_keys: tuple[str, ...] = ()
@@ -58,6 +61,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--device", "STREAMVOX_DEVICE", "device", "auto|cpu|cuda"),
     ("--data-dir", "STREAMVOX_DATA_DIR", "data_dir", "where the job database and audio live"),
     ("--checkpoint", "STREAMVOX_CHECKPOINT", "checkpoint", "Qwen3-TTS / streamvox checkpoint directory"),
+    ("--source", "STREAMVOX_SOURCE", "source", "latent source: dit|talker (default: talker if the checkpoint has one)"),
+    ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime: torch|onnxruntime|tensorrt"),
+    ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
     ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
     ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
     ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
@@ -130,9 +136,17 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         return value
 
     values: dict[str, object] = {}
-    for dest in ("host", "device", "checkpoint"):
+    for dest in ("host", "device", "checkpoint", "artifacts_dir"):
         if dest in raw:
             values[dest] = raw[dest]
+    if raw.get("source"):
+        if raw["source"] not in ("dit", "talker"):
+            raise ValueError("--source: choose dit or talker")
+        values["source"] = raw["source"]
+    if raw.get("backend"):
+        if raw["backend"] not in ("torch", "onnxruntime", "tensorrt"):
+            raise ValueError("--backend: choose torch, onnxruntime or tensorrt")
+        values["backend"] = raw["backend"]
     if "preset" in raw and raw["preset"]:
         values["preset"] = raw["preset"]
     if "data_dir" in raw:

@@ -17,6 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="model size (default: small on CPU, base on CUDA)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--checkpoint", default=None, help="Qwen3-TTS checkpoint dir or streamvox .safetensors")
+    p.add_argument("--source", choices=("dit", "talker"), default=None,
+                   help="latent source (default: talker when the checkpoint has trained talker weights)")
+    p.add_argument("--language", default="Auto", help="talker source: language name or Auto")
+    p.add_argument("--backend", choices=("torch", "onnxruntime", "tensorrt"), default="torch")
+    p.add_argument("--artifacts-dir", default=None, help="ONNX / TensorRT artifacts for --backend")
     p.add_argument("--voice", default="default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
@@ -45,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
 
     text = sys.stdin.read() if args.text == "-" else args.text
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
-    engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0, warmup=False)
+    try:
+        engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0,
+                              warmup=False, source=args.source, backend=args.backend,
+                              artifacts_dir=args.artifacts_dir)
+    except (ValueError, FileNotFoundError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     info = engine.info
     random_note = ", ".join(info.random_components) if info.random_components else "none"
     print(f"streamvox {info.preset} on {info.device}; components with RANDOM weights: {random_note}",
@@ -67,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, voice=args.voice, seed=args.seed,
-                                   steps=args.steps, guidance_scale=args.guidance_scale, speed=args.speed)
+                                   steps=args.steps, guidance_scale=args.guidance_scale, speed=args.speed,
+                                   language=args.language)
         engine.submit(request, deliver)
         done.wait()
     except EngineError as exc:

@@ -1,0 +1,103 @@
+"""The Qwen3-TTS talker source served end to end (issue 9): a fixture checkpoint in the
+official layout, the real server, real WebSocket and HTTP clients.
+
+The reference is the plain one-utterance loop (``bundle.generate_codes``, itself checked
+against the official ``generate_custom_voice`` in test_talker_parity.py) decoded in one
+shot; the server's audio must equal it up to PCM16 quantization (2 LSB).
+"""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+import websockets
+
+from engines.engine import build_engine, has_talker_weights
+from tests.oracle import talker_fixtures as fx
+from conftest import start_server
+
+TEXT = "Hello world, this is a small test of streaming speech."
+LSB = 1 / 32768
+
+
+@pytest.fixture(scope="module")
+def talker_engine():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    path = fx.checkpoint_dir("cv_proj")
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path))
+    engine.start()
+    yield engine, path
+    engine.stop()
+    torch.set_num_threads(threads)
+
+
+def reference_pcm(engine, path, voice: str) -> np.ndarray:
+    from engines.talker_generate import load_talker
+
+    bundle = load_talker(path, "cpu", torch.float32, predictor=engine.models.code_predictor)
+    with torch.no_grad():
+        codes = bundle.generate_codes(TEXT, voice, greedy=True)  # [T, G]
+        return engine.models.decoder(codes.T[None])[0].numpy()
+
+
+async def test_talker_is_the_default_source_and_reports_no_random_weights(talker_engine, tmp_path):
+    engine, path = talker_engine
+    assert has_talker_weights(path)
+    assert engine.info.source == "talker" and engine.info.random_components == ()
+    server = await start_server(engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{server.url}/v1/voices") as r:
+                body = json.dumps(await r.json())
+            for speaker in engine.info.voices:
+                assert speaker in body
+            async with http.post(f"{server.url}/v1/audio/speech",
+                                 json={"model": "streamvox", "input": TEXT, "voice": "default",
+                                       "language": "Klingon"}) as r:
+                assert r.status == 400 and "language" in (await r.text())
+    finally:
+        await server.stop()
+
+
+async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, tmp_path):
+    engine, path = talker_engine
+    speaker = engine.info.voices[1]
+    expected = reference_pcm(engine, path, speaker)
+    server = await start_server(engine, tmp_path / "data")
+    try:
+        async with websockets.connect(server.ws_url) as ws:
+            created = json.loads(await ws.recv())
+            assert created["sample_rate"] == 24000
+            await ws.send(json.dumps({"type": "session.config", "voice": speaker}))
+            await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            ws_pcm, done = bytearray(), None
+            async for msg in ws:
+                if isinstance(msg, bytes):
+                    ws_pcm += msg
+                    continue
+                event = json.loads(msg)
+                assert event["type"] != "error", event
+                if event["type"] == "audio.done":
+                    done = event
+                if event["type"] == "session.done":
+                    break
+        ws_audio = np.frombuffer(bytes(ws_pcm), dtype="<i2").astype(np.float32) / 32768
+        assert done["samples"] == len(ws_audio) == len(expected)
+        np.testing.assert_allclose(ws_audio, expected, atol=2 * LSB, rtol=0)
+
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{server.url}/v1/audio/speech",
+                                 json={"model": "streamvox", "input": TEXT, "voice": speaker,
+                                       "response_format": "pcm"}) as r:
+                assert r.status == 200, await r.text()
+                http_pcm = await r.read()
+        assert http_pcm == bytes(ws_pcm), "both endpoints deliver the same greedy audio"
+        assert np.abs(ws_audio).max() > 1e-3
+    finally:
+        await server.stop()
