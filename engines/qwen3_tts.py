@@ -188,6 +188,26 @@ class Qwen3TTSParts:
             preset, codec_head=c.codec_head, code_predictor=c.code_predictor, decoder=c.decoder,
             dit=dataclasses.replace(preset.dit, latent_dim=c.talker_hidden_size))
 
+    @property
+    def talker(self):
+        """The talker bundle (engines/talker_generate.py), loaded on first use and sharing
+        this object's code predictor."""
+        if getattr(self, "_talker", None) is None:
+            from .talker_generate import load_talker
+
+            self._talker = load_talker(self.config.path, self.device, self.dtype, predictor=self.predictor)
+        return self._talker
+
+    def generate_codes(self, text: str, voice: str | None, language: str = "Auto", greedy: bool = False,
+                       max_new_tokens: int | None = None, non_streaming_mode: bool | None = None,
+                       repetition_penalty: float | None = None, seed: int = 0) -> torch.Tensor:
+        """Talker + code predictor for one utterance -> LongTensor [T, G]. Every None means
+        what the official package does for this checkpoint; ``max_new_tokens`` counts as
+        the official ``generate()`` counts it."""
+        return self.talker.generate_codes(text, voice, language=language, greedy=greedy,
+                                          max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
+                                          repetition_penalty=repetition_penalty, seed=seed)
+
     def _sampling(self, batch: int, greedy: bool, seed: int) -> FrameSampling:
         return FrameSampling.for_stream(batch, seed, 0, self.device, greedy=greedy)
 

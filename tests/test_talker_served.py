@@ -101,3 +101,16 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
         assert np.abs(ws_audio).max() > 1e-3
     finally:
         await server.stop()
+
+
+def test_loaded_parts_generate_codes_equals_the_talker_loop(talker_engine):
+    """``load_checkpoint(dir).generate_codes`` is the documented one-call API (issue 9)."""
+    from engines.qwen3_tts import load_checkpoint
+
+    engine, path = talker_engine
+    parts = load_checkpoint(path)
+    speaker = engine.info.voices[0]
+    codes = parts.generate_codes(TEXT, speaker, greedy=True)
+    ref = parts.talker.generate_codes(TEXT, speaker, greedy=True)
+    assert codes.dtype == torch.int64 and codes.shape[1] == engine.info.extra["num_code_groups"]
+    assert torch.equal(codes, ref) and codes.shape[0] > 0
