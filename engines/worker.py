@@ -145,7 +145,10 @@ class Worker:
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
                     continue
-                self._tick()
+                try:
+                    self._tick()
+                except Exception as exc:  # e.g. CUDA out of memory in the batched forward
+                    self._fail_tick(exc)
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker thread died")
@@ -160,6 +163,21 @@ class Worker:
             for active in list(self._active.values()):
                 self._finish(active, error="engine_stopped")
             self._fail_inbox("engine_stopped")
+
+    def _fail_tick(self, exc: Exception) -> None:
+        """A batched step failed: the requests whose work was in it fail, the server lives on.
+
+        A batched forward cannot say which row caused it, so every request holding a slot
+        in that tick ends with an error (their slots are freed, so the source's state is
+        consistent again); requests still waiting for a slot are untouched."""
+        log.error("tick failed (%s: %s); failing the requests in it", type(exc).__name__, exc)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
+        for active in list(self._active.values()):
+            rid = active.handle.request_id
+            in_slot = active.started_at is not None and not active.finished_source and not self.source.wants_slot(rid)
+            if in_slot:
+                self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
     def _fail_inbox(self, reason: str) -> None:
         while True:

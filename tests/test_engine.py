@@ -156,3 +156,30 @@ def test_worker_death_still_ends_every_request_and_reports_not_alive():
         assert not stats.alive and not stats.ready and "simulated worker crash" in stats.error
     finally:
         eng.stop()
+
+
+def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
+    eng = tiny_engine()
+    real_tick = eng.source.tick
+    state = {"armed": False}
+
+    def failing_tick():  # fault injection: the batched forward raises once (as a CUDA OOM would)
+        if state["armed"]:
+            state["armed"] = False
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_tick()
+
+    eng.source.tick = failing_tick
+    try:
+        first = Collected()
+        eng.submit(_req(1, TEXTS[4]), first.deliver)
+        while not first.chunks:
+            time.sleep(0.01)
+        state["armed"] = True
+        assert first.done.wait(30)
+        assert first.error.startswith("engine_failure") and "out of memory" in first.error
+        assert eng.stats().alive and eng.scheduler.active_slots == 0
+        [after] = run_requests(eng, [_req(2, TEXTS[1])])
+        assert after.error is None and len(after.pcm) > 0
+    finally:
+        eng.stop()
