@@ -24,4 +24,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"streamvox serve: {exc}", file=sys.stderr)
         return 2
-    return run_server(settings)
+    from engines.backends.base import BackendError
+
+    try:
+        return run_server(settings)
+    except (ValueError, FileNotFoundError, BackendError) as exc:  # bad checkpoint / backend / device
+        print(f"streamvox serve: cannot start the engine: {exc}", file=sys.stderr)
+        return 2

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     from engines.contract import SAMPLES_PER_FRAME, AudioChunk, EngineError, SynthesisRequest
+    from engines.backends.base import BackendError
     from engines.engine import build_engine
 
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0,
                               warmup=False, source=args.source, backend=args.backend,
                               artifacts_dir=args.artifacts_dir)
-    except (ValueError, FileNotFoundError, EngineError) as exc:
+    except (ValueError, FileNotFoundError, EngineError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     info = engine.info
