@@ -58,7 +58,7 @@ def _small() -> ModelConfig:
         decoder=CodecDecoderConfig(codebook_size=1024, codebook_dim=128, hidden_size=128, latent_dim=256,
                                    num_attention_heads=4, num_key_value_heads=4, head_dim=32, sliding_window=72,
                                    intermediate_size=256, num_hidden_layers=2, num_quantizers=8, decoder_dim=128),
-        stream=StreamConfig(max_slots=16, batch_ceiling=32, first_chunk_frames=4, chunk_frames=25),
+        stream=StreamConfig(max_slots=16, batch_ceiling=32, first_chunk_frames=12, chunk_frames=25),
     )
 
 

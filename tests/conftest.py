@@ -26,32 +26,34 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parents[1]
 
 
-# On a shared 2-core box, torch's intra-op thread pool spins against other processes and
-# multiplies CPU time several times over; the tiny engine is fastest on one thread.
+# On a 2-core box, torch's intra-op thread pool spins against the server threads and
+# subprocesses of the same test and multiplies CPU time several times over; the tiny
+# models are fastest on one thread. One place sets it for the whole session (and for
+# the subprocesses tests start, through OMP_NUM_THREADS).
 TEST_TORCH_THREADS = 1
+os.environ.setdefault("OMP_NUM_THREADS", str(TEST_TORCH_THREADS))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    import torch
+
+    torch.set_num_threads(TEST_TORCH_THREADS)
 
 
 def make_engine(max_queue: int = 64):
-    """The real tiny engine on CPU, torch on one thread."""
-    import torch
-
+    """The real tiny engine on CPU."""
     from engines.engine import build_engine
-
-    torch.set_num_threads(TEST_TORCH_THREADS)
 
     return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
 
 
 @pytest.fixture(scope="module")
 def engine():
-    import torch
-
-    threads = torch.get_num_threads()
     engine = make_engine()
     engine.start()
     yield engine
     engine.stop()
-    torch.set_num_threads(threads)  # leave other suites as they were
 
 
 class LiveServer:

@@ -22,14 +22,6 @@ from engines.vocalizer import frame_codes
 TINY = get_preset("tiny")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny tensors: intra-op threads only add spin-wait overhead on the shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
     return x / x.pow(2).mean(-1, keepdim=True).sqrt()

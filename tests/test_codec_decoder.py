@@ -22,14 +22,6 @@ CFG = get_preset("tiny").decoder
 T = 2 * CFG.sliding_window + 5  # longer than the attention window, so the window must slide
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny tensors: intra-op threads only add spin-wait overhead on the shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def decoder() -> CodecDecoder:

@@ -81,7 +81,6 @@ def naive_codes_and_audio(engine, latents: torch.Tensor, seed: int) -> tuple[tor
 
 @pytest.fixture(scope="module")
 def engine():
-    torch.set_num_threads(1)
     eng = tiny_engine()
     yield eng
     eng.stop()

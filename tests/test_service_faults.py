@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from conftest import TEST_TORCH_THREADS, start_server
+from conftest import start_server
 
 FAIL_ONE = "fail-this-request"
 KILL_WORKER = "kill-the-worker"
@@ -24,11 +24,8 @@ def faulty_hook(request_id: str, stage: str) -> None:
 
 
 def faulty_engine():
-    import torch
-
     from engines.engine import build_engine
 
-    torch.set_num_threads(TEST_TORCH_THREADS)
     engine = build_engine(preset="tiny", device="cpu", fault_hook=faulty_hook)
     engine.start()
     return engine

@@ -22,13 +22,6 @@ from tests.oracle import talker_fixtures as fx
 pytestmark = pytest.mark.parity  # needs the oracle fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture
 def ckpt(tmp_path):

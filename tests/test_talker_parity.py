@@ -23,13 +23,6 @@ REL_TOL = 1e-5
 WAV_TOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module", params=fx.CHECKPOINTS)
 def ckpt(request):

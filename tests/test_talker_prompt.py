@@ -12,7 +12,6 @@ from tests.talker_helpers import make_bundle
 
 @pytest.fixture(scope="module")
 def bundle():
-    torch.set_num_threads(1)
     return make_bundle(seed=1)
 
 

@@ -26,14 +26,11 @@ LSB = 1 / 32768
 
 @pytest.fixture(scope="module")
 def talker_engine():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     path = fx.checkpoint_dir("cv_proj")
     engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path))
     engine.start()
     yield engine, path
     engine.stop()
-    torch.set_num_threads(threads)
 
 
 def reference_pcm(engine, path, voice: str) -> np.ndarray:

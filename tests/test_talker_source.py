@@ -23,13 +23,6 @@ MAX_NEW = [30, 3, 12, 40, 7, 25, 2, 18]  # different lengths (EOS may end some e
 MODES = [True, False, True, False, True, True, False, True]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def bundle():

@@ -131,7 +131,10 @@ class StreamConfig(_FromDict):
 
     max_slots: int = 16  # slots in flight; batch ceiling is 2 * max_slots rows under fused CFG
     batch_ceiling: int = 32  # max rows of one DiT forward
-    first_chunk_frames: int = 4  # small first chunk: fast time-to-first-audio
+    # First chunk: its audio must outlast the next chunk's generation (every chunk takes
+    # `steps` ticks whatever its length, and chunk k+1 waits for chunk k's tail), so it
+    # trades a little time to first audio for underrun headroom under load.
+    first_chunk_frames: int = 4
     chunk_frames: int = 25  # ~2 s chunks afterwards
     default_steps: int = 8
     schedule_shift: float = 3.0

@@ -33,27 +33,41 @@ REL_TOL = 1e-5
 REL_TOL_FP64 = 1e-9
 
 
-def _unavailable(reason: str) -> None:
-    message = f"oracle fixtures {reason} ({FIXTURES}); {BUILD_HINT}"
+def fixtures_unavailable(label: str, directory: Path, hint: str, reason: str) -> None:
+    """Fail under CI=true (parity must never turn into skips), else skip with ``hint``."""
+    message = f"{label} {reason} ({directory}); {hint}"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message + " [CI=true: missing fixtures are a failure, never a skip]", pytrace=False)
     pytest.skip(message)
 
 
-def _expected_stamp() -> str:
-    data = b"".join((Path(__file__).parent / name).read_bytes() for name in FIXTURE_SCRIPTS)
+def scripts_stamp(scripts: tuple[str, ...]) -> str:
+    """The hash a fixture directory's STAMP must hold: the scripts that wrote it."""
+    data = b"".join((Path(__file__).parent / name).read_bytes() for name in scripts)
     return hashlib.sha256(data).hexdigest()
+
+
+def fixtures_state(directory: Path, scripts: tuple[str, ...]) -> tuple[str | None, dict]:
+    """(problem or None, manifest) of one fixture directory."""
+    manifest, stamp = directory / "manifest.json", directory / "STAMP"
+    if not manifest.is_file() or not stamp.is_file():
+        return "are missing", {}
+    if stamp.read_text().strip() != scripts_stamp(scripts):
+        return "are stale (the fixture scripts changed)", {}
+    return None, json.loads(manifest.read_text())
+
+
+def _unavailable(reason: str) -> None:
+    fixtures_unavailable("oracle fixtures", FIXTURES, BUILD_HINT, reason)
+
+
+def _expected_stamp() -> str:
+    return scripts_stamp(FIXTURE_SCRIPTS)
 
 
 @lru_cache(maxsize=1)
 def _state() -> tuple[str | None, dict]:
-    manifest = FIXTURES / "manifest.json"
-    stamp = FIXTURES / "STAMP"
-    if not manifest.is_file() or not stamp.is_file():
-        return "are missing", {}
-    if stamp.read_text().strip() != _expected_stamp():
-        return "are stale (the fixture scripts changed)", {}
-    return None, json.loads(manifest.read_text())
+    return fixtures_state(FIXTURES, FIXTURE_SCRIPTS)
 
 
 def manifest() -> dict:

@@ -7,15 +7,13 @@ never turn parity into skips); otherwise it is skipped with how to build them.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.oracle.fixtures import fixtures_state, fixtures_unavailable, scripts_stamp
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "oracle" / "talker"
@@ -26,26 +24,16 @@ CHECKPOINTS = ("cv_proj", "cv_ident")  # known at collection time
 
 
 def _unavailable(reason: str) -> None:
-    message = f"talker oracle fixtures {reason} ({FIXTURES}); {BUILD_HINT}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message + " [CI=true: missing fixtures are a failure, never a skip]", pytrace=False)
-    pytest.skip(message)
+    fixtures_unavailable("talker oracle fixtures", FIXTURES, BUILD_HINT, reason)
 
 
 def _expected_stamp() -> str:
-    data = b"".join((Path(__file__).parent / name).read_bytes() for name in TALKER_FIXTURE_SCRIPTS)
-    return hashlib.sha256(data).hexdigest()
+    return scripts_stamp(TALKER_FIXTURE_SCRIPTS)
 
 
 @lru_cache(maxsize=1)
 def _state() -> tuple[str | None, dict]:
-    manifest = FIXTURES / "manifest.json"
-    stamp = FIXTURES / "STAMP"
-    if not manifest.is_file() or not stamp.is_file():
-        return "are missing", {}
-    if stamp.read_text().strip() != _expected_stamp():
-        return "are stale (the fixture scripts changed)", {}
-    return None, json.loads(manifest.read_text())
+    return fixtures_state(FIXTURES, TALKER_FIXTURE_SCRIPTS)
 
 
 def manifest() -> dict:
