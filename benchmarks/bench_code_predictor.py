@@ -10,6 +10,9 @@ codec decoder: ms per 25-frame chunk (2 s of audio) and its real-time factor.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+from pathlib import Path
 import time
 
 import torch
@@ -46,6 +49,28 @@ def time_ms(fn, device: torch.device, min_seconds: float, max_reps: int = 200) -
     return samples[len(samples) // 2]
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def official_generate_ms(args, cfg, device) -> dict[int, float]:
+    """ms/frame of the official generate() per batch, measured in the oracle venv; {} if absent."""
+    python = Path(args.oracle_python)
+    if not python.exists():
+        print(f"(no oracle venv at {python}: official generate() row skipped; bash scripts/oracle-env.sh builds it)")
+        return {}
+    cmd = [str(python), str(REPO / "tests" / "oracle" / "bench_generate.py"),
+           "--config", json.dumps(cfg.code_predictor.to_dict()), "--batches", *map(str, args.batches),
+           "--device", str(device), "--dtype", args.dtype, "--min-seconds", str(args.min_seconds)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"(official generate() baseline failed: {done.stderr.strip().splitlines()[-1:]})")
+        return {}
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {r["batch"]: r["ms_per_frame"] for r in rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", choices=PRESET_NAMES)
@@ -54,6 +79,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--min-seconds", type=float, default=1.0, help="time budget per measurement")
+    ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"),
+                    help="the qwen-tts oracle venv's python, for the official generate() baseline (skipped if absent)")
     args = ap.parse_args()
 
     if args.threads:
@@ -70,8 +97,13 @@ def main() -> None:
           f"(G={cfg.num_code_groups}, predictor {cfg.code_predictor.num_hidden_layers}x{cfg.code_predictor.hidden_size}, "
           f"decoder_dim {cfg.decoder.decoder_dim})")
 
+    official = official_generate_ms(args, cfg, device)
     print("\ncode predictor, ms per frame (codes 1..G-1 of one frame; lower is better)")
-    print(f"{'batch':>6} {'naive ms/frame':>15} {'kv ms/frame':>12} {'naive/kv':>9}")
+    if official:
+        print("official = qwen-tts generate() in .venv-oracle on the same sizes (random weights; that our loop "
+              "computes what it computes is the parity suite's job: tests/test_parity_code_predictor.py)")
+    print(f"{'batch':>6} {'official ms/frame':>18} {'naive ms/frame':>15} {'kv ms/frame':>12} {'naive/kv':>9} "
+          f"{'official/kv':>12}")
     g = torch.Generator().manual_seed(0)
     for b in args.batches:
         u = torch.randn(b, cfg.latent_dim, generator=g).to(device, dtype)
@@ -85,7 +117,10 @@ def main() -> None:
             raise SystemExit(f"batch {b}: KV loop and naive loop disagree on codes; not timing")
         t_naive = time_ms(lambda: predictor.naive_predict(h, emb, s), device, args.min_seconds)
         t_kv = time_ms(lambda: predictor.predict(h, emb, s), device, args.min_seconds)
-        print(f"{b:>6} {t_naive / b:>15.3f} {t_kv / b:>12.3f} {t_naive / t_kv:>9.2f}")
+        off = official.get(b)
+        off_s = f"{off:>18.3f}" if off else f"{'n/a':>18}"
+        ratio = f"{off / (t_kv / b):>12.2f}" if off else f"{'n/a':>12}"
+        print(f"{b:>6} {off_s} {t_naive / b:>15.3f} {t_kv / b:>12.3f} {t_naive / t_kv:>9.2f} {ratio}")
 
     chunk = 25
     print(f"\ncodec decoder, streaming {chunk}-frame chunks ({chunk * 0.08:.1f} s of audio), ms per chunk per stream")
