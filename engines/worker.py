@@ -281,6 +281,8 @@ class Worker:
         """Vocalize, in one batch, every request whose gathered frames reached its flush size."""
         work: list[tuple[_Active, VocalizeItem, str | None]] = []
         for active in list(self._active.values()):
+            if active.handle.paused:
+                continue  # back-pressure: hold the (small) latents / codes, not the PCM
             gathered = sum(p.num_frames for p in active.pending)
             if not active.pending or (not active.finished_source
                                       and gathered < self.source.flush_frames(active.frames_done)):

@@ -183,3 +183,19 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
         assert after.error is None and len(after.pcm) > 0
     finally:
         eng.stop()
+
+
+def test_paused_request_gets_no_audio_until_resumed(engine):
+    col = Collected()
+    handle = engine.submit(_req(60, TEXTS[4] * 2), col.deliver)
+    while not col.chunks:
+        time.sleep(0.005)
+    handle.pause()
+    time.sleep(0.05)  # a chunk in flight may still be delivered right at the pause
+    seen = len(col.chunks)
+    time.sleep(0.5)
+    assert len(col.chunks) == seen and not col.done.is_set(), "a paused request must not receive audio"
+    assert engine.stats().active_requests >= 1
+    handle.resume()
+    assert col.done.wait(60) and col.error is None
+    assert col.chunks[-1].frames_done == col.chunks[-1].frames_total
