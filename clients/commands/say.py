@@ -56,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
     sf.write(args.out, result.pcm, result.sample_rate, subtype="PCM_16")
     ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
-          f"time to first audio {ttfa}; {result.real_time_factor:.2f}x real time "
-          f"(RTF {1 / max(result.real_time_factor, 1e-9):.2f})")
+          f"time to first audio {ttfa}; real-time factor {1 / max(result.real_time_factor, 1e-9):.2f} "
+          f"({result.real_time_factor:.2f}x faster than real time)")
     return 0
