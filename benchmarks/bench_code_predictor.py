@@ -3,8 +3,13 @@
     python benchmarks/bench_code_predictor.py [--preset small] [--device auto] [--batches 1 8 64]
 
 Random weights (timing does not depend on their values). Before timing, the two loops
-must produce identical codes on the same inputs. The second table is the streaming
-codec decoder: ms per 25-frame chunk (2 s of audio) and its real-time factor.
+must produce identical codes on the same inputs. On CUDA a third loop, "graphed"
+(engines/backends/graphed_predictor.py: the KV loop as one CUDA graph per batch bucket,
+called through its static buffers, copies in and out included), is checked against the
+KV loop's codes and timed; then the memory-bandwidth floor per frame (weight bytes per
+step / measured device copy bandwidth x steps, / batch) and each variant's ratio to it.
+The last table is the streaming codec decoder: ms per 25-frame chunk (2 s of audio) and
+its real-time factor.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 
 import torch
 
+from engines.backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
@@ -50,6 +56,34 @@ def time_ms(fn, device: torch.device, min_seconds: float, max_reps: int = 200) -
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def weight_bytes_per_step(predictor: CodePredictor) -> int:
+    """Weight bytes one predictor step must read: every layer, the final norm, the input
+    projection and ONE lm_head (each step uses its own head; embedding rows are negligible)."""
+    def size(module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    body = size(predictor.model.layers) + size(predictor.model.norm) + size(predictor.small_to_mtp_projection)
+    return body + size(predictor.lm_head[0])
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device memory bandwidth in bytes/s from a device-to-device copy of ``nbytes``
+    (read + write counted: 2 * nbytes moved), median over ``reps``."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    del src, dst
+    return 2 * nbytes / samples[len(samples) // 2]
 
 
 def official_generate_ms(args, cfg, device) -> dict[int, float]:
@@ -102,9 +136,16 @@ def main() -> None:
     if official:
         print("official = qwen-tts generate() in .venv-oracle on the same sizes (random weights; that our loop "
               "computes what it computes is the parity suite's job: tests/test_parity_code_predictor.py)")
+    graphed = None
+    if device.type == "cuda":
+        # Buckets: the engine's, plus any requested batch size that is not one (each timed unpadded).
+        graphed = GraphedCodePredictor(predictor, buckets=sorted(set(DEFAULT_BUCKETS) | set(args.batches)))
+        print("graphed = the KV loop captured as one CUDA graph per batch bucket (static buffers, copy in/out "
+              "included); checked equal to the KV loop's codes before timing")
     print(f"{'batch':>6} {'official ms/frame':>18} {'naive ms/frame':>15} {'kv ms/frame':>12} {'naive/kv':>9} "
-          f"{'official/kv':>12}")
+          f"{'official/kv':>12} {'graphed ms/frame':>17} {'kv/graphed':>11} {'official/graphed':>17}")
     g = torch.Generator().manual_seed(0)
+    per_frame: dict[int, dict[str, float]] = {}
     for b in args.batches:
         u = torch.randn(b, cfg.latent_dim, generator=g).to(device, dtype)
         u = u / u.float().pow(2).mean(-1, keepdim=True).sqrt().to(dtype)
@@ -120,7 +161,36 @@ def main() -> None:
         off = official.get(b)
         off_s = f"{off:>18.3f}" if off else f"{'n/a':>18}"
         ratio = f"{off / (t_kv / b):>12.2f}" if off else f"{'n/a':>12}"
-        print(f"{b:>6} {off_s} {t_naive / b:>15.3f} {t_kv / b:>12.3f} {t_naive / t_kv:>9.2f} {ratio}")
+        per_frame[b] = {"naive": t_naive / b, "kv": t_kv / b, **({"official": off} if off else {})}
+        if graphed is not None:
+            with torch.no_grad():
+                graphed_codes = graphed.predict(h, emb, s)
+            if not torch.equal(graphed_codes, kv):
+                raise SystemExit(f"batch {b}: graphed loop and KV loop disagree on codes; not timing")
+            t_graphed = time_ms(lambda: graphed.predict(h, emb, s), device, args.min_seconds)
+            per_frame[b]["graphed"] = t_graphed / b
+            graphed_s = (f"{t_graphed / b:>17.4f} {t_kv / t_graphed:>11.2f} "
+                         + (f"{off / (t_graphed / b):>17.2f}" if off else f"{'n/a':>17}"))
+        else:
+            graphed_s = f"{'n/a (no CUDA)':>17} {'n/a':>11} {'n/a':>17}"
+        print(f"{b:>6} {off_s} {t_naive / b:>15.3f} {t_kv / b:>12.3f} {t_naive / t_kv:>9.2f} {ratio} {graphed_s}")
+
+    steps = cfg.num_code_groups - 1  # one prefill + G-2 decode steps, each reading all weights
+    if device.type == "cuda":
+        step_bytes = weight_bytes_per_step(predictor)
+        bandwidth = copy_bandwidth(device)
+        floor_ms = steps * step_bytes / bandwidth * 1e3  # per call, any batch that stays weight-bound
+        print(f"\nmemory-bandwidth floor: {step_bytes / 1e6:.1f} MB of weights per step x {steps} steps / "
+              f"{bandwidth / 1e9:.0f} GB/s measured device copy bandwidth (read + write) = {floor_ms:.4f} ms per call; "
+              f"per frame = that / batch; ratio = variant ms/frame / floor ms/frame (1.0 = at the floor)")
+        names = ("official", "naive", "kv", "graphed")
+        print(f"{'batch':>6} {'floor ms/frame':>15} " + " ".join(f"{n + '/floor':>14}" for n in names))
+        for b, row in per_frame.items():
+            floor = floor_ms / b
+            cells = " ".join(f"{row[n] / floor:>14.2f}" if n in row else f"{'n/a':>14}" for n in names)
+            print(f"{b:>6} {floor:>15.5f} {cells}")
+    else:
+        print("\nmemory-bandwidth floor: n/a (no CUDA)")
 
     chunk = 25
     print(f"\ncodec decoder, streaming {chunk}-frame chunks ({chunk * 0.08:.1f} s of audio), ms per chunk per stream")

@@ -157,6 +157,10 @@ class Engine:
         self.dtype = dtype
         cfg = models.config
         self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
+        if device.type == "cuda" and talker is None:  # (talker source: the vocalizer only decodes given codes)
+            from .backends.graphed_predictor import GraphedCodePredictor
+
+            self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor)
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
@@ -199,6 +203,9 @@ class Engine:
         if self.worker.alive:
             return
         torch.set_grad_enabled(False)  # this thread (for warm-up); the worker sets its own
+        capture_all = getattr(self.vocalizer.predictor, "capture_all", None)
+        if capture_all is not None:  # CUDA: every predictor graph, before the worker runs and before ready
+            capture_all()
         self.worker.start()
         if self._warmup:
             self._warm_up()

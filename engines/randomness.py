@@ -40,17 +40,21 @@ def split_seed(seed: int) -> tuple[int, int]:
 
 
 def hash_keys(*keys: torch.Tensor | int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Hash broadcastable int keys (each in [0, 2^32)) into 32-bit values (int64 tensor)."""
-    h: torch.Tensor | None = None
+    """Hash broadcastable int keys (each in [0, 2^32)) into 32-bit values (int64 tensor).
+
+    Python-int keys are mixed on the host (exact integer math, the same low 32 bits the
+    int64 tensor ops give) and enter the tensor math as scalars: no host->device tensor
+    is created, so the hash is safe inside CUDA graph capture and never syncs.
+    """
+    h: torch.Tensor | int | None = None
     for i, k in enumerate(keys):
-        kt = k if isinstance(k, torch.Tensor) else torch.tensor(k, dtype=torch.int64, device=device)
-        kt = kt.to(torch.int64) & _M32
+        kt = k.to(torch.int64) & _M32 if isinstance(k, torch.Tensor) else int(k) & _M32
         if h is None:
             h = _mix32(kt + 0x9E3779B9)
         else:
             h = _mix32(h ^ _mix32(kt + (0x9E3779B9 * (i + 1)) & _M32))
     assert h is not None, "hash_keys needs at least one key"
-    return h
+    return h if isinstance(h, torch.Tensor) else torch.tensor(h, dtype=torch.int64, device=device)
 
 
 def uniform_from_bits(bits: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
