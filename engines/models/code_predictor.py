@@ -24,6 +24,7 @@ from torch import nn
 
 from ..randomness import DOMAIN_CODES, keyed_gumbel, sample_logits, split_seed
 from .configs import CodePredictorConfig
+from .layers import SwiGLU
 
 # --------------------------------------------------------------------------- primitives
 
@@ -172,15 +173,7 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
 
 
-class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+MLP = SwiGLU  # the Qwen3 MLP (gate/up/down projections)
 
 
 class DecoderLayer(nn.Module):

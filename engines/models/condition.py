@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configs import TextEncoderConfig
+from .layers import SwiGLU
 
 
 class RMSNorm(nn.Module):
@@ -47,17 +48,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def key_padding_mask(mask: torch.Tensor) -> torch.Tensor:
     """[B, S] bool (True = real) -> SDPA mask [B, 1, 1, S] (True = may be attended)."""
     return mask[:, None, None, :]
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Attention(nn.Module):
