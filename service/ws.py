@@ -293,7 +293,6 @@ class StreamSession:
         last_sample = 0.0
         try:
             await self.send_json({"type": "audio.start", "utterance": index, "text": utterance.text})
-            await self.prefetch_next()
             while True:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size and not self.cancelling and not chunk.error:
@@ -301,6 +300,10 @@ class StreamSession:
                     last_sample = float(chunk.pcm[-1])
                 if chunk.is_final:
                     break
+                # Start the next utterance once this one is audible (not before: it would
+                # share this one's first ticks and delay its first audio), and again after
+                # every chunk, so text that arrives later is ready in time too.
+                await self.prefetch_next()
             done = {"type": "audio.done", "utterance": index, "samples": samples}
             if self.cancelling or chunk.error == "cancelled":
                 # A ramp from the last sample sent to silence, so the cut does not click.
