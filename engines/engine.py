@@ -202,10 +202,10 @@ class Engine:
     def start(self) -> None:
         if self.worker.alive:
             return
-        torch.set_grad_enabled(False)  # this thread (for warm-up); the worker sets its own
         capture_all = getattr(self.vocalizer.predictor, "capture_all", None)
         if capture_all is not None:  # CUDA: every predictor graph, before the worker runs and before ready
-            capture_all()
+            with torch.no_grad():  # grad mode is per thread; the caller's is left alone
+                capture_all()
         self.worker.start()
         if self._warmup:
             self._warm_up()
