@@ -6,7 +6,9 @@ several depths (active slots), fused CFG (one forward of 2n rows) vs two passes.
 Slots run in steady state like the worker drives them: staggered steps, and a
 finished chunk is replaced at once by the next chunk of the same clause (same
 encoder-state objects, the previous tail as context). Random weights; before
-timing, fused and two-pass outputs are checked to agree.
+timing, fused and two-pass outputs are checked to agree. On CUDA a last column times the
+fused variant with the DiT forward CUDA-graphed (engines/backends/graphed_dit.py), after
+checking that graphed and eager fused outputs agree; elsewhere it reads "n/a (no CUDA)".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 
 import torch
 
+from engines.backends.graphed_dit import GraphedDiT, default_enc_buckets
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
@@ -93,10 +96,12 @@ def make_scheduler(dit, base_cfg, depth: int, fused: bool, device, dtype) -> Str
     return StreamScheduler(dit, cfg, device, dtype)
 
 
-def check_fused_equals_two_pass(dit, stream_cfg, args, device, dtype) -> float:
+def check_fused_equals_two_pass(dit, stream_cfg, args, device, dtype, other=None) -> float:
+    """Max abs diff of fused vs two-pass outputs; with ``other`` (a wrapped DiT), fused
+    ``dit`` vs fused ``other`` instead."""
     outs = []
-    for fused in (True, False):
-        feeder = Feeder(make_scheduler(dit, stream_cfg, 4, fused, device, dtype), 4, args.frames, args.context,
+    for fused, model in ((True, dit), (True, other)) if other is not None else ((True, dit), (False, dit)):
+        feeder = Feeder(make_scheduler(model, stream_cfg, 4, fused, device, dtype), 4, args.frames, args.context,
                         args.steps, args.guidance_scale, args.text_len, device, dtype)
         while feeder.pending:
             feeder.admit_one()
@@ -107,8 +112,20 @@ def check_fused_equals_two_pass(dit, stream_cfg, args, device, dtype) -> float:
     err = max((outs[0][k] - outs[1][k]).abs().max().item() for k in outs[0])
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     if err > tol:
-        raise SystemExit(f"fused and two-pass CFG disagree: max abs diff {err:.2e} > {tol:.0e}")
+        what = "graphed and eager fused CFG" if other is not None else "fused and two-pass CFG"
+        raise SystemExit(f"{what} disagree: max abs diff {err:.2e} > {tol:.0e}")
     return err
+
+
+def make_graphed(dit, args, max_depth: int, device) -> GraphedDiT | None:
+    """The DiT behind CUDA graphs sized for this benchmark (rows up to 2 x the deepest depth,
+    frames = context + chunk, encoder buckets up to the longest clause); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    graphed = GraphedDiT(dit, max_rows=2 * max(max_depth, 4), frames=args.context + args.frames,
+                         enc_buckets=default_enc_buckets(args.text_len + 15))  # Feeder: text_len + 5 (i % 4)
+    graphed.capture_all()
+    return graphed
 
 
 def measure(dit, stream_cfg, args, depth: int, fused: bool, device, dtype) -> dict:
@@ -164,25 +181,41 @@ def main() -> None:
           f"chunk {args.frames} frames + {args.context} context, {args.steps} steps, CFG scale {args.guidance_scale}")
     err = check_fused_equals_two_pass(dit, cfg.stream, args, device, dtype)
     print(f"check: fused == two-pass (max abs diff {err:.1e})")
+    depths = [int(d) for d in args.depths.split(",")]
+    graphed = make_graphed(dit, args, max(depths), device)
+    if graphed is not None:
+        gerr = check_fused_equals_two_pass(dit, cfg.stream, args, device, dtype, other=graphed)
+        print(f"check: graphed fused == eager fused (max abs diff {gerr:.1e}); "
+              f"{len(graphed.captured)} graphs, rows {graphed.row_buckets}, enc {graphed.enc_buckets}")
 
     header = (f"{'depth':>5} | {'rows':>4} | {'fused ms/tick':>13} | {'2-pass ms/tick':>14} | {'2-pass/fused':>12} | "
-              f"{'CPU-time ratio':>14} | {'chunks/s':>8} | {'frames/s':>8} | {'x realtime':>10}")
+              f"{'CPU-time ratio':>14} | {'chunks/s':>8} | {'frames/s':>8} | {'x realtime':>10} | "
+              f"{'graphed ms/tick':>15} | {'fused/graphed':>13}")
     print(header)
     print("-" * len(header))
-    for depth in [int(d) for d in args.depths.split(",")]:
+    for depth in depths:
         # Alternate the variants and keep each one's median run: a shared machine is noisy.
-        runs = {True: [], False: []}
+        runs = {True: [], False: [], "graphed": []}
         for _ in range(args.repeats):
             for variant in (True, False):
                 runs[variant].append(measure(dit, cfg.stream, args, depth, variant, device, dtype))
+            if graphed is not None:
+                runs["graphed"].append(measure(graphed, cfg.stream, args, depth, True, device, dtype))
         fused, split = (sorted(runs[v], key=lambda r: r["ms_tick"])[len(runs[v]) // 2] for v in (True, False))
         assert fused["forwards"] == 1.0 and split["forwards"] == 2.0, (fused, split)
+        if graphed is not None:
+            g = sorted(runs["graphed"], key=lambda r: r["ms_tick"])[len(runs["graphed"]) // 2]
+            assert g["forwards"] == 1.0 and graphed.fallback_calls == 0, (g, graphed.fallback_calls)
+            graphed_cols = f"{g['ms_tick']:>15.2f} | {fused['ms_tick'] / g['ms_tick']:>13.2f}"
+        else:
+            graphed_cols = f"{'n/a (no CUDA)':>15} | {'n/a':>13}"
         print(f"{depth:>5} | {fused['rows']:>4} | {fused['ms_tick']:>13.2f} | {split['ms_tick']:>14.2f} | "
               f"{split['ms_tick'] / fused['ms_tick']:>12.2f} | {split['cpu_ms_tick'] / fused['cpu_ms_tick']:>14.2f} | "
               f"{fused['chunks_s']:>8.2f} | "
-              f"{fused['frames_s']:>8.1f} | {fused['frames_s'] / FRAMES_PER_SECOND:>10.2f}")
+              f"{fused['frames_s']:>8.1f} | {fused['frames_s'] / FRAMES_PER_SECOND:>10.2f} | {graphed_cols}")
     print("x realtime = finished frames/s / 12.5 (fused); depth = active slots, rows = DiT batch rows (2n under CFG);")
     print("CPU-time ratio = 2-pass / fused process CPU time per tick (robust to other load on a shared CPU)")
+    print("graphed = fused CFG with the DiT forward replayed from CUDA graphs (CUDA only)")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,14 @@ class Engine:
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
             self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
-            self.scheduler = StreamScheduler(models.dit, cfg.stream, device, dtype)
+            dit = models.dit
+            if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
+                from .backends.graphed_dit import GraphedDiT
+
+                # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
+                # longest context + chunk, rows up to the batch ceiling; captured in start().
+                dit = GraphedDiT.for_config(dit, cfg)
+            self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
@@ -202,10 +209,12 @@ class Engine:
     def start(self) -> None:
         if self.worker.alive:
             return
-        capture_all = getattr(self.vocalizer.predictor, "capture_all", None)
-        if capture_all is not None:  # CUDA: every predictor graph, before the worker runs and before ready
-            with torch.no_grad():  # grad mode is per thread; the caller's is left alone
-                capture_all()
+        scheduler = getattr(self, "scheduler", None)  # the talker source has none
+        for owner in (self.vocalizer.predictor, scheduler.dit if scheduler is not None else None):
+            capture_all = getattr(owner, "capture_all", None)
+            if capture_all is not None:  # CUDA: every predictor / DiT graph, before the worker runs and before ready
+                with torch.no_grad():  # grad mode is per thread; the caller's is left alone
+                    capture_all()
         self.worker.start()
         if self._warmup:
             self._warm_up()
