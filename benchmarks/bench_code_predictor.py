@@ -27,13 +27,8 @@ from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
+from engines.engine import resolve_device as pick_device  # auto -> cuda if present
 from engines.presets import PRESET_NAMES, get_preset
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def sync(device: torch.device) -> None:

@@ -23,17 +23,12 @@ from engines.backends.graphed_dit import GraphedDiT, default_enc_buckets
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
+from engines.engine import resolve_device as pick_device  # auto -> cuda if present
 from engines.presets import get_preset
 from engines.randomness import keyed_normal
 from engines.stream import ChunkJob, StreamScheduler
 
 FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def sync(device: torch.device) -> None:
