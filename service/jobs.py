@@ -19,10 +19,9 @@ from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest
 from .audio import CONTENT_TYPES, encode_file, check_format
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
-from .limits import client_identity
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
-from .params import VoiceParams, build_request, parse_input, parse_params
-from .speech import read_json_object
+from .params import VoiceParams, build_request, parse_params
+from .speech import read_work_request
 from .state import REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.jobs")
@@ -170,11 +169,7 @@ def _job_or_404(request: web.Request) -> Job:
 
 
 async def create_job(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    state.check_admission()
-    state.limits.check_rate(client_identity(request))
-    body = await read_json_object(request)
-    text = parse_input(body, state.settings.max_input_chars)
+    state, body, text = await read_work_request(request)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "

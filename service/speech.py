@@ -36,6 +36,17 @@ async def read_json_object(request: web.Request) -> dict:
     return body
 
 
+async def read_work_request(request: web.Request):
+    """The common front of every work-starting HTTP call: admission (drain, readiness),
+    the per-key rate limit, a JSON object body and its ``input`` text.
+    Returns (state, body, text); raises ApiError."""
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    state.limits.check_rate(client_identity(request))
+    body = await read_json_object(request)
+    return state, body, parse_input(body, state.settings.max_input_chars)
+
+
 def client_gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
@@ -55,11 +66,7 @@ class _SpeechWork:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    state.check_admission()
-    state.limits.check_rate(client_identity(request))
-    body = await read_json_object(request)
-    text = parse_input(body, state.settings.max_input_chars)
+    state, body, text = await read_work_request(request)
     model = body.get("model", "streamvox")
     if model not in MODEL_NAMES:
         raise invalid_field("model", f"choose one of {', '.join(MODEL_NAMES)}")
