@@ -46,12 +46,16 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--levels", default="1,8,32,64,128,256")
     parser.add_argument("--api-key")
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="extra `streamvox serve` flag for the started server, repeatable "
+                             "(e.g. --serve-arg=--max-slots=128)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     server = None
     url = args.url
     if url is None:
-        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-e2e-"))
+        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-e2e-"),
+                              extra=args.serve_arg)
         url = server.url
         asyncio.run(server.wait_ready())
     try:

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -139,6 +139,14 @@ def resolve_device(device: str) -> torch.device:
 
 def default_preset(device: torch.device) -> str:
     return "base" if device.type == "cuda" else "small"
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 on CUDA: half the weight bytes the memory-bound steps stream; CPU stays fp32.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Engine:
@@ -319,8 +327,11 @@ def has_talker_weights(checkpoint: str | Path | None) -> bool:
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int = 8,
-                 backend: str = "torch", artifacts_dir: str | None = None) -> Engine:
+                 backend: str = "torch", artifacts_dir: str | None = None,
+                 max_slots: int | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
+    ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
+    preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
     ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
     ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``)."""
@@ -332,7 +343,11 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     if source == "talker" and not checkpoint:
         raise ValueError("--source talker needs --checkpoint DIR (a Qwen3-TTS custom-voice checkpoint)")
-    dtype = dtype or torch.float32
+    dtype = dtype or default_dtype(dev)
+    if max_slots is not None:
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        config = replace(config, stream=replace(config.stream, max_slots=max_slots, batch_ceiling=2 * max_slots))
     t0 = time.perf_counter()
     talker = None
     if checkpoint:

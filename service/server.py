@@ -32,11 +32,12 @@ def configure_logging(level: str) -> None:
 
 
 def build_engine_for(settings: Settings):
-    from engines.engine import build_engine
+    from engines.engine import DTYPES, build_engine
 
     return build_engine(preset=settings.preset, device=settings.device, checkpoint=settings.checkpoint,
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
-                        backend=settings.backend, artifacts_dir=settings.artifacts_dir)
+                        backend=settings.backend, artifacts_dir=settings.artifacts_dir,
+                        max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype))
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

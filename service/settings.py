@@ -27,6 +27,8 @@ class Settings:
     backend: str = "torch"
     artifacts_dir: str | None = None
     max_queue: int = 64
+    max_slots: int | None = None  # None: the preset's
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     drain_seconds: float = 20.0
     api_keys: tuple[str, ...] = ()
     metrics_auth: bool = False
@@ -65,6 +67,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime: torch|onnxruntime|tensorrt"),
     ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
     ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
+    ("--max-slots", "STREAMVOX_MAX_SLOTS", "max_slots", "concurrent streams in the tick loop (default: the preset's)"),
+    ("--dtype", "STREAMVOX_DTYPE", "dtype", "auto|float32|bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)"),
     ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
     ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
     ("--metrics-auth", "STREAMVOX_METRICS_AUTH", "metrics_auth", "require an API key for /metrics (on|off)"),
@@ -155,6 +159,12 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         values["port"] = number("port", int, 0)
     if "max_queue" in raw:
         values["max_queue"] = number("max_queue", int, 1)
+    if "max_slots" in raw:
+        values["max_slots"] = number("max_slots", int, 1)
+    if raw.get("dtype"):
+        if raw["dtype"] not in ("auto", "float32", "bfloat16"):
+            raise ValueError("--dtype: choose auto, float32 or bfloat16")
+        values["dtype"] = raw["dtype"]
     if "drain_seconds" in raw:
         values["drain_seconds"] = number("drain_seconds", float, 0.0)
     if "max_input_chars" in raw:

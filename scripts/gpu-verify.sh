@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 6 on a lent GPU machine (the `device` tool): CUDA tests, then the benchmarks,
+# each step bounded so the whole run fits one 10-minute call. Logs go to $OUT (or
+# ./gpu-out). Wheels the device image lacks travel in .whl/ (see docs/GPU.md):
+#   .whl/proj  soundfile cffi pycparser soxr websockets pytest-asyncio  (project side)
+#   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
+#              qwen-tts==0.1.1 accelerate==1.12.0                      (official baseline)
+# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick e2e (default: all)
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=${*:-tests cp tick e2e}
+T0=$(date +%s)
+say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*"; }
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+} | tee "$OUT/device.txt"
+
+if [ -d .whl/proj ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/proj/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+ORACLE_PY=python3
+if [ -d .whl/ref ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ref-site .whl/ref/*.whl
+  ORACLE_PY=/tmp/oracle-python
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/ref-site:/tmp/site exec python3 "$@"\n' > $ORACLE_PY
+  chmod +x $ORACLE_PY
+fi
+say "wheels installed"
+
+for step in $STEPS; do
+  case $step in
+    tests)
+      say "CUDA tests"
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -x --timeout 150 \
+        tests/test_graphed_predictor.py tests/test_graphed_dit.py tests/test_stream.py tests/test_code_predictor.py \
+        tests/test_gpu_engine.py 2>&1 | tee "$OUT/tests.log" ;;
+    cp)
+      say "bench_code_predictor"
+      timeout 150 python3 benchmarks/bench_code_predictor.py --preset base --device cuda --dtype bfloat16 \
+        --batches 1 8 64 512 --min-seconds 0.5 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_cp.log" ;;
+    tick)
+      say "bench_tick"
+      timeout 150 python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
+        --depths 1,4,8,16,32,64 --steps 8 --ticks 16 --repeats 2 2>&1 | tee "$OUT/bench_tick.log" ;;
+    e2e)
+      say "bench_e2e"
+      timeout 200 python3 benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,32,64,128,256 \
+        --serve-arg=--max-queue=1024 --serve-arg=--max-slots=128 2>&1 | tee "$OUT/bench_e2e.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+say "done"
