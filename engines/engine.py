@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .devices import canonical_device
 from .contract import (
     SAMPLE_RATE,
     AudioChunk,
@@ -129,12 +130,12 @@ def load_weights(models: Models, path: str | Path, components: tuple[str, ...] =
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return canonical_device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but torch sees no CUDA device")
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
-    return torch.device(device)
+    return canonical_device(device)
 
 
 def default_preset(device: torch.device) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import canonical_device
 from .models.condition import ConditionEncoder
 from .models.configs import ModelConfig, StreamConfig
 from .models.duration import DurationModel
@@ -65,7 +66,7 @@ class UtterancePlanner:
         self.duration = duration
         self.cfg = model_cfg
         self.stream_cfg: StreamConfig = model_cfg.stream
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.dtype = dtype
         # A clause must fit the encoder (bos + eos included) and a prosodic budget.
         self.max_clause_tokens = min(model_cfg.text.max_clause_tokens, model_cfg.text.max_text_tokens - 2)

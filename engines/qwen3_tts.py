@@ -31,6 +31,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from .devices import canonical_device
 from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
 from .contract import SAMPLES_PER_FRAME
 from .models.code_predictor import CodePredictor, FrameSampling
@@ -283,7 +284,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
     config = read_configs(path)
     root = Path(config.path)
-    device = torch.device(device)
+    device = canonical_device(device)
 
     talker_files = SafetensorsFiles(root)
     predictor = CodePredictor(config.code_predictor)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import canonical_device
 from .models.configs import StreamConfig
 from .models.dit import FlowDiT
 from .randomness import DOMAIN_NOISE, keyed_normal
@@ -134,7 +135,7 @@ class StreamScheduler:
             raise ValueError(f"need 1 <= max_slots <= batch_ceiling, got {cfg.max_slots}, {cfg.batch_ceiling}")
         self.dit = dit
         self.cfg = cfg
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.dtype = dtype
         self._ring: list[_Slot | None] = [None] * cfg.max_slots
         self._last_enc: list[torch.Tensor | None] = [None] * cfg.max_slots  # placement preference

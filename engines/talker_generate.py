@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .devices import canonical_device
 from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.configs import CodePredictorConfig
@@ -124,7 +125,7 @@ def load_talker(checkpoint_dir: str | Path, device: str | torch.device = "cpu", 
     predictor (loaded here unless one is passed, e.g. ``parts.predictor``), the text
     tokenizer + prompt builder and the generation config of a Qwen3-TTS directory."""
     root = Path(checkpoint_dir)
-    device = torch.device(device)
+    device = canonical_device(device)
     config_file = root / "config.json"
     config = read_json(config_file)
     tcfg = talker_config_from(config, str(config_file))

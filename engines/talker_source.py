@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .devices import canonical_device
 from .contract import SynthesisRequest
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.talker import Talker, apply_talker_processors, sample_code0
@@ -120,7 +121,7 @@ class TalkerSource:
         self.predictor = predictor.eval()
         self.prompt = prompt
         self.generation = generation
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.dtype = dtype
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len

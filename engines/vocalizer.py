@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import canonical_device
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.codec_decoder import CodecDecoder, DecoderState
 from .models.codec_head import CodecHead
@@ -90,7 +91,7 @@ class Vocalizer:
                              f"{dc.num_quantizers}")
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
-        self.device, self.dtype, self.max_batch_rows = torch.device(device), dtype, max_batch_rows
+        self.device, self.dtype, self.max_batch_rows = canonical_device(device), dtype, max_batch_rows
         self.head = head.to(self.device, dtype).eval()
         self.predictor = predictor.to(self.device, dtype).eval()
         self.decoder = decoder.to(self.device, dtype).eval()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import canonical_device
 from ..randomness import DOMAIN_CODES, keyed_gumbel, sample_logits, split_seed
 from .configs import CodePredictorConfig
 from .layers import SwiGLU
@@ -250,7 +251,7 @@ class CodePredictor(nn.Module):
     def ensure_cache(self, rows: int, device, dtype) -> StaticKVCache:
         """The static cache, (re)allocated only if it is too small or on another device/dtype."""
         c = self.kv_cache
-        if c is None or c.rows < rows or c.k[0].device != torch.device(device) or c.k[0].dtype != dtype:
+        if c is None or c.rows < rows or c.k[0].device != canonical_device(device) or c.k[0].dtype != dtype:
             shape = (rows, self.cfg.num_key_value_heads, self.cfg.num_code_groups, self.cfg.head_dim)
             n = self.cfg.num_hidden_layers
             c = StaticKVCache([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)],
