@@ -15,6 +15,7 @@ its real-time factor.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 from pathlib import Path
@@ -131,14 +132,20 @@ def main() -> None:
     if official:
         print("official = qwen-tts generate() in .venv-oracle on the same sizes (random weights; that our loop "
               "computes what it computes is the parity suite's job: tests/test_parity_code_predictor.py)")
-    graphed = None
+    graphed = compiled = None
     if device.type == "cuda":
         # Buckets: the engine's, plus any requested batch size that is not one (each timed unpadded).
         graphed = GraphedCodePredictor(predictor, buckets=sorted(set(DEFAULT_BUCKETS) | set(args.batches)))
         print("graphed = the KV loop captured as one CUDA graph per batch bucket (static buffers, copy in/out "
               "included); checked equal to the KV loop's codes before timing")
+        # The engine's configuration: the same graphs over torch.compile'd layers (own copy of the weights,
+        # so the eager columns stay eager).
+        compiled = GraphedCodePredictor(copy.deepcopy(predictor), buckets=graphed.buckets,
+                                        compile_backend="inductor")
+        print("compiled = graphed, with the layers through torch.compile (inductor) first: the engine's CUDA path")
     print(f"{'batch':>6} {'official ms/frame':>18} {'naive ms/frame':>15} {'kv ms/frame':>12} {'naive/kv':>9} "
-          f"{'official/kv':>12} {'graphed ms/frame':>17} {'kv/graphed':>11} {'official/graphed':>17}")
+          f"{'official/kv':>12} {'graphed ms/frame':>17} {'kv/graphed':>11} {'official/graphed':>17} "
+          f"{'compiled ms/frame':>18} {'official/compiled':>18}")
     g = torch.Generator().manual_seed(0)
     per_frame: dict[int, dict[str, float]] = {}
     for b in args.batches:
@@ -169,8 +176,18 @@ def main() -> None:
             per_frame[b]["graphed"] = t_graphed / b
             graphed_s = (f"{t_graphed / b:>17.4f} {t_kv / t_graphed:>11.2f} "
                          + (f"{off / (t_graphed / b):>17.2f}" if off else f"{'n/a':>17}"))
+            with torch.no_grad():
+                agree = (compiled.predict(h, emb, s) == kv).float().mean().item()
+            # fp32: fused kernels reorder sums, which may flip a near-tie now and then. bf16: one flipped
+            # code changes every later one in the frame, so agreement is reported, not required.
+            if dtype == torch.float32 and agree < 0.99:
+                raise SystemExit(f"batch {b}: compiled graphs agree with the KV loop on only {agree:.1%} of codes")
+            t_comp = time_ms(lambda: compiled.predict(h, emb, s), device, args.min_seconds)
+            per_frame[b]["compiled"] = t_comp / b
+            graphed_s += (f" {t_comp / b:>18.4f} " + (f"{off / (t_comp / b):>18.2f}" if off else f"{'n/a':>18}")
+                          + (f"  (codes agree {agree:.1%})" if agree < 1 else ""))
         else:
-            graphed_s = f"{'n/a (no CUDA)':>17} {'n/a':>11} {'n/a':>17}"
+            graphed_s = f"{'n/a (no CUDA)':>17} {'n/a':>11} {'n/a':>17} {'n/a':>18} {'n/a':>18}"
         print(f"{b:>6} {off_s} {t_naive / b:>15.3f} {t_kv / b:>12.3f} {t_naive / t_kv:>9.2f} {ratio} {graphed_s}")
 
     steps = cfg.num_code_groups - 1  # one prefill + G-2 decode steps, each reading all weights
@@ -181,7 +198,7 @@ def main() -> None:
         print(f"\nmemory-bandwidth floor: {step_bytes / 1e6:.1f} MB of weights per step x {steps} steps / "
               f"{bandwidth / 1e9:.0f} GB/s measured device copy bandwidth (read + write) = {floor_ms:.4f} ms per call; "
               f"per frame = that / batch; ratio = variant ms/frame / floor ms/frame (1.0 = at the floor)")
-        names = ("official", "naive", "kv", "graphed")
+        names = ("official", "naive", "kv", "graphed", "compiled")
         print(f"{'batch':>6} {'floor ms/frame':>15} " + " ".join(f"{n + '/floor':>14}" for n in names))
         for b, row in per_frame.items():
             floor = floor_ms / b

@@ -14,6 +14,7 @@ checking that graphed and eager fused outputs agree; elsewhere it reads "n/a (no
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import time
 
@@ -117,15 +118,19 @@ def make_graphed(dit, args, max_depth: int, device) -> GraphedDiT | None:
     frames = context + chunk, encoder buckets up to the longest clause); None off CUDA."""
     if device.type != "cuda":
         return None
-    graphed = GraphedDiT(dit, max_rows=2 * max(max_depth, 4), frames=args.context + args.frames,
-                         enc_buckets=default_enc_buckets(args.text_len + 15))  # Feeder: text_len + 5 (i % 4)
+    # The engine's CUDA configuration: compiled blocks (own copy of the weights, so the eager
+    # columns stay eager) replayed from CUDA graphs.
+    graphed = GraphedDiT(copy.deepcopy(dit), max_rows=2 * max(max_depth, 4), frames=args.context + args.frames,
+                         enc_buckets=default_enc_buckets(args.text_len + 15),  # Feeder: text_len + 5 (i % 4)
+                         compile_backend=None if args.no_compile else "inductor")
     graphed.capture_all()
     return graphed
 
 
-def measure(dit, stream_cfg, args, depth: int, fused: bool, device, dtype) -> dict:
+def measure(dit, stream_cfg, args, depth: int, fused: bool, device, dtype, cfg_off: bool = False) -> dict:
+    """``cfg_off``: guidance scale 1 (no negative rows): what guidance costs at all."""
     sched = make_scheduler(dit, stream_cfg, depth, fused, device, dtype)
-    feeder = Feeder(sched, depth, args.frames, args.context, args.steps, args.guidance_scale,
+    feeder = Feeder(sched, depth, args.frames, args.context, args.steps, 1.0 if cfg_off else args.guidance_scale,
                     args.text_len, device, dtype)
     feeder.warm_up()
     sync(device)
@@ -158,6 +163,7 @@ def main() -> None:
     ap.add_argument("--guidance-scale", type=float, default=2.0)
     ap.add_argument("--text-len", type=int, default=60, help="tokens per clause")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch default)")
+    ap.add_argument("--no-compile", action="store_true", help="graphed column without torch.compile'd blocks")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -183,20 +189,21 @@ def main() -> None:
         print(f"check: graphed fused == eager fused (max abs diff {gerr:.1e}); "
               f"{len(graphed.captured)} graphs, rows {graphed.row_buckets}, enc {graphed.enc_buckets}")
 
-    header = (f"{'depth':>5} | {'rows':>4} | {'fused ms/tick':>13} | {'2-pass ms/tick':>14} | {'2-pass/fused':>12} | "
+    header = (f"{'depth':>5} | {'rows':>4} | {'CFG off ms/tick':>15} | {'fused ms/tick':>13} | {'2-pass ms/tick':>14} | {'2-pass/fused':>12} | "
               f"{'CPU-time ratio':>14} | {'chunks/s':>8} | {'frames/s':>8} | {'x realtime':>10} | "
               f"{'graphed ms/tick':>15} | {'fused/graphed':>13}")
     print(header)
     print("-" * len(header))
     for depth in depths:
         # Alternate the variants and keep each one's median run: a shared machine is noisy.
-        runs = {True: [], False: [], "graphed": []}
+        runs = {True: [], False: [], "graphed": [], "off": []}
         for _ in range(args.repeats):
             for variant in (True, False):
                 runs[variant].append(measure(dit, cfg.stream, args, depth, variant, device, dtype))
+            runs["off"].append(measure(dit, cfg.stream, args, depth, True, device, dtype, cfg_off=True))
             if graphed is not None:
                 runs["graphed"].append(measure(graphed, cfg.stream, args, depth, True, device, dtype))
-        fused, split = (sorted(runs[v], key=lambda r: r["ms_tick"])[len(runs[v]) // 2] for v in (True, False))
+        fused, split, off = (sorted(runs[v], key=lambda r: r["ms_tick"])[len(runs[v]) // 2] for v in (True, False, "off"))
         assert fused["forwards"] == 1.0 and split["forwards"] == 2.0, (fused, split)
         if graphed is not None:
             g = sorted(runs["graphed"], key=lambda r: r["ms_tick"])[len(runs["graphed"]) // 2]
@@ -204,13 +211,14 @@ def main() -> None:
             graphed_cols = f"{g['ms_tick']:>15.2f} | {fused['ms_tick'] / g['ms_tick']:>13.2f}"
         else:
             graphed_cols = f"{'n/a (no CUDA)':>15} | {'n/a':>13}"
-        print(f"{depth:>5} | {fused['rows']:>4} | {fused['ms_tick']:>13.2f} | {split['ms_tick']:>14.2f} | "
+        print(f"{depth:>5} | {fused['rows']:>4} | {off['ms_tick']:>15.2f} | {fused['ms_tick']:>13.2f} | {split['ms_tick']:>14.2f} | "
               f"{split['ms_tick'] / fused['ms_tick']:>12.2f} | {split['cpu_ms_tick'] / fused['cpu_ms_tick']:>14.2f} | "
               f"{fused['chunks_s']:>8.2f} | "
               f"{fused['frames_s']:>8.1f} | {fused['frames_s'] / FRAMES_PER_SECOND:>10.2f} | {graphed_cols}")
     print("x realtime = finished frames/s / 12.5 (fused); depth = active slots, rows = DiT batch rows (2n under CFG);")
     print("CPU-time ratio = 2-pass / fused process CPU time per tick (robust to other load on a shared CPU)")
-    print("graphed = fused CFG with the DiT forward replayed from CUDA graphs (CUDA only)")
+    print("graphed = fused CFG with the DiT forward replayed from CUDA graphs (CUDA only), blocks through "
+          "torch.compile first unless --no-compile: the engine's CUDA path")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def _base() -> ModelConfig:
         decoder=CodecDecoderConfig(codebook_size=2048, codebook_dim=512, hidden_size=512, latent_dim=1024,
                                    num_attention_heads=16, num_key_value_heads=16, head_dim=64, sliding_window=72,
                                    intermediate_size=1024, num_hidden_layers=8, num_quantizers=16, decoder_dim=1536),
-        stream=StreamConfig(max_slots=64, batch_ceiling=128, first_chunk_frames=4, chunk_frames=25),
+        stream=StreamConfig(max_slots=64, batch_ceiling=128, first_chunk_frames=12, chunk_frames=25),
     )
 
 

@@ -14,10 +14,12 @@ an exception while preparing, starting or vocalizing one request fails only it.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,6 +46,37 @@ log = logging.getLogger("streamvox.worker")
 FaultHook = Callable[[str, str], None]
 """``hook(request_id, stage)`` called at each per-request stage ("plan", "admit",
 "vocalize"); raising from it simulates a failure inside that request (fault tests)."""
+
+
+MAX_IN_FLIGHT = 2  # vocalized batches whose PCM may still be on its way to the host
+
+
+@dataclass
+class _Outbox:
+    """One vocalize batch's PCM on its way to the host: on CUDA an asynchronous copy into
+    pinned memory plus an event (no host sync when it is issued); on CPU already there."""
+
+    pcm: torch.Tensor  # host tensor (pinned on CUDA), all entries back to back
+    event: "torch.cuda.Event | None"
+    entries: list  # (active, samples, is_final, text, frames_done) in delivery order
+
+    @staticmethod
+    def start(pcm: torch.Tensor, entries: list) -> "_Outbox":
+        if pcm.device.type != "cuda":
+            return _Outbox(pcm, None, entries)
+        host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
+        host.copy_(pcm, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _Outbox(host, event, entries)
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.pcm.numpy()
 
 
 @dataclass
@@ -93,8 +126,14 @@ class Worker:
         self._pending = 0  # requests submitted but not yet started (queue depth)
         self._pending_lock = threading.Lock()
         self._admitting: tuple[RequestHandle, Deliver] | None = None  # in hand between inbox and _active
+        self._outbox: deque[_Outbox] = deque()  # vocalized audio not yet delivered, oldest first
         self.ticks = 0
         self.error: str | None = None
+        # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
+        # profiling. STREAMVOX_STAGE_SYNC=1 synchronises the device at each stage's end so
+        # asynchronous GPU work is charged to the stage that issued it (slows the loop).
+        self.stage_seconds: defaultdict[str, float] = defaultdict(float)
+        self._stage_sync = os.environ.get("STREAMVOX_STAGE_SYNC") == "1" and torch.cuda.is_available()
 
     # ----------------------------------------------------------------- any thread
     def start(self) -> None:
@@ -135,13 +174,29 @@ class Worker:
         with torch.no_grad():  # grad mode is per thread
             self._loop()
 
+    @contextmanager
+    def _stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._stage_sync:
+                torch.cuda.synchronize()
+            self.stage_seconds[name] += time.perf_counter() - t0
+
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                self._admit_new()
+                with self._stage("deliver"):
+                    self._flush_outbox(wait=self.source.active_slots == 0)
+                with self._stage("plan"):
+                    self._admit_new()
                 self._drop_cancelled()
-                self._fill_slots()
+                with self._stage("admit"):
+                    self._fill_slots()
                 if self.source.active_slots == 0:
+                    if self._outbox:
+                        continue  # deliver before sleeping
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
                     continue
@@ -160,6 +215,10 @@ class Worker:
                 self._finish(active, error="engine_failure")
             raise
         finally:
+            try:
+                self._flush_outbox(wait=True)  # audio already made is not lost on stop
+            except Exception:
+                log.exception("delivering the last audio failed")
             for active in list(self._active.values()):
                 self._finish(active, error="engine_stopped")
             self._fail_inbox("engine_stopped")
@@ -256,7 +315,8 @@ class Worker:
 
     def _tick(self) -> None:
         t0 = time.perf_counter()
-        produced = self.source.tick()
+        with self._stage("tick"):
+            produced = self.source.tick()
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
         rows = self.source.last_batch_rows
         slots = self.source.active_slots + sum(1 for p in produced if p.is_last)
@@ -268,7 +328,8 @@ class Worker:
             active.pending.append(p)
             active.finished_source |= p.is_last
             frames += p.num_frames
-        self._vocalize_ready()
+        with self._stage("vocalize"):
+            self._vocalize_ready()
         report = TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
                             frames_finished=frames)
         for listener in self._listeners:
@@ -316,23 +377,41 @@ class Worker:
                 except Exception as exc:
                     log.warning("request %s failed in the vocalizer: %s", item.stream_id, exc)
                     results.append(exc)
+        entries, pieces = [], []
         for (active, item, text), result in zip(work, results):
             if isinstance(result, Exception):
                 self._finish(active, error=f"vocalizer failed: {result}")
                 continue
-            pcm = result.pcm.detach().float().cpu().numpy()
             active.frames_done += item.num_frames
-            final = item.is_last
-            if final:
+            if item.is_last:
                 active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
-            self._emit(active, pcm, final, text)
-            if final:
-                self._finish(active, error=None, delivered_final=True)
+            pieces.append(result.pcm.detach().reshape(-1).float())
+            entries.append((active, pieces[-1].numel(), item.is_last, text, active.frames_done))
+        if entries:
+            self._outbox.append(_Outbox.start(torch.cat(pieces), entries))
 
-    def _emit(self, active: _Active, pcm: np.ndarray, final: bool, text: str | None) -> None:
+    def _flush_outbox(self, wait: bool = False) -> None:
+        """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
+
+        While the copy of tick k's audio is in flight the loop already queues tick k+1, so the
+        host never waits on the device in steady state; at most MAX_IN_FLIGHT batches are
+        outstanding (then the oldest is waited for), which bounds how far the loop runs ahead."""
+        while self._outbox and (wait or len(self._outbox) > MAX_IN_FLIGHT or self._outbox[0].ready()):
+            box = self._outbox.popleft()
+            pcm = box.wait()
+            offset = 0
+            for active, size, final, text, frames_done in box.entries:
+                piece, offset = pcm[offset:offset + size], offset + size
+                if self._active.get(active.handle.request_id) is not active:
+                    continue  # cancelled or failed while its audio was on the way
+                self._emit(active, piece, final, text, frames_done)
+                if final:
+                    self._finish(active, error=None, delivered_final=True)
+
+    def _emit(self, active: _Active, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:
         timing = ChunkTiming(active.handle.submitted_at, active.started_at, time.monotonic())
         chunk = AudioChunk(request_id=active.handle.request_id, index=active.delivered, pcm=pcm,
-                           sample_rate=SAMPLE_RATE, frames_done=active.frames_done,
+                           sample_rate=SAMPLE_RATE, frames_done=frames_done,
                            frames_total=active.frames_total, is_final=final, timing=timing, text=text)
         active.delivered += 1
         self._safe_deliver(active.deliver, chunk)

@@ -5,12 +5,13 @@
 #   .whl/proj  soundfile cffi pycparser soxr websockets pytest-asyncio  (project side)
 #   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
 #              qwen-tts==0.1.1 accelerate==1.12.0                      (official baseline)
-# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick e2e (default: all)
+# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick engine e2e (default: all)
+# TESTS='tests/x.py ...' narrows the test step.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${*:-tests cp tick e2e}
+STEPS=${*:-tests cp tick engine e2e}
 T0=$(date +%s)
 say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -37,9 +38,16 @@ for step in $STEPS; do
   case $step in
     tests)
       say "CUDA tests"
-      timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -x --timeout 150 \
-        tests/test_graphed_predictor.py tests/test_graphed_dit.py tests/test_stream.py tests/test_code_predictor.py \
-        tests/test_gpu_engine.py 2>&1 | tee "$OUT/tests.log" ;;
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 250 ${TESTS:-tests/test_graphed_predictor.py \
+        tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py tests/test_code_predictor.py \
+        tests/test_gpu_engine.py} 2>&1 | tee "$OUT/tests.log" ;;
+    engine)
+      say "bench_engine (stage attribution, synced)"
+      STREAMVOX_STAGE_SYNC=1 timeout 200 python3 benchmarks/bench_engine.py --preset base --device cuda \
+        --levels 1,64 --rounds 2 --max-slots 128 2>&1 | tee "$OUT/bench_engine_sync.log"
+      say "bench_engine"
+      timeout 240 python3 benchmarks/bench_engine.py --preset base --device cuda --levels 1,8,32,64,128 \
+        --rounds 2 --max-slots 128 2>&1 | tee "$OUT/bench_engine.log" ;;
     cp)
       say "bench_code_predictor"
       timeout 150 python3 benchmarks/bench_code_predictor.py --preset base --device cuda --dtype bfloat16 \

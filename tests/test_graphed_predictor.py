@@ -259,3 +259,55 @@ def test_hash_keys_int_keys_match_tensor_keys():
         want = hash_keys(*as_tensors)
         got = hash_keys(*keys)
         assert got.dtype == torch.int64 and got.shape == want.shape and torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------- compiled layers
+
+
+def test_compiled_layers_trace_whole_and_equal_eager():
+    """``compile_backend``: the cached loop's layer step traces as one graph (fullgraph=True
+    would raise on a break) shared by every layer, step and batch size; with dynamo's
+    ``eager`` backend (no code generation: what is checked is the tracing, the device-side
+    positions and the in-place cache writes) the codes and logits equal the plain loop."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    head, predictor = make()
+    _, plain = make()
+    torch._dynamo.reset()
+    counters.clear()
+    graphed = GraphedCodePredictor(predictor, buckets=SMALL_BUCKETS, compile_backend="eager")
+    assert predictor.layer_step is not None
+    for n, kind in ((1, "greedy"), (3, "mixed"), (9, "top_p"), (16, "greedy")):
+        h, e, s = batch(head, n, kind, seed=n)
+        assert torch.equal(graphed.predict(h, e, s), plain.predict(h, e, s)), (n, kind)
+        got, got_logits = predictor.predict(h, e, s, return_logits=True)
+        want, want_logits = plain.predict(h, e, s, return_logits=True)
+        assert torch.equal(got, want) and torch.equal(got_logits, want_logits)
+    # Batch 1 / 2+ and query length 1 / 2 specialise: a handful of graphs, not one per layer or step.
+    assert 1 <= counters["stats"]["unique_graphs"] <= 6, dict(counters["stats"])
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
+def test_cuda_compiled_graphs_match_eager_loop():
+    """Inductor-compiled layers inside the CUDA graphs (the engine's configuration): fp32 codes
+    equal the eager loop's (fused kernels reorder fp32 sums: logits within 1e-4 relative
+    would still flip only near-ties, so codes are compared as a fraction >= 99 %)."""
+    head, predictor = make("cuda")
+    _, plain = make("cuda")
+    graphed = GraphedCodePredictor(predictor, buckets=(1, 2, 4, 8, 16, 32, 64, 128), compile_backend="inductor")
+    graphed.capture_all(modes=("greedy",))
+    total = same = 0
+    for n in (1, 5, 64, 100):
+        h, e, s = batch(head, n, "greedy", seed=n, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = graphed.predict(h, e, s)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        want = plain.predict(h, e, s)
+        total += want.numel()
+        same += (got == want).sum().item()
+    assert same / total >= 0.99, same / total

@@ -118,7 +118,10 @@ class GraphedDiT:
 
     def __init__(self, dit, max_rows: int, frames: int, enc_buckets: tuple[int, ...],
                  row_buckets: tuple[int, ...] | None = None, use_graphs: bool | None = None,
-                 warmup_iters: int = WARMUP_ITERS):
+                 warmup_iters: int = WARMUP_ITERS, compile_backend: str | None = None):
+        """``compile_backend`` ("inductor" on CUDA in the engine): run the DiT blocks through
+        ``torch.compile`` first (``FlowDiT.compile_blocks``); each capture's warm-up runs
+        compile its shapes, so nothing compiles inside a capture."""
         if max_rows < 1 or frames < 1:
             raise ValueError(f"max_rows and frames must be >= 1, got {max_rows}, {frames}")
         enc_buckets = tuple(sorted({int(b) for b in enc_buckets}))
@@ -137,6 +140,8 @@ class GraphedDiT:
             raise ValueError(f"CUDA graphs need the DiT on a CUDA device, it is on {self.device}")
         self.use_graphs = use_graphs
         self.warmup_iters = warmup_iters
+        if compile_backend:
+            dit.compile_blocks(backend=compile_backend)
         self.max_rows, self.frames = max_rows, frames
         self.row_buckets, self.enc_buckets = row_buckets, enc_buckets
         D, C, dev = self.cfg.latent_dim, self.cfg.cond_dim, self.device

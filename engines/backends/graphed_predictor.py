@@ -113,7 +113,11 @@ class GraphedCodePredictor:
     """
 
     def __init__(self, predictor: CodePredictor, buckets=DEFAULT_BUCKETS, use_graphs: bool | None = None,
-                 warmup_iters: int = WARMUP_ITERS):
+                 warmup_iters: int = WARMUP_ITERS, compile_backend: str | None = None):
+        """``compile_backend`` ("inductor" on CUDA in the engine): run the predictor's layers
+        through ``torch.compile`` before capture (``CodePredictor.compile_layers``); the
+        warm-up iterations before each capture compile every shape, so nothing compiles
+        inside a capture."""
         buckets = tuple(sorted({int(b) for b in buckets}))
         if not buckets or buckets[0] < 1:
             raise ValueError(f"buckets must be positive batch sizes, got {buckets}")
@@ -128,6 +132,8 @@ class GraphedCodePredictor:
             raise ValueError(f"CUDA graphs need the predictor on a CUDA device, it is on {self.device}")
         self.use_graphs = use_graphs
         self.warmup_iters = warmup_iters
+        if compile_backend:
+            predictor.compile_layers(backend=compile_backend)
         width = predictor.cfg.talker_hidden_size
         self._buckets = {b: _Bucket.allocate(b, width, self.device, self.dtype) for b in buckets}
         # Static outputs per (bucket, mode): on CUDA the tensor a captured graph writes; on CPU

@@ -185,17 +185,23 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor] | None = None, pos: int = 0):
+    def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None):
         """x [B, S, D]. With ``cache`` (k, v [B, KVH, G, hd] views of the static cache) the new
-        K/V are written at positions pos..pos+S-1 and attention reads the whole (masked) cache."""
+        K/V are written at ``positions`` [S] (a device tensor, so the step has no host-side
+        position and compiles once for every step) and attention reads the whole (masked) cache."""
         q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
         if cache is not None:
             cache_k, cache_v = cache
-            cache_k[:, :, pos:pos + k.shape[2]] = k
-            cache_v[:, :, pos:pos + v.shape[2]] = v
+            cache_k.index_copy_(2, positions, k)
+            cache_v.index_copy_(2, positions, v)
             k, v = cache_k, cache_v
         x = x + self.self_attn.attend(q, k, v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _call_layer(layer: DecoderLayer, x, cos, sin, mask, cache_k, cache_v, positions):
+    return layer(x, cos, sin, mask, (cache_k, cache_v), positions)
 
 
 class CodePredictorModel(nn.Module):
@@ -240,6 +246,20 @@ class CodePredictor(nn.Module):
             self.small_to_mtp_projection = nn.Identity()
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.kv_cache: StaticKVCache | None = None
+        # Optional replacement for calling a layer in the cached loop, same signature as
+        # DecoderLayer.forward plus the layer first: set by compile_layers().
+        self.layer_step = None
+
+    def compile_layers(self, backend: str = "inductor") -> None:
+        """Run the cached loop's layers through ``torch.compile`` (fused norms, RoPE and
+        activations: the eager step is launch bound, ~50 kernels per layer). One compiled
+        function serves every layer, step and batch (dynamic shapes; sizes 1 and 2 are
+        specialised, so a handful of variants). Capture it in a CUDA graph afterwards."""
+        import torch._dynamo
+
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+        self.layer_step = torch.compile(_call_layer, backend=backend, dynamic=True, fullgraph=True)
 
     @property
     def num_code_groups(self) -> int:
@@ -268,8 +288,9 @@ class CodePredictor(nn.Module):
         cos, sin = self._rope(positions, b, x.dtype)
         # Query at position p sees cache slots <= p; slots beyond hold stale rows and are masked.
         mask = torch.arange(g, device=x.device)[None, :] <= positions[:, None]  # [S, G]
+        step = self.layer_step or _call_layer
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, cache.layer(i, b), pos)
+            x = step(layer, x, cos, sin, mask, *cache.layer(i, b), positions)
         return self.lm_head[head](self.model.norm(x[:, -1]))
 
     @torch.no_grad()
