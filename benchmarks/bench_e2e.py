@@ -21,15 +21,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import TEXTS, Server, percentile, run_ws_session  # noqa: E402
 
 
-async def level(url: str, clients: int, api_key: str | None) -> dict:
+async def level(url: str, clients: int, api_key: str | None, min_sessions: int = 1) -> dict:
+    """``clients`` concurrent sessions, repeated until at least ``min_sessions`` were measured
+    (so a 1-client TTFA is a percentile, not one sample)."""
     t0 = time.monotonic()
-    stats = await asyncio.gather(*(run_ws_session(url, TEXTS[i % len(TEXTS)], seed=i, api_key=api_key)
-                                   for i in range(clients)))
+    stats = []
+    while len(stats) < max(clients, min_sessions):
+        stats += await asyncio.gather(*(run_ws_session(url, TEXTS[i % len(TEXTS)], seed=i, api_key=api_key)
+                                        for i in range(clients)))
     ok = [s for s in stats if s.ok and not s.error]
     ttfa = [s.ttfa_s for s in ok if s.ttfa_s is not None]
     rtf = [s.rtf for s in ok if s.rtf is not None]
     audio = sum(s.audio_s for s in ok)
-    return {"clients": clients, "errors": len(stats) - len(ok),
+    return {"clients": clients, "sessions": len(stats), "errors": len(stats) - len(ok),
             "ttfa_p50": percentile(ttfa, 0.5), "ttfa_p95": percentile(ttfa, 0.95),
             "rtf_p50": percentile(rtf, 0.5), "rtf_max": max(rtf) if rtf else None,
             "underrun_sessions": sum(1 for s in ok if s.underruns), "audio_s_per_s": audio / (time.monotonic() - t0)}
@@ -46,6 +50,8 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--levels", default="1,8,32,64,128,256")
     parser.add_argument("--api-key")
+    parser.add_argument("--min-sessions", type=int, default=8,
+                        help="repeat a level until this many sessions were measured (percentiles need samples)")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="extra `streamvox serve` flag for the started server, repeatable "
                              "(e.g. --serve-arg=--max-slots=128)")
@@ -66,12 +72,12 @@ def main() -> int:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU x{torch.get_num_threads()} threads"
         print(f"streamvox bench_e2e: preset {args.preset}, device {device} ({name}), server {url}")
-        print(f"{'clients':>7} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
+        print(f"{'clients':>7} {'sessions':>8} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
               f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9}")
         best = 0
         for c in levels:
-            r = asyncio.run(level(url, c, args.api_key))
-            print(f"{r['clients']:>7} {r['errors']:>6} {fmt(r['ttfa_p50'], 1000):>11} {fmt(r['ttfa_p95'], 1000):>11} "
+            r = asyncio.run(level(url, c, args.api_key, args.min_sessions))
+            print(f"{r['clients']:>7} {r['sessions']:>8} {r['errors']:>6} {fmt(r['ttfa_p50'], 1000):>11} {fmt(r['ttfa_p95'], 1000):>11} "
                   f"{fmt(r['rtf_p50'], 1, 2):>7} {fmt(r['rtf_max'], 1, 2):>7} {r['underrun_sessions']:>8} "
                   f"{r['audio_s_per_s']:>9.1f}")
             if r["errors"] == 0 and r["underrun_sessions"] == 0:

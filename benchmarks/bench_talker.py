@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
+    ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"),
+                    help="python with qwen-tts for the official baseline (default: .venv-oracle)")
     ap.add_argument("--official-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -169,7 +171,7 @@ def main() -> None:
     print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
     mine = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks)
     theirs: dict[int, dict] = {}
-    oracle = REPO / ".venv-oracle" / "bin" / "python"
+    oracle = Path(args.oracle_python)
     if not args.no_official and oracle.is_file():
         cmd = [str(oracle), __file__, "--official-worker", "--size", args.size, "--device", str(device),
                "--dtype", args.dtype, "--ticks", str(args.ticks), "--batches", *map(str, args.batches)]

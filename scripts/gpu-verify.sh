@@ -5,13 +5,13 @@
 #   .whl/proj  soundfile cffi pycparser soxr websockets pytest-asyncio  (project side)
 #   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
 #              qwen-tts==0.1.1 accelerate==1.12.0                      (official baseline)
-# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick engine e2e (default: all)
+# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick engine talker e2e (default: all)
 # TESTS='tests/x.py ...' narrows the test step.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${*:-tests cp tick engine e2e}
+STEPS=${*:-tests cp tick engine talker e2e}
 T0=$(date +%s)
 say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -56,6 +56,10 @@ for step in $STEPS; do
       say "bench_tick"
       timeout 150 python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
         --depths 1,4,8,16,32,64 --steps 8 --ticks 16 --repeats 2 2>&1 | tee "$OUT/bench_tick.log" ;;
+    talker)
+      say "bench_talker"
+      timeout 150 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 32 \
+        --ticks 10 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker.log" ;;
     e2e)
       say "bench_e2e"
       timeout 200 python3 benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,32,64,128,256 \
