@@ -170,6 +170,12 @@ class Engine:
             from .backends.graphed_predictor import GraphedCodePredictor
 
             self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor)
+        if device.type == "cuda":  # both sources: the streaming codec decoder over a state pool, graphed
+            from .backends.graphed_decoder import GraphedDecoder
+
+            # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
+            slots = cfg.stream.max_slots if talker is None else talker_slots
+            self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * slots)
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
@@ -219,9 +225,10 @@ class Engine:
         if self.worker.alive:
             return
         scheduler = getattr(self, "scheduler", None)  # the talker source has none
-        for owner in (self.vocalizer.predictor, scheduler.dit if scheduler is not None else None):
+        for owner in (self.vocalizer.predictor, self.vocalizer.graphed_decoder,
+                      scheduler.dit if scheduler is not None else None):
             capture_all = getattr(owner, "capture_all", None)
-            if capture_all is not None:  # CUDA: every predictor / DiT graph, before the worker runs and before ready
+            if capture_all is not None:  # CUDA: every predictor / decoder / DiT graph, before the worker and ready
                 with torch.no_grad():  # grad mode is per thread; the caller's is left alone
                     capture_all()
         self.worker.start()

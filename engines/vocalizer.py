@@ -5,12 +5,17 @@ predictor (codes 1..G-1) as one batch, in pieces of at most ``max_batch_rows``; 
 is keyed by (seed, global frame, group), so a stream's codes do not depend on its batch
 neighbours. Then each stream's codes go through the streaming codec decoder with that
 stream's carried state; streams whose chunks have the same length decode together.
+
+With a ``graphed_decoder`` (engines/backends/graphed_decoder.py; the engine sets one on
+CUDA) the decoder state lives in its static pool instead of ``_streams[...].state`` and
+the chunks decode through its CUDA graphs; ``_streams`` still tracks ``next_frame``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +23,9 @@ from .devices import canonical_device
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.codec_decoder import CodecDecoder, DecoderState
 from .models.codec_head import CodecHead
+
+if TYPE_CHECKING:
+    from .backends.graphed_decoder import GraphedDecoder
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class VocalizeResult:
 
 @dataclass
 class _Stream:
-    state: DecoderState  # decoder state, batch 1
+    state: DecoderState | None  # decoder state, batch 1 (None: it lives in the graphed decoder's pool)
     next_frame: int  # frame_offset the stream's next item must have
 
 
@@ -79,7 +87,8 @@ def reference_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Te
 
 class Vocalizer:
     def __init__(self, head: CodecHead, predictor: CodePredictor, decoder: CodecDecoder, device,
-                 dtype: torch.dtype = torch.float32, max_batch_rows: int = 512):
+                 dtype: torch.dtype = torch.float32, max_batch_rows: int = 512,
+                 graphed_decoder: GraphedDecoder | None = None):
         hc, pc, dc = head.cfg, predictor.cfg, decoder.cfg
         if hc.hidden_size != pc.talker_hidden_size:
             raise ValueError(f"codec head width {hc.hidden_size} != predictor talker_hidden_size {pc.talker_hidden_size}")
@@ -98,6 +107,25 @@ class Vocalizer:
         self.latent_dim, self.num_code_groups = hc.hidden_size, pc.num_code_groups
         self.samples_per_frame = decoder.samples_per_frame
         self._streams: dict[str, _Stream] = {}
+        self._graphed_decoder: GraphedDecoder | None = None
+        self.graphed_decoder = graphed_decoder
+
+    @property
+    def graphed_decoder(self) -> GraphedDecoder | None:
+        """The pooled / CUDA-graphed streaming decoder, or None (plain ``decode_step`` per call)."""
+        return self._graphed_decoder
+
+    @graphed_decoder.setter
+    def graphed_decoder(self, graphed: GraphedDecoder | None) -> None:
+        if graphed is not None:
+            if graphed.decoder is not self.decoder:
+                raise ValueError("the graphed decoder must wrap this vocalizer's decoder")
+            if graphed.device != self.device or graphed.dtype != self.dtype:
+                raise ValueError(f"graphed decoder on {graphed.device}/{graphed.dtype}, vocalizer on "
+                                 f"{self.device}/{self.dtype}")
+        if self._streams and graphed is not self._graphed_decoder:
+            raise RuntimeError("cannot change the decoder while streams are open")
+        self._graphed_decoder = graphed
 
     # ------------------------------------------------------------------ public API
 
@@ -107,6 +135,8 @@ class Vocalizer:
     def close(self, stream_id: str) -> None:
         """Forget a stream's decoder state (cancel); unknown ids are ignored."""
         self._streams.pop(stream_id, None)
+        if self._graphed_decoder is not None:
+            self._graphed_decoder.release(stream_id)
 
     @torch.no_grad()
     def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
@@ -179,6 +209,8 @@ class Vocalizer:
 
     def _decode(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
         """Streaming decode; round r holds the r-th item of every stream, so a stream's chunks stay in order."""
+        if self._graphed_decoder is not None:
+            return self._decode_graphed(items, codes)
         pcm: list[torch.Tensor | None] = [None] * len(items)
         rounds: list[list[int]] = []
         seen: dict[str, int] = defaultdict(int)
@@ -204,6 +236,15 @@ class Vocalizer:
                     self._streams[items[i].stream_id] = _Stream(st, items[i].frame_offset + t)
                     pcm[i] = wav[row].float()
         return pcm  # type: ignore[return-value]
+
+    def _decode_graphed(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The same per-stream decode through the graphed decoder's state pool (it orders rounds itself
+        and releases the rows of ``is_last`` streams)."""
+        wavs = self._graphed_decoder.decode([(it.stream_id, c, it.is_last) for it, c in zip(items, codes)])
+        for it, c in zip(items, codes):
+            if c.shape[0]:
+                self._streams[it.stream_id] = _Stream(None, it.frame_offset + c.shape[0])
+        return [w.float() for w in wavs]
 
     def _stream_state(self, stream_id: str) -> DecoderState:
         """A known stream's carried state, or a fresh one (decoder positions count from its first chunk)."""
