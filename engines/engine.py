@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -147,6 +148,12 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def compile_backend() -> str | None:
+    """torch.compile backend for the CUDA graphs' modules: inductor, unless STREAMVOX_COMPILE=0
+    (startup without compilation, e.g. to rule it out while debugging)."""
+    return None if os.environ.get("STREAMVOX_COMPILE", "1") == "0" else "inductor"
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -169,7 +176,7 @@ class Engine:
         if device.type == "cuda" and talker is None:  # (talker source: the vocalizer only decodes given codes)
             from .backends.graphed_predictor import GraphedCodePredictor
 
-            self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor)
+            self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor, compile_backend=compile_backend())
         if device.type == "cuda":  # both sources: the streaming codec decoder over a state pool, graphed
             from .backends.graphed_decoder import GraphedDecoder
 
@@ -187,7 +194,7 @@ class Engine:
 
                 # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
-                dit = GraphedDiT.for_config(dit, cfg)
+                dit = GraphedDiT.for_config(dit, cfg, compile_backend=compile_backend())
             self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
             max_slots, random_components = cfg.stream.max_slots, models.random_components
@@ -294,23 +301,42 @@ class Engine:
     def _voice_index(self, name: str) -> int:
         return self.voice_names.index(self.resolve_voice(name))
 
+    # On CUDA the first use of each kernel shape loads modules and picks GEMM algorithms (tens
+    # of ms each): a crowd of texts of several lengths (first / middle / short last chunks,
+    # several batch sizes in planner and vocalizer) pays that before /readyz, not the first user.
+    WARMUP_TEXTS_CUDA = (
+        "Warm up.",
+        "A somewhat longer sentence warms up the middle chunks of the stream as well.",
+        "Two clauses, one pause; then the rest of the sentence follows.",
+        "Short one.",
+        "This request is the longest of the warm-up set, so that several full chunks are denoised, "
+        "vocalized and decoded while the others run beside it, with a short last chunk at the end.",
+    )
+
     def _warm_up(self) -> None:
-        """One short request through the whole pipeline before reporting ready."""
+        """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA a
+        crowd at once, then one alone."""
         voice = self.voice_names[0]
-        done = threading.Event()
-        errors: list[str] = []
+        texts = ("Warm up.",) if self.device.type != "cuda" else self.WARMUP_TEXTS_CUDA
+        rounds = [list(texts)] + ([[texts[1]]] if self.device.type == "cuda" else [])
+        for batch in rounds:
+            events, errors = [], []
+            for text in batch:
+                done = threading.Event()
+                events.append(done)
 
-        def deliver(chunk: AudioChunk) -> None:
-            if chunk.is_final:
-                if chunk.error:
-                    errors.append(chunk.error)
-                done.set()
+                def deliver(chunk: AudioChunk, done=done) -> None:
+                    if chunk.is_final:
+                        if chunk.error:
+                            errors.append(chunk.error)
+                        done.set()
 
-        self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text="Warm up.", voice=voice), deliver)
-        if not done.wait(300):
-            raise RuntimeError("engine warm-up did not finish within 300 s")
-        if errors:
-            raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice),
+                                   deliver)
+            if not all(done.wait(300) for done in events):
+                raise RuntimeError("engine warm-up did not finish within 300 s")
+            if errors:
+                raise RuntimeError(f"engine warm-up failed: {errors[0]}")
 
 
 SOURCES = ("dit", "talker")

@@ -54,16 +54,23 @@ for step in $STEPS; do
         --batches 1 8 64 512 --min-seconds 0.5 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_cp.log" ;;
     tick)
       say "bench_tick"
-      timeout 150 python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
-        --depths 1,4,8,16,32,64 --steps 8 --ticks 16 --repeats 2 2>&1 | tee "$OUT/bench_tick.log" ;;
+      timeout ${TICK_TIMEOUT:-150} python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
+        --depths ${TICK_DEPTHS:-1,4,8,16,32,64} --steps 8 --ticks 16 --repeats ${TICK_REPEATS:-2} 2>&1 \
+        | tee "$OUT/bench_tick.log" ;;
     talker)
       say "bench_talker"
       timeout 150 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 32 \
         --ticks 10 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker.log" ;;
     e2e)
       say "bench_e2e"
-      timeout 200 python3 benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,32,64,128,256 \
-        --serve-arg=--max-queue=1024 --serve-arg=--max-slots=128 2>&1 | tee "$OUT/bench_e2e.log" ;;
+      set -o pipefail
+      timeout ${E2E_TIMEOUT:-240} python3 benchmarks/bench_e2e.py --preset base --device cuda \
+        --levels ${E2E_LEVELS:-1,8,32,64,128,256} --serve-arg=--max-queue=1024 --serve-arg=--max-slots=128 \
+        2>&1 | tee "$OUT/bench_e2e.log" \
+      || { say "bench_e2e failed: again without torch.compile"; STREAMVOX_COMPILE=0 timeout 200 python3 \
+           benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,64,128 --serve-arg=--max-queue=1024 \
+           --serve-arg=--max-slots=128 2>&1 | tee "$OUT/bench_e2e_nocompile.log"; }
+      set +o pipefail ;;
     *) echo "unknown step $step" ;;
   esac
 done
