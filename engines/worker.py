@@ -64,7 +64,10 @@ class _Outbox:
     def start(pcm: torch.Tensor, entries: list) -> "_Outbox":
         if pcm.device.type != "cuda":
             return _Outbox(pcm, None, entries)
-        host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
+        try:
+            host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
+        except RuntimeError:  # no page-locked memory to be had: a synchronous copy still works
+            return _Outbox(pcm.cpu(), None, entries)
         host.copy_(pcm, non_blocking=True)
         event = torch.cuda.Event()
         event.record()

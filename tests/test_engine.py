@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 import pytest
 
 from engines.contract import SAMPLES_PER_FRAME, EngineOverloaded, InvalidRequest, SynthesisRequest
@@ -199,3 +200,23 @@ def test_paused_request_gets_no_audio_until_resumed(engine):
     handle.resume()
     assert col.done.wait(60) and col.error is None
     assert col.chunks[-1].frames_done == col.chunks[-1].frames_total
+
+
+def test_out_of_memory_in_one_request_fails_only_that_request():
+    """torch.OutOfMemoryError (what the CUDA allocator raises) while planning or vocalizing one
+    request fails that request alone; its neighbours finish with full audio and the engine
+    stays alive (on CUDA the worker also empties the allocator cache after a failed tick)."""
+    for stage in ("plan", "vocalize"):
+        def hook(request_id: str, s: str, stage=stage) -> None:
+            if request_id == "r1" and s == stage:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+        eng = tiny_engine(fault_hook=hook)
+        try:
+            got = run_requests(eng, [_req(i, TEXTS[i]) for i in range(3)])
+            assert eng.stats().alive and eng.stats().ready
+        finally:
+            eng.stop()
+        assert got[1].error is not None and "out of memory" in got[1].error, (stage, got[1].error)
+        for i in (0, 2):
+            assert got[i].error is None and got[i].pcm.size > 0 and np.isfinite(got[i].pcm).all()

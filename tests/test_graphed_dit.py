@@ -356,3 +356,31 @@ def test_cuda_compiled_graphs_equal_the_plain_module():
         got, want = g(*args), plain(*args)
         m = args[3][..., None].expand_as(want)
         torch.testing.assert_close(got[m], want[m], rtol=0, atol=1e-4)
+
+
+def test_capture_falls_back_to_plain_blocks_when_compiled_capture_fails(monkeypatch, caplog):
+    """Engine start must not fail because torch.compile did: capture_all retries with the plain
+    blocks. (The CUDA capture itself is replaced by a recorder: what is checked is the retry.)"""
+    import copy
+
+    g = graphed(copy.deepcopy(make_dit()), compile_backend="eager")
+    g.use_graphs = True  # take capture_all's CUDA branch; _capture below stands in for the CUDA capture
+    seen = []
+
+    def capture(rows, le):
+        seen.append((rows, le, g.dit.block_step is not None))
+        if g.dit.block_step is not None:
+            raise RuntimeError("inductor failed")
+        g._graphs[(rows, le)] = object()
+
+    monkeypatch.setattr(g, "_capture", capture)
+    with caplog.at_level(logging.WARNING):
+        g.capture_all()
+    assert g.dit.block_step is None and "capturing the plain blocks" in caplog.text
+    assert seen[0][2] and not any(compiled for _, _, compiled in seen[1:])
+    assert set(g._graphs) == {(r, le) for r in g.row_buckets for le in g.enc_buckets}
+    # Without compilation a capture failure is not swallowed.
+    monkeypatch.setattr(g, "_capture", lambda rows, le: (_ for _ in ()).throw(RuntimeError("real failure")))
+    g._graphs.clear()
+    with pytest.raises(RuntimeError, match="real failure"):
+        g.capture_all()

@@ -311,3 +311,26 @@ def test_cuda_compiled_graphs_match_eager_loop():
         total += want.numel()
         same += (got == want).sum().item()
     assert same / total >= 0.99, same / total
+
+
+def test_capture_falls_back_to_plain_layers_when_compiled_capture_fails(monkeypatch, caplog):
+    """As for the DiT: a failing compiled capture is retried with the plain layers, warned."""
+    import logging
+
+    head, predictor = make()
+    graphed = GraphedCodePredictor(predictor, buckets=SMALL_BUCKETS, compile_backend="eager")
+    graphed.use_graphs = True  # take capture_all's CUDA branch; _capture below stands in for the CUDA capture
+    seen = []
+
+    def capture(bucket, mode):
+        seen.append(predictor.layer_step is not None)
+        if predictor.layer_step is not None:
+            raise RuntimeError("inductor failed")
+        graphed._graphs[(bucket, mode)] = object()
+
+    monkeypatch.setattr(graphed, "_capture", capture)
+    with caplog.at_level(logging.WARNING):
+        graphed.capture_all()
+    assert predictor.layer_step is None and "capturing the plain layers" in caplog.text
+    assert seen[0] and not any(seen[1:])
+    assert len(graphed.captured) == len(SMALL_BUCKETS) * 3

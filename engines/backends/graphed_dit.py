@@ -207,9 +207,25 @@ class GraphedDiT:
 
     @torch.no_grad()
     def capture_all(self) -> None:
-        """Capture every (rows, enc length) bucket now (engine start, before /readyz). CPU: no-op."""
+        """Capture every (rows, enc length) bucket now (engine start, before /readyz). CPU: no-op.
+
+        torch.compile is an optimisation, never a reason not to start: if warming up or
+        capturing the compiled blocks fails, the plain blocks are captured instead (warned)."""
         if not self.use_graphs:
             return
+        try:
+            self._capture_missing()
+        except Exception as exc:
+            if getattr(self.dit, "block_step", None) is None:
+                raise
+            log.warning("capturing the torch.compile'd DiT blocks failed (%s: %s); capturing the plain blocks",
+                        type(exc).__name__, exc)
+            self.dit.block_step = None
+            self._graphs.clear()
+            self._out.clear()
+            self._capture_missing()
+
+    def _capture_missing(self) -> None:
         for rows in self.row_buckets:
             for le in self.enc_buckets:
                 if (rows, le) not in self._graphs:

@@ -39,11 +39,14 @@ the old one: every call checks that and recaptures.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from ..models.code_predictor import CodePredictor, FrameSampling
+
+log = logging.getLogger("streamvox.graphed_predictor")
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODES = ("greedy", "sampled", "top_p")
@@ -174,6 +177,18 @@ class GraphedCodePredictor:
         if not self.use_graphs:
             return
         self._bind_cache()
+        try:
+            self._capture_missing(modes)
+        except Exception as exc:  # torch.compile is an optimisation, never a reason not to start
+            if self.predictor.layer_step is None:
+                raise
+            log.warning("capturing the torch.compile'd predictor layers failed (%s: %s); capturing the plain "
+                        "layers", type(exc).__name__, exc)
+            self.predictor.layer_step = None
+            self._bind_cache()  # drops the graphs captured so far
+            self._capture_missing(modes)
+
+    def _capture_missing(self, modes) -> None:
         for b in self.buckets:
             for mode in modes:
                 if (b, mode) not in self._graphs:
