@@ -12,3 +12,17 @@ def canonical_device(device) -> torch.device:
     if d.type == "cuda" and d.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return d
+
+
+def upload(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """Host values -> a tensor on ``device`` without waiting for the device.
+
+    ``torch.tensor(values, device="cuda")`` copies from pageable memory and synchronises the
+    stream, so every admission would drain the queued ticks; staging through page-locked
+    memory and copying ``non_blocking`` does not (the caching host allocator keeps the
+    staging block alive until the copy has run)."""
+    host = torch.tensor(values, dtype=dtype)
+    device = canonical_device(device)
+    if device.type != "cuda":
+        return host if device.type == "cpu" else host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .devices import canonical_device
+from .devices import canonical_device, upload
 from .models.condition import ConditionEncoder
 from .models.configs import ModelConfig, StreamConfig
 from .models.duration import DurationModel
@@ -88,8 +88,8 @@ class UtterancePlanner:
             token_ids, mask = self._pad(ids)
             voice = torch.full((len(ids),), voice_index, dtype=torch.long, device=self.device)
             enc = self.encoder(token_ids, voice, mask)  # [N, Lmax, C]
-            special = torch.tensor([self.tokenizer.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id],
-                                   device=self.device)
+            special = upload([self.tokenizer.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id],
+                             torch.long, self.device)
             speech_mask = mask & ~torch.isin(token_ids, special)
             frames = self.duration.frame_counts(self.duration(enc, speech_mask), speed)
             plans, start = [], 0
@@ -113,4 +113,6 @@ class UtterancePlanner:
         for i, x in enumerate(ids):
             token_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
             mask[i, : len(x)] = True
-        return token_ids.to(self.device), mask.to(self.device)
+        if self.device.type == "cuda":  # page-locked + non_blocking: no stream sync for the upload
+            token_ids, mask = token_ids.pin_memory(), mask.pin_memory()
+        return token_ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)

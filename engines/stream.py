@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .devices import canonical_device
+from .devices import canonical_device, upload
 from .models.configs import StreamConfig
 from .models.dit import FlowDiT
 from .randomness import DOMAIN_NOISE, keyed_normal
@@ -191,7 +191,7 @@ class StreamScheduler:
         guided = job.enc_null is not None and self.cfg.guidance != "none" and job.guidance_scale > 1.0
         slot = _Slot(
             job=job, ring_index=ring_index, ts=ts,
-            sched=torch.tensor(ts, dtype=torch.float32, device=self.device),
+            sched=upload(ts, torch.float32, self.device),  # no stream sync at admission
             buf=buf,
             positions=torch.arange(job.frame_start - Tc, job.frame_start + Tn, device=self.device),
             context_flags=torch.arange(Tc + Tn, device=self.device) < Tc,

@@ -59,11 +59,6 @@ class _Stream:
     next_frame: int  # frame_offset the stream's next item must have
 
 
-def _sampling(item: VocalizeItem, device) -> FrameSampling:
-    return FrameSampling.for_stream(item.num_frames, item.seed, item.frame_offset, device, item.greedy,
-                                    item.temperature, item.top_k, item.top_p)
-
-
 def frame_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Tensor, sampling: FrameSampling,
                 naive: bool = False) -> torch.Tensor:
     """latents [N, D] -> codes [N, G] (code 0 from the head, 1..G-1 from the predictor)."""
@@ -197,7 +192,9 @@ class Vocalizer:
         if not active:
             return out
         latents = torch.cat([items[i].latents.to(self.device, self.dtype) for i in active])  # [N, D]
-        sampling = FrameSampling.cat([_sampling(items[i], self.device) for i in active])
+        sampling = FrameSampling.for_streams([(items[i].num_frames, items[i].seed, items[i].frame_offset,
+                                               items[i].greedy, items[i].temperature, items[i].top_k, items[i].top_p)
+                                              for i in active], self.device)
         pieces = []
         for start in range(0, latents.shape[0], self.max_batch_rows):
             sl = slice(start, start + self.max_batch_rows)

@@ -165,3 +165,19 @@ def test_bad_inputs_raise_clear_errors():
         head.hidden(torch.zeros(2, 3))
     with pytest.raises(ValueError, match="codebook_size"):
         CodecHead(dataclasses.replace(TINY.codec_head, codebook_size=1000))
+
+
+def test_for_streams_equals_cat_of_for_stream():
+    """The vocalizer's one-upload sampling rows equal the per-stream construction, field by field."""
+    from engines.models.code_predictor import FrameSampling
+
+    streams = [(3, 7, 0, True, 0.9, 50, 1.0), (1, 2**40 + 5, 12, False, 0.7, 20, 0.8), (4, 0, 100, False, 1.1, 0, 1.0)]
+    got = FrameSampling.for_streams(streams, "cpu")
+    want = FrameSampling.cat([FrameSampling.for_stream(n, seed, off, "cpu", g, t, k, p)
+                              for n, seed, off, g, t, k, p in streams])
+    for name in ("seed_lo", "seed_hi", "frame", "greedy", "temperature", "top_k", "top_p"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert (got.all_greedy, got.any_top_p) == (want.all_greedy, want.any_top_p) == (False, True)
+    only_greedy = FrameSampling.for_streams(streams[:1], "cpu")
+    assert only_greedy.all_greedy and not only_greedy.any_top_p

@@ -408,3 +408,26 @@ def test_admission_rejects_bad_jobs():
         StreamScheduler(dit, stream_cfg(guidance="bogus"), "cpu")
     with pytest.raises(ValueError, match="max_slots"):
         StreamScheduler(dit, stream_cfg(max_slots=8, batch_ceiling=4), "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_admission_and_ticks_never_sync_on_cuda():
+    """Chunk admission is part of the steady state (every stream admits a chunk every few
+    ticks): admitting, like ticking, must not wait for the device."""
+    dit = make_dit("cuda")
+    sched = StreamScheduler(dit, stream_cfg(), "cuda")
+    jobs = [make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda") for i in range(3)]
+    sched.admit(jobs[0])
+    sched.tick()  # first use of every kernel outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with NoHostReads():
+            for job in jobs[1:]:
+                sched.admit(job)
+                sched.tick()
+            finished = [f for _ in range(6) for f in sched.tick()]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(finished) == 3 and sched.active_slots == 0

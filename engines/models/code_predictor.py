@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import canonical_device
+from ..devices import canonical_device, upload
 from ..randomness import DOMAIN_CODES, keyed_gumbel, sample_logits, split_seed
 from .configs import CodePredictorConfig
 from .layers import SwiGLU
@@ -109,6 +109,25 @@ class FrameSampling:
             greedy=full(bool(greedy), torch.bool), temperature=full(float(temperature), torch.float32),
             top_k=full(int(top_k), torch.int64), top_p=full(float(top_p), torch.float32),
             all_greedy=bool(greedy), any_top_p=(not greedy) and top_p < 1.0)
+
+    @staticmethod
+    def for_streams(streams: list[tuple[int, int, int, bool, float, int, float]], device) -> "FrameSampling":
+        """Rows of several streams at once, each ``(n_frames, seed, frame_offset, greedy,
+        temperature, top_k, top_p)``: equal to ``cat`` of their ``for_stream``, but built on the
+        host and uploaded once per field (7 copies, not 7 kernels per stream; no stream sync)."""
+        cols: dict[str, list] = {k: [] for k in ("seed_lo", "seed_hi", "frame", "greedy", "temperature", "top_k",
+                                                 "top_p")}
+        for n, seed, offset, greedy, temperature, top_k, top_p in streams:
+            lo, hi = split_seed(seed)
+            for name, value in (("seed_lo", lo), ("seed_hi", hi), ("greedy", bool(greedy)),
+                                ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))):
+                cols[name].extend([value] * n)
+            cols["frame"].extend(range(offset, offset + n))
+        dtypes = {"seed_lo": torch.int64, "seed_hi": torch.int64, "frame": torch.int64, "greedy": torch.bool,
+                  "temperature": torch.float32, "top_k": torch.int64, "top_p": torch.float32}
+        fields = {name: upload(values, dtypes[name], device) for name, values in cols.items()}
+        return FrameSampling(**fields, all_greedy=all(s[3] for s in streams),
+                             any_top_p=any((not s[3]) and s[6] < 1.0 for s in streams))
 
     @staticmethod
     def cat(parts: list["FrameSampling"]) -> "FrameSampling":
