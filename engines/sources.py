@@ -92,10 +92,30 @@ class DiTSource:
         self.scheduler = scheduler
         self.context_frames = context_frames
         self._requests: dict[str, _DiTRequest] = {}
+        # CUDA: planning runs on its own stream. Its one host read (the frame counts) then
+        # waits only for the planner's kernels, not for the ticks queued on the main stream;
+        # the main stream waits for the planner's work through the stream order (an event),
+        # never through the host.
+        device = planner.device
+        self._plan_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _plan(self, request: SynthesisRequest, voice_index: int):
+        if self._plan_stream is None:
+            return self.planner.plan(request.text, voice_index, request.speed)
+        # The planner reads only its weights (static since start-up) and its own uploads, so the
+        # plan stream does not wait for the main stream.
+        main = torch.cuda.current_stream(self._plan_stream.device)
+        with torch.cuda.stream(self._plan_stream):
+            plans = self.planner.plan(request.text, voice_index, request.speed)
+        main.wait_stream(self._plan_stream)
+        for clause in plans:  # used on the main stream: keep the allocator from reusing them early
+            clause.enc.record_stream(main)
+            clause.enc_null.record_stream(main)
+        return plans
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         chunks = []
-        for clause in self.planner.plan(request.text, voice_index, request.speed):
+        for clause in self._plan(request, voice_index):
             for i, (start, n) in enumerate(clause.chunks):
                 chunks.append((clause.enc, clause.enc_null, start, n, clause.text if i == 0 else None))
         self._requests[request.id] = _DiTRequest(request, chunks)
