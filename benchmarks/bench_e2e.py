@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import TEXTS, Server, percentile, run_ws_session  # noqa: E402
 
@@ -37,6 +39,26 @@ async def level(url: str, clients: int, api_key: str | None, min_sessions: int =
             "ttfa_p50": percentile(ttfa, 0.5), "ttfa_p95": percentile(ttfa, 0.95),
             "rtf_p50": percentile(rtf, 0.5), "rtf_max": max(rtf) if rtf else None,
             "underrun_sessions": sum(1 for s in ok if s.underruns), "audio_s_per_s": audio / (time.monotonic() - t0)}
+
+
+async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
+    """The server's streamvox_worker_stage_seconds_total by stage ({} if not exposed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "/metrics", headers=headers) as r:
+            text = await r.text() if r.status == 200 else ""
+    except aiohttp.ClientError:
+        return {}
+    return {s.labels["stage"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "streamvox_worker_stage_seconds" for s in f.samples if s.name.endswith("_total")}
+
+
+def shares(before: dict[str, float], after: dict[str, float]) -> str:
+    spent = {k: after[k] - before.get(k, 0.0) for k in after}
+    total = sum(spent.values())
+    return " ".join(f"{k} {100 * v / total:.0f}%" for k, v in spent.items()) if total > 0 else "n/a"
 
 
 def fmt(v, scale=1.0, digits=0):
@@ -73,13 +95,15 @@ def main() -> int:
         name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU x{torch.get_num_threads()} threads"
         print(f"streamvox bench_e2e: preset {args.preset}, device {device} ({name}), server {url}")
         print(f"{'clients':>7} {'sessions':>8} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
-              f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9}")
+              f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9}  worker time by stage")
         best = 0
         for c in levels:
+            before = asyncio.run(stage_seconds(url, args.api_key))
             r = asyncio.run(level(url, c, args.api_key, args.min_sessions))
+            after = asyncio.run(stage_seconds(url, args.api_key))
             print(f"{r['clients']:>7} {r['sessions']:>8} {r['errors']:>6} {fmt(r['ttfa_p50'], 1000):>11} {fmt(r['ttfa_p95'], 1000):>11} "
                   f"{fmt(r['rtf_p50'], 1, 2):>7} {fmt(r['rtf_max'], 1, 2):>7} {r['underrun_sessions']:>8} "
-                  f"{r['audio_s_per_s']:>9.1f}")
+                  f"{r['audio_s_per_s']:>9.1f}  {shares(before, after) if after else ''}")
             if r["errors"] == 0 and r["underrun_sessions"] == 0:
                 best = c
         print(f"largest concurrency with no underrun and no error: {best}")

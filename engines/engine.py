@@ -172,9 +172,10 @@ class Engine:
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
-                 talker=None, talker_slots: int = 8):
+                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None):
         """``talker``: a TalkerBundle (engines/talker_generate.py) selects the talker source;
-        the vocalizer then only decodes the talker's codes."""
+        the vocalizer then only decodes the talker's codes. ``batch_planning`` (default: on
+        CUDA) plans the requests that arrive together with one encoder forward."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -224,7 +225,8 @@ class Engine:
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
-                             max_queue=max_queue, fault_hook=fault_hook)
+                             max_queue=max_queue, fault_hook=fault_hook,
+                             batch_planning=device.type == "cuda" if batch_planning is None else batch_planning)
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(
@@ -268,6 +270,10 @@ class Engine:
                            queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
                            active_slots=self.source.active_slots, ticks=self.worker.ticks,
                            error=self.worker.error)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
+        return dict(self.worker.stage_seconds)
 
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
         self.worker.add_tick_listener(listener)
@@ -370,7 +376,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int = 8,
                  backend: str = "torch", artifacts_dir: str | None = None,
-                 max_slots: int | None = None) -> Engine:
+                 max_slots: int | None = None, batch_planning: bool | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -407,7 +413,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
              time.perf_counter() - t0)
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                  talker=talker, talker_slots=talker_slots)
+                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning)
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:

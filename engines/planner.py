@@ -76,35 +76,62 @@ class UtterancePlanner:
 
     def plan(self, text: str, voice_index: int, speed: float = 1.0) -> list[ClausePlan]:
         """Clause plans for ``text``; ValueError on bad input (says which)."""
+        [result] = self.plan_many([(text, voice_index, speed)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def plan_many(self, requests: list[tuple[str, int, float]]) -> list[list[ClausePlan] | Exception]:
+        """Plans for several requests ``(text, voice_index, speed)`` with ONE encoder and
+        duration forward over all their clauses and one host read of the frame counts
+        (on CUDA a request costs a few hundred kernel launches and a host read: planning a
+        burst of arrivals one by one would delay all of them). A request with bad input gets
+        its ValueError in its place; the others are planned. A failure of the batched
+        forward itself propagates (the caller re-plans one by one to isolate it)."""
+        results: list[list[ClausePlan] | Exception] = [ValueError("not planned")] * len(requests)
+        clauses: list[tuple[int, int, str, list[int], int, float]] = []  # (request, index, text, ids, voice, speed)
+        for r, (text, voice_index, speed) in enumerate(requests):
+            try:
+                self._check(text, voice_index, speed)
+                for i, clause in enumerate(split_clauses(text, self.max_clause_tokens, measure=self._measure)):
+                    clauses.append((r, i, clause, self.tokenizer.encode(clause), voice_index, float(speed)))
+            except ValueError as exc:
+                results[r] = exc
+        if not clauses:
+            return results
+        with torch.inference_mode():
+            token_ids, mask = self._pad([c[3] for c in clauses])
+            voice = upload([c[4] for c in clauses], torch.long, self.device)
+            speeds = upload([c[5] for c in clauses], torch.float32, self.device)
+            enc = self.encoder(token_ids, voice, mask)  # [N, Lmax, C]
+            special = upload([self.tokenizer.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id],
+                             torch.long, self.device)
+            speech_mask = mask & ~torch.isin(token_ids, special)
+            frames = self.duration.frame_counts(self.duration(enc, speech_mask), speeds)
+            starts: dict[int, int] = {}
+            for row, ((r, i, clause, clause_ids, _, _), n) in enumerate(zip(clauses, frames)):
+                if i == 0:
+                    results[r] = []
+                start = starts.get(r, 0)
+                first = self.stream_cfg.first_chunk_frames if i == 0 else self.stream_cfg.chunk_frames
+                L = len(clause_ids)
+                results[r].append(ClausePlan(  # type: ignore[union-attr]
+                    text=clause, token_ids=tuple(clause_ids),
+                    enc=enc[row, :L].to(self.dtype, copy=True),  # own storage: the padded batch can be freed
+                    enc_null=self.encoder.null_states(L, 1)[0].to(self.dtype),
+                    frame_start=start, frames_total=n,
+                    chunks=chunk_layout(start, n, first, self.stream_cfg.chunk_frames,
+                                        min_chunk=self.stream_cfg.first_chunk_frames)))
+                starts[r] = start + n
+        return results
+
+    def _check(self, text: str, voice_index: int, speed: float) -> None:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("text must be a non-empty string")
         if not 0 <= voice_index < self.cfg.text.num_voices:
             raise ValueError(f"voice index {voice_index} outside [0, {self.cfg.text.num_voices})")
         if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a positive finite number, got {speed!r}")
-        clauses = split_clauses(text, self.max_clause_tokens, measure=self._measure)
-        ids = [self.tokenizer.encode(c) for c in clauses]
-        with torch.inference_mode():
-            token_ids, mask = self._pad(ids)
-            voice = torch.full((len(ids),), voice_index, dtype=torch.long, device=self.device)
-            enc = self.encoder(token_ids, voice, mask)  # [N, Lmax, C]
-            special = upload([self.tokenizer.pad_id, self.tokenizer.bos_id, self.tokenizer.eos_id],
-                             torch.long, self.device)
-            speech_mask = mask & ~torch.isin(token_ids, special)
-            frames = self.duration.frame_counts(self.duration(enc, speech_mask), speed)
-            plans, start = [], 0
-            for i, (clause, clause_ids, n) in enumerate(zip(clauses, ids, frames)):
-                first = self.stream_cfg.first_chunk_frames if i == 0 else self.stream_cfg.chunk_frames
-                L = len(clause_ids)
-                plans.append(ClausePlan(
-                    text=clause, token_ids=tuple(clause_ids),
-                    enc=enc[i, :L].to(self.dtype, copy=True),  # own storage: the padded batch can be freed
-                    enc_null=self.encoder.null_states(L, 1)[0].to(self.dtype),
-                    frame_start=start, frames_total=n,
-                    chunks=chunk_layout(start, n, first, self.stream_cfg.chunk_frames,
-                                        min_chunk=self.stream_cfg.first_chunk_frames)))
-                start += n
-        return plans
 
     def _pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         L = max(len(x) for x in ids)

@@ -99,27 +99,44 @@ class DiTSource:
         device = planner.device
         self._plan_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def _plan(self, request: SynthesisRequest, voice_index: int):
+    def _plan_many(self, items: list[tuple[SynthesisRequest, int]]):
+        requests = [(r.text, voice_index, r.speed) for r, voice_index in items]
         if self._plan_stream is None:
-            return self.planner.plan(request.text, voice_index, request.speed)
+            return self.planner.plan_many(requests)
         # The planner reads only its weights (static since start-up) and its own uploads, so the
         # plan stream does not wait for the main stream.
         main = torch.cuda.current_stream(self._plan_stream.device)
         with torch.cuda.stream(self._plan_stream):
-            plans = self.planner.plan(request.text, voice_index, request.speed)
+            results = self.planner.plan_many(requests)
         main.wait_stream(self._plan_stream)
-        for clause in plans:  # used on the main stream: keep the allocator from reusing them early
-            clause.enc.record_stream(main)
-            clause.enc_null.record_stream(main)
-        return plans
+        for plans in results:
+            for clause in plans if isinstance(plans, list) else ():
+                # Used on the main stream: keep the allocator from reusing them early.
+                clause.enc.record_stream(main)
+                clause.enc_null.record_stream(main)
+        return results
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
-        chunks = []
-        for clause in self._plan(request, voice_index):
-            for i, (start, n) in enumerate(clause.chunks):
-                chunks.append((clause.enc, clause.enc_null, start, n, clause.text if i == 0 else None))
-        self._requests[request.id] = _DiTRequest(request, chunks)
-        return sum(c[3] for c in chunks)
+        [result] = self.prepare_many([(request, voice_index)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
+        """``prepare`` for several requests with one planner forward; per request its frame
+        count, or the exception that rejects it (the others are prepared)."""
+        out: list[int | Exception] = []
+        for (request, _), plans in zip(items, self._plan_many(items)):
+            if isinstance(plans, Exception):
+                out.append(plans)
+                continue
+            chunks = []
+            for clause in plans:
+                for i, (start, n) in enumerate(clause.chunks):
+                    chunks.append((clause.enc, clause.enc_null, start, n, clause.text if i == 0 else None))
+            self._requests[request.id] = _DiTRequest(request, chunks)
+            out.append(sum(c[3] for c in chunks))
+        return out
 
     def wants_slot(self, request_id: str) -> bool:
         r = self._requests[request_id]

@@ -48,6 +48,7 @@ FaultHook = Callable[[str, str], None]
 "vocalize"); raising from it simulates a failure inside that request (fault tests)."""
 
 
+STAGES = ("deliver", "plan", "admit", "tick", "vocalize")  # worker loop stages, in loop order
 MAX_IN_FLIGHT = 2  # vocalized batches whose PCM may still be on its way to the host
 
 
@@ -111,6 +112,7 @@ class Worker:
         batch_slot_share: float = 0.75,
         fault_hook: FaultHook | None = None,
         name: str = "streamvox-worker",
+        batch_planning: bool = False,
     ):
         self.source = source
         self.vocalizer = vocalizer
@@ -128,7 +130,11 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pending = 0  # requests submitted but not yet started (queue depth)
         self._pending_lock = threading.Lock()
-        self._admitting: tuple[RequestHandle, Deliver] | None = None  # in hand between inbox and _active
+        self._admitting: list[tuple[RequestHandle, Deliver]] = []  # taken from the inbox, not yet active
+        # Plan all requests taken from the inbox in one loop iteration together (one encoder
+        # forward), when the source can: a win where per-request launch overhead dominates
+        # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
+        self.batch_planning = batch_planning and hasattr(source, "prepare_many")
         self._outbox: deque[_Outbox] = deque()  # vocalized audio not yet delivered, oldest first
         self.ticks = 0
         self.error: str | None = None
@@ -136,6 +142,8 @@ class Worker:
         # profiling. STREAMVOX_STAGE_SYNC=1 synchronises the device at each stage's end so
         # asynchronous GPU work is charged to the stage that issued it (slows the loop).
         self.stage_seconds: defaultdict[str, float] = defaultdict(float)
+        for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
+            self.stage_seconds[stage] = 0.0
         self._stage_sync = os.environ.get("STREAMVOX_STAGE_SYNC") == "1" and torch.cuda.is_available()
 
     # ----------------------------------------------------------------- any thread
@@ -210,10 +218,10 @@ class Worker:
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker thread died")
-            if self._admitting is not None:  # taken from the inbox, not yet active
-                handle, deliver = self._admitting
+            for handle, deliver in self._admitting:  # taken from the inbox, not yet active
                 self._release_pending()
                 self._deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
+            self._admitting = []
             for active in list(self._active.values()):
                 self._finish(active, error="engine_failure")
             raise
@@ -257,12 +265,49 @@ class Worker:
     def _admit_new(self) -> None:
         while True:
             try:
-                handle, deliver = self._inbox.get_nowait()
+                self._admitting.append(self._inbox.get_nowait())
             except queue.Empty:
-                return
-            self._admitting = (handle, deliver)
+                break
+        if not self._admitting:
+            return
+        if self.batch_planning and len(self._admitting) > 1:
+            self._admit_batch()
+        while self._admitting:
+            handle, deliver = self._admitting[0]
             self._admit_one(handle, deliver)
-            self._admitting = None
+            self._admitting.pop(0)
+
+    def _admit_batch(self) -> None:
+        """Plan every request in ``_admitting`` with one ``source.prepare_many``; each failure
+        fails its request alone. If the batched call itself fails, the requests stay in
+        ``_admitting`` and are planned one by one (which isolates the culprit). A request
+        leaves ``_admitting`` the moment it is active or finalised (the worker-death path
+        fails whatever is still there)."""
+        ready = []
+        for handle, deliver in list(self._admitting):
+            if handle.cancelled:
+                continue  # left for _admit_one, which reports it
+            try:
+                self._hook(handle.request_id, "plan")
+                ready.append((handle, deliver, self.voice_index(handle.request.voice)))
+            except Exception as exc:
+                self._admitting.remove((handle, deliver))
+                self._planning_failed(handle, deliver, exc)
+        if not ready:
+            return
+        try:
+            results = self.source.prepare_many([(h.request, v) for h, _, v in ready])
+        except Exception as exc:
+            log.warning("planning %d requests together failed (%s: %s); planning them one by one",
+                        len(ready), type(exc).__name__, exc)
+            return
+        for (handle, deliver, _), result in zip(ready, results):
+            self._admitting.remove((handle, deliver))
+            if isinstance(result, Exception):
+                self.source.drop(handle.request_id)
+                self._planning_failed(handle, deliver, result)
+            else:
+                self._active[handle.request_id] = _Active(handle=handle, deliver=deliver, frames_total=result)
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
@@ -275,12 +320,15 @@ class Worker:
             self._hook(handle.request_id, "plan")
             active.frames_total = self.source.prepare(handle.request, self.voice_index(handle.request.voice))
         except Exception as exc:
-            log.warning("request %s failed while planning: %s", handle.request_id, exc)
             self.source.drop(handle.request_id)
-            self._release_pending()
-            self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
+            self._planning_failed(handle, deliver, exc)
             return
         self._active[handle.request_id] = active
+
+    def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
+        log.warning("request %s failed while planning: %s", handle.request_id, exc)
+        self._release_pending()
+        self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
 
     def _drop_cancelled(self) -> None:
         for active in list(self._active.values()):

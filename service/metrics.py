@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engines.contract import SynthesisEngine, TickReport
@@ -35,6 +36,8 @@ class Metrics:
         self.audio_seconds = Counter("streamvox_audio_seconds_total", "Seconds of audio produced", registry=r)
         self.requests = Counter("streamvox_requests_total", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
+        if callable(getattr(engine, "stage_seconds", None)):
+            r.register(_StageCollector(engine))
 
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""
@@ -46,3 +49,18 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StageCollector:
+    """``streamvox_worker_stage_seconds_total{stage}``: where the device thread's time goes
+    (deliver, plan, admit, tick, vocalize), read from the engine at scrape time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        family = CounterMetricFamily("streamvox_worker_stage_seconds",
+                                     "Worker thread wall seconds per loop stage", labels=["stage"])
+        for stage, seconds in self.engine.stage_seconds().items():
+            family.add_metric([stage], seconds)
+        yield family

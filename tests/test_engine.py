@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -220,3 +221,68 @@ def test_out_of_memory_in_one_request_fails_only_that_request():
         assert got[1].error is not None and "out of memory" in got[1].error, (stage, got[1].error)
         for i in (0, 2):
             assert got[i].error is None and got[i].pcm.size > 0 and np.isfinite(got[i].pcm).all()
+
+
+def test_batch_planning_plans_a_burst_together_and_isolates_failures():
+    """Requests that arrive together are planned with one encoder forward (the CUDA default,
+    switched on here on CPU): each still gets its own audio — same length as when planned
+    alone, within 1e-4 (the padded batch moves the encoder states by ~1e-6) — a bad request
+    in the burst fails alone, and a failing batched call falls back to one-by-one planning."""
+    texts = [TEXTS[i % len(TEXTS)] for i in range(6)]
+    solo = tiny_engine()
+    try:
+        alone = [run_requests(solo, [_req(i, t)])[0] for i, t in enumerate(texts)]
+    finally:
+        solo.stop()
+
+    entered, gate = threading.Event(), threading.Event()
+
+    def hook(request_id: str, stage: str) -> None:
+        if request_id == "r3" and stage == "plan":
+            raise RuntimeError("injected failure at plan")
+        if request_id.startswith("gate") and stage == "plan":  # hold the worker: the burst queues behind it
+            entered.set()
+            gate.wait(10)
+
+    def burst(eng, requests):
+        """Submit ``requests`` while the worker is held, so they reach it together."""
+        entered.clear()
+        gate.clear()
+        held = Collected()
+        eng.submit(SynthesisRequest(id=f"gate-{requests[0].id}", text="Gate.", seed=0), held.deliver)
+        assert entered.wait(10)
+        threading.Timer(0.3, gate.set).start()  # after run_requests has queued the whole burst
+        out = run_requests(eng, requests)
+        assert held.done.wait(30) and held.error is None
+        return out
+
+    eng = tiny_engine(fault_hook=hook, batch_planning=True)
+    calls = []
+    real = eng.source.prepare_many
+    eng.source.prepare_many = lambda items: calls.append(len(items)) or real(items)
+    plan_many = eng.planner.plan_many
+
+    def failing_when_batched(requests):
+        if len(requests) > 1:
+            calls.append(-len(requests))  # a batched call that failed
+            raise torch.OutOfMemoryError("CUDA out of memory (injected, batched planning)")
+        return plan_many(requests)
+
+    try:
+        got = burst(eng, [_req(i, t) for i, t in enumerate(texts)])
+        assert len(texts) - 1 in calls, calls  # the burst (less r3, failed at its hook) planned together
+        # The batched forward raises (as an out-of-memory in the bigger batch would): the burst is
+        # planned one by one instead.
+        eng.planner.plan_many = failing_when_batched
+        again = burst(eng, [_req(10 + i, t) for i, t in enumerate(texts[:3])])
+        assert -3 in calls, calls
+        assert eng.stats().alive
+    finally:
+        eng.stop()
+    assert got[3].error is not None and "injected failure" in got[3].error
+    for i in (0, 1, 2, 4, 5):
+        assert got[i].error is None
+        assert got[i].pcm.size == alone[i].pcm.size
+        np.testing.assert_allclose(got[i].pcm, alone[i].pcm, atol=1e-4, rtol=0)
+    for i, col in enumerate(again):
+        assert col.error is None and col.pcm.size == alone[i].pcm.size

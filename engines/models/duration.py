@@ -38,10 +38,12 @@ class DurationModel(nn.Module):
         per_token = self.cfg.base_frames_per_token * F.softplus(_HEAD_SLOPE * raw + _SOFTPLUS_ONE)
         return per_token * speech_mask.to(per_token.dtype)
 
-    def frame_counts(self, durations: torch.Tensor, speed: float) -> list[int]:
+    def frame_counts(self, durations: torch.Tensor, speed: float | torch.Tensor) -> list[int]:
         """Utterance frames per row: round(sum / speed), clamped to [min_frames,
-        max_frames_per_clause]. Reads the device (admission time only)."""
-        if not (math.isfinite(speed) and speed > 0):
+        max_frames_per_clause]; ``speed`` one number or one per row (fp32 tensor on the
+        device; the fp32 division is the same either way). Reads the device (admission
+        time only)."""
+        if not isinstance(speed, torch.Tensor) and not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a positive finite number, got {speed}")
         totals = (durations.sum(dim=-1) / speed).tolist()
         lo, hi = self.cfg.min_frames, self.cfg.max_frames_per_clause
