@@ -92,8 +92,9 @@ def schedule(dec: CodecDecoder, lengths):
     yield [("D", k(a), False), ("B", k(c), True), ("C", k(b), False), ("E", k(0), False)], 0
     # Two items of D in one call (two rounds); C's final chunk is longer than a (padded to b).
     yield [("D", k(b), False), ("C", k(a + 1), True), ("D", k(a), False)], 0
-    # D's final chunk is padded to c; F's only chunk is final but longer than every length (eager).
-    yield [("D", k(b + 2), True), ("F", k(c + 2), True)], 1
+    # D's final chunk is padded to c; F's only chunk is final but longer than every length: cut
+    # into c + 2 (the 2-frame final piece padded to a), no eager step.
+    yield [("D", k(b + 2), True), ("F", k(c + 2), True)], 0
 
 # --------------------------------------------------------------------------- causality (padding the final chunk)
 
@@ -225,9 +226,9 @@ def test_argument_checks_and_config():
         with pytest.raises(ValueError, match="CUDA graphs need the decoder on a CUDA device"):
             GraphedDecoder(dec, 2, (4,), use_graphs=True)
     g = GraphedDecoder.for_config(dec, TINY, 8)
-    assert g.chunk_lengths == (4, 12, 15) and g.row_buckets == (1, 2, 4, 8) and not g.use_graphs
+    assert g.chunk_lengths == (1, 2, 4, 8, 12, 15) and g.row_buckets == (1, 2, 4, 8) and not g.use_graphs
     assert GraphedDecoder.for_config(dec, TINY, 40).row_buckets == (1, 2, 4, 8, 16)  # capped; larger batches split
-    assert g.graph_length(12, False) == 12 and g.graph_length(5, False) is None and g.graph_length(5, True) == 12
+    assert g.graph_length(12, False) == 12 and g.graph_length(5, False) is None and g.graph_length(5, True) == 8  # for_config's split length 8
     assert g.graph_length(16, True) is None
     with pytest.raises(ValueError, match="codes must be integer"):
         g.decode([("a", codes(dec, 5, 0).T, False)])  # [G, t] is the wrong layout
@@ -368,3 +369,26 @@ def test_cuda_engine_graphs_the_decoder_before_ready():
         assert engine.stats().ready and g.open_streams() == 0
     finally:
         engine.stop()
+
+
+def test_chunks_without_a_graph_are_cut_into_graphed_pieces(caplog):
+    """With split lengths (what the engine uses), a non-final chunk of any length decodes as
+    consecutive graphed pieces (streaming steps compose), equal to one plain decode_step of
+    the whole chunk within 1e-5, and nothing runs eagerly."""
+    dec = make_decoder("small")
+    first, chunk, longest = chunk_lengths("small")
+    g = GraphedDecoder(dec, 4, (first, chunk, longest), use_graphs=False, split_lengths=(1, 2, 4, 8))
+    assert g.pieces(30, False) == [25, 4, 1] and g.pieces(13, False) == [12, 1] and g.pieces(25, False) == [25]
+    assert g.pieces(40, True) == [36, 4] and g.pieces(3, True) == [3]  # final: last piece padded when run
+    assert g.graph_length(3, True) == 4
+    plain = GraphedDecoder(dec, 4, (first, chunk, longest), use_graphs=False)
+    assert plain.pieces(30, False) == [30]  # no exact cut without split lengths: eager, whole
+    ref = Reference(dec)
+    s = iter(range(100))
+    calls = [[("a", codes(dec, first, next(s)), False), ("b", codes(dec, 13, next(s)), False)],
+             [("a", codes(dec, 30, next(s)), False), ("b", codes(dec, 35, next(s)), False)],
+             [("a", codes(dec, 19, next(s)), True), ("b", codes(dec, 40, next(s)), True)]]
+    with caplog.at_level(logging.WARNING, logger="streamvox.graphed_decoder"):
+        for items in calls:
+            check_call(g, ref, items)
+    assert g.fallback_calls == 0 and not caplog.records and g.open_streams() == 0

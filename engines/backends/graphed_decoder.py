@@ -71,6 +71,9 @@ WARMUP_ITERS = 3  # eager runs on a side stream before each capture (cuDNN/cuBLA
 # 45 GiB, with buckets up to 16 it reserved 6 GiB and 128 streams (split into 8 x 16) took
 # 264 ms per call instead of 241 ms.
 FOR_CONFIG_MAX_BUCKET = 16
+# Extra graphed lengths for_config adds: any non-final chunk then decodes as graph replays
+# (binary pieces below the first chunk; e.g. a 30-frame clause tail = 25 + 4 + 1).
+FOR_CONFIG_SPLIT_LENGTHS = (1, 2, 4, 8)
 
 
 class GraphedDecoder:
@@ -79,10 +82,13 @@ class GraphedDecoder:
 
     def __init__(self, decoder: CodecDecoder, max_streams: int, chunk_lengths: tuple[int, ...],
                  row_buckets: tuple[int, ...] | None = None, use_graphs: bool | None = None,
-                 warmup_iters: int = WARMUP_ITERS):
+                 warmup_iters: int = WARMUP_ITERS, split_lengths: tuple[int, ...] = ()):
+        """``split_lengths``: extra graphed lengths (e.g. 1, 2, 4, 8) that a non-final chunk of
+        another length is cut into — consecutive streaming steps equal one longer step — so
+        it replays a few graphs instead of running eagerly (the DiT source's clause tails)."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
-        chunk_lengths = tuple(sorted({int(t) for t in chunk_lengths}))
+        chunk_lengths = tuple(sorted({int(t) for t in (*chunk_lengths, *split_lengths)}))
         if not chunk_lengths or chunk_lengths[0] < 1:
             raise ValueError(f"chunk_lengths must be positive frame counts, got {chunk_lengths}")
         row_buckets = default_row_buckets(max_streams) if row_buckets is None else tuple(sorted({int(b) for b in row_buckets}))
@@ -124,6 +130,7 @@ class GraphedDecoder:
         (larger batches are split into pieces of the largest bucket)."""
         s = model_cfg.stream
         kwargs.setdefault("row_buckets", default_row_buckets(min(max_streams, FOR_CONFIG_MAX_BUCKET)))
+        kwargs.setdefault("split_lengths", FOR_CONFIG_SPLIT_LENGTHS)
         return cls(decoder, max_streams, (s.first_chunk_frames, s.chunk_frames, max_chunk_frames(s)), **kwargs)
 
     # ------------------------------------------------------------------ public API
@@ -162,6 +169,21 @@ class GraphedDecoder:
             return next((t for t in self.chunk_lengths if t >= frames), None)
         return None
 
+    def pieces(self, frames: int, final: bool) -> list[int]:
+        """How a chunk of ``frames`` is decoded: one piece when it has a graph (padded if
+        final); else consecutive pieces of graphed lengths, largest first (a final chunk's
+        last piece padded) when they add up exactly; else one eager piece."""
+        if frames == 0 or self.graph_length(frames, final) is not None:
+            return [frames]
+        parts, left = [], frames
+        while left > 0 and self.graph_length(left, final) is None:
+            piece = next((t for t in reversed(self.chunk_lengths) if t <= left), None)
+            if piece is None:
+                return [frames]  # no exact cut: eager, as a whole
+            parts.append(piece)
+            left -= piece
+        return parts + ([left] if left else [])
+
     def static_pointers(self) -> dict[str, int]:
         """data_ptr of every static input and pool tensor (they must never change)."""
         out = {"index": self._index.data_ptr(), "position": self.pool.position.data_ptr()}
@@ -182,6 +204,25 @@ class GraphedDecoder:
 
     @torch.no_grad()
     def decode(self, items: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """items: (stream_id, codes [t, G] integer on the decoder's device, is_last) -> wav [t * 1920]
+        per item, in the decoder's dtype, same order. A chunk without a graph of its own is
+        cut into graphed pieces (see ``pieces``) decoded one after the other."""
+        expanded: list[tuple[str, torch.Tensor, bool]] = []
+        spans: list[range] = []
+        for sid, codes, is_last in items:
+            start = len(expanded)
+            parts = self.pieces(codes.shape[0], is_last) if codes.dim() == 2 else [codes.shape[0]]
+            offset = 0
+            for k, n in enumerate(parts):
+                expanded.append((sid, codes[offset:offset + n], is_last and k == len(parts) - 1))
+                offset += n
+            spans.append(range(start, len(expanded)))
+        if len(expanded) == len(items):
+            return self._decode_pieces(items)
+        wavs = self._decode_pieces(expanded)
+        return [wavs[span[0]] if len(span) == 1 else torch.cat([wavs[j] for j in span]) for span in spans]
+
+    def _decode_pieces(self, items: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
         """items: (stream_id, codes [t, G] integer on the decoder's device, is_last) -> wav [t * 1920]
         per item, in the decoder's dtype, same order.
 
