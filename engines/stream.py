@@ -327,9 +327,10 @@ class StreamScheduler:
         L = max(e.shape[0] for e in encs)
         batch = torch.zeros((len(encs), L, encs[0].shape[1]), dtype=self.dtype, device=self.device)
         torch._foreach_copy_([batch[r, : e.shape[0]] for r, e in enumerate(encs)], list(encs))
-        mask = torch.zeros((len(encs), L), dtype=torch.bool, device=self.device)
-        for r, e in enumerate(encs):  # fills, no host->device copy of lengths
-            mask[r, : e.shape[0]] = True
+        # One comparison against the uploaded lengths (page-locked, no stream sync), not one
+        # fill kernel per row: a 256-row rebuild would otherwise launch 256 kernels.
+        lengths = upload([e.shape[0] for e in encs], torch.int64, self.device)
+        mask = torch.arange(L, device=self.device)[None, :] < lengths[:, None]
         self._enc_memo[key] = (tuple(encs), batch, mask)  # tuple(encs) pins the ids
         self._memo_rebuilds += 1
         while len(self._enc_memo) > self.cfg.memo_size:
