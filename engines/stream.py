@@ -85,13 +85,12 @@ def apg_velocity(pos: torch.Tensor, neg: torch.Tensor, scale: float, momentum: t
 class _Slot:
     """One chunk in flight. Identity matters (memo keys), so no dataclass equality."""
 
-    def __init__(self, job: ChunkJob, ring_index: int, ts: list[float], sched: torch.Tensor,
+    def __init__(self, job: ChunkJob, ring_index: int, ts: list[float],
                  buf: torch.Tensor, positions: torch.Tensor, context_flags: torch.Tensor,
                  guided: bool, momentum: torch.Tensor | None):
         self.job = job
         self.ring_index = ring_index
-        self.ts = ts  # host schedule [steps + 1]
-        self.sched = sched  # the same on the device, fp32
+        self.ts = ts  # host schedule [steps + 1]; a tick uploads the current t of every row at once
         self.buf = buf  # [Tc + Tn, D] fp32: clean context, then the noisy state
         self.positions = positions  # [Tc + Tn] int64 global frame indices
         self.context_flags = context_flags  # [Tc + Tn] bool
@@ -191,7 +190,6 @@ class StreamScheduler:
         guided = job.enc_null is not None and self.cfg.guidance != "none" and job.guidance_scale > 1.0
         slot = _Slot(
             job=job, ring_index=ring_index, ts=ts,
-            sched=upload(ts, torch.float32, self.device),  # no stream sync at admission
             buf=buf,
             positions=torch.arange(job.frame_start - Tc, job.frame_start + Tn, device=self.device),
             context_flags=torch.arange(Tc + Tn, device=self.device) < Tc,
@@ -309,7 +307,8 @@ class StreamScheduler:
         layout = self._layout(rows)
         torch._foreach_copy_(layout.row_views, [s.buf for s, _ in rows])  # negative rows keep the context
         enc, enc_mask = self.padded_encoder_states(tuple(s.encoder_states(neg) for s, neg in rows))
-        t = torch.stack([s.sched[s.step] for s, _ in rows])  # [R], views of device schedules
+        # [R] fp32: one page-locked non-blocking upload (no sync), not R device indexing ops
+        t = upload([s.ts[s.step] for s, _ in rows], torch.float32, self.device)
         self._forward_count += 1
         return self.dit(layout.x_in, layout.positions, layout.context_mask, layout.frame_mask,
                         t, enc, enc_mask)
@@ -348,11 +347,14 @@ class StreamScheduler:
         x_in = torch.zeros((R, T, D), dtype=self.dtype, device=self.device)
         positions = torch.zeros((R, T), dtype=torch.long, device=self.device)
         context_mask = torch.zeros((R, T), dtype=torch.bool, device=self.device)
-        frame_mask = torch.zeros((R, T), dtype=torch.bool, device=self.device)
-        for r, (s, _) in enumerate(rows):
-            positions[r, : s.rows] = s.positions
-            context_mask[r, : s.rows] = s.context_flags
-            frame_mask[r, : s.rows] = True
+        # Multi-tensor copies and one comparison, not three kernels per row: at 256 rows a
+        # rebuild (every tick the slot set changes, i.e. most ticks under load) would otherwise
+        # launch ~770 kernels.
+        torch._foreach_copy_([positions[r, : s.rows] for r, (s, _) in enumerate(rows)], [s.positions for s, _ in rows])
+        torch._foreach_copy_([context_mask[r, : s.rows] for r, (s, _) in enumerate(rows)],
+                             [s.context_flags for s, _ in rows])
+        lengths = upload([s.rows for s, _ in rows], torch.int64, self.device)
+        frame_mask = torch.arange(T, device=self.device)[None, :] < lengths[:, None]
         layout = _Layout(slots=tuple(s for s, _ in rows), x_in=x_in,
                          row_views=[x_in[r, : s.rows] for r, (s, _) in enumerate(rows)],
                          positions=positions, context_mask=context_mask, frame_mask=frame_mask)
