@@ -219,7 +219,17 @@ class Engine:
             self.voice_aliases = {"default": speakers[0]}
             for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                 self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
-            self.source = TalkerLatentSource(TalkerSource.from_bundle(talker, max_slots=talker_slots), speakers,
+            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots)
+            if device.type == "cuda":
+                # The talker runs the code predictor for every frame of every step: eager on an
+                # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
+                from .backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+
+                talker_source.predictor = GraphedCodePredictor(
+                    talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
+                    + (talker_slots,), compile_backend=compile_backend("predictor"))
+            self.talker_predictor = talker_source.predictor
+            self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=cfg.stream.first_chunk_frames,
                                              chunk_frames=cfg.stream.chunk_frames)
             max_slots = talker_slots
@@ -242,7 +252,8 @@ class Engine:
         if self.worker.alive:
             return
         scheduler = getattr(self, "scheduler", None)  # the talker source has none
-        for owner in (self.vocalizer.predictor, self.vocalizer.graphed_decoder,
+        for owner in (self.vocalizer.predictor, getattr(self, "talker_predictor", None),
+                      self.vocalizer.graphed_decoder,
                       scheduler.dit if scheduler is not None else None):
             capture_all = getattr(owner, "capture_all", None)
             if capture_all is not None:  # CUDA: every predictor / decoder / DiT graph, before the worker and ready

@@ -55,3 +55,24 @@ def test_cuda_fp32_engine_matches_cpu():
         assert g.pcm.size == c.pcm.size
         close = np.isclose(g.pcm, c.pcm, atol=2e-3)
         assert close.mean() > 0.9, f"only {close.mean():.3f} of samples within 2e-3 of the CPU engine"
+
+
+def test_cuda_talker_engine_replays_the_code_predictor_from_graphs():
+    """Talker source on CUDA: the code predictor it runs every step is graphed (captured in
+    start(), buckets up to the talker's slots) and the engine speaks."""
+    from engines.backends.graphed_predictor import GraphedCodePredictor
+    from tests.oracle import talker_fixtures as fx
+
+    path = fx.checkpoint_dir("cv_proj")
+    if not path.exists():
+        pytest.skip("talker fixture checkpoint missing (bash scripts/oracle-env.sh writes it)")
+    engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32)
+    assert engine.info.source == "talker" and isinstance(engine.talker_predictor, GraphedCodePredictor)
+    engine.start()
+    try:
+        assert engine.talker_predictor.captured  # every (bucket, mode) before ready
+        [col] = run_requests(engine, [SynthesisRequest(id="t0", text="Hello from the talker.", seed=1)],
+                             timeout=300)
+    finally:
+        engine.stop()
+    assert col.error is None and col.pcm.size > 0 and np.isfinite(col.pcm).all()
