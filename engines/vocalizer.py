@@ -241,7 +241,10 @@ class Vocalizer:
         for it, c in zip(items, codes):
             if c.shape[0]:
                 self._streams[it.stream_id] = _Stream(None, it.frame_offset + c.shape[0])
-        return [w.float() for w in wavs]
+        if not wavs:
+            return []
+        # One cast for the whole call (not one kernel per stream); the pieces are views.
+        return list(torch.cat(wavs).float().split([w.numel() for w in wavs]))
 
     def _stream_state(self, stream_id: str) -> DecoderState:
         """A known stream's carried state, or a fresh one (decoder positions count from its first chunk)."""
