@@ -85,6 +85,9 @@ class Feeder:
             self.admit_one()
 
 
+FUSION_PAYS = 1.1  # two-pass / fused below this: within noise of no gain
+
+
 def make_scheduler(dit, base_cfg, depth: int, fused: bool, device, dtype) -> StreamScheduler:
     ceiling = 2 * depth if fused else depth
     cfg = dataclasses.replace(base_cfg, max_slots=depth, batch_ceiling=ceiling, guidance="cfg",
@@ -194,6 +197,7 @@ def main() -> None:
               f"{'graphed ms/tick':>15} | {'fused/graphed':>13}")
     print(header)
     print("-" * len(header))
+    fusion_gain: dict[int, float] = {}
     for depth in depths:
         # Alternate the variants and keep each one's median run: a shared machine is noisy.
         runs = {True: [], False: [], "graphed": [], "off": []}
@@ -211,10 +215,14 @@ def main() -> None:
             graphed_cols = f"{g['ms_tick']:>15.2f} | {fused['ms_tick'] / g['ms_tick']:>13.2f}"
         else:
             graphed_cols = f"{'n/a (no CUDA)':>15} | {'n/a':>13}"
+        fusion_gain[depth] = split["ms_tick"] / fused["ms_tick"]
         print(f"{depth:>5} | {fused['rows']:>4} | {off['ms_tick']:>15.2f} | {fused['ms_tick']:>13.2f} | {split['ms_tick']:>14.2f} | "
               f"{split['ms_tick'] / fused['ms_tick']:>12.2f} | {split['cpu_ms_tick'] / fused['cpu_ms_tick']:>14.2f} | "
               f"{fused['chunks_s']:>8.2f} | "
               f"{fused['frames_s']:>8.1f} | {fused['frames_s'] / FRAMES_PER_SECOND:>10.2f} | {graphed_cols}")
+    unpaid = [d for d, gain in fusion_gain.items() if gain < FUSION_PAYS]
+    print(f"fused CFG stops paying (two-pass/fused < {FUSION_PAYS}) at depth {unpaid[0]}" if unpaid else
+          f"fused CFG pays at every measured depth (two-pass/fused >= {FUSION_PAYS} up to depth {max(fusion_gain)})")
     print("x realtime = finished frames/s / 12.5 (fused); depth = active slots, rows = DiT batch rows (2n under CFG);")
     print("CPU-time ratio = 2-pass / fused process CPU time per tick (robust to other load on a shared CPU)")
     print("graphed = fused CFG with the DiT forward replayed from CUDA graphs (CUDA only), blocks through "
