@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadgen import TEXTS, UNDERRUN_SLACK_S, percentile  # noqa: E402
+from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
 from engines.engine import DTYPES, build_engine  # noqa: E402
@@ -31,23 +31,15 @@ class Track:
 
     def __init__(self) -> None:
         self.submitted = time.monotonic()
-        self.first: float | None = None
-        self.samples = 0
-        self.underruns = 0
+        self.playback = Playback(SAMPLE_RATE)
         self.error: str | None = None
         self.done = threading.Event()
 
     def deliver(self, chunk: AudioChunk) -> None:
-        now = time.monotonic()
         if chunk.pcm.size:
-            if self.first is None:
-                self.first = now
-            if now - (self.first + self.samples / SAMPLE_RATE) > UNDERRUN_SLACK_S:
-                self.underruns += 1
-            self.samples += chunk.pcm.size
+            self.playback.arrived(time.monotonic(), chunk.pcm.size)
         if chunk.is_final:
             self.error = chunk.error
-            self.finished = now
             self.done.set()
 
 
@@ -63,11 +55,12 @@ def run_level(engine, clients: int, round_id: int) -> dict:
     for tr in tracks:
         tr.done.wait(600)
     wall = time.monotonic() - t0
-    ok = [t for t in tracks if t.error is None and t.first is not None]
+    ok = [t for t in tracks if t.error is None and t.playback.first is not None]
     stages = {k: v - stages0.get(k, 0.0) for k, v in engine.worker.stage_seconds.items()}
     return {"clients": clients, "errors": clients - len(ok), "wall": wall,
-            "ttfa": [t.first - t.submitted for t in ok], "underrun": sum(1 for t in ok if t.underruns),
-            "audio_s": sum(t.samples for t in ok) / SAMPLE_RATE, "ticks": engine.worker.ticks - ticks0,
+            "ttfa": [t.playback.first - t.submitted for t in ok],
+            "underrun": sum(1 for t in ok if t.playback.underruns),
+            "audio_s": sum(t.playback.samples for t in ok) / SAMPLE_RATE, "ticks": engine.worker.ticks - ticks0,
             "stages": stages}
 
 

@@ -31,6 +31,27 @@ TEXTS = [
 
 
 @dataclass
+class Playback:
+    """The underrun model: playback starts when the first audio arrives; sample k is due at
+    ``first + k / rate``; audio arriving more than UNDERRUN_SLACK_S after it is due is late."""
+
+    rate: int
+    first: float | None = None
+    samples: int = 0
+    underruns: int = 0
+    worst_lateness_s: float = 0.0
+
+    def arrived(self, now: float, samples: int) -> None:
+        if self.first is None:
+            self.first = now
+        lateness = now - (self.first + self.samples / self.rate)
+        self.worst_lateness_s = max(self.worst_lateness_s, lateness)
+        if lateness > UNDERRUN_SLACK_S:
+            self.underruns += 1
+        self.samples += samples
+
+
+@dataclass
 class StreamStats:
     ok: bool = False
     error: str | None = None
@@ -65,20 +86,14 @@ async def run_ws_session(base_url: str, text: str, seed: int = 0, api_key: str |
             clock["t0"] = t0 = time.monotonic()
             await ws.send(json.dumps({"type": "input.text", "text": text}))
             await ws.send(json.dumps({"type": "input.done"}))
-            samples = 0
-            t_first = None
+            playback = Playback(rate)
             try:
                 async for msg in ws:
                     now = time.monotonic()
                     if isinstance(msg, bytes):
-                        if t_first is None:
-                            t_first = now
+                        if playback.first is None:
                             stats.ttfa_s = now - t0
-                        lateness = now - (t_first + samples / rate)
-                        stats.worst_lateness_s = max(stats.worst_lateness_s, lateness)
-                        if lateness > UNDERRUN_SLACK_S:
-                            stats.underruns += 1
-                        samples += len(msg) // BYTES_PER_SAMPLE
+                        playback.arrived(now, len(msg) // BYTES_PER_SAMPLE)
                         continue
                     event = json.loads(msg)
                     if event["type"] == "error":
@@ -88,7 +103,8 @@ async def run_ws_session(base_url: str, text: str, seed: int = 0, api_key: str |
                         stats.ok = True
                         break
             finally:
-                stats.audio_s = samples / rate
+                stats.audio_s = playback.samples / rate
+                stats.underruns, stats.worst_lateness_s = playback.underruns, playback.worst_lateness_s
 
     try:
         await asyncio.wait_for(session(), timeout_s)

@@ -14,15 +14,21 @@ def canonical_device(device) -> torch.device:
     return d
 
 
-def upload(values, dtype: torch.dtype, device) -> torch.Tensor:
-    """Host values -> a tensor on ``device`` without waiting for the device.
+def stage(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor -> the same values on ``device`` without waiting for the device.
 
-    ``torch.tensor(values, device="cuda")`` copies from pageable memory and synchronises the
-    stream, so every admission would drain the queued ticks; staging through page-locked
-    memory and copying ``non_blocking`` does not (the caching host allocator keeps the
-    staging block alive until the copy has run)."""
-    host = torch.tensor(values, dtype=dtype)
+    ``tensor.to("cuda")`` from pageable memory synchronises the stream, so every admission
+    would drain the queued ticks; staging through page-locked memory and copying
+    ``non_blocking`` does not (the caching host allocator keeps the staging block alive
+    until the copy has run)."""
     device = canonical_device(device)
+    if device.type == "cpu":
+        return host
     if device.type != "cuda":
-        return host if device.type == "cpu" else host.to(device)
+        return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def upload(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """Host values (a list) -> a tensor on ``device``, staged as in :func:`stage`."""
+    return stage(torch.tensor(values, dtype=dtype), device)

@@ -18,7 +18,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .devices import canonical_device
 from .contract import (
     SAMPLE_RATE,
     AudioChunk,
@@ -31,6 +30,7 @@ from .contract import (
     SynthesisRequest,
     TickReport,
 )
+from .devices import canonical_device
 from .models.codec_decoder import CodecDecoder
 from .models.codec_head import CodecHead
 from .models.code_predictor import CodePredictor

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .devices import canonical_device, upload
+from .devices import canonical_device, stage, upload
 from .models.condition import ConditionEncoder
 from .models.configs import ModelConfig, StreamConfig
 from .models.duration import DurationModel
@@ -140,6 +140,4 @@ class UtterancePlanner:
         for i, x in enumerate(ids):
             token_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
             mask[i, : len(x)] = True
-        if self.device.type == "cuda":  # page-locked + non_blocking: no stream sync for the upload
-            token_ids, mask = token_ids.pin_memory(), mask.pin_memory()
-        return token_ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        return stage(token_ids, self.device), stage(mask, self.device)

@@ -31,9 +31,9 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from .devices import canonical_device
 from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
 from .contract import SAMPLES_PER_FRAME
+from .devices import canonical_device
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.codec_decoder import CodecDecoder, DecoderState
 from .models.codec_head import CodecHead

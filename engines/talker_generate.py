@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-from .devices import canonical_device
 from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from .devices import canonical_device
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.configs import CodePredictorConfig
 from .models.talker import Talker, TalkerConfig, apply_talker_processors, sample_code0

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .devices import canonical_device
 from .contract import SynthesisRequest
+from .devices import canonical_device, upload
 from .models.code_predictor import CodePredictor, FrameSampling
 from .models.talker import Talker, apply_talker_processors, sample_code0
 from .qwen3_prompt import PromptBuilder
@@ -372,8 +372,8 @@ class TalkerSource:
         holes = sorted(i for i in gone if i < n_new)
         movers = sorted(i for i in range(n_new, n) if i not in gone)
         if movers:
-            src = torch.tensor(movers).to(self.device, non_blocking=True)  # no stream sync for the upload
-            dst = torch.tensor(holes).to(self.device, non_blocking=True)
+            src = upload(movers, torch.int64, self.device)  # no stream sync for the upload
+            dst = upload(holes, torch.int64, self.device)
             length = max(self._rows[i].next_pos for i in movers)
             self.cache.move_rows(src, dst, length)
             st = self.state

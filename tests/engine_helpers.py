@@ -47,3 +47,13 @@ def run_requests(engine: Engine, requests: list[SynthesisRequest], timeout: floa
     for col in out:
         assert col.done.wait(timeout), "request did not finish in time"
     return out
+
+
+def run_chunks(sched, jobs) -> dict:
+    """Admit every ChunkJob into the scheduler, tick until all finish -> {key: latents}."""
+    for job in jobs:
+        sched.admit(job)
+    out = {}
+    while sched.active_slots:
+        out.update({f.key: f.latents for f in sched.tick()})
+    return out

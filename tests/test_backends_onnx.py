@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip install 'streamvox[onnx]')")
 onnx = pytest.importorskip("onnx", reason="onnx not installed (pip install 'streamvox[onnx]')")
 
+from engine_helpers import run_chunks  # noqa: E402  (tests/ is on sys.path)
 from engines.backends import (  # noqa: E402
     ArtifactMismatch,
     AxisRange,
@@ -195,22 +196,13 @@ def _job(i: int, cfg, guided=True, frames=12, context=4, steps=3) -> ChunkJob:
                     frame_start=16 + 7 * i, num_frames=frames - i, seed=1234 + i, steps=steps, guidance_scale=2.0)
 
 
-def _run(sched: StreamScheduler, jobs: list[ChunkJob]) -> dict:
-    for j in jobs:
-        sched.admit(j)
-    out = {}
-    while sched.active_slots:
-        out.update({f.key: f.latents for f in sched.tick()})
-    return out
-
-
 @pytest.mark.parametrize("ceiling", [32, 4])  # 32: fused CFG (6 rows); 4: two passes per tick
 def test_stream_scheduler_through_ort_matches_torch(tiny, ort_dit, ceiling):
     stream = dataclasses.replace(tiny.config.stream, batch_ceiling=ceiling, max_slots=min(16, ceiling))
     jobs = [_job(0, tiny.config), _job(1, tiny.config), _job(2, tiny.config, guided=False, context=0)]
     ref_sched = StreamScheduler(tiny.dit, stream, "cpu")
     ort_sched = StreamScheduler(ort_dit, stream, "cpu")
-    ref, got = _run(ref_sched, jobs), _run(ort_sched, jobs)
+    ref, got = run_chunks(ref_sched, jobs), run_chunks(ort_sched, jobs)
     assert ort_sched.forward_count == ref_sched.forward_count == (3 if ceiling == 32 else 6)
     assert set(got) == set(ref) == {j.key for j in jobs}
     for k in ref:

@@ -18,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 
+from engine_helpers import run_chunks  # tests/ is on sys.path
 from engines.backends import AxisRange, ShapeOutsideProfile, apply_backend
 from engines.backends.base import ArtifactMismatch
 from engines.backends.manifest import GraphSpec, TensorSpec
@@ -181,15 +182,6 @@ def _job(i, cfg, steps=3) -> ChunkJob:
                     num_frames=6, seed=i, steps=steps, guidance_scale=2.5)
 
 
-def _run(sched, jobs):
-    for j in jobs:
-        sched.admit(j)
-    out = {}
-    while sched.active_slots:
-        out.update({f.key: f.latents for f in sched.tick()})
-    return out
-
-
 @pytest.mark.parametrize("slots,forwards_per_tick", [(4, 1), (5, 2)])
 def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_per_tick):
     """Engine max batch 8 (manifest: 32): 4 guided slots = 8 rows fuse; 5 need two passes.
@@ -202,13 +194,13 @@ def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_
     assert config.stream.batch_ceiling == 8 and config.stream.max_slots == 8
     jobs = [_job(i, tiny.config) for i in range(slots)]
     sched = StreamScheduler(trt_dit, config.stream, "cpu")
-    got = _run(sched, jobs)
+    got = run_chunks(sched, jobs)
     assert sched.forward_count == 3 * forwards_per_tick
     executes = [e for e in log if e[0] == "execute_async_v3"]
     assert len(executes) == 3 * forwards_per_tick
     if forwards_per_tick == 2:  # both passes ran on the same output buffer
         assert len(trt_dit.runner._buffers) == 1
-    ref = _run(StreamScheduler(tiny.dit, config.stream, "cpu"), jobs)
+    ref = run_chunks(StreamScheduler(tiny.dit, config.stream, "cpu"), jobs)
     for k in ref:
         assert (got[k] - ref[k]).abs().max().item() < TOL, k
 
@@ -294,9 +286,9 @@ def test_apply_backend_tensorrt_loads_engines_and_uses_their_ceiling(tiny, tmp_p
     assert models.config.stream.batch_ceiling == 6 and models.config.stream.max_slots == 6
     jobs = [_job(i, tiny.config) for i in range(3)]  # 6 rows: fused
     sched = StreamScheduler(models.dit, models.config.stream, "cpu")
-    got = _run(sched, jobs)
+    got = run_chunks(sched, jobs)
     assert sched.forward_count == 3
-    ref = _run(StreamScheduler(tiny.dit, models.config.stream, "cpu"), jobs)
+    ref = run_chunks(StreamScheduler(tiny.dit, models.config.stream, "cpu"), jobs)
     assert all((got[k] - ref[k]).abs().max().item() < TOL for k in ref)
     codes = torch.randint(0, tiny.decoder.cfg.codebook_size, (1, tiny.decoder.cfg.num_quantizers, 5))
     wav, _ = models.decoder.decode_step(codes, models.decoder.init_state(1))

@@ -172,9 +172,19 @@ def test_for_streams_equals_cat_of_for_stream():
     from engines.models.code_predictor import FrameSampling
 
     streams = [(3, 7, 0, True, 0.9, 50, 1.0), (1, 2**40 + 5, 12, False, 0.7, 20, 0.8), (4, 0, 100, False, 1.1, 0, 1.0)]
+    from engines.randomness import split_seed
+
+    def naive(n, seed, off, g, t, k, p):  # field by field, as the rows are defined
+        lo, hi = split_seed(seed)
+        full = lambda v, dt: torch.full((n,), v, dtype=dt)  # noqa: E731
+        return FrameSampling(full(lo, torch.int64), full(hi, torch.int64), torch.arange(off, off + n),
+                             full(g, torch.bool), full(t, torch.float32), full(k, torch.int64),
+                             full(p, torch.float32), all_greedy=g, any_top_p=(not g) and p < 1.0)
+
     got = FrameSampling.for_streams(streams, "cpu")
-    want = FrameSampling.cat([FrameSampling.for_stream(n, seed, off, "cpu", g, t, k, p)
-                              for n, seed, off, g, t, k, p in streams])
+    want = FrameSampling.cat([naive(*row) for row in streams])
+    one = FrameSampling.for_stream(*streams[1][:3], "cpu", *streams[1][3:])
+    assert torch.equal(one.frame, naive(*streams[1]).frame) and torch.equal(one.top_p, naive(*streams[1]).top_p)
     for name in ("seed_lo", "seed_hi", "frame", "greedy", "temperature", "top_k", "top_p"):
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and torch.equal(a, b), name

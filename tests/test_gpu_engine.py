@@ -63,9 +63,7 @@ def test_cuda_talker_engine_replays_the_code_predictor_from_graphs():
     from engines.backends.graphed_predictor import GraphedCodePredictor
     from tests.oracle import talker_fixtures as fx
 
-    path = fx.checkpoint_dir("cv_proj")
-    if not path.exists():
-        pytest.skip("talker fixture checkpoint missing (bash scripts/oracle-env.sh writes it)")
+    path = fx.checkpoint_dir("cv_proj")  # fails under CI, skips elsewhere, when the fixture is missing
     engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32)
     assert engine.info.source == "talker" and isinstance(engine.talker_predictor, GraphedCodePredictor)
     engine.start()

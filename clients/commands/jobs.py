@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 
-from .say import add_connection_arguments
+from .say import add_connection_arguments, call_server
 
 
 def register(subparsers) -> None:
@@ -35,21 +34,7 @@ def register(subparsers) -> None:
 
 
 def _call(args: argparse.Namespace, action) -> int:
-    from clients.client import StreamvoxClient, StreamvoxError
-
-    async def go():
-        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
-            return await action(client)
-
-    try:
-        asyncio.run(go())
-    except StreamvoxError as exc:
-        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"streamvox {args.command}: cannot reach {args.url}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return call_server(args, action)[0]
 
 
 def run_submit(args: argparse.Namespace) -> int:

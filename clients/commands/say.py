@@ -31,28 +31,35 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def call_server(args: argparse.Namespace, action):
+    """``await action(client)`` against ``args.url``: (0, its result), or (1, None) after
+    printing why (a server error, or the server cannot be reached)."""
+    from clients.client import StreamvoxClient, StreamvoxError
+
+    async def go():
+        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
+            return await action(client)
+
+    try:
+        return 0, asyncio.run(go())
+    except StreamvoxError as exc:
+        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"streamvox {args.command}: cannot reach {args.url}: {exc}", file=sys.stderr)
+    return 1, None
+
+
 def run(args: argparse.Namespace) -> int:
     import soundfile as sf
-
-    from clients.client import StreamvoxClient, StreamvoxError
 
     text = sys.stdin.read() if args.text == "-" else args.text
     config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
                                              "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
               if value is not None}
 
-    async def speak():
-        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
-            return await client.say(text, **config)
-
-    try:
-        result = asyncio.run(speak())
-    except StreamvoxError as exc:
-        print(f"streamvox say: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"streamvox say: cannot reach {args.url}: {exc}", file=sys.stderr)
-        return 1
+    code, result = call_server(args, lambda client: client.say(text, **config))
+    if code:
+        return code
     sf.write(args.out, result.pcm, result.sample_rate, subtype="PCM_16")
     ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "

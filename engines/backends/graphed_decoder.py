@@ -59,7 +59,9 @@ import logging
 
 import torch
 
+from ..devices import upload
 from ..models.codec_decoder import CodecDecoder, DecoderState
+from .cuda_graphs import capture
 from .graphed_dit import default_row_buckets, max_chunk_frames
 
 log = logging.getLogger("streamvox.graphed_decoder")
@@ -277,13 +279,6 @@ class GraphedDecoder:
 
     # ------------------------------------------------------------------ internals
 
-    def _upload(self, rows: list[int]) -> torch.Tensor:
-        """Row indices -> int64 tensor on the device (CUDA: pinned, non-blocking, no sync)."""
-        host = torch.tensor(rows, dtype=torch.int64)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
-
     def _acquire(self, stream_ids: list[str]) -> list[int]:
         fresh = [sid for sid in dict.fromkeys(stream_ids) if sid not in self._rows]
         if len(fresh) > len(self._free):
@@ -294,7 +289,7 @@ class GraphedDecoder:
             self._rows[sid] = heapq.heappop(self._free)
             new_rows.append(self._rows[sid])
         if new_rows:  # a reused row must start like init_state (all zeros, position 0)
-            idx = self._upload(new_rows)
+            idx = upload(new_rows, torch.int64, self.device)
             for x in self._state_tensors():
                 x.index_fill_(0, idx, 0)
         return [self._rows[sid] for sid in stream_ids]
@@ -373,7 +368,7 @@ class GraphedDecoder:
             log.warning("decoder chunk of %d frames (%d streams) is outside the graphed chunk lengths %s: running "
                         "the eager decoder on the pool rows (warned once; fallback_calls counts them)",
                         t, len(group), self.chunk_lengths)
-        idx = self._upload([self._rows[items[i][0]] for i in group])
+        idx = upload([self._rows[items[i][0]] for i in group], torch.int64, self.device)
         codes = torch.stack([items[i][1].to(self.device) for i in group]).transpose(1, 2)  # [n, G, t]
         wav, new = self.decoder.decode_step(codes, self._gather(idx))
         self._scatter(idx, new)
@@ -384,14 +379,7 @@ class GraphedDecoder:
         """Warm up on a side stream, then capture bucket (rows, t) into the shared pool. The
         index points at the scratch row, so the warm-up runs touch no stream's state."""
         self._index[:rows].fill_(self.scratch_row)
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            for _ in range(self.warmup_iters):
-                self._step(rows, t)
-        current.wait_stream(self._stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool_handle, stream=self._stream):
-            out = self._step(rows, t)
+        graph, out = capture(lambda: self._step(rows, t), self.device, self._stream, self._pool_handle,
+                             self.warmup_iters)
         self._graphs[(rows, t)] = graph
         self._out[(rows, t)] = out

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cuda_graphs import capture, capture_or_uncompiled
+
 log = logging.getLogger("streamvox.graphed_dit")
 
 WARMUP_ITERS = 3  # eager runs on a side stream before each capture (cuBLAS/SDPA init, allocator)
@@ -213,17 +215,13 @@ class GraphedDiT:
         capturing the compiled blocks fails, the plain blocks are captured instead (warned)."""
         if not self.use_graphs:
             return
-        try:
-            self._capture_missing()
-        except Exception as exc:
-            if getattr(self.dit, "block_step", None) is None:
-                raise
-            log.warning("capturing the torch.compile'd DiT blocks failed (%s: %s); capturing the plain blocks",
-                        type(exc).__name__, exc)
-            self.dit.block_step = None
-            self._graphs.clear()
-            self._out.clear()
-            self._capture_missing()
+        capture_or_uncompiled(self._capture_missing, getattr(self.dit, "block_step", None) is not None,
+                              self._uncompile, "DiT blocks")
+
+    def _uncompile(self) -> None:
+        self.dit.block_step = None
+        self._graphs.clear()
+        self._out.clear()
 
     def _capture_missing(self) -> None:
         for rows in self.row_buckets:
@@ -294,14 +292,6 @@ class GraphedDiT:
     def _capture(self, rows: int, le: int) -> None:
         """Warm up on a side stream, then capture bucket (rows, le) into the shared pool."""
         args = self.static_inputs(rows, le).args()
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            for _ in range(self.warmup_iters):
-                self.dit(*args)
-        current.wait_stream(self._stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-            out = self.dit(*args)
+        graph, out = capture(lambda: self.dit(*args), self.device, self._stream, self._pool, self.warmup_iters)
         self._graphs[(rows, le)] = graph
         self._out[(rows, le)] = out

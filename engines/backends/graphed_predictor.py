@@ -39,14 +39,12 @@ the old one: every call checks that and recaptures.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from ..models.code_predictor import CodePredictor, FrameSampling
-
-log = logging.getLogger("streamvox.graphed_predictor")
+from .cuda_graphs import capture, capture_or_uncompiled
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODES = ("greedy", "sampled", "top_p")
@@ -177,16 +175,12 @@ class GraphedCodePredictor:
         if not self.use_graphs:
             return
         self._bind_cache()
-        try:
-            self._capture_missing(modes)
-        except Exception as exc:  # torch.compile is an optimisation, never a reason not to start
-            if self.predictor.layer_step is None:
-                raise
-            log.warning("capturing the torch.compile'd predictor layers failed (%s: %s); capturing the plain "
-                        "layers", type(exc).__name__, exc)
-            self.predictor.layer_step = None
-            self._bind_cache()  # drops the graphs captured so far
-            self._capture_missing(modes)
+        capture_or_uncompiled(lambda: self._capture_missing(modes), self.predictor.layer_step is not None,
+                              self._uncompile, "predictor layers")
+
+    def _uncompile(self) -> None:
+        self.predictor.layer_step = None
+        self._bind_cache()  # drops the graphs captured so far
 
     def _capture_missing(self, modes) -> None:
         for b in self.buckets:
@@ -254,15 +248,7 @@ class GraphedCodePredictor:
         if self.predictor.kv_cache is not self._cache:
             self._bind_cache()
         buf = self._buckets[bucket]
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            for _ in range(self.warmup_iters):
-                self._eager(buf, mode)
-        current.wait_stream(self._stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-            out = self._eager(buf, mode)
+        graph, out = capture(lambda: self._eager(buf, mode), self.device, self._stream, self._pool, self.warmup_iters)
         if self.predictor.kv_cache is not self._cache:
             raise RuntimeError("the code predictor reallocated its KV cache during capture")
         self._graphs[(bucket, mode)] = graph

@@ -25,7 +25,7 @@ from torch import nn
 from ..devices import canonical_device, upload
 from ..randomness import DOMAIN_CODES, keyed_gumbel, sample_logits, split_seed
 from .configs import CodePredictorConfig
-from .layers import SwiGLU
+from .layers import SwiGLU, compile_block_call
 
 # --------------------------------------------------------------------------- primitives
 
@@ -101,14 +101,7 @@ class FrameSampling:
     def for_stream(n_frames: int, seed: int, frame_offset: int, device, greedy: bool = True,
                    temperature: float = 0.9, top_k: int = 50, top_p: float = 1.0) -> "FrameSampling":
         """Rows for frames ``frame_offset .. frame_offset + n_frames - 1`` of one stream."""
-        lo, hi = split_seed(seed)
-        full = lambda v, dt: torch.full((n_frames,), v, dtype=dt, device=device)  # noqa: E731
-        return FrameSampling(
-            seed_lo=full(lo, torch.int64), seed_hi=full(hi, torch.int64),
-            frame=torch.arange(frame_offset, frame_offset + n_frames, dtype=torch.int64, device=device),
-            greedy=full(bool(greedy), torch.bool), temperature=full(float(temperature), torch.float32),
-            top_k=full(int(top_k), torch.int64), top_p=full(float(top_p), torch.float32),
-            all_greedy=bool(greedy), any_top_p=(not greedy) and top_p < 1.0)
+        return FrameSampling.for_streams([(n_frames, seed, frame_offset, greedy, temperature, top_k, top_p)], device)
 
     @staticmethod
     def for_streams(streams: list[tuple[int, int, int, bool, float, int, float]], device) -> "FrameSampling":
@@ -144,17 +137,21 @@ class FrameSampling:
         return self.frame.shape[0]
 
 
+def keep_top_k(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k (sample_logits only takes one k for the whole batch): x [B, V] with values
+    below each row's k-th largest set to -inf; top_k [B] int64, <= 0 means off."""
+    vocab = x.shape[-1]
+    k = torch.where(top_k > 0, top_k, vocab).clamp(1, vocab)
+    kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
 def sample_rows(logits: torch.Tensor, sampling: FrameSampling, domain: int, counters: torch.Tensor) -> torch.Tensor:
     """logits [B, V] -> ids [B] (int64) on the device; counters [B] int64 key the Gumbel noise."""
     if sampling.all_greedy:
         return logits.argmax(dim=-1)
-    x = logits.float()
-    vocab = x.shape[-1]
-    # Per-row top-k (sample_logits only takes one k for the whole batch): keep values >= the k-th largest.
-    k = torch.where(sampling.top_k > 0, sampling.top_k, vocab).clamp(1, vocab)
-    kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
-    x = x.masked_fill(x < kth, float("-inf"))
-    gumbel = keyed_gumbel(sampling.seed_lo, sampling.seed_hi, domain, counters, vocab)
+    x = keep_top_k(logits.float(), sampling.top_k)
+    gumbel = keyed_gumbel(sampling.seed_lo, sampling.seed_hi, domain, counters, x.shape[-1])
     top_p = sampling.top_p if sampling.any_top_p else None
     return sample_logits(x, gumbel, sampling.temperature, None, top_p, sampling.greedy)
 
@@ -274,11 +271,7 @@ class CodePredictor(nn.Module):
         activations: the eager step is launch bound, ~50 kernels per layer). One compiled
         function serves every layer, step and batch (dynamic shapes; sizes 1 and 2 are
         specialised, so a handful of variants). Capture it in a CUDA graph afterwards."""
-        import torch._dynamo
-
-        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-        setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
-        self.layer_step = torch.compile(_call_layer, backend=backend, dynamic=True, fullgraph=True)
+        self.layer_step = compile_block_call(_call_layer, backend)
 
     @property
     def num_code_groups(self) -> int:

@@ -24,6 +24,7 @@ from torch import nn
 
 from .condition import Attention, RMSNorm, SwiGLU, key_padding_mask, rope_cos_sin
 from .configs import DiTConfig
+from .layers import compile_block_call
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -98,11 +99,7 @@ class FlowDiT(nn.Module):
         """Run the blocks through ``torch.compile``: fuses the fp32 norms, RoPE, adaLN
         modulation and gates that dominate a bf16 block once launches are graphed. One
         compiled function serves all blocks (dynamic rows / encoder length)."""
-        import torch._dynamo
-
-        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-        setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
-        self.block_step = torch.compile(_call_block, backend=backend, dynamic=True, fullgraph=True)
+        self.block_step = compile_block_call(_call_block, backend)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, context_mask: torch.Tensor,
                 frame_mask: torch.Tensor, t: torch.Tensor, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:

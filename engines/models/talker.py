@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..randomness import DOMAIN_TALKER, keyed_uniform, sample_logits
-from .code_predictor import DecoderLayer, FrameSampling, RMSNorm, rope_inv_freq
+from .code_predictor import DecoderLayer, FrameSampling, RMSNorm, keep_top_k, rope_inv_freq
 
 
 @dataclass(frozen=True)
@@ -243,11 +243,7 @@ def sample_code0(scores: torch.Tensor, ids: torch.Tensor, sampling: FrameSamplin
     """
     if sampling.all_greedy:
         return scores.argmax(dim=-1)
-    x = scores.float()
-    n = x.shape[-1]
-    k = torch.where(sampling.top_k > 0, sampling.top_k, n).clamp(1, n)
-    kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
-    x = x.masked_fill(x < kth, float("-inf"))
+    x = keep_top_k(scores.float(), sampling.top_k)
     u = keyed_uniform(sampling.seed_lo[:, None], sampling.seed_hi[:, None], DOMAIN_TALKER,
                       sampling.frame[:, None], ids[None, :], device=x.device)
     gumbel = -torch.log(-torch.log(u))
