@@ -6,6 +6,7 @@ For each concurrency level: time to first audio p50/p95, per-stream wall/audio r
 generator with load.py.
 
     .venv/bin/python benchmarks/bench_e2e.py --preset small --device cpu --levels 1,2,4,8
+    python3 benchmarks/bench_e2e.py --device cuda --checkpoint DIR ...   # the talker path
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def main() -> int:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--levels", default="1,8,32,64,128,256")
+    parser.add_argument("--checkpoint", help="serve this Qwen3-TTS directory (its talker; make_checkpoint.py)")
     parser.add_argument("--api-key")
     parser.add_argument("--min-sessions", type=int, default=8,
                         help="repeat a level until this many sessions were measured (percentiles need samples)")
@@ -79,6 +81,8 @@ def main() -> int:
                              "(e.g. --serve-arg=--max-slots=128)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    if args.checkpoint:
+        args.serve_arg.append(f"--checkpoint={args.checkpoint}")
     server = None
     url = args.url
     if url is None:
@@ -93,7 +97,8 @@ def main() -> int:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU x{torch.get_num_threads()} threads"
-        print(f"streamvox bench_e2e: preset {args.preset}, device {device} ({name}), server {url}")
+        what = f"checkpoint {args.checkpoint}" if args.checkpoint else f"preset {args.preset}"
+        print(f"streamvox bench_e2e: {what}, device {device} ({name}), server {url}")
         print(f"{'clients':>7} {'sessions':>8} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
               f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9}  worker time by stage")
         best = 0

@@ -4,6 +4,13 @@ vocalize). Separates engine limits from service limits when bench_e2e.py disappo
 
     python3 benchmarks/bench_engine.py --preset base --device cuda --levels 1,8,64,128 --max-slots 128
     STREAMVOX_STAGE_SYNC=1 ...   # charge asynchronous GPU work to the stage that issued it
+    python3 benchmarks/bench_engine.py --checkpoint DIR ...   # the talker path (random: make_checkpoint.py)
+    ... --profile 64 --trace-dir OUT   # torch.profiler over a steady-state second at 64 streams
+
+The profile keeps N requests in flight (a finished one is replaced at once), skips the
+first second, records the next one, and prints the GPU's busy share (union of kernel
+time / wall), the top 10 kernels and the largest gaps between kernels (host-side stalls:
+time in which the GPU had nothing queued).
 
 Underrun model as in loadgen.py: playback starts at the first chunk; a chunk arriving
 more than 100 ms after its first sample is due counts as an underrun.
@@ -64,6 +71,79 @@ def run_level(engine, clients: int, round_id: int) -> dict:
             "stages": stages}
 
 
+def profile_level(engine, clients: int, trace_dir: str | None, warm_s: float = 1.0, window_s: float = 1.0) -> None:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    finished = threading.Semaphore(0)
+    serial = 0
+
+    def submit() -> None:
+        nonlocal serial
+        serial += 1
+
+        def deliver(chunk: AudioChunk) -> None:
+            if chunk.is_final:
+                finished.release()
+        engine.submit(SynthesisRequest(id=f"p{serial}", text=TEXTS[serial % len(TEXTS)], seed=serial), deliver)
+
+    def keep_full(until: float) -> None:
+        while time.monotonic() < until:
+            if finished.acquire(timeout=0.01):
+                submit()
+
+    for _ in range(clients):
+        submit()
+    keep_full(time.monotonic() + warm_s)
+    cuda = engine.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.monotonic()
+        keep_full(t0 + window_s)
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+        wall_us = (time.monotonic() - t0) * 1e6
+    for _ in range(clients):  # the requests still in flight finish before anything else runs
+        finished.acquire(timeout=120)
+    print(f"\nprofile: {clients} requests kept in flight, {window_s:.1f} s window after {warm_s:.1f} s")
+    if trace_dir:
+        path = Path(trace_dir) / f"trace_{clients}.json"
+        prof.export_chrome_trace(str(path))
+        print(f"chrome trace: {path}")
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = [a for a in prof.key_averages() if getattr(a, key, 0) > 0
+            and (not cuda or a.device_type == DeviceType.CUDA)]
+    rows.sort(key=lambda a: getattr(a, key), reverse=True)
+    total = sum(getattr(a, key) for a in rows) or 1.0
+    print(f"top kernels by {'GPU' if cuda else 'CPU'} time ({total / 1e3:.1f} ms in all):")
+    for a in rows[:10]:
+        print(f"  {getattr(a, key) / 1e3:8.2f} ms {100 * getattr(a, key) / total:5.1f}% x{a.count:<6} {a.key[:90]}")
+    if not cuda:
+        return
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        print("no kernels recorded")
+        return
+    busy, gaps, (start, end) = 0.0, [], spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy += end - start
+            gaps.append((s - end, end))
+            start, end = s, e
+        else:
+            end = max(end, e)
+    busy += end - start
+    first = spans[0][0]
+    gaps.sort(reverse=True)
+    print(f"GPU busy {busy / 1e3:.1f} ms of {wall_us / 1e3:.1f} ms wall ({100 * busy / wall_us:.0f}%); "
+          f"{len(gaps)} idle gaps, {sum(g for g, _ in gaps) / 1e3:.1f} ms in all; gaps > 50 us: "
+          f"{sum(1 for g, _ in gaps if g > 50)} ({sum(g for g, _ in gaps if g > 50) / 1e3:.1f} ms)")
+    print("largest idle gaps (ms at ms into the window): " + ", ".join(
+        f"{g / 1e3:.2f}@{(at - first) / 1e3:.0f}" for g, at in gaps[:10]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small")
@@ -72,16 +152,20 @@ def main() -> int:
     ap.add_argument("--levels", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=3, help="runs per level (TTFA percentiles over all of them)")
     ap.add_argument("--max-slots", type=int, default=None)
+    ap.add_argument("--checkpoint", help="Qwen3-TTS directory: its talker is the source (see make_checkpoint.py)")
+    ap.add_argument("--profile", type=int, default=0, metavar="CLIENTS",
+                    help="after the levels, profile a steady-state second at this many concurrent requests")
+    ap.add_argument("--trace-dir", help="write the profile's chrome trace here")
     args = ap.parse_args()
     engine = build_engine(preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots,
-                          dtype=DTYPES.get(args.dtype))
+                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint)
     t0 = time.perf_counter()
     engine.start()
     import torch
 
     dev = engine.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
-    print(f"streamvox bench_engine: preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
+    print(f"streamvox bench_engine: source {engine.source.name}, preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
           f"slots {engine.info.extra.get('max_slots')}, start (capture + warm-up) {time.perf_counter() - t0:.1f}s")
     print(f"{'clients':>7} {'errors':>6} {'TTFA p50':>9} {'TTFA p95':>9} {'underrun':>8} {'audio s/s':>9} "
           f"{'ms/tick':>8} | stage share of worker wall time: plan admit tick vocalize deliver")
@@ -97,6 +181,8 @@ def main() -> int:
             print(f"{clients:>7} {sum(r['errors'] for r in results):>6} {1000 * percentile(ttfa, 0.5):>9.1f} "
                   f"{1000 * percentile(ttfa, 0.95):>9.1f} {sum(r['underrun'] for r in results):>8} "
                   f"{sum(r['audio_s'] for r in results) / wall:>9.1f} {1000 * total / max(ticks, 1):>8.2f} | {share}")
+        if args.profile:
+            profile_level(engine, args.profile, args.trace_dir)
     finally:
         engine.stop()
     print("TTFA = submit -> first PCM delivered by the engine (no HTTP); ms/tick = worker stage time / ticks")

@@ -2,6 +2,8 @@
 official ``generate()`` when the oracle venv (.venv-oracle) is present.
 
     python benchmarks/bench_talker.py [--size small] [--device auto] [--batches 1 8 32] [--no-official]
+    python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 256 \
+        --official-batches 1 8 64 --oracle-python /tmp/oracle-python
 
 Random weights at the chosen sizes (timing does not depend on their values).
 * ours, "talker step": one batched talker forward (decode, query length 1) at B rows;
@@ -10,7 +12,11 @@ Random weights at the chosen sizes (timing does not depend on their values).
   full: continuous batching); ms per frame = tick / frames emitted;
 * official: ``Qwen3TTSForConditionalGeneration.generate`` (HF generate, dynamic cache) on
   B utterances, greedy, EOS made unreachable so it runs exactly N steps; ms per frame =
-  wall / (N - 1) / B. Runs in .venv-oracle as a subprocess (this script, --official-worker).
+  wall / (N - 1) / B. Runs in .venv-oracle as a subprocess (this script, --official-worker);
+* floor (CUDA): the weights one frame must read (talker layers + final norm + the valid
+  codec-head rows, then G-1 code-predictor steps of its layers, norm, projection and one
+  lm_head) / the measured device copy bandwidth, per frame = that / batch (KV reads and
+  activations ignored, so it is a lower bound while weight-bound).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
@@ -33,9 +40,13 @@ SIZES = {  # talker hidden/layers/heads/kv/head_dim, predictor hidden/layers, G,
                  groups=4, codebook=64, text_hidden=64),
     "small": dict(hidden=256, layers=6, heads=8, kv_heads=4, head_dim=32, predictor_hidden=256, predictor_layers=3,
                   groups=8, codebook=256, text_hidden=256),
-    # The released 0.6B talker sizes (text vocabulary kept small: it does not enter a step).
-    "0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, predictor_hidden=1024,
-                 predictor_layers=5, groups=16, codebook=2048, text_hidden=2048),
+    # The released talker sizes (REFERENCES.md; text vocabulary kept small: it does not enter a step).
+    "0.6b": dict(hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8, head_dim=128,
+                 predictor_hidden=1024, predictor_intermediate=3072, predictor_layers=5, predictor_heads=16,
+                 predictor_kv_heads=8, groups=16, codebook=2048, text_hidden=2048),
+    "1.7b": dict(hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                 predictor_hidden=1024, predictor_intermediate=3072, predictor_layers=5, predictor_heads=16,
+                 predictor_kv_heads=8, groups=16, codebook=2048, text_hidden=2048),
 }
 TEXT = "Streaming speech from the talker, one frame at a time, for every utterance in the batch."
 
@@ -45,15 +56,41 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int) -> list[dict]:
+def frame_weight_bytes(talker, predictor) -> int:
+    """Weight bytes one frame reads: the talker step, then G-1 code-predictor steps."""
+    def size(module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    head_row = talker.codec_head.weight[0].numel() * talker.codec_head.weight.element_size()
+    talker_bytes = size(talker.model.layers) + size(talker.model.norm) + talker.valid_ids.numel() * head_row
+    p = predictor
+    step = size(p.model.layers) + size(p.model.norm) + size(p.small_to_mtp_projection) + size(p.lm_head[0])
+    return talker_bytes + (talker.cfg.num_code_groups - 1) * step
+
+
+def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int,
+         graphed: bool = True) -> tuple[list[dict], float | None]:
     from engines.contract import SynthesisRequest
     from engines.talker_source import TalkerSource
     from tests.talker_helpers import make_bundle
 
     bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
+    floor_ms = None
+    if device.type == "cuda":
+        from bench_code_predictor import copy_bandwidth
+
+        floor_ms = frame_weight_bytes(bundle.talker, bundle.predictor) / copy_bandwidth(device) * 1e3
     rows = []
+    predictor = bundle.predictor
+    if device.type == "cuda" and graphed:  # as the engine runs it (engines/engine.py)
+        from engines.backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+
+        predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(
+            b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),))
+        predictor.capture_all()
     for b in batches:
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=512)
+        source.predictor = predictor
         serial = 0
 
         def fill():
@@ -93,7 +130,8 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
             step_ms = (time.perf_counter() - t0) * 1e3 / reps
         rows.append(dict(batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
                          frame_ms=spent * 1e3 / max(frames, 1), frames=frames))
-    return rows
+        del source
+    return rows, floor_ms
 
 
 def official_worker(size: str, device: str, dtype: str, batches: list[int], steps: int) -> None:
@@ -106,11 +144,13 @@ def official_worker(size: str, device: str, dtype: str, batches: list[int], step
     special = cb
     talker = dict(
         code_predictor_config=dict(vocab_size=cb, hidden_size=s["predictor_hidden"],
-                                   intermediate_size=2 * s["predictor_hidden"],
-                                   num_hidden_layers=s["predictor_layers"], num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=s["predictor_hidden"] // 4,
+                                   intermediate_size=s.get("predictor_intermediate", 2 * s["predictor_hidden"]),
+                                   num_hidden_layers=s["predictor_layers"],
+                                   num_attention_heads=s.get("predictor_heads", 4),
+                                   num_key_value_heads=s.get("predictor_kv_heads", 2),
+                                   head_dim=s["predictor_hidden"] // s.get("predictor_heads", 4),
                                    rope_theta=1_000_000, num_code_groups=s["groups"]),
-        vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=2 * s["hidden"],
+        vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=s.get("intermediate", 2 * s["hidden"]),
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
         head_dim=s["head_dim"], rope_theta=1_000_000,
         rope_scaling={"mrope_section": [s["head_dim"] // 2 - 2 * (s["head_dim"] * 5 // 32),
@@ -153,6 +193,9 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--official-batches", type=int, nargs="+", default=None,
+                    help="batches for the official baseline (default: --batches; it is slow at large ones)")
+    ap.add_argument("--eager-predictor", action="store_true", help="CUDA: skip the code predictor's graphs")
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
@@ -169,12 +212,14 @@ def main() -> None:
         return
 
     print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
-    mine = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks)
+    mine, floor_ms = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks,
+                          graphed=not args.eager_predictor)
     theirs: dict[int, dict] = {}
     oracle = Path(args.oracle_python)
     if not args.no_official and oracle.is_file():
         cmd = [str(oracle), __file__, "--official-worker", "--size", args.size, "--device", str(device),
-               "--dtype", args.dtype, "--ticks", str(args.ticks), "--batches", *map(str, args.batches)]
+               "--dtype", args.dtype, "--ticks", str(args.ticks),
+               "--batches", *map(str, args.official_batches or args.batches)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
@@ -185,12 +230,18 @@ def main() -> None:
             print("official baseline failed:\n" + res.stderr[-2000:])
     elif not args.no_official:
         print("(no .venv-oracle: official baseline skipped; build it with scripts/oracle-env.sh)")
-    print(f"{'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} || "
-          f"{'official step ms':>16} | {'official ms/frame':>17}")
+    if floor_ms is not None:
+        print(f"memory floor: one frame's weights / measured copy bandwidth = {floor_ms:.3f} ms at batch 1")
+    print(f"{'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'floor ms/frame':>14} | "
+          f"{'x floor':>7} || {'official step ms':>16} | {'official ms/frame':>17} | {'official/ours':>13}")
     for r in mine:
         o = theirs.get(r["batch"])
-        off = f"{o['step_ms']:16.2f} | {o['frame_ms']:17.2f}" if o else f"{'-':>16} | {'-':>17}"
-        print(f"{r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} || {off}")
+        off = (f"{o['step_ms']:16.2f} | {o['frame_ms']:17.2f} | {o['frame_ms'] / r['frame_ms']:13.2f}" if o
+               else f"{'-':>16} | {'-':>17} | {'-':>13}")
+        floor = f"{floor_ms / r['batch']:14.4f} | {r['frame_ms'] / (floor_ms / r['batch']):7.1f}" if floor_ms else (
+            f"{'n/a':>14} | {'n/a':>7}")
+        print(f"{r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | {floor} "
+              f"|| {off}")
 
 
 if __name__ == "__main__":

@@ -385,7 +385,7 @@ def has_talker_weights(checkpoint: str | Path | None) -> bool:
 
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
-                 warmup: bool = True, source: str | None = None, talker_slots: int = 8,
+                 warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
@@ -423,6 +423,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         models = apply_backend(models, backend, artifacts_dir, dev)
     log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
              time.perf_counter() - t0)
+    if talker_slots is None:
+        talker_slots = max_slots or 8
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning)
 

@@ -5,8 +5,12 @@
 #   .whl/proj  soundfile cffi pycparser soxr websockets pytest-asyncio  (project side)
 #   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
 #              qwen-tts==0.1.1 accelerate==1.12.0                      (official baseline)
-# Usage: bash scripts/gpu-verify.sh [steps...]   steps: tests cp tick engine talker e2e (default: all)
-# TESTS='tests/x.py ...' narrows the test step.
+# Usage: bash scripts/gpu-verify.sh [steps...]
+#   steps: tests cp tick engine talker e2e            (the DiT path and components)
+#          ckpt talker_e2e profile_talker profile_dit  (issue 19: the served talker and the profiles)
+#   default: all of the first line.
+# TESTS='tests/x.py ...' narrows the test step. SIZES='0.6b 1.7b' picks the talker sizes (random
+# checkpoints in the official layout, written by the `ckpt` step into /tmp/ckpt-SIZE).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -71,6 +75,37 @@ for step in $STEPS; do
            benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,64,128 --serve-arg=--max-queue=1024 \
            --serve-arg=--max-slots=128 2>&1 | tee "$OUT/bench_e2e_nocompile.log"; }
       set +o pipefail ;;
+    ckpt)
+      for size in ${SIZES:-0.6b}; do
+        say "random $size checkpoint"
+        [ -d /tmp/ckpt-$size ] || timeout 300 "$ORACLE_PY" benchmarks/make_checkpoint.py --size $size /tmp/ckpt-$size \
+          2>&1 | grep -v -i "flash-attn\|^\*\*\*\|^ *$" | tee -a "$OUT/ckpt.log"
+      done ;;
+    talker_bench)
+      for size in ${SIZES:-0.6b}; do
+        say "bench_talker $size"
+        timeout 240 python3 benchmarks/bench_talker.py --size $size --device cuda --dtype bfloat16 \
+          --batches ${TALKER_BATCHES:-1 8 64 256} --official-batches ${OFFICIAL_BATCHES:-1 8 64} --ticks 10 \
+          --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker_$size.log"
+      done ;;
+    talker_e2e)
+      for size in ${SIZES:-0.6b}; do
+        say "bench_e2e talker $size"
+        timeout ${E2E_TIMEOUT:-300} python3 benchmarks/bench_e2e.py --device cuda --checkpoint /tmp/ckpt-$size \
+          --levels ${E2E_LEVELS:-1,8,32,64,128,256} --serve-arg=--max-queue=1024 \
+          --serve-arg=--max-slots=${TALKER_SLOTS:-256} 2>&1 | tee "$OUT/bench_e2e_talker_$size.log"
+      done ;;
+    profile_talker)
+      say "bench_engine talker 0.6b + profile at 64"
+      timeout 300 python3 benchmarks/bench_engine.py --checkpoint /tmp/ckpt-0.6b --device cuda --levels 1,8,64 \
+        --rounds 1 --max-slots ${TALKER_SLOTS:-256} --profile 64 --trace-dir "$OUT" 2>&1 \
+        | tee "$OUT/profile_talker.log"
+      gzip -f "$OUT"/trace_64.json && mv "$OUT"/trace_64.json.gz "$OUT"/trace_talker_64.json.gz ;;
+    profile_dit)
+      say "bench_engine DiT base + profile at 64"
+      timeout 300 python3 benchmarks/bench_engine.py --preset base --device cuda --levels 1,8,64 \
+        --rounds 1 --max-slots 128 --profile 64 --trace-dir "$OUT" 2>&1 | tee "$OUT/profile_dit.log"
+      gzip -f "$OUT"/trace_64.json && mv "$OUT"/trace_64.json.gz "$OUT"/trace_dit_64.json.gz ;;
     *) echo "unknown step $step" ;;
   esac
 done

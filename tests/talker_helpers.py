@@ -56,19 +56,22 @@ def randomize(module: nn.Module, g: torch.Generator) -> None:
 def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int = 32, max_new_tokens: int = 24,
                 eos_gain: float = 1.5, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
                 predictor_hidden: int = 32, predictor_layers: int = 2, text_hidden: int = 24,
+                intermediate: int | None = None, predictor_intermediate: int | None = None,
+                predictor_heads: int = 4, predictor_kv_heads: int = 2,
                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TalkerBundle:
     tok = make_tokenizer()
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     cb = codebook
     q = head_dim // 2  # rotary pairs, split 3 ways like [24, 20, 20] of 64
     section = (q - 2 * (q * 5 // 16), q * 5 // 16, q * 5 // 16)
-    tcfg = TalkerConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    tcfg = TalkerConfig(hidden_size=hidden, intermediate_size=intermediate or 2 * hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                         mrope_section=section, vocab_size=cb + 1024, text_vocab_size=tok.vocab_size + 2,
                         text_hidden_size=text_hidden, num_code_groups=groups, codec_eos_token_id=cb + 102)
-    pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=predictor_hidden, intermediate_size=2 * predictor_hidden,
-                               num_hidden_layers=predictor_layers, num_attention_heads=4, num_key_value_heads=2,
-                               head_dim=predictor_hidden // 4, num_code_groups=groups, talker_hidden_size=hidden)
+    pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=predictor_hidden,
+                               intermediate_size=predictor_intermediate or 2 * predictor_hidden,
+                               num_hidden_layers=predictor_layers, num_attention_heads=predictor_heads,
+                               num_key_value_heads=predictor_kv_heads, head_dim=predictor_hidden // predictor_heads, num_code_groups=groups, talker_hidden_size=hidden)
     prompt_cfg = PromptConfig(
         tts_model_type="custom_voice", tts_pad_token_id=ids["<tts_pad>"], tts_bos_token_id=ids["<tts_text_bos>"],
         tts_eos_token_id=ids["<tts_text_eod>"], codec_pad_id=cb + 100, codec_bos_id=cb + 101,
