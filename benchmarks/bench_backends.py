@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from engines.backends import apply_backend
-from engines.backends.onnx_export import export_models
-from engines.backends.onnxruntime_backend import example_dit_batch, parity_report
+from engines.export import apply_backend
+from engines.export.onnx_export import export_models
+from engines.export.onnxruntime_backend import example_dit_batch, parity_report
 from engines.contract import SAMPLE_RATE, SynthesisRequest
-from engines.engine import Engine, build_models
-from engines.presets import PRESET_NAMES, get_preset
+from engines.core.engine import Engine, build_models
+from engines.config import PRESET_NAMES, get_preset
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home "
         "across the field before the evening rain begins.")

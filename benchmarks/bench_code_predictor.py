@@ -4,7 +4,7 @@
 
 Random weights (timing does not depend on their values). Before timing, the two loops
 must produce identical codes on the same inputs. On CUDA a third loop, "graphed"
-(engines/backends/graphed_predictor.py: the KV loop as one CUDA graph per batch bucket,
+(engines/runtime/graphed_predictor.py: the KV loop as one CUDA graph per batch bucket,
 called through its static buffers, copies in and out included), is checked against the
 KV loop's codes and timed; then the memory-bandwidth floor per frame (weight bytes per
 step / measured device copy bandwidth x steps, / batch) and each variant's ratio to it.
@@ -23,13 +23,13 @@ import time
 
 import torch
 
-from engines.backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.engine import resolve_device as pick_device  # auto -> cuda if present
-from engines.presets import PRESET_NAMES, get_preset
+from engines.core.engine import resolve_device as pick_device  # auto -> cuda if present
+from engines.config import PRESET_NAMES, get_preset
 
 
 def sync(device: torch.device) -> None:

@@ -71,7 +71,7 @@ def frame_weight_bytes(talker, predictor) -> int:
 def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int,
          graphed: bool = True) -> tuple[list[dict], float | None]:
     from engines.contract import SynthesisRequest
-    from engines.talker_source import TalkerSource
+    from engines.pipelines.talker.source import TalkerSource
     from tests.talker_helpers import make_bundle
 
     bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
@@ -82,8 +82,8 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
         floor_ms = frame_weight_bytes(bundle.talker, bundle.predictor) / copy_bandwidth(device) * 1e3
     rows = []
     predictor = bundle.predictor
-    if device.type == "cuda" and graphed:  # as the engine runs it (engines/engine.py)
-        from engines.backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+    if device.type == "cuda" and graphed:  # as the engine runs it (engines/core/engine.py)
+        from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 
         predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(
             b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),))

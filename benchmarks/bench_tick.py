@@ -7,7 +7,7 @@ Slots run in steady state like the worker drives them: staggered steps, and a
 finished chunk is replaced at once by the next chunk of the same clause (same
 encoder-state objects, the previous tail as context). Random weights; before
 timing, fused and two-pass outputs are checked to agree. On CUDA a last column times the
-fused variant with the DiT forward CUDA-graphed (engines/backends/graphed_dit.py), after
+fused variant with the DiT forward CUDA-graphed (engines/runtime/graphed_dit.py), after
 checking that graphed and eager fused outputs agree; elsewhere it reads "n/a (no CUDA)".
 """
 
@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from engines.backends.graphed_dit import GraphedDiT, default_enc_buckets
+from engines.runtime.graphed_dit import GraphedDiT, default_enc_buckets
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
-from engines.engine import resolve_device as pick_device  # auto -> cuda if present
-from engines.presets import get_preset
-from engines.randomness import keyed_normal
-from engines.stream import ChunkJob, StreamScheduler
+from engines.core.engine import resolve_device as pick_device  # auto -> cuda if present
+from engines.config import get_preset
+from engines.models.sampling import keyed_normal
+from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
 
 FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
 

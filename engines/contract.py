@@ -220,7 +220,7 @@ class EngineStats:
 
 
 class SynthesisEngine(Protocol):
-    """What the service needs from an engine (see :mod:`engines.engine`)."""
+    """What the service needs from an engine (see :mod:`engines.core.engine`)."""
 
     info: EngineInfo
 

@@ -43,7 +43,7 @@ def one_torch_thread():
 
 def make_engine(max_queue: int = 64):
     """The real tiny engine on CPU."""
-    from engines.engine import build_engine
+    from engines.core.engine import build_engine
 
     return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
 

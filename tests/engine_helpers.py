@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engines.contract import AudioChunk, SynthesisRequest
-from engines.engine import Engine, build_engine
+from engines.core.engine import Engine, build_engine
 
 
 @dataclass

@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip instal
 onnx = pytest.importorskip("onnx", reason="onnx not installed (pip install 'streamvox[onnx]')")
 
 from engine_helpers import run_chunks  # noqa: E402  (tests/ is on sys.path)
-from engines.backends import (  # noqa: E402
+from engines.export import (  # noqa: E402
     ArtifactMismatch,
     AxisRange,
     BackendUnavailable,
@@ -27,14 +27,14 @@ from engines.backends import (  # noqa: E402
     make_decoder_runner,
     make_dit_runner,
 )
-from engines.backends.manifest import Manifest, weights_hash  # noqa: E402
-from engines.backends.onnx_export import default_profiles, export_models  # noqa: E402
-from engines.backends.onnxruntime_backend import example_dit_batch  # noqa: E402
+from engines.export.manifest import Manifest, weights_hash  # noqa: E402
+from engines.export.onnx_export import default_profiles, export_models  # noqa: E402
+from engines.export.onnxruntime_backend import example_dit_batch  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
-from engines.engine import Engine, build_models  # noqa: E402
-from engines.presets import get_preset  # noqa: E402
-from engines.randomness import keyed_normal  # noqa: E402
-from engines.stream import ChunkJob, StreamScheduler  # noqa: E402
+from engines.core.engine import Engine, build_models  # noqa: E402
+from engines.config import get_preset  # noqa: E402
+from engines.models.sampling import keyed_normal  # noqa: E402
+from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler  # noqa: E402
 
 TOL = 1e-4
 
@@ -344,8 +344,8 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
 
 def test_cli_export_from_checkpoint_records_its_hash(tiny, tmp_path):
     from clients.cli import main
-    from engines.backends.manifest import file_hash
-    from engines.engine import save_weights
+    from engines.export.manifest import file_hash
+    from engines.core.engine import save_weights
 
     other = build_models(get_preset("tiny"), seed=4)  # not the default seed's weights
     save_weights(other, tmp_path / "w.safetensors")

@@ -19,17 +19,17 @@ import pytest
 import torch
 
 from engine_helpers import run_chunks  # tests/ is on sys.path
-from engines.backends import AxisRange, ShapeOutsideProfile, apply_backend
-from engines.backends.base import ArtifactMismatch
-from engines.backends.manifest import GraphSpec, TensorSpec
-from engines.backends.onnx_export import DecoderStepGraph, default_profiles
-from engines.backends.onnxruntime_backend import example_dit_batch
-from engines.backends.tensorrt_backend import HostStreams, TrtDecoder, TrtDiT, TrtRunner, host_view
-from engines.backends import fit_stream_to_profile
-from engines.engine import build_models
-from engines.presets import get_preset
-from engines.randomness import keyed_normal
-from engines.stream import ChunkJob, StreamScheduler
+from engines.export import AxisRange, ShapeOutsideProfile, apply_backend
+from engines.export.base import ArtifactMismatch
+from engines.export.manifest import GraphSpec, TensorSpec
+from engines.export.onnx_export import DecoderStepGraph, default_profiles
+from engines.export.onnxruntime_backend import example_dit_batch
+from engines.export.tensorrt_backend import HostStreams, TrtDecoder, TrtDiT, TrtRunner, host_view
+from engines.export import fit_stream_to_profile
+from engines.core.engine import build_models
+from engines.config import get_preset
+from engines.models.sampling import keyed_normal
+from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
 
 TOL = 1e-4
 
@@ -145,7 +145,7 @@ def dit_spec(model, profile) -> GraphSpec:
 
 def decoder_step_spec(model, profile) -> tuple[GraphSpec, DecoderStepGraph]:
     """The decoder_step spec as export writes it, and the torch graph module it exports."""
-    from engines.backends.base import flatten_state, state_names
+    from engines.export.base import flatten_state, state_names
 
     dec = model.decoder
     graph = DecoderStepGraph(dec).eval()
@@ -247,7 +247,7 @@ class FakeTensorRT:
 
 def write_trt_artifacts(tiny, directory, version="10.9.0", dit_plan=b"dit-plan"):
     """manifest.json + plan files as build-engines writes them; returns {plan bytes: fake engine}."""
-    from engines.backends.manifest import Manifest, jsonable, weights_hash
+    from engines.export.manifest import Manifest, jsonable, weights_hash
 
     dit = dit_spec(tiny, default_profiles(tiny.config)["dit"])
     step, graph = decoder_step_spec(tiny, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
@@ -307,7 +307,7 @@ def test_tensorrt_artifact_errors(tiny, tmp_path, fake_tensorrt):
     write_trt_artifacts(tiny, tmp_path, dit_plan=b"corrupt")
     with pytest.raises(ArtifactMismatch, match="TensorRT could not load it"):
         apply_backend(tiny, "tensorrt", tmp_path, "cpu")
-    from engines.backends.manifest import Manifest
+    from engines.export.manifest import Manifest
 
     m = Manifest.load(tmp_path)
     m.graphs["dit"] = dataclasses.replace(m.graphs["dit"], engine=None)  # exported, never built
@@ -413,8 +413,8 @@ def test_real_tensorrt_engines_match_torch(tiny, tmp_path):
     """Export -> build-engines -> apply_backend(tensorrt) on a GPU; fp32 engines (TF32 may be
     used by TensorRT), tolerance 5e-3."""
     _real_tensorrt_or_skip()
-    from engines.backends.onnx_export import export_models
-    from engines.backends.tensorrt_backend import build_engines
+    from engines.export.onnx_export import export_models
+    from engines.export.tensorrt_backend import build_engines
 
     export_models(tiny, tmp_path / "onnx")
     build_engines(tmp_path / "onnx", tmp_path / "trt")

@@ -16,8 +16,8 @@ import torch
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.presets import get_preset
-from engines.vocalizer import frame_codes
+from engines.config import get_preset
+from engines.pipelines.vocoder import frame_codes
 
 TINY = get_preset("tiny")
 
@@ -172,7 +172,7 @@ def test_for_streams_equals_cat_of_for_stream():
     from engines.models.code_predictor import FrameSampling
 
     streams = [(3, 7, 0, True, 0.9, 50, 1.0), (1, 2**40 + 5, 12, False, 0.7, 20, 0.8), (4, 0, 100, False, 1.1, 0, 1.0)]
-    from engines.randomness import split_seed
+    from engines.models.sampling import split_seed
 
     def naive(n, seed, off, g, t, k, p):  # field by field, as the rows are defined
         lo, hi = split_seed(seed)

@@ -16,7 +16,7 @@ import torch
 
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.init import init_module_
-from engines.presets import get_preset
+from engines.config import get_preset
 
 CFG = get_preset("tiny").decoder
 T = 2 * CFG.sliding_window + 5  # longer than the attention window, so the window must slide

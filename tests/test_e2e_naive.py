@@ -20,7 +20,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.models.code_predictor import FrameSampling
-from engines.randomness import DOMAIN_NOISE, keyed_normal
+from engines.models.sampling import DOMAIN_NOISE, keyed_normal
 from engine_helpers import Collected, tiny_engine
 
 TARGET = SynthesisRequest(id="target", text="Hello there, streaming world. This is the naive check!", seed=1234,

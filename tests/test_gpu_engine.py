@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.engine import build_engine
+from engines.core.engine import build_engine
 from tests.engine_helpers import run_requests
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -60,7 +60,7 @@ def test_cuda_fp32_engine_matches_cpu():
 def test_cuda_talker_engine_replays_the_code_predictor_from_graphs():
     """Talker source on CUDA: the code predictor it runs every step is graphed (captured in
     start(), buckets up to the talker's slots) and the engine speaks."""
-    from engines.backends.graphed_predictor import GraphedCodePredictor
+    from engines.runtime.graphed_predictor import GraphedCodePredictor
     from tests.oracle import talker_fixtures as fx
 
     path = fx.checkpoint_dir("cv_proj")  # fails under CI, skips elsewhere, when the fixture is missing

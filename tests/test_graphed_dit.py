@@ -14,16 +14,16 @@ import logging
 import pytest
 import torch
 
-from engines.backends.graphed_dit import (
+from engines.runtime.graphed_dit import (
     GraphedDiT,
     default_enc_buckets,
     default_row_buckets,
     max_chunk_frames,
     max_encoder_tokens,
 )
-from engines.planner import chunk_layout
-from engines.presets import get_preset
-from engines.stream import StreamScheduler
+from engines.pipelines.dit.planner import chunk_layout
+from engines.config import get_preset
+from engines.pipelines.dit.denoiser import StreamScheduler
 from test_stream import TOL, NoHostReads, make_dit, make_job, run, stream_cfg  # tests/ is on sys.path
 
 CFG = get_preset("tiny")
@@ -233,7 +233,7 @@ def test_scheduler_falls_back_when_rows_exceed_the_buckets():
 
 
 def test_cpu_engine_is_unchanged():
-    from engines.engine import build_engine
+    from engines.core.engine import build_engine
     from engines.models.dit import FlowDiT
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
@@ -303,7 +303,7 @@ def test_cuda_scheduler_ticks_graphed_equal_plain_and_never_sync():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 def test_cuda_engine_wraps_and_captures_the_dit_before_ready():
-    from engines.engine import build_engine
+    from engines.core.engine import build_engine
 
     engine = build_engine(preset="tiny", device="cuda", warmup=True)
     g = engine.scheduler.dit

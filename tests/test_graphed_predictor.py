@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engines.backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor, sampling_mode
+from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor, sampling_mode
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.presets import get_preset
+from engines.config import get_preset
 
 TINY = get_preset("tiny")
 SMALL_BUCKETS = (1, 2, 4, 8, 16)
@@ -155,8 +155,8 @@ def test_drop_in_attributes_and_argument_checks():
 
 
 def test_vocalizer_with_the_wrapper_gives_the_same_codes():
-    from engines.engine import build_models
-    from engines.vocalizer import VocalizeItem, Vocalizer
+    from engines.core.engine import build_models
+    from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
     models = build_models(TINY, seed=0)
     plain = Vocalizer(models.codec_head, models.code_predictor, models.decoder, "cpu", max_batch_rows=16)
@@ -171,7 +171,7 @@ def test_vocalizer_with_the_wrapper_gives_the_same_codes():
 
 
 def test_cpu_engine_is_unchanged():
-    from engines.engine import build_engine
+    from engines.core.engine import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
     assert type(engine.vocalizer.predictor) is CodePredictor
@@ -249,7 +249,7 @@ def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype):
 
 def test_hash_keys_int_keys_match_tensor_keys():
     """Int keys are mixed on the host (capture-safe); the hashes equal the all-tensor path bit for bit."""
-    from engines.randomness import hash_keys
+    from engines.models.sampling import hash_keys
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randint(0, 2**32, (257,), generator=g), torch.randint(0, 2**32, (7,), generator=g)

@@ -1,7 +1,7 @@
 """Code predictor and codec head vs the OFFICIAL qwen-tts code (oracle fixtures).
 
 References come from the official model loaded back by its own from_pretrained
-(tests/oracle/make_fixtures.py); ours from engines.qwen3_tts.load_checkpoint.
+(tests/oracle/make_fixtures.py); ours from engines.checkpoints.qwen3_tts.load_checkpoint.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from engines.qwen3_tts import load_checkpoint
+from engines.checkpoints.qwen3_tts import load_checkpoint
 from tests.oracle.fixtures import (
     ALL_CHECKPOINTS, DTYPE_VARIANTS, FP32_CHECKPOINTS, REL_TOL, checkpoint_dir, manifest, references, rel_err,
 )

@@ -14,7 +14,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from engines.qwen3_tts import load_checkpoint
+from engines.checkpoints.qwen3_tts import load_checkpoint
 from tests.oracle.fixtures import (
     ALL_CHECKPOINTS, FP32_CHECKPOINTS, REL_TOL, REL_TOL_FP64, checkpoint_dir, manifest, references, rel_err,
 )

@@ -1,5 +1,5 @@
 """The engine's codec side end to end vs the official modules: frame latents -> codes
--> audio, greedy, streamed in uneven chunks through engines.vocalizer.Vocalizer with
+-> audio, greedy, streamed in uneven chunks through engines.pipelines.vocoder.Vocalizer with
 the parts a real checkpoint directory gives (load_checkpoint)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.qwen3_tts import load_checkpoint
-from engines.vocalizer import VocalizeItem, Vocalizer
+from engines.checkpoints.qwen3_tts import load_checkpoint
+from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 from tests.oracle.fixtures import ALL_CHECKPOINTS, REL_TOL, checkpoint_dir, references, rel_err
 
 pytestmark = pytest.mark.parity

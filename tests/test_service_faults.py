@@ -24,7 +24,7 @@ def faulty_hook(request_id: str, stage: str) -> None:
 
 
 def faulty_engine():
-    from engines.engine import build_engine
+    from engines.core.engine import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", fault_hook=faulty_hook)
     engine.start()

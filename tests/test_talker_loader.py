@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engines.checkpoints import CheckpointError
+from engines.checkpoints.files import CheckpointError
 from engines.contract import SynthesisRequest
-from engines.qwen3_tts import load_checkpoint
-from engines.talker_generate import load_talker
-from engines.talker_source import TalkerSource
+from engines.checkpoints.qwen3_tts import load_checkpoint
+from engines.pipelines.talker.reference import load_talker
+from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import talker_fixtures as fx
 
 pytestmark = pytest.mark.parity  # needs the oracle fixtures

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.qwen3_prompt import NO_CODEC, _swaps_split_regex
-from engines.talker_generate import HARD_DEFAULTS, TalkerGenerationConfig, prompt_tensors
+from engines.pipelines.talker.prompt import NO_CODEC, _swaps_split_regex
+from engines.pipelines.talker.reference import HARD_DEFAULTS, TalkerGenerationConfig, prompt_tensors
 from tests.talker_helpers import make_bundle
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import websockets
 
-from engines.engine import build_engine, has_talker_weights
+from engines.core.engine import build_engine, has_talker_weights
 from tests.oracle import talker_fixtures as fx
 from conftest import start_server
 
@@ -34,7 +34,7 @@ def talker_engine():
 
 
 def reference_pcm(engine, path, voice: str) -> np.ndarray:
-    from engines.talker_generate import load_talker
+    from engines.pipelines.talker.reference import load_talker
 
     bundle = load_talker(path, "cpu", torch.float32, predictor=engine.models.code_predictor)
     with torch.no_grad():
@@ -102,7 +102,7 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
 
 def test_loaded_parts_generate_codes_equals_the_talker_loop(talker_engine):
     """``load_checkpoint(dir).generate_codes`` is the documented one-call API (issue 9)."""
-    from engines.qwen3_tts import load_checkpoint
+    from engines.checkpoints.qwen3_tts import load_checkpoint
 
     engine, path = talker_engine
     parts = load_checkpoint(path)

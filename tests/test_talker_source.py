@@ -1,6 +1,6 @@
 """TalkerSource: continuous batching gives every utterance exactly its solo codes.
 
-The solo reference is engines.talker_generate.generate_codes (full vocabulary, dynamic
+The solo reference is engines.pipelines.talker.reference.generate_codes (full vocabulary, dynamic
 per-step host loop, itself checked against the official code in test_talker_parity.py).
 Random in-process bundles (tests/talker_helpers.py) need no oracle; the last test runs the
 oracle fixtures' cases all in one batch against the official codes.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.talker_source import TalkerSource
+from engines.pipelines.talker.source import TalkerSource
 from tests.talker_helpers import make_bundle
 
 TEXTS = ["Hello world.", "the quick brown fox", "你好，世界。", "Numbers 2026 and 42, jumps over the lazy dog.", "a",
@@ -151,7 +151,7 @@ def test_limits_and_errors(bundle):
 @pytest.mark.parity
 def test_all_oracle_cases_in_one_batch_equal_official():
     from tests.oracle import talker_fixtures as fx
-    from engines.talker_generate import load_talker
+    from engines.pipelines.talker.reference import load_talker
 
     for name in fx.CHECKPOINTS:
         bundle = load_talker(fx.checkpoint_dir(name))

@@ -14,8 +14,8 @@ from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.presets import get_preset
-from engines.vocalizer import VocalizeItem, Vocalizer, reference_codes
+from engines.config import get_preset
+from engines.pipelines.vocoder import VocalizeItem, Vocalizer, reference_codes
 
 TINY = get_preset("tiny")
 G = TINY.num_code_groups
@@ -132,9 +132,9 @@ def test_bad_items_raise_before_any_state_changes():
 
 def test_items_with_known_codes_are_decoded_only():
     """The talker source hands over finished codes: the vocalizer must decode exactly them."""
-    from engines.engine import build_models
-    from engines.presets import get_preset
-    from engines.vocalizer import VocalizeItem, Vocalizer
+    from engines.core.engine import build_models
+    from engines.config import get_preset
+    from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
     m = build_models(get_preset("tiny"), seed=3)
     voc = Vocalizer(m.codec_head, m.code_predictor, m.decoder, "cpu")

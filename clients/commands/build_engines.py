@@ -18,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from engines.backends import BackendError
-    from engines.backends.tensorrt_backend import build_engines
+    from engines.export import BackendError
+    from engines.export.tensorrt_backend import build_engines
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     graphs = tuple(g.strip() for g in args.graphs.split(",")) if args.graphs else None

@@ -34,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from engines.backends.onnx_export import DTYPES, default_profiles, export_models
-    from engines.engine import _models_from_checkpoint, build_models
-    from engines.presets import get_preset
+    from engines.export.onnx_export import DTYPES, default_profiles, export_models
+    from engines.core.engine import _models_from_checkpoint, build_models
+    from engines.config import get_preset
 
     config = get_preset(args.preset)
     models = _models_from_checkpoint(Path(args.checkpoint), config, args.seed) if args.checkpoint else (
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype != "float32":
             print("--verify compares fp32 graphs only; skipped", file=sys.stderr)
             return 0
-        from engines.backends.onnxruntime_backend import parity_report
+        from engines.export.onnxruntime_backend import parity_report
 
         torch.manual_seed(0)
         for name, err in parity_report(models, args.out).items():

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"streamvox serve: {exc}", file=sys.stderr)
         return 2
-    from engines.backends.base import BackendError
+    from engines.export.base import BackendError
 
     try:
         return run_server(settings)

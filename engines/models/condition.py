@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configs import TextEncoderConfig
-from .layers import SwiGLU
+from engines.models.configs import TextEncoderConfig
+from engines.models.layers import SwiGLU
 
 
 class RMSNorm(nn.Module):

@@ -2,7 +2,7 @@
 
 Field names of the Qwen3-TTS-compatible parts (code predictor, codec decoder, codec
 head) follow the keys of the official ``config.json`` files, so a real checkpoint's
-config maps onto them one to one (see ``engines/checkpoints.py``).
+config maps onto them one to one (see ``engines/checkpoints/files.py``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class CodecDecoderConfig(_FromDict):
 
 @dataclass(frozen=True)
 class StreamConfig(_FromDict):
-    """Tick-loop knobs (see engines/stream.py)."""
+    """Tick-loop knobs (see engines/pipelines/dit/denoiser.py)."""
 
     max_slots: int = 16  # slots in flight; batch ceiling is 2 * max_slots rows under fused CFG
     batch_ceiling: int = 32  # max rows of one DiT forward

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .condition import Attention, RMSNorm, SwiGLU, key_padding_mask, rope_cos_sin
-from .configs import DiTConfig
-from .layers import compile_block_call
+from engines.models.condition import Attention, RMSNorm, SwiGLU, key_padding_mask, rope_cos_sin
+from engines.models.configs import DiTConfig
+from engines.models.layers import compile_block_call
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

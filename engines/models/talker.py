@@ -10,7 +10,7 @@ predictor, see ``code_predictor.py``). State-dict keys equal the official ones u
     text_projection.linear_fc{1,2}.{weight,bias}, codec_head.weight
 
 Input position = text part ``text_projection(text_embedding(id))`` + codec part
-``codec_embedding(id)`` (see ``engines/qwen3_prompt.py``). Positions use 3-section
+``codec_embedding(id)`` (see ``engines/pipelines/talker/prompt.py``). Positions use 3-section
 interleaved M-RoPE; for text-only input the three position ids are equal, so it is
 numerically the 1-D RoPE, but we compute it the official way.
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..randomness import DOMAIN_TALKER, keyed_uniform, sample_logits
-from .code_predictor import DecoderLayer, FrameSampling, RMSNorm, keep_top_k, rope_inv_freq
+from engines.models.sampling import DOMAIN_TALKER, keyed_uniform, sample_logits
+from engines.models.code_predictor import DecoderLayer, FrameSampling, RMSNorm, keep_top_k, rope_inv_freq
 
 
 @dataclass(frozen=True)

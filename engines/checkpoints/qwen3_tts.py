@@ -1,6 +1,6 @@
 """Real Qwen3-TTS weights behind one API: codec head, code predictor, 12 Hz decoder.
 
-    from engines.qwen3_tts import load_checkpoint
+    from engines.checkpoints.qwen3_tts import load_checkpoint
     parts = load_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-Base", device="cuda", dtype=torch.bfloat16)
     codes = parts.codes(inputs_embeds)       # [B, 2, H_talker] -> [B, G-1] (codes 1..G-1 of a frame)
     logits = parts.codec_logits(hidden)      # [B, H_talker]    -> [B, V_talker]
@@ -31,13 +31,13 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
-from .contract import SAMPLES_PER_FRAME
-from .devices import canonical_device
-from .models.code_predictor import CodePredictor, FrameSampling
-from .models.codec_decoder import CodecDecoder, DecoderState
-from .models.codec_head import CodecHead
-from .models.configs import CodecDecoderConfig, CodecHeadConfig, CodePredictorConfig, ModelConfig
+from engines.checkpoints.files import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from engines.contract import SAMPLES_PER_FRAME
+from engines.runtime.devices import canonical_device
+from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.codec_decoder import CodecDecoder, DecoderState
+from engines.models.codec_head import CodecHead
+from engines.models.configs import CodecDecoderConfig, CodecHeadConfig, CodePredictorConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +191,10 @@ class Qwen3TTSParts:
 
     @property
     def talker(self):
-        """The talker bundle (engines/talker_generate.py), loaded on first use and sharing
+        """The talker bundle (engines/pipelines/talker/reference.py), loaded on first use and sharing
         this object's code predictor."""
         if getattr(self, "_talker", None) is None:
-            from .talker_generate import load_talker
+            from engines.pipelines.talker.reference import load_talker
 
             self._talker = load_talker(self.config.path, self.device, self.dtype, predictor=self.predictor)
         return self._talker

@@ -26,7 +26,7 @@ One step of bucket (R, T), what a graph captures (:meth:`_step`)::
     return wav                                     # [R, T * 1920]
 
 Chunk lengths: ``chunk_lengths`` (the engine passes the preset's first chunk, chunk and
-longest planned chunk, see :func:`engines.backends.graphed_dit.max_chunk_frames`) x row
+longest planned chunk, see :func:`engines.runtime.graphed_dit.max_chunk_frames`) x row
 buckets (1, 2, 4, ... up to ``max_streams``; ``for_config`` stops at 16, see
 ``FOR_CONFIG_MAX_BUCKET``). A stream's FINAL chunk of
 t <= max(chunk_lengths) frames is padded at the end with code 0 to the smallest chunk
@@ -59,10 +59,10 @@ import logging
 
 import torch
 
-from ..devices import upload
-from ..models.codec_decoder import CodecDecoder, DecoderState
-from .cuda_graphs import capture
-from .graphed_dit import default_row_buckets, max_chunk_frames
+from engines.runtime.devices import upload
+from engines.models.codec_decoder import CodecDecoder, DecoderState
+from engines.runtime.cuda_graphs import capture
+from engines.runtime.graphed_dit import default_row_buckets, max_chunk_frames
 
 log = logging.getLogger("streamvox.graphed_decoder")
 

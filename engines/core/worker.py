@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .contract import (
+from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
     ChunkTiming,
@@ -37,8 +37,8 @@ from .contract import (
     SynthesisRequest,
     TickReport,
 )
-from .sources import LatentSource, Produced
-from .vocalizer import VocalizeItem, Vocalizer
+from engines.pipelines.base import LatentSource, Produced
+from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
 

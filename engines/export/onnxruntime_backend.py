@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.configs import CodecDecoderConfig, DiTConfig
-from .base import BackendUnavailable, DecoderRunner, DiTRunner
-from .manifest import GraphSpec, Manifest
+from engines.models.configs import CodecDecoderConfig, DiTConfig
+from engines.export.base import BackendUnavailable, DecoderRunner, DiTRunner
+from engines.export.manifest import GraphSpec, Manifest
 
 
 def _ort():
@@ -116,7 +116,7 @@ def example_dit_batch(cfg: DiTConfig, positive_rows: int = 3, frames: int = 12, 
 def parity_report(models, directory: str | Path) -> dict[str, float]:
     """Max |onnxruntime - torch| for a fused-CFG DiT batch, a full decode and a chunked
     streaming decode (vs the torch full decode) on random inputs, fp32 models on CPU."""
-    from . import make_decoder_runner, make_dit_runner
+    from engines.export import make_decoder_runner, make_dit_runner
 
     graphs = Manifest.load(directory).graphs
     report = {}

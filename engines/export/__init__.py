@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .base import (
+from engines.export.base import (
     ArtifactMismatch,
     AxisRange,
     BackendError,
@@ -33,7 +33,7 @@ from .base import (
     DiTRunner,
     ShapeOutsideProfile,
 )
-from .manifest import Manifest
+from engines.export.manifest import Manifest
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
@@ -60,14 +60,14 @@ def make_dit_runner(dit, backend: str, artifacts_dir: str | Path | None, device,
         return dit
     directory = _check_backend(backend, artifacts_dir)
     if backend == "tensorrt":
-        from .tensorrt_backend import require_tensorrt
+        from engines.export.tensorrt_backend import require_tensorrt
         require_tensorrt()  # fail on a missing runtime before reading anything
     manifest = manifest or Manifest.load(directory)
     manifest.verify("dit", dit, dit.cfg.to_dict(), str(directory))
     if backend == "onnxruntime":
-        from .onnxruntime_backend import OrtDiT
+        from engines.export.onnxruntime_backend import OrtDiT
         return OrtDiT(directory, manifest, dit.cfg, threads)
-    from .tensorrt_backend import TrtDiT
+    from engines.export.tensorrt_backend import TrtDiT
     return TrtDiT.from_artifacts(directory, manifest, dit.cfg, torch.device(device))
 
 
@@ -78,22 +78,22 @@ def make_decoder_runner(decoder, backend: str, artifacts_dir: str | Path | None,
         return decoder
     directory = _check_backend(backend, artifacts_dir)
     if backend == "tensorrt":
-        from .tensorrt_backend import require_tensorrt
+        from engines.export.tensorrt_backend import require_tensorrt
         require_tensorrt()
     manifest = manifest or Manifest.load(directory)
     manifest.verify("decoder", decoder, decoder.cfg.to_dict(), str(directory))
     dtype = getattr(torch, manifest.dtype)
     template = decoder.init_state(1, torch.device(device), dtype)
     if backend == "onnxruntime":
-        from .onnxruntime_backend import OrtDecoder
+        from engines.export.onnxruntime_backend import OrtDecoder
         return OrtDecoder(directory, manifest, decoder.cfg, decoder.samples_per_frame, template, threads)
-    from .tensorrt_backend import TrtDecoder
+    from engines.export.tensorrt_backend import TrtDecoder
     return TrtDecoder.from_artifacts(directory, manifest, decoder.cfg, decoder.samples_per_frame, template,
                                      torch.device(device))
 
 
 def apply_backend(models, backend: str, artifacts_dir: str | Path | None, device, threads: int | None = None):
-    """``models`` (engines.engine.Models, weights as loaded, before any dtype cast) with the
+    """``models`` (engines.core.engine.Models, weights as loaded, before any dtype cast) with the
     DiT and codec decoder run by ``backend``; a new Models, the input is not modified.
 
     The stream config's batch ceiling becomes min(ceiling, DiT profile max batch)."""
@@ -101,7 +101,7 @@ def apply_backend(models, backend: str, artifacts_dir: str | Path | None, device
         return models
     directory = _check_backend(backend, artifacts_dir)
     if backend == "tensorrt":
-        from .tensorrt_backend import require_tensorrt
+        from engines.export.tensorrt_backend import require_tensorrt
         require_tensorrt()
     manifest = Manifest.load(directory)
     dit = make_dit_runner(models.dit, backend, directory, device, threads, manifest)

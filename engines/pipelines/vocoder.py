@@ -6,7 +6,7 @@ is keyed by (seed, global frame, group), so a stream's codes do not depend on it
 neighbours. Then each stream's codes go through the streaming codec decoder with that
 stream's carried state; streams whose chunks have the same length decode together.
 
-With a ``graphed_decoder`` (engines/backends/graphed_decoder.py; the engine sets one on
+With a ``graphed_decoder`` (engines/runtime/graphed_decoder.py; the engine sets one on
 CUDA) the decoder state lives in its static pool instead of ``_streams[...].state`` and
 the chunks decode through its CUDA graphs; ``_streams`` still tracks ``next_frame``.
 """
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .devices import canonical_device
-from .models.code_predictor import CodePredictor, FrameSampling
-from .models.codec_decoder import CodecDecoder, DecoderState
-from .models.codec_head import CodecHead
+from engines.runtime.devices import canonical_device
+from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.codec_decoder import CodecDecoder, DecoderState
+from engines.models.codec_head import CodecHead
 
 if TYPE_CHECKING:
-    from .backends.graphed_decoder import GraphedDecoder
+    from engines.runtime.graphed_decoder import GraphedDecoder
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .contract import (
+from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
     Deliver,
@@ -30,22 +30,22 @@ from .contract import (
     SynthesisRequest,
     TickReport,
 )
-from .devices import canonical_device
-from .models.codec_decoder import CodecDecoder
-from .models.codec_head import CodecHead
-from .models.code_predictor import CodePredictor
-from .models.condition import ConditionEncoder
-from .models.configs import ModelConfig
-from .models.dit import FlowDiT
-from .models.duration import DurationModel
-from .models.init import init_module_
-from .models.text import ByteTokenizer
-from .planner import UtterancePlanner
-from .presets import get_preset
-from .sources import DiTSource
-from .stream import StreamScheduler
-from .vocalizer import Vocalizer
-from .worker import FaultHook, Worker
+from engines.runtime.devices import canonical_device
+from engines.models.codec_decoder import CodecDecoder
+from engines.models.codec_head import CodecHead
+from engines.models.code_predictor import CodePredictor
+from engines.models.condition import ConditionEncoder
+from engines.models.configs import ModelConfig
+from engines.models.dit import FlowDiT
+from engines.models.duration import DurationModel
+from engines.models.init import init_module_
+from engines.models.text import ByteTokenizer
+from engines.pipelines.dit.planner import UtterancePlanner
+from engines.config import get_preset
+from engines.pipelines.base import DiTSource
+from engines.pipelines.dit.denoiser import StreamScheduler
+from engines.pipelines.vocoder import Vocalizer
+from engines.core.worker import FaultHook, Worker
 
 log = logging.getLogger("streamvox.engine")
 
@@ -173,7 +173,7 @@ class Engine:
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None):
-        """``talker``: a TalkerBundle (engines/talker_generate.py) selects the talker source;
+        """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         the vocalizer then only decodes the talker's codes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward."""
         self.models = models.to(device, dtype)
@@ -182,12 +182,12 @@ class Engine:
         cfg = models.config
         self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
         if device.type == "cuda" and talker is None:  # (talker source: the vocalizer only decodes given codes)
-            from .backends.graphed_predictor import GraphedCodePredictor
+            from engines.runtime.graphed_predictor import GraphedCodePredictor
 
             self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor,
                                                             compile_backend=compile_backend("predictor"))
         if device.type == "cuda":  # both sources: the streaming codec decoder over a state pool, graphed
-            from .backends.graphed_decoder import GraphedDecoder
+            from engines.runtime.graphed_decoder import GraphedDecoder
 
             # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
             slots = cfg.stream.max_slots if talker is None else talker_slots
@@ -199,7 +199,7 @@ class Engine:
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
             dit = models.dit
             if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
-                from .backends.graphed_dit import GraphedDiT
+                from engines.runtime.graphed_dit import GraphedDiT
 
                 # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
@@ -208,8 +208,8 @@ class Engine:
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
-            from .sources import TalkerLatentSource
-            from .talker_source import TalkerSource
+            from engines.pipelines.base import TalkerLatentSource
+            from engines.pipelines.talker.source import TalkerSource
 
             speakers = tuple(talker.voices())
             if not speakers:
@@ -223,7 +223,7 @@ class Engine:
             if device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
                 # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
-                from .backends.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+                from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
@@ -374,7 +374,7 @@ def has_talker_weights(checkpoint: str | Path | None) -> bool:
     root = Path(checkpoint)
     if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
         return False
-    from .checkpoints import SafetensorsFiles
+    from engines.checkpoints.files import SafetensorsFiles
 
     try:
         names = SafetensorsFiles(root).keys()
@@ -412,13 +412,13 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if checkpoint:
         models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
         if source == "talker":
-            from .talker_generate import load_talker
+            from engines.pipelines.talker.reference import load_talker
 
             talker = load_talker(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
     else:
         models = build_models(config, seed)
     if backend != "torch":
-        from .backends import apply_backend
+        from engines.export import apply_backend
 
         models = apply_backend(models, backend, artifacts_dir, dev)
     log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
@@ -437,7 +437,7 @@ def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, u
         return models
     weights = path / WEIGHTS_FILE
     if (path / "config.json").exists():
-        from .qwen3_tts import load_checkpoint
+        from engines.checkpoints.qwen3_tts import load_checkpoint
 
         parts = load_checkpoint(path)
         config = parts.model_config(preset_config)

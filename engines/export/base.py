@@ -1,8 +1,8 @@
 """The backend seam: what the tick loop and the vocalizer call, whatever runs the math.
 
-* The :class:`~engines.stream.StreamScheduler` calls ``dit(x, positions, context_mask,
+* The :class:`~engines.pipelines.dit.denoiser.StreamScheduler` calls ``dit(x, positions, context_mask,
   frame_mask, t, enc, enc_mask) -> v`` and reads ``dit.cfg``.
-* The :class:`~engines.vocalizer.Vocalizer` calls ``decoder.decode_step(codes, state)``,
+* The :class:`~engines.pipelines.vocoder.Vocalizer` calls ``decoder.decode_step(codes, state)``,
   ``decoder.init_state(batch, device, dtype)``, reads ``decoder.cfg`` /
   ``decoder.samples_per_frame``; offline code calls ``decoder(codes)``.
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.codec_decoder import DecoderState
-from ..models.configs import CodecDecoderConfig, DiTConfig
+from engines.models.codec_decoder import DecoderState
+from engines.models.configs import CodecDecoderConfig, DiTConfig
 
 
 class BackendError(RuntimeError):

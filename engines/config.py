@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from .models.configs import (
+from engines.models.configs import (
     CodecDecoderConfig,
     CodecHeadConfig,
     CodePredictorConfig,

@@ -9,7 +9,7 @@ vocabulary, the official logits processors (repetition penalty over generated co
 ids, min_new_tokens 2, suppression of [V-1024, V) except EOS), EOS ends the utterance
 (and is not a frame), ``max_new_tokens = N`` gives at most N-1 frames. Every ``None``
 argument means what the official package does for this checkpoint (generation_config.json,
-then the package's hard defaults). The batched engine path is ``engines/talker_source.py``.
+then the package's hard defaults). The batched engine path is ``engines/pipelines/talker/source.py``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any, Mapping
 
 import torch
 
-from .checkpoints import CheckpointError, SafetensorsFiles, load_into, read_json, require
-from .devices import canonical_device
-from .models.code_predictor import CodePredictor, FrameSampling
-from .models.configs import CodePredictorConfig
-from .models.talker import Talker, TalkerConfig, apply_talker_processors, sample_code0
-from .qwen3_prompt import PromptBuilder, PromptConfig, QwenTextTokenizer, TalkerPrompt
+from engines.checkpoints.files import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from engines.runtime.devices import canonical_device
+from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.configs import CodePredictorConfig
+from engines.models.talker import Talker, TalkerConfig, apply_talker_processors, sample_code0
+from engines.pipelines.talker.prompt import PromptBuilder, PromptConfig, QwenTextTokenizer, TalkerPrompt
 
 TALKER_PREFIX = "talker."
 PREDICTOR_PREFIX = "talker.code_predictor."
@@ -113,7 +113,7 @@ def talker_config_from(config: Mapping[str, Any], where: str) -> TalkerConfig:
 
 
 def predictor_config_from(config: Mapping[str, Any], where: str) -> CodePredictorConfig:
-    from .qwen3_tts import _predictor_config  # the loader's parser (same checks as load_checkpoint)
+    from engines.checkpoints.qwen3_tts import _predictor_config  # the loader's parser (same checks as load_checkpoint)
 
     talker = require(config, "talker_config", dict, where)
     return _predictor_config(talker, f"{where} [talker_config]")

@@ -20,9 +20,9 @@ from typing import Protocol
 
 import torch
 
-from .contract import SynthesisRequest
-from .planner import UtterancePlanner
-from .stream import ChunkJob, StreamScheduler
+from engines.contract import SynthesisRequest
+from engines.pipelines.dit.planner import UtterancePlanner
+from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class _DiTRequest:
 
 
 class DiTSource:
-    """Flow-DiT chunks through the stream tick loop (engines/stream.py)."""
+    """Flow-DiT chunks through the stream tick loop (engines/pipelines/dit/denoiser.py)."""
 
     name = "dit"
 
@@ -189,7 +189,7 @@ class DiTSource:
 
 
 class TalkerLatentSource:
-    """Qwen3-TTS talker utterances with continuous batching (engines/talker_source.py)."""
+    """Qwen3-TTS talker utterances with continuous batching (engines/pipelines/talker/source.py)."""
 
     name = "talker"
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cuda_graphs import capture, capture_or_uncompiled
+from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
 
 log = logging.getLogger("streamvox.graphed_dit")
 

@@ -27,9 +27,9 @@ One tick, for the n active rows (all on the device, no host reads until step 4):
 So EOS is noticed one step late (one wasted row-step per utterance) in exchange for
 never waiting on the device inside a step.
 
-Greedy codes equal :func:`engines.talker_generate.generate_codes` (and the official
+Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
-keyed by (seed, token index, id) (engines/randomness.py).
+keyed by (seed, token index, id) (engines/models/sampling.py).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .contract import SynthesisRequest
-from .devices import canonical_device, upload
-from .models.code_predictor import CodePredictor, FrameSampling
-from .models.talker import Talker, apply_talker_processors, sample_code0
-from .qwen3_prompt import PromptBuilder
-from .randomness import split_seed
-from .talker_generate import TalkerBundle, TalkerGenerationConfig, frame_embedding, prompt_tensors
+from engines.contract import SynthesisRequest
+from engines.runtime.devices import canonical_device, upload
+from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.talker import Talker, apply_talker_processors, sample_code0
+from engines.pipelines.talker.prompt import PromptBuilder
+from engines.models.sampling import split_seed
+from engines.pipelines.talker.reference import TalkerBundle, TalkerGenerationConfig, frame_embedding, prompt_tensors
 
 
 @dataclass(frozen=True)

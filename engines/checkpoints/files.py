@@ -1,6 +1,6 @@
 """Reading Hugging Face-style checkpoint directories with strict checking.
 
-Generic pieces (no Qwen3-TTS knowledge here; see ``engines/qwen3_tts.py``):
+Generic pieces (no Qwen3-TTS knowledge here; see ``engines/checkpoints/qwen3_tts.py``):
 
 * :func:`read_json` - a config file, with errors that name the file;
 * :class:`SafetensorsFiles` - one ``model.safetensors`` or a sharded set listed in

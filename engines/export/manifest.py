@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import ArtifactMismatch, AxisRange
+from engines.export.base import ArtifactMismatch, AxisRange
 
 MANIFEST = "manifest.json"
 FORMAT = "streamvox-backend-artifacts"

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from ..models.configs import CodecDecoderConfig, DiTConfig
-from .base import ArtifactMismatch, AxisRange, BackendUnavailable, DecoderRunner, DiTRunner, ShapeOutsideProfile
-from .manifest import GraphSpec, Manifest
+from engines.models.configs import CodecDecoderConfig, DiTConfig
+from engines.export.base import ArtifactMismatch, AxisRange, BackendUnavailable, DecoderRunner, DiTRunner, ShapeOutsideProfile
+from engines.export.manifest import GraphSpec, Manifest
 
 log = logging.getLogger("streamvox.tensorrt")
 

@@ -30,7 +30,7 @@ Capture safety of ``CodePredictor.predict`` (checked; tests/test_graphed_predict
 runs it under a mode that rejects host reads and host->device tensor creation): control
 flow depends only on shapes and host flags; positions, RoPE and masks come from
 ``torch.arange`` (device kernels); sampling is on the device and the counter-hash takes
-its constant keys as scalars (``engines.randomness.hash_keys``); the KV cache is
+its constant keys as scalars (``engines.models.sampling.hash_keys``); the KV cache is
 allocated once for the largest bucket before any capture (``ensure_cache``) and a
 capture never allocates it. If something else later makes the predictor reallocate its
 cache (an eager call with more rows than the largest bucket), the graphs would point at
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.code_predictor import CodePredictor, FrameSampling
-from .cuda_graphs import capture, capture_or_uncompiled
+from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODES = ("greedy", "sampled", "top_p")
