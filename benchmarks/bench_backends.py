@@ -24,12 +24,13 @@ import time
 
 import torch
 
+from engines.config import PRESET_NAMES, get_preset
+from engines.contract import SAMPLE_RATE, SynthesisRequest
+from engines.core.engine import Engine
 from engines.export import apply_backend
 from engines.export.onnx_export import export_models
 from engines.export.onnxruntime_backend import example_dit_batch, parity_report
-from engines.contract import SAMPLE_RATE, SynthesisRequest
-from engines.core.engine import Engine, build_models
-from engines.config import PRESET_NAMES, get_preset
+from engines.pipelines.dit.weights import build_models
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home "
         "across the field before the evening rain begins.")

@@ -18,18 +18,18 @@ import argparse
 import copy
 import json
 import subprocess
-from pathlib import Path
 import time
+from pathlib import Path
 
 import torch
 
-from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+from engines.build import resolve_device as pick_device  # auto -> cuda if present
+from engines.config import PRESET_NAMES, get_preset
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.core.engine import resolve_device as pick_device  # auto -> cuda if present
-from engines.config import PRESET_NAMES, get_preset
+from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 
 
 def sync(device: torch.device) -> None:

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
+from engines.build import DTYPES, build_engine  # noqa: E402
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
-from engines.core.engine import DTYPES, build_engine  # noqa: E402
 
 
 class Track:

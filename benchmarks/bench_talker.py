@@ -83,7 +83,10 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
     rows = []
     predictor = bundle.predictor
     if device.type == "cuda" and graphed:  # as the engine runs it (engines/core/engine.py)
-        from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+        from engines.runtime.graphed_predictor import (
+            DEFAULT_BUCKETS,
+            GraphedCodePredictor,
+        )
 
         predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(
             b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),))
@@ -130,7 +133,6 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
             step_ms = (time.perf_counter() - t0) * 1e3 / reps
         rows.append(dict(batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
                          frame_ms=spent * 1e3 / max(frames, 1), frames=frames))
-        del source
     return rows, floor_ms
 
 

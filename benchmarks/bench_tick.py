@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from engines.runtime.graphed_dit import GraphedDiT, default_enc_buckets
+from engines.build import resolve_device as pick_device  # auto -> cuda if present
+from engines.config import get_preset
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
-from engines.core.engine import resolve_device as pick_device  # auto -> cuda if present
-from engines.config import get_preset
 from engines.models.sampling import keyed_normal
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.runtime.graphed_dit import GraphedDiT, default_enc_buckets
 
 FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
 

@@ -21,7 +21,15 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import TEXTS, Server, percentile, process_open_fds, process_rss_mb, run_job, run_ws_session  # noqa: E402
+from loadgen import (  # noqa: E402
+    TEXTS,
+    Server,
+    percentile,
+    process_open_fds,
+    process_rss_mb,
+    run_job,
+    run_ws_session,
+)
 
 
 @dataclass

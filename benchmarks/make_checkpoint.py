@@ -27,9 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "oracle"))
 
-import torch  # noqa: E402
-
 import official  # noqa: E402,F401  (stubs optional audio packages, pins transformers)
+import torch  # noqa: E402
 from make_fixtures import PREPROCESSOR_CONFIG  # noqa: E402
 from make_talker_fixtures import write_text_tokenizer  # noqa: E402
 from randomize import randomize_  # noqa: E402

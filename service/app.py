@@ -12,8 +12,14 @@ from engines.contract import SynthesisEngine
 
 from . import jobs, speech, ws
 from .metrics import CONTENT_TYPE
-from .middleware import (access_log_middleware, auth_middleware, cors_middleware, error_middleware, on_response_prepare,
-                         request_id_middleware)
+from .middleware import (
+    access_log_middleware,
+    auth_middleware,
+    cors_middleware,
+    error_middleware,
+    on_response_prepare,
+    request_id_middleware,
+)
 from .settings import Settings
 from .state import STATE_KEY, AppState
 

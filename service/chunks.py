@@ -15,7 +15,13 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from engines.contract import SAMPLE_RATE, AudioChunk, RequestHandle, SynthesisEngine, SynthesisRequest
+from engines.contract import (
+    SAMPLE_RATE,
+    AudioChunk,
+    RequestHandle,
+    SynthesisEngine,
+    SynthesisRequest,
+)
 
 from .metrics import Metrics
 

@@ -14,9 +14,14 @@ import time
 import numpy as np
 from aiohttp import web
 
-from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest, Priority
+from engines.contract import (
+    EngineOverloaded,
+    EngineUnavailable,
+    InvalidRequest,
+    Priority,
+)
 
-from .audio import CONTENT_TYPES, encode_file, check_format
+from .audio import CONTENT_TYPES, check_format, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore

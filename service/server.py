@@ -32,7 +32,7 @@ def configure_logging(level: str) -> None:
 
 
 def build_engine_for(settings: Settings):
-    from engines.core.engine import DTYPES, build_engine
+    from engines.build import DTYPES, build_engine
 
     return build_engine(preset=settings.preset, device=settings.device, checkpoint=settings.checkpoint,
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,

@@ -7,7 +7,12 @@ from typing import Protocol
 
 from aiohttp import web
 
-from engines.contract import EngineOverloaded, EngineUnavailable, InvalidRequest, SynthesisEngine
+from engines.contract import (
+    EngineOverloaded,
+    EngineUnavailable,
+    InvalidRequest,
+    SynthesisEngine,
+)
 
 from .auth import ApiKeys
 from .errors import ApiError

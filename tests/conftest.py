@@ -43,7 +43,7 @@ def one_torch_thread():
 
 def make_engine(max_queue: int = 64):
     """The real tiny engine on CPU."""
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
 
@@ -75,7 +75,9 @@ class LiveServer:
 
 
 async def start_server(engine, data_dir: Path, **overrides) -> LiveServer:
-    from service.app import create_app  # imported here so other suites never depend on service/
+    from service.app import (
+        create_app,  # imported here so other suites never depend on service/
+    )
     from service.settings import Settings
 
     settings = replace(Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=data_dir), **overrides)

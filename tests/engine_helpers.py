@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engines.build import build_engine
 from engines.contract import AudioChunk, SynthesisRequest
-from engines.core.engine import Engine, build_engine
+from engines.core.engine import Engine
 
 
 @dataclass

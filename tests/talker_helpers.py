@@ -15,7 +15,12 @@ from torch import nn
 from engines.models.code_predictor import CodePredictor
 from engines.models.configs import CodePredictorConfig
 from engines.models.talker import Talker, TalkerConfig
-from engines.pipelines.talker.prompt import QWEN2_SPLIT, PromptBuilder, PromptConfig, QwenTextTokenizer
+from engines.pipelines.talker.prompt import (
+    QWEN2_SPLIT,
+    PromptBuilder,
+    PromptConfig,
+    QwenTextTokenizer,
+)
 from engines.pipelines.talker.reference import TalkerBundle, TalkerGenerationConfig
 
 CORPUS = ["assistant assistant assistant user user the quick brown fox jumps over the lazy dog",
@@ -24,7 +29,16 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_te
 
 
 def make_tokenizer() -> QwenTextTokenizer:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()

@@ -18,6 +18,10 @@ pytest.importorskip("onnxruntime", reason="onnxruntime not installed (pip instal
 onnx = pytest.importorskip("onnx", reason="onnx not installed (pip install 'streamvox[onnx]')")
 
 from engine_helpers import run_chunks  # noqa: E402  (tests/ is on sys.path)
+
+from engines.config import get_preset  # noqa: E402
+from engines.contract import SynthesisRequest  # noqa: E402
+from engines.core.engine import Engine  # noqa: E402
 from engines.export import (  # noqa: E402
     ArtifactMismatch,
     AxisRange,
@@ -30,11 +34,9 @@ from engines.export import (  # noqa: E402
 from engines.export.manifest import Manifest, weights_hash  # noqa: E402
 from engines.export.onnx_export import default_profiles, export_models  # noqa: E402
 from engines.export.onnxruntime_backend import example_dit_batch  # noqa: E402
-from engines.contract import SynthesisRequest  # noqa: E402
-from engines.core.engine import Engine, build_models  # noqa: E402
-from engines.config import get_preset  # noqa: E402
 from engines.models.sampling import keyed_normal  # noqa: E402
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler  # noqa: E402
+from engines.pipelines.dit.weights import build_models  # noqa: E402
 
 TOL = 1e-4
 
@@ -318,7 +320,6 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
     """POST /v1/audio/speech (chunked pcm) on a real 127.0.0.1 server whose engine runs the
     DiT and decoder in ONNX Runtime: the same int16 samples as the torch engine's (+-1 LSB)."""
     import aiohttp
-
     from conftest import start_server
 
     got = {}
@@ -345,7 +346,7 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
 def test_cli_export_from_checkpoint_records_its_hash(tiny, tmp_path):
     from clients.cli import main
     from engines.export.manifest import file_hash
-    from engines.core.engine import save_weights
+    from engines.pipelines.dit.weights import save_weights
 
     other = build_models(get_preset("tiny"), seed=4)  # not the default seed's weights
     save_weights(other, tmp_path / "w.safetensors")

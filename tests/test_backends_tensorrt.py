@@ -17,19 +17,29 @@ import dataclasses
 
 import pytest
 import torch
-
 from engine_helpers import run_chunks  # tests/ is on sys.path
-from engines.export import AxisRange, ShapeOutsideProfile, apply_backend
+
+from engines.config import get_preset
+from engines.export import (
+    AxisRange,
+    ShapeOutsideProfile,
+    apply_backend,
+    fit_stream_to_profile,
+)
 from engines.export.base import ArtifactMismatch
 from engines.export.manifest import GraphSpec, TensorSpec
 from engines.export.onnx_export import DecoderStepGraph, default_profiles
 from engines.export.onnxruntime_backend import example_dit_batch
-from engines.export.tensorrt_backend import HostStreams, TrtDecoder, TrtDiT, TrtRunner, host_view
-from engines.export import fit_stream_to_profile
-from engines.core.engine import build_models
-from engines.config import get_preset
+from engines.export.tensorrt_backend import (
+    HostStreams,
+    TrtDecoder,
+    TrtDiT,
+    TrtRunner,
+    host_view,
+)
 from engines.models.sampling import keyed_normal
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.weights import build_models
 
 TOL = 1e-4
 

@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
+from engines.checkpoints.qwen3_tts import STREAMVOX_WEIGHTS, load_checkpoint
+from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.config import get_preset
-from engines.checkpoints.qwen3_tts import STREAMVOX_WEIGHTS, load_checkpoint
 
 pytestmark = pytest.mark.parity
 
@@ -308,7 +308,7 @@ def test_missing_decoder_tensor(ckpt):
 def test_engine_builds_from_a_qwen3_tts_directory(tmp_path):
     """`serve/synthesize --checkpoint DIR`: codec side from the directory (its sizes, its
     weights), DiT side random at the preset's sizes and reported as such."""
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     root = write_directory(tmp_path / "ckpt")
     engine = build_engine(preset="small", device="cpu", checkpoint=str(root), warmup=False)

@@ -14,9 +14,9 @@ import dataclasses
 import pytest
 import torch
 
+from engines.config import get_preset
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.init import init_module_
-from engines.config import get_preset
 
 CFG = get_preset("tiny").decoder
 T = 2 * CFG.sliding_window + 5  # longer than the attention window, so the window must slide

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from test_deploy_kubernetes import BASE, hpa_series, objects  # tests/ is on sys.path (rootdir-less tests, as engine_helpers)
+from test_deploy_kubernetes import (  # tests/ is on sys.path (rootdir-less tests, as engine_helpers)
+    BASE,
+    hpa_series,
+    objects,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"listening on (http://\S+:\d+)")

@@ -15,14 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engines.config import get_preset
 from engines.models.condition import Attention, ConditionEncoder
 from engines.models.dit import FlowDiT, TimestepEmbedder
 from engines.models.duration import DurationModel
 from engines.models.init import init_module_
+from engines.models.sampling import keyed_normal
 from engines.models.text import ByteTokenizer
 from engines.pipelines.dit.planner import UtterancePlanner, chunk_layout, frames_total
-from engines.config import get_preset
-from engines.models.sampling import keyed_normal
 
 CFG = get_preset("tiny")
 D, C, H = CFG.dit.latent_dim, CFG.dit.cond_dim, CFG.dit.hidden_size

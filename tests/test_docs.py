@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.settings import ENV_API_KEYS, _OPTIONS
+from service.settings import _OPTIONS, ENV_API_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 

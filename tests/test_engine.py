@@ -6,11 +6,16 @@ import threading
 import time
 
 import numpy as np
-import torch
 import pytest
-
-from engines.contract import SAMPLES_PER_FRAME, EngineOverloaded, InvalidRequest, SynthesisRequest
+import torch
 from engine_helpers import Collected, run_requests, tiny_engine
+
+from engines.contract import (
+    SAMPLES_PER_FRAME,
+    EngineOverloaded,
+    InvalidRequest,
+    SynthesisRequest,
+)
 
 TEXTS = [
     "Hello there, this is a test.",

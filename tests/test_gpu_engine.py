@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from engines.build import build_engine
 from engines.contract import SynthesisRequest
-from engines.core.engine import build_engine
 from tests.engine_helpers import run_requests
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

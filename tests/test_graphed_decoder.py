@@ -15,17 +15,17 @@ import logging
 
 import pytest
 import torch
+from test_graphed_predictor import HostReadOrUpload  # tests/ is on sys.path
+from test_stream import NoHostReads
 
-from engines.runtime.graphed_decoder import GraphedDecoder
-from engines.runtime.graphed_dit import max_chunk_frames
+from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.config import get_preset
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
-from test_graphed_predictor import HostReadOrUpload  # tests/ is on sys.path
-from test_stream import NoHostReads
+from engines.runtime.graphed_decoder import GraphedDecoder
+from engines.runtime.graphed_dit import max_chunk_frames
 
 TOL = 1e-5
 SPF = 1920
@@ -303,7 +303,7 @@ def test_vocalizer_with_a_graphed_decoder_equals_the_plain_one():
 
 
 def test_cpu_engine_has_no_graphed_decoder():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
     assert engine.vocalizer.graphed_decoder is None
@@ -357,7 +357,7 @@ def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype, monkeypatch):
 @pytest.mark.cuda
 @cuda
 def test_cuda_engine_graphs_the_decoder_before_ready():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cuda", warmup=True)
     g = engine.vocalizer.graphed_decoder

@@ -13,7 +13,18 @@ import logging
 
 import pytest
 import torch
+from test_stream import (  # tests/ is on sys.path
+    TOL,
+    NoHostReads,
+    make_dit,
+    make_job,
+    run,
+    stream_cfg,
+)
 
+from engines.config import get_preset
+from engines.pipelines.dit.denoiser import StreamScheduler
+from engines.pipelines.dit.planner import chunk_layout
 from engines.runtime.graphed_dit import (
     GraphedDiT,
     default_enc_buckets,
@@ -21,10 +32,6 @@ from engines.runtime.graphed_dit import (
     max_chunk_frames,
     max_encoder_tokens,
 )
-from engines.pipelines.dit.planner import chunk_layout
-from engines.config import get_preset
-from engines.pipelines.dit.denoiser import StreamScheduler
-from test_stream import TOL, NoHostReads, make_dit, make_job, run, stream_cfg  # tests/ is on sys.path
 
 CFG = get_preset("tiny")
 D, C = CFG.dit.latent_dim, CFG.dit.cond_dim
@@ -233,7 +240,7 @@ def test_scheduler_falls_back_when_rows_exceed_the_buckets():
 
 
 def test_cpu_engine_is_unchanged():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
     from engines.models.dit import FlowDiT
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
@@ -303,7 +310,7 @@ def test_cuda_scheduler_ticks_graphed_equal_plain_and_never_sync():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 def test_cuda_engine_wraps_and_captures_the_dit_before_ready():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cuda", warmup=True)
     g = engine.scheduler.dit

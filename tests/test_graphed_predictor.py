@@ -14,11 +14,15 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor, sampling_mode
+from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.config import get_preset
+from engines.runtime.graphed_predictor import (
+    DEFAULT_BUCKETS,
+    GraphedCodePredictor,
+    sampling_mode,
+)
 
 TINY = get_preset("tiny")
 SMALL_BUCKETS = (1, 2, 4, 8, 16)
@@ -155,7 +159,7 @@ def test_drop_in_attributes_and_argument_checks():
 
 
 def test_vocalizer_with_the_wrapper_gives_the_same_codes():
-    from engines.core.engine import build_models
+    from engines.pipelines.dit.weights import build_models
     from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
     models = build_models(TINY, seed=0)
@@ -171,7 +175,7 @@ def test_vocalizer_with_the_wrapper_gives_the_same_codes():
 
 
 def test_cpu_engine_is_unchanged():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
     assert type(engine.vocalizer.predictor) is CodePredictor

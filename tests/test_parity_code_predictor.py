@@ -13,7 +13,14 @@ import torch
 
 from engines.checkpoints.qwen3_tts import load_checkpoint
 from tests.oracle.fixtures import (
-    ALL_CHECKPOINTS, DTYPE_VARIANTS, FP32_CHECKPOINTS, REL_TOL, checkpoint_dir, manifest, references, rel_err,
+    ALL_CHECKPOINTS,
+    DTYPE_VARIANTS,
+    FP32_CHECKPOINTS,
+    REL_TOL,
+    checkpoint_dir,
+    manifest,
+    references,
+    rel_err,
 )
 
 pytestmark = pytest.mark.parity

@@ -16,7 +16,14 @@ import torch
 
 from engines.checkpoints.qwen3_tts import load_checkpoint
 from tests.oracle.fixtures import (
-    ALL_CHECKPOINTS, FP32_CHECKPOINTS, REL_TOL, REL_TOL_FP64, checkpoint_dir, manifest, references, rel_err,
+    ALL_CHECKPOINTS,
+    FP32_CHECKPOINTS,
+    REL_TOL,
+    REL_TOL_FP64,
+    checkpoint_dir,
+    manifest,
+    references,
+    rel_err,
 )
 
 pytestmark = pytest.mark.parity

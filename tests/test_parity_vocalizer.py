@@ -9,7 +9,13 @@ import torch
 
 from engines.checkpoints.qwen3_tts import load_checkpoint
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
-from tests.oracle.fixtures import ALL_CHECKPOINTS, REL_TOL, checkpoint_dir, references, rel_err
+from tests.oracle.fixtures import (
+    ALL_CHECKPOINTS,
+    REL_TOL,
+    checkpoint_dir,
+    references,
+    rel_err,
+)
 
 pytestmark = pytest.mark.parity
 

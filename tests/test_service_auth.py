@@ -7,9 +7,9 @@ import json
 import aiohttp
 import pytest
 import websockets
+from conftest import start_server
 
 from clients.client import StreamvoxClient, StreamvoxError
-from conftest import start_server
 
 KEY = "s3cret-key"
 

@@ -8,7 +8,6 @@ import json
 import aiohttp
 import pytest
 import websockets
-
 from conftest import make_engine, start_server, wait_until
 
 SPEECH = "/v1/audio/speech"

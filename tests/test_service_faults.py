@@ -6,7 +6,6 @@ import asyncio
 
 import aiohttp
 import pytest
-
 from conftest import start_server
 
 FAIL_ONE = "fail-this-request"
@@ -24,7 +23,7 @@ def faulty_hook(request_id: str, stage: str) -> None:
 
 
 def faulty_engine():
-    from engines.core.engine import build_engine
+    from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", fault_hook=faulty_hook)
     engine.start()

@@ -11,11 +11,10 @@ import urllib.request
 
 import pytest
 import soundfile as sf
+from conftest import ServerProcess
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
-
-from conftest import ServerProcess
 
 RECOVERABLE = {"invalid_json", "unknown_type", "invalid_field", "binary_not_supported", "text_too_long"}
 MAX_CHARS = 60

@@ -8,9 +8,9 @@ import io
 import aiohttp
 import numpy as np
 import soundfile as sf
+from conftest import start_server, wait_until
 
 from clients.client import StreamvoxClient, StreamvoxError
-from conftest import start_server, wait_until
 
 TEXT = " ".join(f"Paragraph sentence {i} is read aloud by the batch queue." for i in range(4))
 

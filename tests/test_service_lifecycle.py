@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import websockets
+from conftest import REPO, ServerProcess, wait_until
 
 from clients.client import StreamvoxClient
-from conftest import REPO, ServerProcess, wait_until
 
 KEY = "lifecycle-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -9,9 +9,9 @@ import shutil
 import aiohttp
 import pytest
 import websockets
+from conftest import start_server, wait_until
 
 from clients.client import StreamvoxClient
-from conftest import start_server, wait_until
 
 
 async def post_status(http, url, headers=None):

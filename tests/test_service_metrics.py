@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import start_server
+from prometheus_client.parser import text_string_to_metric_families
 
 STAGES = {"deliver", "plan", "admit", "tick", "vocalize"}
 

@@ -10,9 +10,8 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from openai import AsyncOpenAI
-
 from conftest import wait_until
+from openai import AsyncOpenAI
 
 SHORT = "Hello there. How are you today?"
 # Long enough that generation is still running when the first bytes arrive.

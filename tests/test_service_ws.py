@@ -9,9 +9,9 @@ import socket
 import numpy as np
 import pytest
 import websockets
+from conftest import metric_value, start_server, wait_until
 
 from clients.client import StreamvoxClient
-from conftest import metric_value, start_server, wait_until
 
 LONG = " ".join(f"Sentence number {i} keeps this stream busy for a while." for i in range(50))
 

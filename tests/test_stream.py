@@ -13,11 +13,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engines.config import get_preset
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
-from engines.config import get_preset
 from engines.models.sampling import DOMAIN_NOISE, keyed_normal
-from engines.pipelines.dit.denoiser import APG_MOMENTUM, APG_NORM_THRESHOLD, ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import (
+    APG_MOMENTUM,
+    APG_NORM_THRESHOLD,
+    ChunkJob,
+    StreamScheduler,
+)
 
 CFG = get_preset("tiny")
 D, C = CFG.dit.latent_dim, CFG.dit.cond_dim

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
-from engines.contract import SynthesisRequest
 from engines.checkpoints.qwen3_tts import load_checkpoint
+from engines.contract import SynthesisRequest
 from engines.pipelines.talker.reference import load_talker
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import talker_fixtures as fx

@@ -13,9 +13,13 @@ import itertools
 import pytest
 import torch
 
-from engines.pipelines.talker.prompt import QwenTextTokenizer
 from engines.checkpoints.qwen3_tts import load_checkpoint
-from engines.pipelines.talker.reference import frame_embedding, load_talker, prompt_tensors
+from engines.pipelines.talker.prompt import QwenTextTokenizer
+from engines.pipelines.talker.reference import (
+    frame_embedding,
+    load_talker,
+    prompt_tensors,
+)
 from tests.oracle import talker_fixtures as fx
 
 pytestmark = pytest.mark.parity

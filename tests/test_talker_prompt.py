@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from engines.pipelines.talker.prompt import NO_CODEC, _swaps_split_regex
-from engines.pipelines.talker.reference import HARD_DEFAULTS, TalkerGenerationConfig, prompt_tensors
+from engines.pipelines.talker.reference import (
+    HARD_DEFAULTS,
+    TalkerGenerationConfig,
+    prompt_tensors,
+)
 from tests.talker_helpers import make_bundle
 
 

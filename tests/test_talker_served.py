@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 import websockets
-
-from engines.core.engine import build_engine, has_talker_weights
-from tests.oracle import talker_fixtures as fx
 from conftest import start_server
+
+from engines.build import build_engine, has_talker_weights
+from tests.oracle import talker_fixtures as fx
 
 TEXT = "Hello world, this is a small test of streaming speech."
 LSB = 1 / 32768

@@ -150,8 +150,8 @@ def test_limits_and_errors(bundle):
 
 @pytest.mark.parity
 def test_all_oracle_cases_in_one_batch_equal_official():
-    from tests.oracle import talker_fixtures as fx
     from engines.pipelines.talker.reference import load_talker
+    from tests.oracle import talker_fixtures as fx
 
     for name in fx.CHECKPOINTS:
         bundle = load_talker(fx.checkpoint_dir(name))

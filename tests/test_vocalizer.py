@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.config import get_preset
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer, reference_codes
 
 TINY = get_preset("tiny")
@@ -132,8 +132,8 @@ def test_bad_items_raise_before_any_state_changes():
 
 def test_items_with_known_codes_are_decoded_only():
     """The talker source hands over finished codes: the vocalizer must decode exactly them."""
-    from engines.core.engine import build_models
     from engines.config import get_preset
+    from engines.pipelines.dit.weights import build_models
     from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
     m = build_models(get_preset("tiny"), seed=3)

@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from engines.export.onnx_export import DTYPES, default_profiles, export_models
-    from engines.core.engine import _models_from_checkpoint, build_models
+    from engines.build import _models_from_checkpoint
     from engines.config import get_preset
+    from engines.export.onnx_export import DTYPES, default_profiles, export_models
+    from engines.pipelines.dit.weights import build_models
 
     config = get_preset(args.preset)
     models = _models_from_checkpoint(Path(args.checkpoint), config, args.seed) if args.checkpoint else (

@@ -45,9 +45,14 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from engines.contract import SAMPLES_PER_FRAME, AudioChunk, EngineError, SynthesisRequest
+    from engines.build import build_engine
+    from engines.contract import (
+        SAMPLES_PER_FRAME,
+        AudioChunk,
+        EngineError,
+        SynthesisRequest,
+    )
     from engines.export.base import BackendError
-    from engines.core.engine import build_engine
 
     text = sys.stdin.read() if args.text == "-" else args.text
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")

@@ -31,13 +31,24 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from engines.checkpoints.files import CheckpointError, SafetensorsFiles, load_into, read_json, require
+from engines.checkpoints.files import (
+    CheckpointError,
+    SafetensorsFiles,
+    load_into,
+    read_json,
+    require,
+)
 from engines.contract import SAMPLES_PER_FRAME
-from engines.runtime.devices import canonical_device
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
-from engines.models.configs import CodecDecoderConfig, CodecHeadConfig, CodePredictorConfig, ModelConfig
+from engines.models.configs import (
+    CodecDecoderConfig,
+    CodecHeadConfig,
+    CodePredictorConfig,
+    ModelConfig,
+)
+from engines.runtime.devices import canonical_device
 
 log = logging.getLogger(__name__)
 

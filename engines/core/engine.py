@@ -1,22 +1,16 @@
-"""Assemble models, planner, tick loop, vocalizer and worker into one engine.
+"""The engine facade: one pipeline behind the worker thread, voices, validation, warm-up.
 
-``build_engine(...)`` is what the service and the CLI call; the result implements
-:class:`engines.contract.SynthesisEngine`.
+Built by :func:`engines.build.build_engine`; implements :class:`engines.contract.SynthesisEngine`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 import uuid
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
 
 from engines.contract import (
     SAMPLE_RATE,
@@ -30,22 +24,15 @@ from engines.contract import (
     SynthesisRequest,
     TickReport,
 )
-from engines.runtime.devices import canonical_device
-from engines.models.codec_decoder import CodecDecoder
-from engines.models.codec_head import CodecHead
-from engines.models.code_predictor import CodePredictor
-from engines.models.condition import ConditionEncoder
-from engines.models.configs import ModelConfig
-from engines.models.dit import FlowDiT
-from engines.models.duration import DurationModel
-from engines.models.init import init_module_
-from engines.models.text import ByteTokenizer
-from engines.pipelines.dit.planner import UtterancePlanner
-from engines.config import get_preset
-from engines.pipelines.base import DiTSource
-from engines.pipelines.dit.denoiser import StreamScheduler
-from engines.pipelines.vocoder import Vocalizer
 from engines.core.worker import FaultHook, Worker
+from engines.models.dit import FlowDiT
+from engines.models.text import ByteTokenizer
+from engines.pipelines.dit.denoiser import StreamScheduler
+from engines.pipelines.dit.planner import UtterancePlanner
+from engines.pipelines.dit.source import DiTSource
+from engines.pipelines.dit.weights import Models
+from engines.pipelines.vocoder import Vocalizer
+from engines.runtime.cuda_graphs import compile_backend
 
 log = logging.getLogger("streamvox.engine")
 
@@ -56,112 +43,6 @@ OPENAI_VOICE_ALIASES = {
     "shimmer": "fjord", "ash": "gale", "ballad": "cedar", "coral": "aria", "sage": "dune",
     "verse": "blaze", "marin": "ember", "cedar": "cedar",
 }
-
-# Component name -> attribute on Models; the order of their init seeds is fixed.
-COMPONENTS = ("encoder", "duration", "dit", "codec_head", "code_predictor", "decoder")
-
-WEIGHTS_FILE = "streamvox.safetensors"
-
-
-@dataclass
-class Models:
-    """All nn.Modules of the DiT source pipeline."""
-
-    config: ModelConfig
-    encoder: ConditionEncoder
-    duration: DurationModel
-    dit: FlowDiT
-    codec_head: CodecHead
-    code_predictor: CodePredictor
-    decoder: CodecDecoder
-    random_components: tuple[str, ...]
-
-    def modules(self) -> dict[str, nn.Module]:
-        return {name: getattr(self, name) for name in COMPONENTS}
-
-    def to(self, device: torch.device, dtype: torch.dtype) -> "Models":
-        for module in self.modules().values():
-            module.to(device=device, dtype=dtype).eval()
-        return self
-
-
-def build_models(config: ModelConfig, seed: int = 0) -> Models:
-    """Every component with random weights, deterministically from ``seed``."""
-    modules = {
-        "encoder": ConditionEncoder(config.text),
-        "duration": DurationModel(config.duration, config.text),
-        "dit": FlowDiT(config.dit),
-        "codec_head": CodecHead(config.codec_head),
-        "code_predictor": CodePredictor(config.code_predictor),
-        "decoder": CodecDecoder(config.decoder),
-    }
-    for i, name in enumerate(COMPONENTS):
-        init_module_(modules[name], seed * 1000 + i)
-    return Models(config=config, random_components=COMPONENTS, **modules)
-
-
-def save_weights(models: Models, path: str | Path) -> None:
-    """All components into one safetensors file, keys ``<component>.<param>``."""
-    from safetensors.torch import save_file
-
-    tensors = {f"{name}.{k}": v.detach().contiguous().cpu()
-               for name, module in models.modules().items() for k, v in module.state_dict().items()}
-    save_file(tensors, str(path), metadata={"format": "pt", "preset": models.config.name})
-
-
-def load_weights(models: Models, path: str | Path, components: tuple[str, ...] = COMPONENTS) -> tuple[str, ...]:
-    """Load ``components`` from a streamvox safetensors file (strict); returns what was loaded."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    loaded = []
-    for name in components:
-        prefix = f"{name}."
-        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if not state:
-            continue
-        missing, unexpected = getattr(models, name).load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"{path}: component {name!r}: missing tensors {sorted(missing)[:8]}, "
-                             f"unexpected tensors {sorted(unexpected)[:8]}")
-        loaded.append(name)
-    models.random_components = tuple(c for c in models.random_components if c not in loaded)
-    return tuple(loaded)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return canonical_device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
-    return canonical_device(device)
-
-
-def default_preset(device: torch.device) -> str:
-    return "base" if device.type == "cuda" else "small"
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    # bf16 on CUDA: half the weight bytes the memory-bound steps stream; CPU stays fp32.
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def compile_backend(part: str) -> str | None:
-    """torch.compile backend for the modules under the CUDA graphs, or None.
-
-    ``predictor`` (measured on an H100: 11.4 -> 5.2 ms per frame at batch 1): on by default.
-    ``dit``: off until measured on a GPU; STREAMVOX_COMPILE_DIT=1 turns it on.
-    STREAMVOX_COMPILE=0 turns both off (e.g. to rule compilation out while debugging)."""
-    if os.environ.get("STREAMVOX_COMPILE", "1") == "0":
-        return None
-    if part == "dit" and os.environ.get("STREAMVOX_COMPILE_DIT", "0") != "1":
-        return None
-    return "inductor"
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Engine:
@@ -208,7 +89,7 @@ class Engine:
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
-            from engines.pipelines.base import TalkerLatentSource
+            from engines.pipelines.talker.pipeline import TalkerLatentSource
             from engines.pipelines.talker.source import TalkerSource
 
             speakers = tuple(talker.voices())
@@ -223,7 +104,10 @@ class Engine:
             if device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
                 # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
-                from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+                from engines.runtime.graphed_predictor import (
+                    DEFAULT_BUCKETS,
+                    GraphedCodePredictor,
+                )
 
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
@@ -362,98 +246,3 @@ class Engine:
                 raise RuntimeError("engine warm-up did not finish within 300 s")
             if errors:
                 raise RuntimeError(f"engine warm-up failed: {errors[0]}")
-
-
-SOURCES = ("dit", "talker")
-
-
-def has_talker_weights(checkpoint: str | Path | None) -> bool:
-    """True when ``checkpoint`` is a Qwen3-TTS directory with trained talker layers and tokenizer files."""
-    if not checkpoint:
-        return False
-    root = Path(checkpoint)
-    if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
-        return False
-    from engines.checkpoints.files import SafetensorsFiles
-
-    try:
-        names = SafetensorsFiles(root).keys()
-    except Exception:
-        return False
-    return any(n.startswith("talker.model.layers.") for n in names)
-
-
-def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
-                 max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
-                 warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
-                 backend: str = "torch", artifacts_dir: str | None = None,
-                 max_slots: int | None = None, batch_planning: bool | None = None) -> Engine:
-    """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
-    ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
-    preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
-    ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
-    ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
-    (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``)."""
-    dev = resolve_device(device)
-    config = get_preset(preset or default_preset(dev))
-    if source is None:
-        source = "talker" if has_talker_weights(checkpoint) else "dit"
-    if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
-    if source == "talker" and not checkpoint:
-        raise ValueError("--source talker needs --checkpoint DIR (a Qwen3-TTS custom-voice checkpoint)")
-    dtype = dtype or default_dtype(dev)
-    if max_slots is not None:
-        if max_slots < 1:
-            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
-        config = replace(config, stream=replace(config.stream, max_slots=max_slots, batch_ceiling=2 * max_slots))
-    t0 = time.perf_counter()
-    talker = None
-    if checkpoint:
-        models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
-        if source == "talker":
-            from engines.pipelines.talker.reference import load_talker
-
-            talker = load_talker(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
-    else:
-        models = build_models(config, seed)
-    if backend != "torch":
-        from engines.export import apply_backend
-
-        models = apply_backend(models, backend, artifacts_dir, dev)
-    log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
-             time.perf_counter() - t0)
-    if talker_slots is None:
-        talker_slots = max_slots or 8
-    return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning)
-
-
-def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
-    """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
-    if path.is_file():
-        models = build_models(preset_config, seed)
-        load_weights(models, path)
-        return models
-    weights = path / WEIGHTS_FILE
-    if (path / "config.json").exists():
-        from engines.checkpoints.qwen3_tts import load_checkpoint
-
-        parts = load_checkpoint(path)
-        config = parts.model_config(preset_config)
-        models = build_models(config, seed)
-        models.codec_head = parts.head
-        models.code_predictor = parts.predictor
-        models.decoder = parts.decoder
-        models.random_components = ("encoder", "duration", "dit")
-        if weights.exists():
-            load_weights(models, weights, components=("encoder", "duration", "dit"))
-        elif uses_dit:
-            log.warning("%s has no %s: the DiT and condition encoder run on RANDOM weights "
-                        "(no trained DiT exists); the audio will not be speech", path, WEIGHTS_FILE)
-        return models
-    if weights.exists():
-        models = build_models(preset_config, seed)
-        load_weights(models, weights)
-        return models
-    raise FileNotFoundError(f"{path}: neither a Qwen3-TTS checkpoint directory (config.json) nor {WEIGHTS_FILE}")

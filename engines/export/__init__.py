@@ -93,7 +93,7 @@ def make_decoder_runner(decoder, backend: str, artifacts_dir: str | Path | None,
 
 
 def apply_backend(models, backend: str, artifacts_dir: str | Path | None, device, threads: int | None = None):
-    """``models`` (engines.core.engine.Models, weights as loaded, before any dtype cast) with the
+    """``models`` (engines.pipelines.dit.weights.Models, weights as loaded, before any dtype cast) with the
     DiT and codec decoder run by ``backend``; a new Models, the input is not modified.
 
     The stream config's batch ceiling becomes min(ceiling, DiT profile max batch)."""

@@ -29,11 +29,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engines.export.base import (
+    AxisRange,
+    flatten_state,
+    live_state_indices,
+    state_names,
+)
+from engines.export.manifest import (
+    GraphSpec,
+    Manifest,
+    TensorSpec,
+    file_hash,
+    jsonable,
+    weights_hash,
+)
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.configs import ModelConfig
 from engines.models.dit import FlowDiT
-from engines.export.base import AxisRange, flatten_state, live_state_indices, state_names
-from engines.export.manifest import GraphSpec, Manifest, TensorSpec, file_hash, jsonable, weights_hash
 
 log = logging.getLogger("streamvox.export")
 
@@ -198,7 +210,7 @@ def export_decoder_full(decoder: CodecDecoder, path: Path, profile: dict[str, Ax
 def export_models(models, out_dir: str | Path, dtype: torch.dtype = torch.float32,
                   graphs: tuple[str, ...] = GRAPHS, profiles: dict[str, dict[str, AxisRange]] | None = None,
                   checkpoint: str | None = None, exporter: str = "torchscript") -> Manifest:
-    """Export ``graphs`` of ``models`` (engines.core.engine.Models, fp32 as loaded) into ``out_dir``
+    """Export ``graphs`` of ``models`` (engines.pipelines.dit.weights.Models, fp32 as loaded) into ``out_dir``
     and write manifest.json. The weights hash is taken from the models as given."""
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")

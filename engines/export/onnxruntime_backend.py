@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engines.models.configs import CodecDecoderConfig, DiTConfig
 from engines.export.base import BackendUnavailable, DecoderRunner, DiTRunner
 from engines.export.manifest import GraphSpec, Manifest
+from engines.models.configs import CodecDecoderConfig, DiTConfig
 
 
 def _ort():

@@ -33,9 +33,16 @@ from pathlib import Path
 
 import torch
 
-from engines.models.configs import CodecDecoderConfig, DiTConfig
-from engines.export.base import ArtifactMismatch, AxisRange, BackendUnavailable, DecoderRunner, DiTRunner, ShapeOutsideProfile
+from engines.export.base import (
+    ArtifactMismatch,
+    AxisRange,
+    BackendUnavailable,
+    DecoderRunner,
+    DiTRunner,
+    ShapeOutsideProfile,
+)
 from engines.export.manifest import GraphSpec, Manifest
+from engines.models.configs import CodecDecoderConfig, DiTConfig
 
 log = logging.getLogger("streamvox.tensorrt")
 
@@ -325,7 +332,12 @@ def build_engines(onnx_dir: str | Path, out_dir: str | Path, graphs: tuple[str, 
     torch code casts to fp32 (RMSNorm, RoPE, timestep embedding), and a float32 export
     gives fp32 engines. The DiT profile's max batch is the pipeline's batch ceiling."""
     trt = require_polygraphy()
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineBytesFromNetwork,
+        NetworkFromOnnxPath,
+        Profile,
+    )
 
     src, out = Path(onnx_dir), Path(out_dir)
     manifest = Manifest.load(src)

@@ -22,10 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.runtime.devices import canonical_device, upload
-from engines.models.sampling import DOMAIN_CODES, keyed_gumbel, sample_logits, split_seed
 from engines.models.configs import CodePredictorConfig
 from engines.models.layers import SwiGLU, compile_block_call
+from engines.models.sampling import (
+    DOMAIN_CODES,
+    keyed_gumbel,
+    sample_logits,
+    split_seed,
+)
+from engines.runtime.devices import canonical_device, upload
 
 # --------------------------------------------------------------------------- primitives
 

@@ -27,7 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.code_predictor import MLP, RMSNorm, apply_rope, expand_kv, rope_cos_sin, rope_inv_freq
+from engines.models.code_predictor import (
+    MLP,
+    RMSNorm,
+    apply_rope,
+    expand_kv,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 from engines.models.configs import CodecDecoderConfig
 
 # --------------------------------------------------------------------------- streaming state

@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.condition import Attention, RMSNorm, SwiGLU, key_padding_mask, rope_cos_sin
+from engines.models.condition import (
+    Attention,
+    RMSNorm,
+    SwiGLU,
+    key_padding_mask,
+    rope_cos_sin,
+)
 from engines.models.configs import DiTConfig
 from engines.models.layers import compile_block_call
 

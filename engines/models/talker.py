@@ -28,8 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.models.code_predictor import (
+    DecoderLayer,
+    FrameSampling,
+    RMSNorm,
+    keep_top_k,
+    rope_inv_freq,
+)
 from engines.models.sampling import DOMAIN_TALKER, keyed_uniform, sample_logits
-from engines.models.code_predictor import DecoderLayer, FrameSampling, RMSNorm, keep_top_k, rope_inv_freq
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,9 @@ class HFTokenizer:
     """
 
     def __init__(self, path: str, pad_token: str = "<pad>", bos_token: str = "<s>", eos_token: str = "</s>"):
-        from tokenizers import Tokenizer as _HF  # lazy: only needed for trained tokenizers
+        from tokenizers import (
+            Tokenizer as _HF,  # lazy: only needed for trained tokenizers
+        )
 
         self._tok = _HF.from_file(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engines.runtime.devices import canonical_device
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
+from engines.runtime.devices import canonical_device
 
 if TYPE_CHECKING:
     from engines.runtime.graphed_decoder import GraphedDecoder

@@ -48,10 +48,9 @@ from make_fixtures import (  # noqa: E402
     calibrate_output_scale_,
     tokenizer_config,
 )
+from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel  # noqa: E402
 from randomize import randomize_  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-
-from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel  # noqa: E402
 
 MIN_MARGIN = 1e-4
 
@@ -96,7 +95,14 @@ LARGE_TOKENIZERS = {"tok_large": "4.57.3", "tok_large_old": "4.57.1"}
 
 def write_text_tokenizer(directory: Path) -> dict[str, int]:
     """vocab.json + merges.txt + tokenizer_config.json the way Qwen2 tokenizers ship them."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -379,9 +385,8 @@ def run_case(tts: Qwen3TTSModel, case, refs: dict, fc: TalkerFixture) -> dict:
 def write_large_tokenizer(source: Path, directory: Path, transformers_version: str) -> dict[str, torch.Tensor]:
     """A copy of ``source``'s tokenizer with the base vocabulary padded past 100 000 ids;
     returns the official processor's ids for TOKENIZER_TEXTS."""
-    from transformers import AutoConfig, AutoProcessor
-
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
+    from transformers import AutoConfig, AutoProcessor
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = json.loads((source / "vocab.json").read_text(encoding="utf-8"))

@@ -68,7 +68,15 @@ class QwenTextTokenizer:
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> "QwenTextTokenizer":
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import (
+            AddedToken,
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+        )
 
         root = Path(directory)
         config_file = root / "tokenizer_config.json"

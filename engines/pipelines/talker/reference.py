@@ -20,12 +20,28 @@ from typing import Any, Mapping
 
 import torch
 
-from engines.checkpoints.files import CheckpointError, SafetensorsFiles, load_into, read_json, require
-from engines.runtime.devices import canonical_device
+from engines.checkpoints.files import (
+    CheckpointError,
+    SafetensorsFiles,
+    load_into,
+    read_json,
+    require,
+)
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.configs import CodePredictorConfig
-from engines.models.talker import Talker, TalkerConfig, apply_talker_processors, sample_code0
-from engines.pipelines.talker.prompt import PromptBuilder, PromptConfig, QwenTextTokenizer, TalkerPrompt
+from engines.models.talker import (
+    Talker,
+    TalkerConfig,
+    apply_talker_processors,
+    sample_code0,
+)
+from engines.pipelines.talker.prompt import (
+    PromptBuilder,
+    PromptConfig,
+    QwenTextTokenizer,
+    TalkerPrompt,
+)
+from engines.runtime.devices import canonical_device
 
 TALKER_PREFIX = "talker."
 PREDICTOR_PREFIX = "talker.code_predictor."
@@ -113,7 +129,9 @@ def talker_config_from(config: Mapping[str, Any], where: str) -> TalkerConfig:
 
 
 def predictor_config_from(config: Mapping[str, Any], where: str) -> CodePredictorConfig:
-    from engines.checkpoints.qwen3_tts import _predictor_config  # the loader's parser (same checks as load_checkpoint)
+    from engines.checkpoints.qwen3_tts import (
+        _predictor_config,  # the loader's parser (same checks as load_checkpoint)
+    )
 
     talker = require(config, "talker_config", dict, where)
     return _predictor_config(talker, f"{where} [talker_config]")

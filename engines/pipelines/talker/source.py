@@ -39,12 +39,17 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.runtime.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.sampling import split_seed
 from engines.models.talker import Talker, apply_talker_processors, sample_code0
 from engines.pipelines.talker.prompt import PromptBuilder
-from engines.models.sampling import split_seed
-from engines.pipelines.talker.reference import TalkerBundle, TalkerGenerationConfig, frame_embedding, prompt_tensors
+from engines.pipelines.talker.reference import (
+    TalkerBundle,
+    TalkerGenerationConfig,
+    frame_embedding,
+    prompt_tensors,
+)
+from engines.runtime.devices import canonical_device, upload
 
 
 @dataclass(frozen=True)

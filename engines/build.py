@@ -1,0 +1,144 @@
+"""Composition root: settings + checkpoint -> one pipeline + its engine.
+
+``build_engine(...)`` is what the service and the CLI call; the result implements
+:class:`engines.contract.SynthesisEngine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from engines.config import get_preset
+from engines.core.engine import Engine
+from engines.core.worker import FaultHook
+from engines.models.configs import ModelConfig
+from engines.pipelines.dit.weights import (
+    WEIGHTS_FILE,
+    Models,
+    build_models,
+    load_weights,
+)
+from engines.runtime.devices import canonical_device
+
+log = logging.getLogger("streamvox.engine")
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return canonical_device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return canonical_device(device)
+
+
+def default_preset(device: torch.device) -> str:
+    return "base" if device.type == "cuda" else "small"
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 on CUDA: half the weight bytes the memory-bound steps stream; CPU stays fp32.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+SOURCES = ("dit", "talker")
+
+
+def has_talker_weights(checkpoint: str | Path | None) -> bool:
+    """True when ``checkpoint`` is a Qwen3-TTS directory with trained talker layers and tokenizer files."""
+    if not checkpoint:
+        return False
+    root = Path(checkpoint)
+    if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
+        return False
+    from engines.checkpoints.files import SafetensorsFiles
+
+    try:
+        names = SafetensorsFiles(root).keys()
+    except Exception:
+        return False
+    return any(n.startswith("talker.model.layers.") for n in names)
+
+
+def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
+                 max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
+                 warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
+                 backend: str = "torch", artifacts_dir: str | None = None,
+                 max_slots: int | None = None, batch_planning: bool | None = None) -> Engine:
+    """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
+    ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
+    preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
+    ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
+    ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
+    (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``)."""
+    dev = resolve_device(device)
+    config = get_preset(preset or default_preset(dev))
+    if source is None:
+        source = "talker" if has_talker_weights(checkpoint) else "dit"
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source == "talker" and not checkpoint:
+        raise ValueError("--source talker needs --checkpoint DIR (a Qwen3-TTS custom-voice checkpoint)")
+    dtype = dtype or default_dtype(dev)
+    if max_slots is not None:
+        if max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        config = replace(config, stream=replace(config.stream, max_slots=max_slots, batch_ceiling=2 * max_slots))
+    t0 = time.perf_counter()
+    talker = None
+    if checkpoint:
+        models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
+        if source == "talker":
+            from engines.pipelines.talker.reference import load_talker
+
+            talker = load_talker(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+    else:
+        models = build_models(config, seed)
+    if backend != "torch":
+        from engines.export import apply_backend
+
+        models = apply_backend(models, backend, artifacts_dir, dev)
+    log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
+             time.perf_counter() - t0)
+    if talker_slots is None:
+        talker_slots = max_slots or 8
+    return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
+                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning)
+
+
+def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
+    """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
+    if path.is_file():
+        models = build_models(preset_config, seed)
+        load_weights(models, path)
+        return models
+    weights = path / WEIGHTS_FILE
+    if (path / "config.json").exists():
+        from engines.checkpoints.qwen3_tts import load_checkpoint
+
+        parts = load_checkpoint(path)
+        config = parts.model_config(preset_config)
+        models = build_models(config, seed)
+        models.codec_head = parts.head
+        models.code_predictor = parts.predictor
+        models.decoder = parts.decoder
+        models.random_components = ("encoder", "duration", "dit")
+        if weights.exists():
+            load_weights(models, weights, components=("encoder", "duration", "dit"))
+        elif uses_dit:
+            log.warning("%s has no %s: the DiT and condition encoder run on RANDOM weights "
+                        "(no trained DiT exists); the audio will not be speech", path, WEIGHTS_FILE)
+        return models
+    if weights.exists():
+        models = build_models(preset_config, seed)
+        load_weights(models, weights)
+        return models
+    raise FileNotFoundError(f"{path}: neither a Qwen3-TTS checkpoint directory (config.json) nor {WEIGHTS_FILE}")

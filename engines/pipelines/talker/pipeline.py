@@ -1,0 +1,61 @@
+"""The talker pipeline behind the seam: utterances with continuous batching (source.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engines.contract import SynthesisRequest
+from engines.pipelines.base import Produced
+
+
+class TalkerLatentSource:
+    """Qwen3-TTS talker utterances with continuous batching (engines/pipelines/talker/source.py)."""
+
+    name = "talker"
+
+    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12):
+        self.source = talker_source
+        self.voices = voices  # voice index -> the checkpoint's speaker name
+        self.first_chunk_frames = first_chunk_frames
+        self.chunk_frames = chunk_frames
+        self._waiting: dict[str, SynthesisRequest] = {}
+
+    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+        speaker = self.voices[voice_index]
+        language = request.language or "Auto"
+        if language.lower() not in [name.lower() for name in self.source.languages()]:
+            raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
+        self._waiting[request.id] = replace(request, voice=speaker, language=language)
+        return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
+
+    def wants_slot(self, request_id: str) -> bool:
+        return request_id in self._waiting
+
+    def start(self, request_id: str) -> None:
+        request = self._waiting.pop(request_id)
+        self.source.admit(request)
+
+    def free_slots(self) -> int:
+        return self.source.free_slots()
+
+    def languages(self) -> list[str]:
+        return self.source.languages()
+
+    def tick(self) -> list[Produced]:
+        return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes)
+                for f in self.source.tick()]
+
+    def drop(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+        self.source.cancel(request_id)
+
+    def flush_frames(self, frames_emitted: int) -> int:
+        return self.first_chunk_frames if frames_emitted == 0 else self.chunk_frames
+
+    @property
+    def active_slots(self) -> int:
+        return self.source.active_slots
+
+    @property
+    def last_batch_rows(self) -> int:
+        return self.source.last_batch_rows
