@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import get_preset
 from engines.core.engine import Engine
 from engines.core.worker import FaultHook
@@ -52,22 +53,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SOURCES = ("dit", "talker")
 
 
-def has_talker_weights(checkpoint: str | Path | None) -> bool:
-    """True when ``checkpoint`` is a Qwen3-TTS directory with trained talker layers and tokenizer files."""
-    if not checkpoint:
-        return False
-    root = Path(checkpoint)
-    if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
-        return False
-    from engines.checkpoints.files import SafetensorsFiles
-
-    try:
-        names = SafetensorsFiles(root).keys()
-    except Exception:
-        return False
-    return any(n.startswith("talker.model.layers.") for n in names)
-
-
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
@@ -97,9 +82,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if checkpoint:
         models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
         if source == "talker":
-            from engines.pipelines.talker.reference import load_talker
+            from engines.pipelines.talker.reference import TalkerBundle
 
-            talker = load_talker(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+            talker = TalkerBundle.from_checkpoint(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
     else:
         models = build_models(config, seed)
     if backend != "torch":
@@ -122,8 +107,6 @@ def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, u
         return models
     weights = path / WEIGHTS_FILE
     if (path / "config.json").exists():
-        from engines.checkpoints.qwen3_tts import load_checkpoint
-
         parts = load_checkpoint(path)
         config = parts.model_config(preset_config)
         models = build_models(config, seed)

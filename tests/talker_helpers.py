@@ -12,16 +12,13 @@ import math
 import torch
 from torch import nn
 
+from engines.checkpoints.qwen3_text import QWEN2_SPLIT, PromptConfig, QwenTextTokenizer
+from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.models.code_predictor import CodePredictor
 from engines.models.configs import CodePredictorConfig
 from engines.models.talker import Talker, TalkerConfig
-from engines.pipelines.talker.prompt import (
-    QWEN2_SPLIT,
-    PromptBuilder,
-    PromptConfig,
-    QwenTextTokenizer,
-)
-from engines.pipelines.talker.reference import TalkerBundle, TalkerGenerationConfig
+from engines.pipelines.talker.prompt import PromptBuilder
+from engines.pipelines.talker.reference import TalkerBundle
 
 CORPUS = ["assistant assistant assistant user user the quick brown fox jumps over the lazy dog",
           "Hello world, this is a small test of streaming speech.", "你好，世界。数字 2026 and 42."] * 4

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
-from engines.checkpoints.qwen3_tts import STREAMVOX_WEIGHTS, load_checkpoint
+from engines.checkpoints.qwen3_tts import load_checkpoint
 from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
@@ -159,12 +159,6 @@ def test_model_config_takes_codec_sizes_from_the_directory_and_dit_sizes_from_th
     assert merged.dit.latent_dim == parts.config.talker_hidden_size != base.dit.latent_dim
     assert dataclasses.replace(merged.dit, latent_dim=base.dit.latent_dim) == base.dit
     assert (merged.text, merged.duration, merged.stream) == (base.text, base.duration, base.stream)
-
-
-def test_streamvox_weights_are_reported(ckpt):
-    assert not load_checkpoint(ckpt).has_streamvox_weights
-    save_file({"dit.x": torch.zeros(1)}, str(ckpt / STREAMVOX_WEIGHTS))
-    assert load_checkpoint(ckpt).has_streamvox_weights
 
 
 # --------------------------------------------------------------------------- malformed directories

@@ -1,4 +1,4 @@
-"""load_talker: strict inside ``talker.`` (minus the code predictor), clear errors, dtypes.
+"""checkpoints.qwen3_tts.load_talker: strict inside ``talker.`` (minus the code predictor), clear errors, dtypes.
 
 Uses the talker oracle fixture checkpoints as the well-formed starting point.
 """
@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
-from engines.checkpoints.qwen3_tts import load_checkpoint
+from engines.checkpoints.qwen3_tts import load_checkpoint, load_talker
 from engines.contract import SynthesisRequest
-from engines.pipelines.talker.reference import load_talker
+from engines.pipelines.talker.reference import TalkerBundle
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import talker_fixtures as fx
 
@@ -49,7 +49,7 @@ def test_loads_and_shares_the_predictor(ckpt):
     parts = load_checkpoint(ckpt)
     bundle = load_talker(ckpt, predictor=parts.predictor)
     assert bundle.predictor is parts.predictor
-    assert bundle.voices() == ["dylan", "eric", "ryan", "vivian"]
+    assert sorted(bundle.prompt.speakers) == ["dylan", "eric", "ryan", "vivian"]
     # The talker's head/norm/embedding are the tensors the loader's CodecHead holds.
     assert torch.equal(bundle.talker.codec_head.weight, parts.head.codec_head.weight)
     assert torch.equal(bundle.talker.model.norm.weight, parts.head.model.norm.weight)
@@ -94,7 +94,7 @@ def test_missing_tokenizer_files(ckpt):
 
 def test_base_checkpoints_refuse_custom_voice(ckpt):
     _edit_config(ckpt, lambda c: c.__setitem__("tts_model_type", "base"))
-    bundle = load_talker(ckpt)
+    bundle = TalkerBundle.from_checkpoint(ckpt)
     with pytest.raises(ValueError, match="voice-clone"):
         bundle.generate_codes("Hello.", "Ryan")
 
@@ -102,7 +102,7 @@ def test_base_checkpoints_refuse_custom_voice(ckpt):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_runs_batched(ckpt, dtype):
     """Lower precision runs end to end (codes in range, batch == solo at that dtype)."""
-    bundle = load_talker(ckpt, dtype=dtype)
+    bundle = TalkerBundle.from_checkpoint(ckpt, dtype=dtype)
     solo = bundle.generate_codes("Hello world, this is a test.", "Ryan", "English", greedy=True, max_new_tokens=8)
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=96)
     source.admit(SynthesisRequest(id="a", text="Hello world, this is a test.", voice="Ryan", language="English"),

@@ -13,11 +13,11 @@ import itertools
 import pytest
 import torch
 
+from engines.checkpoints.qwen3_text import QwenTextTokenizer
 from engines.checkpoints.qwen3_tts import load_checkpoint
-from engines.pipelines.talker.prompt import QwenTextTokenizer
 from engines.pipelines.talker.reference import (
+    TalkerBundle,
     frame_embedding,
-    load_talker,
     prompt_tensors,
 )
 from tests.oracle import talker_fixtures as fx
@@ -31,7 +31,7 @@ WAV_TOL = 1e-5
 @pytest.fixture(scope="module", params=fx.CHECKPOINTS)
 def ckpt(request):
     name = request.param
-    return name, load_talker(fx.checkpoint_dir(name)), fx.references(name), fx.cases(name)
+    return name, TalkerBundle.from_checkpoint(fx.checkpoint_dir(name)), fx.references(name), fx.cases(name)
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.pipelines.talker.prompt import NO_CODEC, _swaps_split_regex
-from engines.pipelines.talker.reference import (
-    HARD_DEFAULTS,
-    TalkerGenerationConfig,
-    prompt_tensors,
-)
+from engines.checkpoints.qwen3_text import _swaps_split_regex
+from engines.checkpoints.qwen3_tts import HARD_DEFAULTS, TalkerGenerationConfig
+from engines.pipelines.talker.prompt import NO_CODEC
+from engines.pipelines.talker.reference import prompt_tensors
 from tests.talker_helpers import make_bundle
 
 

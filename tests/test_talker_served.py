@@ -17,7 +17,8 @@ import torch
 import websockets
 from conftest import start_server
 
-from engines.build import build_engine, has_talker_weights
+from engines.build import build_engine
+from engines.checkpoints.qwen3_tts import has_talker_weights
 from tests.oracle import talker_fixtures as fx
 
 TEXT = "Hello world, this is a small test of streaming speech."
@@ -34,9 +35,9 @@ def talker_engine():
 
 
 def reference_pcm(engine, path, voice: str) -> np.ndarray:
-    from engines.pipelines.talker.reference import load_talker
+    from engines.pipelines.talker.reference import TalkerBundle
 
-    bundle = load_talker(path, "cpu", torch.float32, predictor=engine.models.code_predictor)
+    bundle = TalkerBundle.from_checkpoint(path, "cpu", torch.float32, predictor=engine.models.code_predictor)
     with torch.no_grad():
         codes = bundle.generate_codes(TEXT, voice, greedy=True)  # [T, G]
         return engine.models.decoder(codes.T[None])[0].numpy()
@@ -99,15 +100,3 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
     finally:
         await server.stop()
 
-
-def test_loaded_parts_generate_codes_equals_the_talker_loop(talker_engine):
-    """``load_checkpoint(dir).generate_codes`` is the documented one-call API (issue 9)."""
-    from engines.checkpoints.qwen3_tts import load_checkpoint
-
-    engine, path = talker_engine
-    parts = load_checkpoint(path)
-    speaker = engine.info.voices[0]
-    codes = parts.generate_codes(TEXT, speaker, greedy=True)
-    ref = parts.talker.generate_codes(TEXT, speaker, greedy=True)
-    assert codes.dtype == torch.int64 and codes.shape[1] == engine.info.extra["num_code_groups"]
-    assert torch.equal(codes, ref) and codes.shape[0] > 0

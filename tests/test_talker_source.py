@@ -150,11 +150,11 @@ def test_limits_and_errors(bundle):
 
 @pytest.mark.parity
 def test_all_oracle_cases_in_one_batch_equal_official():
-    from engines.pipelines.talker.reference import load_talker
+    from engines.pipelines.talker.reference import TalkerBundle
     from tests.oracle import talker_fixtures as fx
 
     for name in fx.CHECKPOINTS:
-        bundle = load_talker(fx.checkpoint_dir(name))
+        bundle = TalkerBundle.from_checkpoint(fx.checkpoint_dir(name))
         refs, cases = fx.references(name), fx.cases(name)
         source = TalkerSource.from_bundle(bundle, max_slots=len(cases), max_seq_len=256)
         for case, c in cases.items():

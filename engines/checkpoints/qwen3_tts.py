@@ -1,23 +1,28 @@
-"""Real Qwen3-TTS weights behind one API: codec head, code predictor, 12 Hz decoder.
+"""Reading a Qwen3-TTS checkpoint directory: every part, one loader.
 
-    from engines.checkpoints.qwen3_tts import load_checkpoint
+    from engines.checkpoints.qwen3_tts import load_checkpoint, load_talker
     parts = load_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-Base", device="cuda", dtype=torch.bfloat16)
     codes = parts.codes(inputs_embeds)       # [B, 2, H_talker] -> [B, G-1] (codes 1..G-1 of a frame)
     logits = parts.codec_logits(hidden)      # [B, H_talker]    -> [B, V_talker]
     wav = parts.decode(codes_bgt)            # [B, G, T]        -> [B, T * 1920] at 24 kHz
+    talker = load_talker(path, device, dtype, predictor=parts.predictor)   # -> Qwen3TTSTalker
 
 The directory is the Hugging Face layout of the released models (REFERENCES.md):
-``config.json`` + ``model.safetensors`` (``talker.*``, maybe ``speaker_encoder.*``) and
+``config.json`` + ``model.safetensors`` (``talker.*``, maybe ``speaker_encoder.*``),
+``generation_config.json``, the text tokenizer files (engines/checkpoints/qwen3_text.py) and
 ``speech_tokenizer/config.json`` + ``speech_tokenizer/model.safetensors``
-(``encoder.*``, ``decoder.*``). We load three things and check them strictly:
+(``encoder.*``, ``decoder.*``). :func:`load_checkpoint` loads three things and checks them strictly:
 
 * ``talker.code_predictor.*``                      -> ``parts.predictor`` (CodePredictor)
 * ``talker.model.norm.weight``, ``talker.codec_head.weight``,
   ``talker.model.codec_embedding.weight``          -> ``parts.head`` (CodecHead)
 * ``decoder.*`` of the speech tokenizer             -> ``parts.decoder`` (CodecDecoder)
 
-Everything else (talker layers, text embedding, speaker encoder, tokenizer encoder)
-is left on disk. Sizes come from the config files; see docs/CHECKPOINTS.md.
+:func:`load_talker` loads the talker (strict inside ``talker.`` minus the code predictor),
+the text tokenizer, the prompt ids and the generation config; it shares a given code
+predictor. The speaker encoder and the tokenizer's encoder are left on disk. Sizes come
+from the config files; see docs/CHECKPOINTS.md. Nothing here runs generation: the talker
+loop is engines/pipelines/talker/reference.py.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from engines.checkpoints.files import (
     read_json,
     require,
 )
+from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.contract import SAMPLES_PER_FRAME
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder, DecoderState
@@ -48,17 +54,19 @@ from engines.models.configs import (
     CodePredictorConfig,
     ModelConfig,
 )
+from engines.models.talker import Talker, TalkerConfig
 from engines.runtime.devices import canonical_device
 
 log = logging.getLogger(__name__)
 
-STREAMVOX_WEIGHTS = "streamvox.safetensors"  # our own DiT / condition encoder, when trained
 PREDICTOR_PREFIX = "talker.code_predictor."
-HEAD_PREFIX = "talker."
+HEAD_PREFIX = TALKER_PREFIX = "talker."
 HEAD_MODULES = ("talker.codec_head.", "talker.model.norm.", "talker.model.codec_embedding.")
 DECODER_PREFIX = "decoder."
 
-__all__ = ["CheckpointError", "Qwen3TTSCheckpointConfig", "Qwen3TTSParts", "load_checkpoint", "read_configs"]
+__all__ = ["CheckpointError", "HARD_DEFAULTS", "Qwen3TTSCheckpointConfig", "Qwen3TTSParts", "Qwen3TTSTalker",
+           "TalkerGenerationConfig", "has_talker_weights", "load_checkpoint", "load_talker", "read_configs",
+           "talker_config"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,29 @@ def _decoder_config(tokenizer_config: Mapping[str, Any], where: str) -> CodecDec
     return CodecDecoderConfig.from_dict({**dec, "head_dim": head_dim})
 
 
+def talker_config(config: Mapping[str, Any], where: str) -> TalkerConfig:
+    """The talker's sizes from ``config.json`` (``talker_config``), checked against what our port runs."""
+    talker = require(config, "talker_config", dict, where)
+    tw = f"{where} [talker_config]"
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "text_vocab_size", "text_hidden_size", "num_code_groups",
+                "codec_eos_token_id"):
+        require(talker, key, int, tw)
+    if talker.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{tw}: hidden_act {talker['hidden_act']!r} is not supported (only 'silu')")
+    if talker.get("attention_bias"):
+        raise CheckpointError(f"{tw}: attention_bias is not supported")
+    if talker.get("use_sliding_window"):
+        raise CheckpointError(f"{tw}: use_sliding_window is not supported by the talker")
+    rope = talker.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(f"{tw}: rope_type {rope.get('rope_type')!r} is not supported (default M-RoPE only)")
+    try:
+        return TalkerConfig.from_dict(talker)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{tw}: {exc}") from None
+
+
 def read_configs(path: str | Path) -> Qwen3TTSCheckpointConfig:
     """Parse and cross-check ``config.json`` and ``speech_tokenizer/config.json``."""
     root = Path(path)
@@ -183,15 +214,6 @@ class Qwen3TTSParts:
         self.device = device
         self.dtype = dtype
 
-    @property
-    def streamvox_weights(self) -> Path:
-        return Path(self.config.path) / STREAMVOX_WEIGHTS
-
-    @property
-    def has_streamvox_weights(self) -> bool:
-        """Whether the directory ships trained streamvox DiT / condition-encoder weights."""
-        return self.streamvox_weights.is_file()
-
     def model_config(self, preset: ModelConfig) -> ModelConfig:
         """``preset`` with every codec-side size from the checkpoint; the DiT's latent width
         becomes the talker hidden size D; DiT / text / duration sizes stay the preset's."""
@@ -199,29 +221,6 @@ class Qwen3TTSParts:
         return dataclasses.replace(
             preset, codec_head=c.codec_head, code_predictor=c.code_predictor, decoder=c.decoder,
             dit=dataclasses.replace(preset.dit, latent_dim=c.talker_hidden_size))
-
-    @property
-    def talker(self):
-        """The talker bundle (engines/pipelines/talker/reference.py), loaded on first use and sharing
-        this object's code predictor."""
-        if getattr(self, "_talker", None) is None:
-            from engines.pipelines.talker.reference import load_talker
-
-            self._talker = load_talker(self.config.path, self.device, self.dtype, predictor=self.predictor)
-        return self._talker
-
-    def generate_codes(self, text: str, voice: str | None, language: str = "Auto", greedy: bool = False,
-                       max_new_tokens: int | None = None, non_streaming_mode: bool | None = None,
-                       repetition_penalty: float | None = None, seed: int = 0) -> torch.Tensor:
-        """Talker + code predictor for one utterance -> LongTensor [T, G]. Every None means
-        what the official package does for this checkpoint; ``max_new_tokens`` counts as
-        the official ``generate()`` counts it."""
-        return self.talker.generate_codes(text, voice, language=language, greedy=greedy,
-                                          max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
-                                          repetition_penalty=repetition_penalty, seed=seed)
-
-    def _sampling(self, batch: int, greedy: bool, seed: int) -> FrameSampling:
-        return FrameSampling.for_stream(batch, seed, 0, self.device, greedy=greedy)
 
     def _check_embeds(self, inputs_embeds: torch.Tensor) -> None:
         d = self.config.talker_hidden_size
@@ -240,7 +239,7 @@ class Qwen3TTSParts:
         """As :meth:`codes`, plus the raw logits of every step [B, G-1, V] (float32)."""
         self._check_embeds(inputs_embeds)
         x = inputs_embeds.to(device=self.device, dtype=self.dtype)
-        sampling = self._sampling(x.shape[0], greedy, seed)
+        sampling = FrameSampling.for_stream(x.shape[0], seed, 0, self.device, greedy=greedy)
         return self.predictor.predict(x[:, 0], x[:, 1], sampling, return_logits=True)
 
     @torch.no_grad()
@@ -319,3 +318,98 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
              config.num_code_groups, config.codebook_size, config.talker_hidden_size,
              "/".join(config.weight_dtypes), str(dtype).removeprefix("torch."), device)
     return parts
+
+
+# --------------------------------------------------------------------------- talker
+
+# Qwen3TTSModel._merge_generate_kwargs: used when generation_config.json lacks a key.
+HARD_DEFAULTS: dict[str, Any] = dict(
+    do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05, subtalker_dosample=True,
+    subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9, max_new_tokens=2048)
+MIN_NEW_TOKENS = 2  # hard-coded in the official generate()
+
+
+@dataclass(frozen=True)
+class TalkerGenerationConfig:
+    """``generation_config.json``, every missing key filled with the official package's default."""
+
+    do_sample: bool
+    top_k: int
+    top_p: float
+    temperature: float
+    repetition_penalty: float
+    subtalker_dosample: bool
+    subtalker_top_k: int
+    subtalker_top_p: float
+    subtalker_temperature: float
+    max_new_tokens: int
+    min_new_tokens: int = MIN_NEW_TOKENS
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TalkerGenerationConfig":
+        return cls(**{k: data.get(k, v) for k, v in HARD_DEFAULTS.items()})
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> "TalkerGenerationConfig":
+        path = Path(directory) / "generation_config.json"
+        return cls.from_dict(read_json(path) if path.is_file() else {})
+
+
+@dataclass
+class Qwen3TTSTalker:
+    """The talker side of a directory, as loaded: models, text tokenizer, prompt ids, generation defaults."""
+
+    talker: Talker
+    predictor: CodePredictor
+    prompt: PromptConfig
+    tokenizer: QwenTextTokenizer
+    generation: TalkerGenerationConfig
+    path: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_talker(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                predictor: CodePredictor | None = None) -> Qwen3TTSTalker:
+    """The talker (strict inside ``talker.`` minus ``talker.code_predictor.``), the code
+    predictor (loaded here unless one is passed, e.g. ``parts.predictor``), the text
+    tokenizer, the prompt ids and the generation config of a Qwen3-TTS directory."""
+    root = Path(path)
+    device = canonical_device(device)
+    config_file = root / "config.json"
+    config = read_json(config_file)
+    where = str(config_file)
+    tcfg = talker_config(config, where)
+    files = SafetensorsFiles(root)
+    talker = Talker(tcfg)
+    names = list(talker.state_dict())
+    load_into(talker, files, TALKER_PREFIX, device=device, dtype=dtype, only=names)
+    known = {TALKER_PREFIX + n for n in names}
+    extra = [k for k in files.under(TALKER_PREFIX) if k not in known and not k.startswith(PREDICTOR_PREFIX)]
+    if extra:
+        raise CheckpointError(f"{files.label}: unexpected tensors under {TALKER_PREFIX!r}: {', '.join(sorted(extra)[:8])}")
+    if predictor is None:
+        predictor = CodePredictor(_predictor_config(require(config, "talker_config", dict, where),
+                                                    f"{where} [talker_config]"))
+        load_into(predictor, files, PREDICTOR_PREFIX, device=device, dtype=dtype)
+    prompt = PromptConfig.from_config(config, where)
+    bad_ids = [n for n, i in {"tts_pad": prompt.tts_pad_token_id, "tts_bos": prompt.tts_bos_token_id,
+                               "tts_eos": prompt.tts_eos_token_id}.items() if not 0 <= i < tcfg.text_vocab_size]
+    if bad_ids:
+        raise CheckpointError(f"{config_file}: {', '.join(bad_ids)} ids outside text_vocab_size {tcfg.text_vocab_size}")
+    return Qwen3TTSTalker(talker.eval(), predictor.eval(), prompt, QwenTextTokenizer.from_dir(root),
+                          TalkerGenerationConfig.from_dir(root), str(root), device, dtype)
+
+
+def has_talker_weights(path: str | Path | None) -> bool:
+    """True when ``path`` is a Qwen3-TTS directory with trained talker layers and tokenizer files."""
+    if not path:
+        return False
+    root = Path(path)
+    if not (root.is_dir() and (root / "config.json").is_file() and (root / "vocab.json").is_file()):
+        return False
+    try:
+        names = SafetensorsFiles(root).keys()
+    except Exception:
+        return False
+    return any(n.startswith("talker.model.layers.") for n in names)

@@ -1,6 +1,6 @@
-"""Load the Qwen3-TTS talker of a checkpoint and run it plainly, one utterance at a time.
+"""The Qwen3-TTS talker run plainly, one utterance at a time: the reference loop.
 
-    bundle = load_talker("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu", dtype=torch.float32)
+    bundle = TalkerBundle.from_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu")
     codes = bundle.generate_codes("Hello.", "Vivian", language="Auto", greedy=True)   # LongTensor [T, G]
 
 :func:`generate_codes` is the reference loop, written the way the official
@@ -9,78 +9,35 @@ vocabulary, the official logits processors (repetition penalty over generated co
 ids, min_new_tokens 2, suppression of [V-1024, V) except EOS), EOS ends the utterance
 (and is not a frame), ``max_new_tokens = N`` gives at most N-1 frames. Every ``None``
 argument means what the official package does for this checkpoint (generation_config.json,
-then the package's hard defaults). The batched engine path is ``engines/pipelines/talker/source.py``.
+then the package's hard defaults). The directory is read by engines/checkpoints/qwen3_tts.py
+(:func:`~engines.checkpoints.qwen3_tts.load_talker`); the batched engine path is
+``engines/pipelines/talker/source.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 import torch
 
-from engines.checkpoints.files import (
-    CheckpointError,
-    SafetensorsFiles,
-    load_into,
-    read_json,
-    require,
-)
+from engines.checkpoints.qwen3_tts import TalkerGenerationConfig, load_talker
 from engines.models.code_predictor import CodePredictor, FrameSampling
-from engines.models.configs import CodePredictorConfig
 from engines.models.talker import (
     Talker,
-    TalkerConfig,
     apply_talker_processors,
     sample_code0,
 )
-from engines.pipelines.talker.prompt import (
-    PromptBuilder,
-    PromptConfig,
-    QwenTextTokenizer,
-    TalkerPrompt,
-)
-from engines.runtime.devices import canonical_device
-
-TALKER_PREFIX = "talker."
-PREDICTOR_PREFIX = "talker.code_predictor."
-
-# Qwen3TTSModel._merge_generate_kwargs: used when generation_config.json lacks a key.
-HARD_DEFAULTS: dict[str, Any] = dict(
-    do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05, subtalker_dosample=True,
-    subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9, max_new_tokens=2048)
-MIN_NEW_TOKENS = 2  # hard-coded in the official generate()
-
-
-@dataclass(frozen=True)
-class TalkerGenerationConfig:
-    do_sample: bool
-    top_k: int
-    top_p: float
-    temperature: float
-    repetition_penalty: float
-    subtalker_dosample: bool
-    subtalker_top_k: int
-    subtalker_top_p: float
-    subtalker_temperature: float
-    max_new_tokens: int
-    min_new_tokens: int = MIN_NEW_TOKENS
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TalkerGenerationConfig":
-        merged = {k: data.get(k, v) for k, v in HARD_DEFAULTS.items()}
-        return cls(**merged)
-
-    @classmethod
-    def from_dir(cls, directory: str | Path) -> "TalkerGenerationConfig":
-        path = Path(directory) / "generation_config.json"
-        return cls.from_dict(read_json(path) if path.is_file() else {})
+from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
 
 
 @dataclass
 class TalkerBundle:
-    """What the talker source needs: models, prompt builder, generation defaults."""
+    """What the talker pipeline runs: models, prompt builder, generation defaults.
+
+    Built from the checkpoint loader's :class:`~engines.checkpoints.qwen3_tts.Qwen3TTSTalker`
+    (or by hand in tests); it lives here, not in checkpoints/, because it holds the
+    :class:`PromptBuilder` and runs the reference loop, both pipeline code."""
 
     talker: Talker
     predictor: CodePredictor
@@ -89,6 +46,14 @@ class TalkerBundle:
     path: str
     device: torch.device
     dtype: torch.dtype
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, predictor: CodePredictor | None = None) -> "TalkerBundle":
+        """The talker of a Qwen3-TTS directory (sharing ``predictor`` when given)."""
+        t = load_talker(path, device, dtype, predictor=predictor)
+        return cls(t.talker, t.predictor, PromptBuilder(t.prompt, t.tokenizer), t.generation, t.path, t.device,
+                   t.dtype)
 
     def voices(self) -> list[str]:
         return self.prompt.voices()
@@ -104,67 +69,6 @@ class TalkerBundle:
                               greedy=greedy, max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
                               repetition_penalty=repetition_penalty, seed=seed, generation=self.generation,
                               instruct=instruct)
-
-
-def talker_config_from(config: Mapping[str, Any], where: str) -> TalkerConfig:
-    talker = require(config, "talker_config", dict, where)
-    tw = f"{where} [talker_config]"
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "text_vocab_size", "text_hidden_size", "num_code_groups",
-                "codec_eos_token_id"):
-        require(talker, key, int, tw)
-    if talker.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{tw}: hidden_act {talker['hidden_act']!r} is not supported (only 'silu')")
-    if talker.get("attention_bias"):
-        raise CheckpointError(f"{tw}: attention_bias is not supported")
-    if talker.get("use_sliding_window"):
-        raise CheckpointError(f"{tw}: use_sliding_window is not supported by the talker")
-    rope = talker.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise CheckpointError(f"{tw}: rope_type {rope.get('rope_type')!r} is not supported (default M-RoPE only)")
-    try:
-        return TalkerConfig.from_dict(talker)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{tw}: {exc}") from None
-
-
-def predictor_config_from(config: Mapping[str, Any], where: str) -> CodePredictorConfig:
-    from engines.checkpoints.qwen3_tts import (
-        _predictor_config,  # the loader's parser (same checks as load_checkpoint)
-    )
-
-    talker = require(config, "talker_config", dict, where)
-    return _predictor_config(talker, f"{where} [talker_config]")
-
-
-def load_talker(checkpoint_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                predictor: CodePredictor | None = None) -> TalkerBundle:
-    """The talker (strict inside ``talker.`` minus ``talker.code_predictor.``), the code
-    predictor (loaded here unless one is passed, e.g. ``parts.predictor``), the text
-    tokenizer + prompt builder and the generation config of a Qwen3-TTS directory."""
-    root = Path(checkpoint_dir)
-    device = canonical_device(device)
-    config_file = root / "config.json"
-    config = read_json(config_file)
-    tcfg = talker_config_from(config, str(config_file))
-    files = SafetensorsFiles(root)
-    talker = Talker(tcfg)
-    names = list(talker.state_dict())
-    load_into(talker, files, TALKER_PREFIX, device=device, dtype=dtype, only=names)
-    known = {TALKER_PREFIX + n for n in names}
-    extra = [k for k in files.under(TALKER_PREFIX) if k not in known and not k.startswith(PREDICTOR_PREFIX)]
-    if extra:
-        raise CheckpointError(f"{files.label}: unexpected tensors under {TALKER_PREFIX!r}: {', '.join(sorted(extra)[:8])}")
-    if predictor is None:
-        predictor = CodePredictor(predictor_config_from(config, str(config_file)))
-        load_into(predictor, files, PREDICTOR_PREFIX, device=device, dtype=dtype)
-    prompt = PromptBuilder(PromptConfig.from_config(config, str(config_file)), QwenTextTokenizer.from_dir(root))
-    bad_ids = [n for n, i in {"tts_pad": prompt.config.tts_pad_token_id, "tts_bos": prompt.config.tts_bos_token_id,
-                               "tts_eos": prompt.config.tts_eos_token_id}.items() if not 0 <= i < tcfg.text_vocab_size]
-    if bad_ids:
-        raise CheckpointError(f"{config_file}: {', '.join(bad_ids)} ids outside text_vocab_size {tcfg.text_vocab_size}")
-    return TalkerBundle(talker.eval(), predictor.eval(), prompt, TalkerGenerationConfig.from_dir(root), str(root),
-                        device, dtype)
 
 
 # --------------------------------------------------------------------------- reference loop
@@ -249,5 +153,4 @@ def generate_codes(talker: Talker, predictor: CodePredictor, prompt_builder: Pro
     return torch.stack(frames)
 
 
-__all__ = ["HARD_DEFAULTS", "TalkerBundle", "TalkerGenerationConfig", "frame_embedding", "generate_codes",
-           "load_talker", "prompt_tensors"]
+__all__ = ["TalkerBundle", "frame_embedding", "generate_codes", "prompt_tensors"]

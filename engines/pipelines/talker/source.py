@@ -1,6 +1,6 @@
 """The Qwen3-TTS talker as a latent source: continuous batching of utterances.
 
-    source = TalkerSource.from_bundle(load_talker(path, device, dtype), max_slots=8)
+    source = TalkerSource.from_bundle(TalkerBundle.from_checkpoint(path, device, dtype), max_slots=8)
     source.admit(request)              # between ticks: tokenize, build the prompt, prefill, sample code 0
     frames = source.tick()             # ONE talker step for every active utterance
     # -> [TalkerFrames(request_id, codes [n, G], frame_start, is_last), ...]
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.sampling import split_seed
@@ -45,7 +46,6 @@ from engines.models.talker import Talker, apply_talker_processors, sample_code0
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import (
     TalkerBundle,
-    TalkerGenerationConfig,
     frame_embedding,
     prompt_tensors,
 )
