@@ -13,8 +13,6 @@ from engines.models.text import (
     EOS_ID,
     ByteTokenizer,
     Tokenizer,
-    flush_sentences,
-    load_tokenizer,
     split_clauses,
     split_sentences,
 )
@@ -28,7 +26,7 @@ def _squash(s: str) -> str:
 
 
 def test_byte_tokenizer_round_trip_and_specials():
-    tok = load_tokenizer()
+    tok = ByteTokenizer()
     assert isinstance(tok, Tokenizer)
     ids = tok.encode("Grüße, 世界!")
     assert ids[0] == BOS_ID and ids[-1] == EOS_ID
@@ -52,22 +50,6 @@ def test_byte_tokenizer_bad_input():
         tok.encode(b"bytes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="outside the byte vocabulary"):
         tok.decode([1, 999])
-
-
-def test_hf_tokenizer_seam(tmp_path):
-    from tokenizers import Tokenizer as HF
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "hello": 4, "world": 5}
-    hf = HF(WordLevel(vocab, unk_token="[UNK]"))
-    hf.pre_tokenizer = Whitespace()
-    path = tmp_path / "tokenizer.json"
-    hf.save(str(path))
-    tok = load_tokenizer(str(path))
-    assert isinstance(tok, Tokenizer)
-    assert tok.encode("hello world") == [1, 4, 5, 2]
-    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
 
 
 # --------------------------------------------------------------------------- sentences
@@ -101,9 +83,9 @@ def test_split_sentences_examples(buffer, sentences, rest):
     assert split_sentences(buffer) == (sentences, rest)
 
 
-def test_flush_sentences_keeps_the_rest():
-    assert flush_sentences("One. Two") == ["One.", "Two"]
-    assert flush_sentences("  ") == []
+def test_split_clauses_keeps_the_unterminated_rest():
+    assert split_clauses("One. Two", 100) == ["One.", "Two"]
+    assert split_clauses("  ", 100) == []
 
 
 _ALPHABET = "ab AB3.,!?;:…。！？」\"')\n"

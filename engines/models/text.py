@@ -2,8 +2,7 @@
 
 * :class:`ByteTokenizer` maps UTF-8 bytes to ids 0..255 plus three special ids
   (pad 256, bos 257, eos 258). It needs no files and covers every language.
-* :class:`Tokenizer` is the seam for a trained tokenizer (``tokenizer.json`` loaded
-  with HF ``tokenizers``) via :func:`load_tokenizer`.
+* :class:`Tokenizer` is what the planner needs from a tokenizer.
 * :func:`split_sentences` cuts an incrementally growing buffer into complete
   sentences (for streaming text input); :func:`split_clauses` cuts a whole text into
   pieces no longer than a budget, at clause boundaries, never dropping text.
@@ -60,38 +59,6 @@ class ByteTokenizer:
             if i < 256:
                 data.append(i)
         return data.decode("utf-8", errors="replace")
-
-
-class HFTokenizer:
-    """A ``tokenizer.json`` (HF ``tokenizers``) behind the :class:`Tokenizer` seam.
-
-    The special tokens are looked up by name; ``bos``/``eos`` are added by us so the
-    tokenizer's own post-processor is bypassed (``add_special_tokens=False``).
-    """
-
-    def __init__(self, path: str, pad_token: str = "<pad>", bos_token: str = "<s>", eos_token: str = "</s>"):
-        from tokenizers import (
-            Tokenizer as _HF,  # lazy: only needed for trained tokenizers
-        )
-
-        self._tok = _HF.from_file(path)
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        ids = {name: self._tok.token_to_id(name) for name in (pad_token, bos_token, eos_token)}
-        missing = [name for name, i in ids.items() if i is None]
-        if missing:
-            raise ValueError(f"{path}: special tokens {missing} not in the vocabulary")
-        self.pad_id, self.bos_id, self.eos_id = ids[pad_token], ids[bos_token], ids[eos_token]
-
-    def encode(self, text: str) -> list[int]:
-        return [self.bos_id, *self._tok.encode(text, add_special_tokens=False).ids, self.eos_id]
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
-
-
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-    """The byte tokenizer when ``path`` is None, else the ``tokenizer.json`` at ``path``."""
-    return ByteTokenizer() if path is None else HFTokenizer(path)
 
 
 # --------------------------------------------------------------------------- sentences
@@ -197,14 +164,6 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
     return sentences, buffer[start:]
 
 
-def flush_sentences(buffer: str) -> list[str]:
-    """All sentences of a finished text: complete ones plus the stripped rest."""
-    sentences, rest = split_sentences(buffer)
-    if rest.strip():
-        sentences.append(rest.strip())
-    return sentences
-
-
 # --------------------------------------------------------------------------- clauses
 
 # After , ; : followed by a space ("1,000" stays whole), after CJK commas, and after a
@@ -274,7 +233,10 @@ def split_clauses(text: str, max_chars: int, measure: Callable[[str], int] = len
         raise TypeError(f"text must be str, got {type(text).__name__}")
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    sentences, rest = split_sentences(text)  # a finished text: the stripped rest is a sentence too
+    if rest.strip():
+        sentences.append(rest.strip())
     out: list[str] = []
-    for sentence in flush_sentences(text):
+    for sentence in sentences:
         out.extend(_split_long(sentence, max_chars, measure))
     return out
