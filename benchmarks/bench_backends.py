@@ -29,7 +29,7 @@ from engines.contract import SAMPLE_RATE, SynthesisRequest
 from engines.core.engine import Engine
 from engines.export import apply_backend
 from engines.export.onnx_export import export_models
-from engines.export.onnxruntime_backend import example_dit_batch, parity_report
+from engines.export.parity import example_dit_batch, parity_report
 from engines.pipelines.dit.weights import build_models
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home "

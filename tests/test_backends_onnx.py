@@ -33,7 +33,7 @@ from engines.export import (  # noqa: E402
 )
 from engines.export.manifest import Manifest, weights_hash  # noqa: E402
 from engines.export.onnx_export import default_profiles, export_models  # noqa: E402
-from engines.export.onnxruntime_backend import example_dit_batch  # noqa: E402
+from engines.export.parity import example_dit_batch  # noqa: E402
 from engines.models.sampling import keyed_normal  # noqa: E402
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler  # noqa: E402
 from engines.pipelines.dit.weights import build_models  # noqa: E402

@@ -29,7 +29,7 @@ from engines.export import (
 from engines.export.base import ArtifactMismatch
 from engines.export.manifest import GraphSpec, TensorSpec
 from engines.export.onnx_export import DecoderStepGraph, default_profiles
-from engines.export.onnxruntime_backend import example_dit_batch
+from engines.export.parity import example_dit_batch
 from engines.export.tensorrt_backend import (
     HostStreams,
     TrtDecoder,

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype != "float32":
             print("--verify compares fp32 graphs only; skipped", file=sys.stderr)
             return 0
-        from engines.export.onnxruntime_backend import parity_report
+        from engines.export.parity import parity_report
 
         torch.manual_seed(0)
         for name, err in parity_report(models, args.out).items():
