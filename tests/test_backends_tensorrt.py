@@ -13,6 +13,7 @@ only batch-shape summation order, ~1e-6).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import pytest
@@ -35,7 +36,6 @@ from engines.export.tensorrt_backend import (
     TrtDecoder,
     TrtDiT,
     TrtRunner,
-    host_view,
 )
 from engines.models.sampling import keyed_normal
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
@@ -43,6 +43,17 @@ from engines.pipelines.dit.weights import build_models
 
 TOL = 1e-4
 
+
+def host_view(ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over host memory at ``ptr`` (the fake runtime below hands out raw addresses)."""
+    n = 1
+    for s in shape:
+        n *= s
+    nbytes = n * torch.empty(0, dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    return torch.frombuffer(raw, dtype=dtype, count=n).view(shape)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ state that outlives the call, so TrtDecoder clones them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -302,21 +301,6 @@ class TrtDecoder(DecoderRunner):
     def _run_full(self, codes):
         (wav,) = self.full_runner.run({"codes": codes})
         return wav.clone()
-
-
-# --------------------------------------------------------------------------- host-memory helper
-
-
-def host_view(ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A tensor over host memory at ``ptr`` (for runtimes that hand out raw addresses; tests)."""
-    n = 1
-    for s in shape:
-        n *= s
-    nbytes = n * torch.empty(0, dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
-    raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
-    return torch.frombuffer(raw, dtype=dtype, count=n).view(shape)
 
 
 # --------------------------------------------------------------------------- building
