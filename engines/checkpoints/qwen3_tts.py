@@ -77,14 +77,10 @@ class Qwen3TTSCheckpointConfig:
     num_code_groups: int  # G: code 0 from the codec head + G-1 from the predictor
     codebook_size: int  # entries per codebook (2048 in the releases)
     talker_hidden_size: int  # latent width D of a frame (1024 / 2048)
-    talker_vocab_size: int  # codec head outputs (codebook ids + special ids)
     codec_head: CodecHeadConfig
     code_predictor: CodePredictorConfig
     decoder: CodecDecoderConfig
-    tts_model_type: str | None = None  # "base", "custom_voice", "voice_design", ...
     weight_dtypes: tuple[str, ...] = ()  # dtypes the loaded tensors were stored in
-    sample_rate: int = 24_000
-    samples_per_frame: int = SAMPLES_PER_FRAME
 
 
 # --------------------------------------------------------------------------- configs
@@ -195,8 +191,8 @@ def read_configs(path: str | Path) -> Qwen3TTSCheckpointConfig:
     head = _head_config(talker, predictor.vocab_size, twhere)
     return Qwen3TTSCheckpointConfig(
         path=str(root), num_code_groups=g, codebook_size=predictor.vocab_size,
-        talker_hidden_size=talker["hidden_size"], talker_vocab_size=talker["vocab_size"],
-        codec_head=head, code_predictor=predictor, decoder=decoder, tts_model_type=main.get("tts_model_type"))
+        talker_hidden_size=talker["hidden_size"],
+        codec_head=head, code_predictor=predictor, decoder=decoder)
 
 
 # --------------------------------------------------------------------------- parts
