@@ -13,7 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
-from engines.checkpoints.qwen3_tts import load_checkpoint, load_talker
+from engines.checkpoints.qwen3_tts import (
+    TalkerGenerationConfig,
+    load_checkpoint,
+    load_talker,
+)
 from engines.contract import SynthesisRequest
 from engines.pipelines.talker.reference import TalkerBundle
 from engines.pipelines.talker.source import TalkerSource
@@ -53,6 +57,14 @@ def test_loads_and_shares_the_predictor(ckpt):
     # The talker's head/norm/embedding are the tensors the loader's CodecHead holds.
     assert torch.equal(bundle.talker.codec_head.weight, parts.head.codec_head.weight)
     assert torch.equal(bundle.talker.model.norm.weight, parts.head.model.norm.weight)
+
+
+def test_alone_it_loads_the_same_predictor_and_generation_defaults(ckpt):
+    parts, alone = load_checkpoint(ckpt), load_talker(ckpt)
+    assert alone.predictor.cfg == parts.config.code_predictor  # one parser for both loaders
+    for (k, v), (k2, v2) in zip(alone.predictor.state_dict().items(), parts.predictor.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+    assert alone.generation == TalkerGenerationConfig.from_dir(ckpt)
 
 
 @pytest.mark.parametrize("edit,message", [
