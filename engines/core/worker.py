@@ -37,7 +37,7 @@ from engines.contract import (
     SynthesisRequest,
     TickReport,
 )
-from engines.pipelines.base import LatentSource, Produced
+from engines.pipelines.base import Pipeline, Produced
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
@@ -104,7 +104,7 @@ class Worker:
 
     def __init__(
         self,
-        source: LatentSource,
+        source: Pipeline,
         vocalizer: Vocalizer,
         voice_index: Callable[[str], int],
         max_slots: int,
@@ -406,13 +406,8 @@ class Worker:
             except Exception as exc:
                 self._finish(active, error=f"vocalizer failed: {exc}")
                 continue
-            latents = [p.latents for p in pieces if p.latents is not None]
-            codes = [p.codes for p in pieces if p.codes is not None]
-            item = VocalizeItem(stream_id=req.id, frame_offset=pieces[0].frame_start, seed=req.seed,
-                                greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                                is_last=active.finished_source,
-                                latents=torch.cat(latents) if latents else None,
-                                codes=torch.cat(codes) if codes else None)
+            item = VocalizeItem(stream_id=req.id, codes=torch.cat([p.codes for p in pieces]),
+                                frame_offset=pieces[0].frame_start, is_last=active.finished_source)
             work.append((active, item, next((p.text for p in pieces if p.text), None)))
         if not work:
             return
