@@ -4,14 +4,16 @@ frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs w
 * Slots: realtime first, first come first served within a class; batch work (jobs,
   non-streamed calls) holds at most ``batch_slot_limit`` slots, so a realtime arrival always
   finds one within a chunk's lifetime.
-* Vocoder: one bounded piece per step, at most ``vocoder_frames`` code frames (at least one
-  item, whatever its size), taken by earliest playback deadline - the moment a listener runs
-  out of audio - so a burst of finished chunks from many streams never holds up the next
-  generation step by more than one piece.
+* Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
+  listener runs out of audio - so a burst of finished chunks from many streams never holds
+  up the next generation step by more than one piece. The bound is ``vocoder_frames`` code
+  frames, raised to ``keep_up`` x the average frames produced per step, so that sustained
+  production above the floor (a talker with hundreds of rows) never builds an endless backlog.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -60,12 +62,24 @@ class VocoderWork:
 
 
 class Scheduler:
-    def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128):
+    def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
+                 keep_up: float = 2.0):
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
         # Batch work may hold at most this share of the slots, so realtime arrivals always find one.
         self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
         self.vocoder_frames = vocoder_frames
+        self.keep_up = keep_up
+        self._rate = 0.0  # frames produced per generation step, moving average
+
+    def observe(self, frames_produced: int) -> None:
+        """One generation step produced this many frames."""
+        self._rate += 0.1 * (frames_produced - self._rate)
+
+    @property
+    def piece_frames(self) -> int:
+        """This step's bound on a vocoder piece, in code frames."""
+        return max(self.vocoder_frames, math.ceil(self.keep_up * self._rate))
 
     def slot_order(self, states: list[RequestState], free: int, wants_slot: Callable[[str], bool]
                    ) -> list[RequestState]:
@@ -103,15 +117,22 @@ class Scheduler:
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
-        before batch), whole requests' gathered frames, at most ``vocoder_frames`` (at least one)."""
+        before batch), each a prefix of its gathered frames, at most ``piece_frames`` in all.
+        A request's prefix reaches at least its flush size; the piece's first one always goes."""
         ready = [s for s in states if self.ready(s, flush_frames)]
         ready.sort(key=lambda s: (s.request.priority != Priority.REALTIME, self.playback_deadline(s)))
+        bound = self.piece_frames
         piece: list[VocoderWork] = []
         frames = 0
         for s in ready:
-            work = VocoderWork(s, list(s.pending))
-            if piece and frames + work.num_frames > self.vocoder_frames:
+            need, take, n = flush_frames(s.frames_done), [], 0
+            for p in s.pending:
+                if n >= need and frames + n + p.num_frames > bound:
+                    break
+                take.append(p)
+                n += p.num_frames
+            if piece and frames + n > bound:
                 continue  # a smaller one later in deadline order may still fit
-            piece.append(work)
-            frames += work.num_frames
+            piece.append(VocoderWork(s, take))
+            frames += n
         return piece

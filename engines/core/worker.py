@@ -69,13 +69,14 @@ class Worker:
         name: str = "streamvox-worker",
         batch_planning: bool = False,
         vocoder_frames: int = 128,
+        vocoder_keep_up: float = 2.0,
         trace: list | None = None,
     ):
         self.source = source
         self.vocalizer = vocalizer
         self.voice_index = voice_index
         self.max_queue = max_queue
-        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames)
+        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up)
         self.executor = Executor(source, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
@@ -328,6 +329,7 @@ class Worker:
             active.pending.append(p)
             active.finished_source |= p.is_last
             frames += p.num_frames
+        self.scheduler.observe(frames)
         return rows, slots, frames
 
     def _report(self, report: TickReport) -> None:
