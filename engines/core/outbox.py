@@ -1,6 +1,7 @@
-"""PCM on its way to the host (vLLM's output side): each vocoder piece's audio goes into
+"""The output side (vLLM's ``update_from_output()``): each vocoder piece's PCM goes into
 pinned memory with an asynchronous copy plus an event, and is handed out, in order, once
-that copy has completed - so issuing it never waits for the device.
+that copy has completed - so issuing it never waits for the device; then it becomes
+:class:`engines.contract.AudioChunk` deliveries.
 
 At most ``max_in_flight`` pieces are outstanding (then the oldest is waited for), which
 bounds how far the loop runs ahead of the GPU. On CPU the PCM is already on the host.
@@ -8,12 +9,27 @@ bounds how far the loop runs ahead of the GPU. On CPU the PCM is already on the 
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
+
+from engines.contract import (
+    SAMPLE_RATE,
+    AudioChunk,
+    ChunkTiming,
+    Deliver,
+    RequestHandle,
+)
+
+if TYPE_CHECKING:
+    from engines.core.scheduler import RequestState
+
+log = logging.getLogger("streamvox.worker")
 
 MAX_IN_FLIGHT = 2  # vocoder pieces whose PCM may still be on its way to the host
 
@@ -70,3 +86,30 @@ class Outbox:
             for entry, size in box.entries:
                 yield entry, pcm[offset:offset + size]
                 offset += size
+
+
+def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:
+    """Deliver one chunk of a request's audio."""
+    timing = ChunkTiming(state.handle.submitted_at, state.started_at, time.monotonic())
+    chunk = AudioChunk(request_id=state.request_id, index=state.delivered, pcm=pcm, sample_rate=SAMPLE_RATE,
+                       frames_done=frames_done, frames_total=state.frames_total, is_final=final, timing=timing,
+                       text=text)
+    state.delivered += 1
+    safe_deliver(state.deliver, chunk)
+
+
+def deliver_final(handle: RequestHandle, deliver: Deliver, index: int, frames_done: int, frames_total: int,
+                  error: str | None, started_at: float | None = None) -> None:
+    """The empty final chunk that ends a request early (error, cancel, stop)."""
+    chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
+                       sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
+                       is_final=True, error=error, timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()))
+    safe_deliver(deliver, chunk)
+    handle.mark_done()
+
+
+def safe_deliver(deliver: Deliver, chunk: AudioChunk) -> None:
+    try:
+        deliver(chunk)
+    except Exception:  # a broken consumer must not kill the worker
+        log.exception("deliver callback failed for request %s", chunk.request_id)

@@ -24,13 +24,9 @@ from collections import OrderedDict, defaultdict
 from contextlib import contextmanager
 from typing import Callable
 
-import numpy as np
 import torch
 
 from engines.contract import (
-    SAMPLE_RATE,
-    AudioChunk,
-    ChunkTiming,
     Deliver,
     EngineOverloaded,
     RequestHandle,
@@ -38,7 +34,7 @@ from engines.contract import (
     TickReport,
 )
 from engines.core.executor import Executor
-from engines.core.outbox import Outbox
+from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import RequestState, Scheduler, VocoderWork
 from engines.pipelines.base import Pipeline
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
@@ -163,7 +159,7 @@ class Worker:
             log.exception("worker thread died")
             for handle, deliver in self._admitting:  # taken from the inbox, not yet active
                 self._release_pending()
-                self._deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
+                deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
             self._admitting = []
             for active in list(self._active.values()):
                 self._finish(active, error="engine_failure")
@@ -221,7 +217,7 @@ class Worker:
             except queue.Empty:
                 return
             self._release_pending()
-            self._deliver_final(handle, deliver, 0, 0, 0, reason)
+            deliver_final(handle, deliver, 0, 0, 0, reason)
 
     def _release_pending(self) -> None:
         with self._pending_lock:
@@ -278,7 +274,7 @@ class Worker:
         """Plan one request taken from the inbox; a planning error fails it alone."""
         if handle.cancelled:
             self._release_pending()
-            self._deliver_final(handle, deliver, 0, 0, 0, "cancelled")
+            deliver_final(handle, deliver, 0, 0, 0, "cancelled")
             return
         active = RequestState(handle=handle, deliver=deliver)
         try:
@@ -293,7 +289,7 @@ class Worker:
     def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
         log.warning("request %s failed while planning: %s", handle.request_id, exc)
         self._release_pending()
-        self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
+        deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
 
     def _drop_cancelled(self) -> None:
         for active in list(self._active.values()):
@@ -386,17 +382,9 @@ class Worker:
         for (active, final, text, frames_done), piece in self._outbox.take(wait):
             if self._active.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
-            self._emit(active, piece, final, text, frames_done)
+            emit_audio(active, piece, final, text, frames_done)
             if final:
                 self._finish(active, error=None, delivered_final=True)
-
-    def _emit(self, active: RequestState, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:
-        timing = ChunkTiming(active.handle.submitted_at, active.started_at, time.monotonic())
-        chunk = AudioChunk(request_id=active.handle.request_id, index=active.delivered, pcm=pcm,
-                           sample_rate=SAMPLE_RATE, frames_done=frames_done,
-                           frames_total=active.frames_total, is_final=final, timing=timing, text=text)
-        active.delivered += 1
-        self._safe_deliver(active.deliver, chunk)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         rid = active.handle.request_id
@@ -406,25 +394,9 @@ class Worker:
         if active.started_at is None:
             self._release_pending()
         if not delivered_final:
-            self._deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
+            deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
                                 active.frames_total, error, active.started_at)
         active.handle.mark_done()
-
-    def _deliver_final(self, handle: RequestHandle, deliver: Deliver, index: int, frames_done: int,
-                       frames_total: int, error: str | None, started_at: float | None = None) -> None:
-        chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
-                           sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
-                           is_final=True, error=error,
-                           timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()))
-        self._safe_deliver(deliver, chunk)
-        handle.mark_done()
-
-    @staticmethod
-    def _safe_deliver(deliver: Deliver, chunk: AudioChunk) -> None:
-        try:
-            deliver(chunk)
-        except Exception:  # a broken consumer must not kill the worker
-            log.exception("deliver callback failed for request %s", chunk.request_id)
 
     def _hook(self, request_id: str, stage: str) -> None:
         if self.fault_hook is not None:
