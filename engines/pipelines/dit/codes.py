@@ -68,11 +68,6 @@ class FrameCoder:
         self.predictor = predictor.to(self.device, dtype).eval()
         self.latent_dim, self.num_code_groups = hc.hidden_size, pc.num_code_groups
 
-    def capture_graphs(self) -> None:
-        capture = getattr(self.predictor, "capture_all", None)  # a GraphedCodePredictor (CUDA) has one
-        if capture is not None:
-            capture()
-
     @torch.no_grad()
     def codes(self, chunks: list[LatentChunk]) -> list[torch.Tensor]:
         """codes [T_i, G] int64 per chunk, in order; all frames go through the models as one batch."""
