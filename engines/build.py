@@ -109,6 +109,9 @@ def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, u
     if (path / "config.json").exists():
         parts = load_checkpoint(path)
         config = parts.model_config(preset_config)
+        if not uses_dit:  # the talker: the DiT side (encoder, duration model, DiT) is never built
+            return Models(config=config, encoder=None, duration=None, dit=None, codec_head=parts.head,
+                          code_predictor=parts.predictor, decoder=parts.decoder, random_components=())
         models = build_models(config, seed)
         models.codec_head = parts.head
         models.code_predictor = parts.predictor

@@ -17,7 +17,7 @@ from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
-from engines.pipelines.vocoder import frame_codes
+from engines.pipelines.dit.codes import frame_codes
 
 TINY = get_preset("tiny")
 

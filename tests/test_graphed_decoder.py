@@ -19,9 +19,7 @@ from test_graphed_predictor import HostReadOrUpload  # tests/ is on sys.path
 from test_stream import NoHostReads
 
 from engines.config import get_preset
-from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
-from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 from engines.runtime.graphed_decoder import GraphedDecoder
@@ -256,28 +254,17 @@ def test_step_has_no_host_reads():
 # --------------------------------------------------------------------------- through the vocalizer
 
 
-def vocalizer_parts(seed: int = 0):
-    return (init_module_(CodecHead(TINY.codec_head), seed).eval(),
-            init_module_(CodePredictor(TINY.code_predictor), seed + 1).eval(),
-            init_module_(CodecDecoder(TINY.decoder), seed + 2).eval())
-
-
-def lat(frames: int, seed: int) -> torch.Tensor:
-    x = torch.randn(frames, TINY.latent_dim, generator=torch.Generator().manual_seed(seed))
-    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
-
-
 def test_vocalizer_with_a_graphed_decoder_equals_the_plain_one():
-    head, predictor, decoder = vocalizer_parts()
-    plain = Vocalizer(head, predictor, decoder, "cpu")
+    decoder = init_module_(CodecDecoder(TINY.decoder), 2).eval()
+    plain = Vocalizer(decoder, "cpu")
     g = GraphedDecoder(decoder, 4, chunk_lengths(), use_graphs=False)
-    voc = Vocalizer(head, predictor, decoder, "cpu", graphed_decoder=g)
+    voc = Vocalizer(decoder, "cpu", graphed_decoder=g)
     calls = [
-        [VocalizeItem("a", lat(4, 0), 0, seed=1), VocalizeItem("b", lat(4, 1), 0, seed=2)],
-        [VocalizeItem("a", lat(12, 2), 4, seed=1), VocalizeItem("b", lat(5, 3), 4, seed=2, is_last=True),
-         VocalizeItem("c", None, 0, seed=3, codes=codes(decoder, 4, 9))],
-        [VocalizeItem("a", lat(9, 4), 16, seed=1), VocalizeItem("c", None, 4, seed=3, codes=codes(decoder, 12, 8)),
-         VocalizeItem("d", lat(0, 5), 0, seed=4)],
+        [VocalizeItem("a", codes(decoder, 4, 0), 0), VocalizeItem("b", codes(decoder, 4, 1), 0)],
+        [VocalizeItem("a", codes(decoder, 12, 2), 4), VocalizeItem("b", codes(decoder, 5, 3), 4, is_last=True),
+         VocalizeItem("c", codes(decoder, 4, 9), 0)],
+        [VocalizeItem("a", codes(decoder, 9, 4), 16), VocalizeItem("c", codes(decoder, 12, 8), 4),
+         VocalizeItem("d", codes(decoder, 0, 5), 0)],
     ]
     for n, items in enumerate(calls):
         want, got = plain.vocalize(items), voc.vocalize(items)
@@ -290,7 +277,7 @@ def test_vocalizer_with_a_graphed_decoder_equals_the_plain_one():
             assert g.row_of("b") is None and g.open_streams() == 2  # b's last chunk released its row
     assert g.fallback_calls == 1  # a's 9-frame middle chunk
     with pytest.raises(ValueError, match="chunks must be contiguous"):
-        voc.vocalize([VocalizeItem("a", lat(4, 6), 0, seed=1)])  # next_frame is still tracked
+        voc.vocalize([VocalizeItem("a", codes(decoder, 4, 6), 0)])  # next_frame is still tracked
     voc.close("a")
     voc.close("zzz")
     assert g.row_of("a") is None and voc.open_streams() == 1 and g.open_streams() == 1

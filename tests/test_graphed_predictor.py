@@ -158,19 +158,19 @@ def test_drop_in_attributes_and_argument_checks():
     assert graphed.captured == ()
 
 
-def test_vocalizer_with_the_wrapper_gives_the_same_codes():
+def test_frame_coder_with_the_wrapper_gives_the_same_codes():
+    from engines.pipelines.dit.codes import FrameCoder, LatentChunk
     from engines.pipelines.dit.weights import build_models
-    from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
     models = build_models(TINY, seed=0)
-    plain = Vocalizer(models.codec_head, models.code_predictor, models.decoder, "cpu", max_batch_rows=16)
+    plain = FrameCoder(models.codec_head, models.code_predictor, "cpu", max_batch_rows=16)
     g = torch.Generator().manual_seed(0)
-    items = [VocalizeItem(f"s{i}", torch.randn(t, TINY.latent_dim, generator=g), 0, seed=i, greedy=i % 2 == 0,
+    chunks = [LatentChunk(torch.randn(t, TINY.latent_dim, generator=g), 0, seed=i, greedy=i % 2 == 0,
                           top_p=0.9 if i == 3 else 1.0) for i, t in enumerate([5, 7, 12, 3])]
-    want = [r.codes for r in plain.vocalize(items)]
-    wrapped = Vocalizer(models.codec_head, models.code_predictor, models.decoder, "cpu", max_batch_rows=16)
+    want = plain.codes(chunks)
+    wrapped = FrameCoder(models.codec_head, models.code_predictor, "cpu", max_batch_rows=16)
     wrapped.predictor = GraphedCodePredictor(wrapped.predictor, buckets=SMALL_BUCKETS)
-    got = [r.codes for r in wrapped.vocalize(items)]
+    got = wrapped.codes(chunks)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
@@ -178,7 +178,7 @@ def test_cpu_engine_is_unchanged():
     from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
-    assert type(engine.vocalizer.predictor) is CodePredictor
+    assert type(engine.source.coder.predictor) is CodePredictor
 
 
 class HostReadOrUpload(TorchFunctionMode):

@@ -1,5 +1,6 @@
 """The engine's codec side end to end vs the official modules: frame latents -> codes
--> audio, greedy, streamed in uneven chunks through engines.pipelines.vocoder.Vocalizer with
+(engines.pipelines.dit.codes.FrameCoder) -> audio, greedy, streamed in uneven chunks through
+engines.pipelines.vocoder.Vocalizer with
 the parts a real checkpoint directory gives (load_checkpoint)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from engines.checkpoints.qwen3_tts import load_checkpoint
+from engines.pipelines.dit.codes import FrameCoder, LatentChunk
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 from tests.oracle.fixtures import (
     ALL_CHECKPOINTS,
@@ -26,13 +28,14 @@ CHUNKS = (4, 3)  # then the rest: uneven chunks, not aligned with the decoder wi
 def test_vocalizer_matches_the_official_head_generate_and_decoder(name):
     refs = references(name)
     parts = load_checkpoint(checkpoint_dir(name))
-    vocalizer = Vocalizer(parts.head, parts.predictor, parts.decoder, "cpu")
+    coder = FrameCoder(parts.head, parts.predictor, "cpu")
+    vocalizer = Vocalizer(parts.decoder, "cpu")
     latents = refs["pipe/latents"]
     bounds = [0, CHUNKS[0], CHUNKS[0] + CHUNKS[1], latents.shape[0]]
     codes, pcm = [], []
     for start, end in zip(bounds, bounds[1:]):
-        item = VocalizeItem("s", latents[start:end], frame_offset=start, seed=0, greedy=True,
-                            is_last=end == latents.shape[0])
+        (chunk_codes,) = coder.codes([LatentChunk(latents[start:end], frame_offset=start, seed=0, greedy=True)])
+        item = VocalizeItem("s", chunk_codes, frame_offset=start, is_last=end == latents.shape[0])
         (result,) = vocalizer.vocalize([item])
         codes.append(result.codes)
         pcm.append(result.pcm)

@@ -47,6 +47,8 @@ async def test_talker_is_the_default_source_and_reports_no_random_weights(talker
     engine, path = talker_engine
     assert has_talker_weights(path)
     assert engine.info.source == "talker" and engine.info.random_components == ()
+    # Serving the talker never builds (random-initialises) the DiT side.
+    assert engine.models.dit is None and engine.models.encoder is None and engine.models.duration is None
     server = await start_server(engine, tmp_path / "data")
     try:
         async with aiohttp.ClientSession() as http:

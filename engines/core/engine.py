@@ -27,6 +27,7 @@ from engines.contract import (
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
+from engines.pipelines.dit.codes import FrameCoder
 from engines.pipelines.dit.denoiser import StreamScheduler
 from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
@@ -55,19 +56,14 @@ class Engine:
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
-        the vocalizer then only decodes the talker's codes. ``batch_planning`` (default: on
+        either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
         cfg = models.config
-        self.vocalizer = Vocalizer(models.codec_head, models.code_predictor, models.decoder, device, dtype)
-        if device.type == "cuda" and talker is None:  # (talker source: the vocalizer only decodes given codes)
-            from engines.runtime.graphed_predictor import GraphedCodePredictor
-
-            self.vocalizer.predictor = GraphedCodePredictor(self.vocalizer.predictor,
-                                                            compile_backend=compile_backend("predictor"))
-        if device.type == "cuda":  # both sources: the streaming codec decoder over a state pool, graphed
+        self.vocalizer = Vocalizer(models.decoder, device, dtype)
+        if device.type == "cuda":  # both pipelines: the streaming codec decoder over a state pool, graphed
             from engines.runtime.graphed_decoder import GraphedDecoder
 
             # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
@@ -86,7 +82,14 @@ class Engine:
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
                 dit = GraphedDiT.for_config(dit, cfg, compile_backend=compile_backend("dit"))
             self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
-            self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames)
+            coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
+            graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
+            if device.type == "cuda":
+                from engines.runtime.graphed_predictor import GraphedCodePredictor
+
+                coder.predictor = GraphedCodePredictor(coder.predictor, compile_backend=compile_backend("predictor"))
+                graphed.append(coder.predictor)
+            self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames, coder, graphed=tuple(graphed))
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
             from engines.pipelines.talker.pipeline import TalkerLatentSource
@@ -115,7 +118,8 @@ class Engine:
             self.talker_predictor = talker_source.predictor
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=cfg.stream.first_chunk_frames,
-                                             chunk_frames=cfg.stream.chunk_frames)
+                                             chunk_frames=cfg.stream.chunk_frames,
+                                             graphed=(talker_source.predictor,) if device.type == "cuda" else ())
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
@@ -135,14 +139,9 @@ class Engine:
     def start(self) -> None:
         if self.worker.alive:
             return
-        scheduler = getattr(self, "scheduler", None)  # the talker source has none
-        for owner in (self.vocalizer.predictor, getattr(self, "talker_predictor", None),
-                      self.vocalizer.graphed_decoder,
-                      scheduler.dit if scheduler is not None else None):
-            capture_all = getattr(owner, "capture_all", None)
-            if capture_all is not None:  # CUDA: every predictor / decoder / DiT graph, before the worker and ready
-                with torch.no_grad():  # grad mode is per thread; the caller's is left alone
-                    capture_all()
+        with torch.no_grad():  # grad mode is per thread; the caller's is left alone
+            self.source.capture_graphs()  # CUDA: every graph the pipeline and the vocoder replay, before ready
+            self.vocalizer.capture_graphs()
         self.worker.start()
         if self._warmup:
             self._warm_up()

@@ -1,14 +1,16 @@
-"""The dedicated thread that owns the device and runs the tick loop.
+"""The dedicated thread that owns the device: the engine core's loop.
 
-One loop iteration ("tick"):
-  1. take new requests from the thread-safe inbox and let the source prepare them
+One loop iteration (``step``), vLLM-style: schedule -> execute -> update from output:
+  1. deliver the audio whose host copy has completed (core/outbox.py);
+  2. take new requests from the thread-safe inbox and let the pipeline prepare them
      (DiT: text -> clauses -> encoder states -> durations -> chunk layout);
-  2. drop cancelled requests (their slots are freed before the forward);
-  3. fill free slots with the next unit of work of each waiting request, realtime first;
-  4. one ``source.tick()`` (DiT: one batched forward; talker: one talker step);
-  5. finished frames -> one batched ``Vocalizer.vocalize`` -> ``deliver``.
+  3. drop cancelled requests (their slots are freed before the forward);
+  4. fill free slots with what the scheduler picks (core/scheduler.py: realtime first,
+     batch slot budget);
+  5. one generation step of the pipeline (core/executor.py) -> code frames;
+  6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox.
 The thread sleeps on the inbox when nothing is active. Failures are per request:
-an exception while preparing, starting or vocalizing one request fails only it.
+an exception while preparing, starting or vocoding one request fails only it.
 """
 
 from __future__ import annotations
@@ -18,26 +20,23 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import OrderedDict, defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from engines.contract import (
-    SAMPLE_RATE,
-    AudioChunk,
-    ChunkTiming,
     Deliver,
     EngineOverloaded,
-    Priority,
     RequestHandle,
     SynthesisRequest,
     TickReport,
 )
-from engines.pipelines.base import LatentSource, Produced
+from engines.core.executor import Executor
+from engines.core.outbox import Outbox, deliver_final, emit_audio
+from engines.core.scheduler import RequestState, Scheduler, VocoderWork
+from engines.pipelines.base import Pipeline
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
@@ -49,54 +48,6 @@ FaultHook = Callable[[str, str], None]
 
 
 STAGES = ("deliver", "plan", "admit", "tick", "vocalize")  # worker loop stages, in loop order
-MAX_IN_FLIGHT = 2  # vocalized batches whose PCM may still be on its way to the host
-
-
-@dataclass
-class _Outbox:
-    """One vocalize batch's PCM on its way to the host: on CUDA an asynchronous copy into
-    pinned memory plus an event (no host sync when it is issued); on CPU already there."""
-
-    pcm: torch.Tensor  # host tensor (pinned on CUDA), all entries back to back
-    event: "torch.cuda.Event | None"
-    entries: list  # (active, samples, is_final, text, frames_done) in delivery order
-
-    @staticmethod
-    def start(pcm: torch.Tensor, entries: list) -> "_Outbox":
-        if pcm.device.type != "cuda":
-            return _Outbox(pcm, None, entries)
-        try:
-            host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
-        except RuntimeError:  # no page-locked memory to be had: a synchronous copy still works
-            return _Outbox(pcm.cpu(), None, entries)
-        host.copy_(pcm, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return _Outbox(host, event, entries)
-
-    def ready(self) -> bool:
-        return self.event is None or self.event.query()
-
-    def wait(self) -> np.ndarray:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.pcm.numpy()
-
-
-@dataclass
-class _Active:
-    handle: RequestHandle
-    deliver: Deliver
-    frames_total: int = 0
-    frames_done: int = 0  # frames delivered as audio
-    delivered: int = 0  # chunks delivered
-    started_at: float | None = None
-    finished_source: bool = False  # the source produced its last frames
-    pending: list[Produced] = field(default_factory=list)  # produced, not yet vocalized
-
-    @property
-    def request(self) -> SynthesisRequest:
-        return self.handle.request
 
 
 class Worker:
@@ -104,7 +55,7 @@ class Worker:
 
     def __init__(
         self,
-        source: LatentSource,
+        source: Pipeline,
         vocalizer: Vocalizer,
         voice_index: Callable[[str], int],
         max_slots: int,
@@ -113,17 +64,19 @@ class Worker:
         fault_hook: FaultHook | None = None,
         name: str = "streamvox-worker",
         batch_planning: bool = False,
+        vocoder_frames: int = 128,
+        vocoder_keep_up: float = 2.0,
+        trace: list | None = None,
     ):
         self.source = source
         self.vocalizer = vocalizer
         self.voice_index = voice_index
         self.max_queue = max_queue
-        # Batch work may hold at most this share of the slots, so realtime arrivals
-        # always find one within a chunk's lifetime.
-        self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
+        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up)
+        self.executor = Executor(source, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
-        self._active: OrderedDict[str, _Active] = OrderedDict()
+        self._active: OrderedDict[str, RequestState] = OrderedDict()
         self._listeners: list[Callable[[TickReport], None]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -134,8 +87,8 @@ class Worker:
         # Plan all requests taken from the inbox in one loop iteration together (one encoder
         # forward), when the source can: a win where per-request launch overhead dominates
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
-        self.batch_planning = batch_planning and hasattr(source, "prepare_many")
-        self._outbox: deque[_Outbox] = deque()  # vocalized audio not yet delivered, oldest first
+        self.batch_planning = batch_planning
+        self._outbox = Outbox()  # vocoded audio not yet delivered, oldest first
         self.ticks = 0
         self.error: str | None = None
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
@@ -198,41 +151,51 @@ class Worker:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                with self._stage("deliver"):
-                    self._flush_outbox(wait=self.source.active_slots == 0)
-                with self._stage("plan"):
-                    self._admit_new()
-                self._drop_cancelled()
-                with self._stage("admit"):
-                    self._fill_slots()
-                if self.source.active_slots == 0:
-                    if self._outbox:
-                        continue  # deliver before sleeping
+                if not self.step():
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
-                    continue
-                try:
-                    self._tick()
-                except Exception as exc:  # e.g. CUDA out of memory in the batched forward
-                    self._fail_tick(exc)
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker thread died")
             for handle, deliver in self._admitting:  # taken from the inbox, not yet active
                 self._release_pending()
-                self._deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
+                deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
             self._admitting = []
             for active in list(self._active.values()):
                 self._finish(active, error="engine_failure")
             raise
         finally:
             try:
-                self._flush_outbox(wait=True)  # audio already made is not lost on stop
+                self._deliver(wait=True)  # audio already made is not lost on stop
             except Exception:
                 log.exception("delivering the last audio failed")
             for active in list(self._active.values()):
                 self._finish(active, error="engine_stopped")
             self._fail_inbox("engine_stopped")
+
+    def step(self) -> bool:
+        """One loop iteration; False when there was nothing to do (the loop then sleeps)."""
+        generating = self.source.active_slots > 0
+        with self._stage("deliver"):
+            self._deliver(wait=not generating and not self._vocoder_ready())
+        with self._stage("plan"):
+            self._admit_new()
+        self._drop_cancelled()
+        with self._stage("admit"):
+            self._fill_slots()
+        t0 = time.perf_counter()
+        rows = slots = frames = None
+        if self.source.active_slots > 0:
+            try:
+                rows, slots, frames = self._generate()
+            except Exception as exc:  # e.g. CUDA out of memory in the batched forward
+                self._fail_tick(exc)
+        with self._stage("vocalize"):
+            vocoded = self._vocode()
+        if rows is not None:
+            self._report(TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
+                                    frames_finished=frames))
+        return rows is not None or vocoded or len(self._outbox) > 0
 
     def _fail_tick(self, exc: Exception) -> None:
         """A batched step failed: the requests whose work was in it fail, the server lives on.
@@ -244,9 +207,7 @@ class Worker:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
         for active in list(self._active.values()):
-            rid = active.handle.request_id
-            in_slot = active.started_at is not None and not active.finished_source and not self.source.wants_slot(rid)
-            if in_slot:
+            if active.in_slot(self.source.wants_slot):
                 self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
     def _fail_inbox(self, reason: str) -> None:
@@ -256,7 +217,7 @@ class Worker:
             except queue.Empty:
                 return
             self._release_pending()
-            self._deliver_final(handle, deliver, 0, 0, 0, reason)
+            deliver_final(handle, deliver, 0, 0, 0, reason)
 
     def _release_pending(self) -> None:
         with self._pending_lock:
@@ -307,15 +268,15 @@ class Worker:
                 self.source.drop(handle.request_id)
                 self._planning_failed(handle, deliver, result)
             else:
-                self._active[handle.request_id] = _Active(handle=handle, deliver=deliver, frames_total=result)
+                self._active[handle.request_id] = RequestState(handle=handle, deliver=deliver, frames_total=result)
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
         if handle.cancelled:
             self._release_pending()
-            self._deliver_final(handle, deliver, 0, 0, 0, "cancelled")
+            deliver_final(handle, deliver, 0, 0, 0, "cancelled")
             return
-        active = _Active(handle=handle, deliver=deliver)
+        active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
             active.frames_total = self.source.prepare(handle.request, self.voice_index(handle.request.voice))
@@ -328,7 +289,7 @@ class Worker:
     def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
         log.warning("request %s failed while planning: %s", handle.request_id, exc)
         self._release_pending()
-        self._deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
+        deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
 
     def _drop_cancelled(self) -> None:
         for active in list(self._active.values()):
@@ -336,38 +297,23 @@ class Worker:
                 self._finish(active, error="cancelled")
 
     def _fill_slots(self) -> None:
-        free = self.source.free_slots()
-        if free <= 0:
-            return
-        waiting = [a for a in self._active.values()
-                   if not a.handle.paused and self.source.wants_slot(a.handle.request_id)]
-        # Realtime first; FIFO (dict order) within a class.
-        waiting.sort(key=lambda a: a.request.priority != Priority.REALTIME)
-        batch_busy = sum(1 for a in self._active.values()
-                         if a.request.priority == Priority.BATCH and a.started_at is not None
-                         and not a.finished_source and not self.source.wants_slot(a.handle.request_id))
-        for active in waiting:
-            if free <= 0:
-                break
-            if active.request.priority == Priority.BATCH and batch_busy >= self.batch_slot_limit:
-                continue
+        for active in self.scheduler.slot_order(list(self._active.values()), self.source.free_slots(),
+                                                self.source.wants_slot):
             try:
-                self._hook(active.handle.request_id, "admit")
-                self.source.start(active.handle.request_id)
+                self._hook(active.request_id, "admit")
+                self.source.start(active.request_id)
             except Exception as exc:
-                log.warning("request %s failed at slot admission: %s", active.handle.request_id, exc)
+                log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
                 continue
             if active.started_at is None:
                 active.started_at = time.monotonic()
                 self._release_pending()
-            free -= 1
-            batch_busy += active.request.priority == Priority.BATCH
 
-    def _tick(self) -> None:
-        t0 = time.perf_counter()
+    def _generate(self) -> tuple[int, int, int]:
+        """One generation step; its code frames join their requests' pending work."""
         with self._stage("tick"):
-            produced = self.source.tick()
+            produced = self.executor.generate()
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
         rows = self.source.last_batch_rows
         slots = self.source.active_slots + sum(1 for p in produced if p.is_last)
@@ -379,122 +325,78 @@ class Worker:
             active.pending.append(p)
             active.finished_source |= p.is_last
             frames += p.num_frames
-        with self._stage("vocalize"):
-            self._vocalize_ready()
-        report = TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
-                            frames_finished=frames)
+        self.scheduler.observe(frames)
+        return rows, slots, frames
+
+    def _report(self, report: TickReport) -> None:
         for listener in self._listeners:
             try:
                 listener(report)
             except Exception:  # metrics must never break the loop
                 log.exception("tick listener failed")
 
-    def _vocalize_ready(self) -> None:
-        """Vocalize, in one batch, every request whose gathered frames reached its flush size."""
-        work: list[tuple[_Active, VocalizeItem, str | None]] = []
-        for active in list(self._active.values()):
-            if active.handle.paused:
-                continue  # back-pressure: hold the (small) latents / codes, not the PCM
-            gathered = sum(p.num_frames for p in active.pending)
-            if not active.pending or (not active.finished_source
-                                      and gathered < self.source.flush_frames(active.frames_done)):
-                continue
-            pieces, active.pending = active.pending, []
-            req = active.request
+    def _vocoder_ready(self) -> bool:
+        return any(self.scheduler.ready(a, self.source.flush_frames) for a in self._active.values())
+
+    def _vocode(self) -> bool:
+        """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox."""
+        work: list[tuple[VocoderWork, VocalizeItem]] = []
+        for w in self.scheduler.vocoder_piece(list(self._active.values()), self.source.flush_frames):
+            active = w.state
+            active.pending = active.pending[len(w.pieces):]
             try:
-                self._hook(req.id, "vocalize")
+                self._hook(active.request_id, "vocalize")
             except Exception as exc:
                 self._finish(active, error=f"vocalizer failed: {exc}")
                 continue
-            latents = [p.latents for p in pieces if p.latents is not None]
-            codes = [p.codes for p in pieces if p.codes is not None]
-            item = VocalizeItem(stream_id=req.id, frame_offset=pieces[0].frame_start, seed=req.seed,
-                                greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                                is_last=active.finished_source,
-                                latents=torch.cat(latents) if latents else None,
-                                codes=torch.cat(codes) if codes else None)
-            work.append((active, item, next((p.text for p in pieces if p.text), None)))
+            item = VocalizeItem(stream_id=active.request_id, codes=torch.cat([p.codes for p in w.pieces]),
+                                frame_offset=w.pieces[0].frame_start,
+                                is_last=active.finished_source and not active.pending)
+            work.append((w, item))
         if not work:
-            return
-        try:
-            results: list = self.vocalizer.vocalize([w[1] for w in work])
-        except Exception:
-            # Isolate the culprit: results do not depend on batch composition, so
-            # re-running item by item gives the others exactly the same audio.
-            results = []
-            for _, item, _ in work:
-                try:
-                    results.extend(self.vocalizer.vocalize([item]))
-                except Exception as exc:
-                    log.warning("request %s failed in the vocalizer: %s", item.stream_id, exc)
-                    results.append(exc)
-        entries, pieces = [], []
-        for (active, item, text), result in zip(work, results):
+            return False
+        results = self.executor.vocode([item for _, item in work])
+        entries, pcm = [], []
+        now = time.monotonic()
+        for (w, item), result in zip(work, results):
+            active = w.state
             if isinstance(result, Exception):
                 self._finish(active, error=f"vocalizer failed: {result}")
                 continue
             active.frames_done += item.num_frames
+            if active.first_audio_at is None:
+                active.first_audio_at = now
             if item.is_last:
                 active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
-            pieces.append(result.pcm.detach().reshape(-1).float())
-            entries.append((active, pieces[-1].numel(), item.is_last, text, active.frames_done))
-        if entries:
-            self._outbox.append(_Outbox.start(torch.cat(pieces), entries))
+            text = next((p.text for p in w.pieces if p.text), None)
+            pcm.append(result.pcm)
+            entries.append((active, item.is_last, text, active.frames_done))
+        self._outbox.put(pcm, entries)
+        return True
 
-    def _flush_outbox(self, wait: bool = False) -> None:
+    def _deliver(self, wait: bool = False) -> None:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
 
-        While the copy of tick k's audio is in flight the loop already queues tick k+1, so the
-        host never waits on the device in steady state; at most MAX_IN_FLIGHT batches are
-        outstanding (then the oldest is waited for), which bounds how far the loop runs ahead."""
-        while self._outbox and (wait or len(self._outbox) > MAX_IN_FLIGHT or self._outbox[0].ready()):
-            box = self._outbox.popleft()
-            pcm = box.wait()
-            offset = 0
-            for active, size, final, text, frames_done in box.entries:
-                piece, offset = pcm[offset:offset + size], offset + size
-                if self._active.get(active.handle.request_id) is not active:
-                    continue  # cancelled or failed while its audio was on the way
-                self._emit(active, piece, final, text, frames_done)
-                if final:
-                    self._finish(active, error=None, delivered_final=True)
+        While the copy of step k's audio is in flight the loop already queues step k+1, so the
+        host never waits on the device in steady state."""
+        for (active, final, text, frames_done), piece in self._outbox.take(wait):
+            if self._active.get(active.request_id) is not active:
+                continue  # cancelled or failed while its audio was on the way
+            emit_audio(active, piece, final, text, frames_done)
+            if final:
+                self._finish(active, error=None, delivered_final=True)
 
-    def _emit(self, active: _Active, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:
-        timing = ChunkTiming(active.handle.submitted_at, active.started_at, time.monotonic())
-        chunk = AudioChunk(request_id=active.handle.request_id, index=active.delivered, pcm=pcm,
-                           sample_rate=SAMPLE_RATE, frames_done=frames_done,
-                           frames_total=active.frames_total, is_final=final, timing=timing, text=text)
-        active.delivered += 1
-        self._safe_deliver(active.deliver, chunk)
-
-    def _finish(self, active: _Active, error: str | None, delivered_final: bool = False) -> None:
+    def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         rid = active.handle.request_id
         if self._active.pop(rid, None) is None:
             return
-        self.source.drop(rid)
+        self.executor.release(rid)
         if active.started_at is None:
             self._release_pending()
-        self.vocalizer.close(rid)
         if not delivered_final:
-            self._deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
+            deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
                                 active.frames_total, error, active.started_at)
         active.handle.mark_done()
-
-    def _deliver_final(self, handle: RequestHandle, deliver: Deliver, index: int, frames_done: int,
-                       frames_total: int, error: str | None, started_at: float | None = None) -> None:
-        chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
-                           sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
-                           is_final=True, error=error,
-                           timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()))
-        self._safe_deliver(deliver, chunk)
-        handle.mark_done()
-
-    @staticmethod
-    def _safe_deliver(deliver: Deliver, chunk: AudioChunk) -> None:
-        try:
-            deliver(chunk)
-        except Exception:  # a broken consumer must not kill the worker
-            log.exception("deliver callback failed for request %s", chunk.request_id)
 
     def _hook(self, request_id: str, stage: str) -> None:
         if self.fault_hook is not None:

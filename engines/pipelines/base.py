@@ -1,16 +1,17 @@
-"""The latent-source seam: what the worker needs from a producer of frames.
+"""The pipeline seam: what the engine core needs from a producer of code frames.
 
-Two sources feed the same worker, vocalizer and protocol:
+Every pipeline emits code frames (``[rows, G]`` Qwen3-TTS codec codes, 80 ms each); the
+vocoder (engines/pipelines/vocoder.py) turns them into PCM, and nothing downstream of a
+pipeline knows which one ran.
 
-* :class:`engines.pipelines.dit.source.DiTSource` - the flow DiT stream: a request is planned into frame chunks at
-  admission; a slot holds one chunk, which advances one denoising step per tick and
-  comes out as unit-RMS latents (the vocalizer turns them into codes, then PCM).
-* :class:`engines.pipelines.talker.pipeline.TalkerLatentSource` - the Qwen3-TTS talker: a slot holds one utterance,
-  which advances one talker step per tick and comes out as finished codes (the
-  vocalizer only decodes them).
+* :class:`engines.pipelines.dit.source.DiTSource` - the flow DiT stream: a request is planned
+  into frame chunks at admission; a slot holds one chunk, which advances one denoising step
+  per tick; finished latents go through the pipeline's own codec head and code predictor.
+* :class:`engines.pipelines.talker.pipeline.TalkerLatentSource` - the Qwen3-TTS talker: a slot
+  holds one utterance, which advances one talker step (codes included) per tick.
 
-The worker owns queueing, priorities, back-pressure, delivery and errors; a source
-owns its slots and per-request model state.
+The core owns queueing, priorities, back-pressure, delivery and errors; a pipeline owns its
+slots and per-request model state.
 """
 
 from __future__ import annotations
@@ -25,27 +26,29 @@ from engines.contract import SynthesisRequest
 
 @dataclass(frozen=True)
 class Produced:
-    """Frames a source finished for one request in one tick."""
+    """Code frames a pipeline finished for one request in one tick."""
 
     request_id: str
     frame_start: int
     is_last: bool
-    latents: torch.Tensor | None = None  # [T, D] (DiT)
-    codes: torch.Tensor | None = None  # [T, G] (talker)
+    codes: torch.Tensor  # [T, G] int64
     text: str | None = None  # clause text, on its first frames
 
     @property
     def num_frames(self) -> int:
-        t = self.latents if self.latents is not None else self.codes
-        return 0 if t is None else t.shape[0]
+        return self.codes.shape[0]
 
 
-class LatentSource(Protocol):
+class Pipeline(Protocol):
     name: str
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         """Admission-time work; returns the frame count (an upper bound if unknown).
-        Raises for a request this source cannot serve."""
+        Raises for a request this pipeline cannot serve."""
+
+    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
+        """``prepare`` for several requests at once; per request its frame count or the
+        exception that rejects it (the others are prepared)."""
 
     def wants_slot(self, request_id: str) -> bool:
         """True when the request has work waiting and nothing of it is in a slot."""
@@ -56,13 +59,20 @@ class LatentSource(Protocol):
     def free_slots(self) -> int: ...
 
     def tick(self) -> list[Produced]:
-        """One step for every occupied slot."""
+        """One step for every occupied slot; the code frames finished in it."""
 
     def drop(self, request_id: str) -> None:
         """Forget the request and free its slot (cancel, error or done)."""
 
     def flush_frames(self, frames_emitted: int) -> int:
-        """Frames to gather before vocalizing (small first, for time to first audio)."""
+        """Frames to gather before vocoding (small first, for time to first audio)."""
+
+    def languages(self) -> list[str] | None:
+        """The request languages this pipeline accepts; None: any."""
+
+    def capture_graphs(self) -> None:
+        """CUDA: capture every graph the pipeline replays (engine start, before /readyz);
+        elsewhere a no-op."""
 
     @property
     def active_slots(self) -> int: ...

@@ -1,10 +1,8 @@
-"""Frame latents -> codes -> PCM, batched across requests, with decoder state per stream.
+"""Code frames -> PCM: the streaming codec decoder with state per stream, batched across streams.
 
-For every call: the frames of ALL items go through the codec head (code 0) and the code
-predictor (codes 1..G-1) as one batch, in pieces of at most ``max_batch_rows``; sampling
-is keyed by (seed, global frame, group), so a stream's codes do not depend on its batch
-neighbours. Then each stream's codes go through the streaming codec decoder with that
-stream's carried state; streams whose chunks have the same length decode together.
+Every pipeline emits code frames [T, G]; this module only decodes them. Each stream's
+codes go through the streaming codec decoder with that stream's carried state; streams
+whose chunks have the same length decode together.
 
 With a ``graphed_decoder`` (engines/runtime/graphed_decoder.py; the engine sets one on
 CUDA) the decoder state lives in its static pool instead of ``_streams[...].state`` and
@@ -19,9 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engines.models.code_predictor import CodePredictor, FrameSampling
 from engines.models.codec_decoder import CodecDecoder, DecoderState
-from engines.models.codec_head import CodecHead
 from engines.runtime.devices import canonical_device
 
 if TYPE_CHECKING:
@@ -31,19 +27,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class VocalizeItem:
     stream_id: str  # request id; decoder state is kept per stream
-    latents: torch.Tensor | None  # [T, D] unit-RMS frame latents (None when ``codes`` are given)
-    frame_offset: int  # global index of latents[0] in the utterance (sampling counters)
-    seed: int
-    greedy: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
+    codes: torch.Tensor  # [T, G] int64 code frames
+    frame_offset: int  # global index of codes[0] in the utterance (chunks of a stream are contiguous)
     is_last: bool = False  # drop the stream's decoder state after this item
-    codes: torch.Tensor | None = None  # [T, G] codes already known (talker source): decode only
 
     @property
     def num_frames(self) -> int:
-        return self.codes.shape[0] if self.codes is not None else self.latents.shape[0]  # type: ignore[union-attr]
+        return self.codes.shape[0]
 
 
 @dataclass(frozen=True)
@@ -59,47 +49,12 @@ class _Stream:
     next_frame: int  # frame_offset the stream's next item must have
 
 
-def frame_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Tensor, sampling: FrameSampling,
-                naive: bool = False) -> torch.Tensor:
-    """latents [N, D] -> codes [N, G] (code 0 from the head, 1..G-1 from the predictor)."""
-    h = head.hidden(latents)
-    code0 = head.sample_code0(head.logits_from_hidden(h), sampling)
-    predict = predictor.naive_predict if naive else predictor.predict
-    rest = predict(h, head.embed(code0), sampling)
-    return torch.cat([code0[:, None], rest], dim=1)
-
-
-@torch.no_grad()
-def reference_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Tensor, seed: int, frame_offset: int,
-                    greedy: bool = True, temperature: float = 0.9, top_k: int = 50, top_p: float = 1.0) -> torch.Tensor:
-    """Naive reference for one stream: no KV cache, each predictor step recomputes the whole sequence.
-    latents [T, D] -> codes [T, G]."""
-    p = next(predictor.parameters())
-    latents = latents.to(p.device, p.dtype)
-    s = FrameSampling.for_stream(latents.shape[0], seed, frame_offset, p.device, greedy, temperature, top_k, top_p)
-    return frame_codes(head, predictor, latents, s, naive=True)
-
-
 class Vocalizer:
-    def __init__(self, head: CodecHead, predictor: CodePredictor, decoder: CodecDecoder, device,
-                 dtype: torch.dtype = torch.float32, max_batch_rows: int = 512,
+    def __init__(self, decoder: CodecDecoder, device, dtype: torch.dtype = torch.float32,
                  graphed_decoder: GraphedDecoder | None = None):
-        hc, pc, dc = head.cfg, predictor.cfg, decoder.cfg
-        if hc.hidden_size != pc.talker_hidden_size:
-            raise ValueError(f"codec head width {hc.hidden_size} != predictor talker_hidden_size {pc.talker_hidden_size}")
-        if not (hc.codebook_size == pc.vocab_size == dc.codebook_size):
-            raise ValueError(f"codebook sizes differ: head {hc.codebook_size}, predictor {pc.vocab_size}, "
-                             f"decoder {dc.codebook_size}")
-        if pc.num_code_groups != dc.num_quantizers:
-            raise ValueError(f"predictor num_code_groups {pc.num_code_groups} != decoder num_quantizers "
-                             f"{dc.num_quantizers}")
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
-        self.device, self.dtype, self.max_batch_rows = canonical_device(device), dtype, max_batch_rows
-        self.head = head.to(self.device, dtype).eval()
-        self.predictor = predictor.to(self.device, dtype).eval()
+        self.device, self.dtype = canonical_device(device), dtype
         self.decoder = decoder.to(self.device, dtype).eval()
-        self.latent_dim, self.num_code_groups = hc.hidden_size, pc.num_code_groups
+        self.num_code_groups, self.codebook_size = decoder.cfg.num_quantizers, decoder.cfg.codebook_size
         self.samples_per_frame = decoder.samples_per_frame
         self._streams: dict[str, _Stream] = {}
         self._graphed_decoder: GraphedDecoder | None = None
@@ -124,6 +79,11 @@ class Vocalizer:
 
     # ------------------------------------------------------------------ public API
 
+    def capture_graphs(self) -> None:
+        """CUDA: capture the graphed decoder's graphs now (engine start, before /readyz)."""
+        if self._graphed_decoder is not None:
+            self._graphed_decoder.capture_all()
+
     def open_streams(self) -> int:
         return len(self._streams)
 
@@ -135,9 +95,9 @@ class Vocalizer:
 
     @torch.no_grad()
     def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
-        """Codes and PCM for each item, in the same order. Items of one stream are decoded in order."""
+        """PCM for each item, in the same order. Items of one stream are decoded in order."""
         self._validate(items)
-        codes = self._codes(items)
+        codes = [it.codes.to(self.device) for it in items]
         pcm = self._decode(items, codes)
         for it in items:
             if it.is_last:
@@ -150,26 +110,12 @@ class Vocalizer:
         """Check everything up front so a bad item fails the call before any state changes."""
         expected: dict[str, int] = {}
         for it in items:
-            if it.codes is not None:
-                c = it.codes
-                if c.dim() != 2 or c.shape[1] != self.num_code_groups or c.dtype != torch.int64:
-                    raise ValueError(f"stream {it.stream_id!r}: codes must be int64 [T, {self.num_code_groups}], "
-                                     f"got {c.dtype} {tuple(c.shape)}")
-                lat = None
-            else:
-                lat = it.latents
-            if lat is None and it.codes is None:
-                raise ValueError(f"stream {it.stream_id!r}: give latents or codes")
-            if lat is not None and (lat.dim() != 2 or lat.shape[1] != self.latent_dim):
-                raise ValueError(f"stream {it.stream_id!r}: latents must be [T, {self.latent_dim}], got {tuple(lat.shape)}")
-            if lat is not None and not lat.is_floating_point():
-                raise ValueError(f"stream {it.stream_id!r}: latents must be floating point, got {lat.dtype}")
+            c = it.codes
+            if c.dim() != 2 or c.shape[1] != self.num_code_groups or c.dtype != torch.int64:
+                raise ValueError(f"stream {it.stream_id!r}: codes must be int64 [T, {self.num_code_groups}], "
+                                 f"got {c.dtype} {tuple(c.shape)}")
             if it.frame_offset < 0:
                 raise ValueError(f"stream {it.stream_id!r}: frame_offset must be >= 0, got {it.frame_offset}")
-            if not it.greedy and it.temperature <= 0:
-                raise ValueError(f"stream {it.stream_id!r}: temperature must be > 0, got {it.temperature}")
-            if not 0 < it.top_p <= 1:
-                raise ValueError(f"stream {it.stream_id!r}: top_p must be in (0, 1], got {it.top_p}")
             # The decoder carries state frame by frame: chunks must follow each other without gaps.
             if it.stream_id in expected:
                 want = expected[it.stream_id]
@@ -181,28 +127,6 @@ class Vocalizer:
                 raise ValueError(f"stream {it.stream_id!r}: frame_offset {it.frame_offset} but the decoder is at "
                                  f"frame {want} (chunks must be contiguous)")
             expected[it.stream_id] = it.frame_offset + it.num_frames
-
-    def _codes(self, items: list[VocalizeItem]) -> list[torch.Tensor]:
-        """All frames of all items as one batch (pieces of max_batch_rows) -> codes [T_i, G] per item."""
-        lengths = [it.num_frames for it in items]
-        # Items with known codes (talker source) skip prediction.
-        active = [i for i, n in enumerate(lengths) if n > 0 and items[i].codes is None]  # active -> original index
-        out = [torch.empty(0, self.num_code_groups, dtype=torch.int64, device=self.device) if it.codes is None
-               else it.codes.to(self.device) for it in items]
-        if not active:
-            return out
-        latents = torch.cat([items[i].latents.to(self.device, self.dtype) for i in active])  # [N, D]
-        sampling = FrameSampling.for_streams([(items[i].num_frames, items[i].seed, items[i].frame_offset,
-                                               items[i].greedy, items[i].temperature, items[i].top_k, items[i].top_p)
-                                              for i in active], self.device)
-        pieces = []
-        for start in range(0, latents.shape[0], self.max_batch_rows):
-            sl = slice(start, start + self.max_batch_rows)
-            pieces.append(frame_codes(self.head, self.predictor, latents[sl], sampling.rows(sl)))
-        codes = torch.cat(pieces)  # [N, G]
-        for i, c in zip(active, codes.split([lengths[i] for i in active])):
-            out[i] = c
-        return out
 
     def _decode(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
         """Streaming decode; round r holds the r-th item of every stream, so a stream's chunks stay in order."""

@@ -1,4 +1,5 @@
-"""The DiT pipeline behind the seam: planned frame chunks through the stream tick loop."""
+"""The DiT pipeline behind the seam: planned frame chunks through the stream tick loop, then
+the pipeline's own codec head and code predictor (codes.py), so it emits code frames."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.pipelines.base import Produced
+from engines.pipelines.dit.codes import FrameCoder, LatentChunk
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
 from engines.pipelines.dit.planner import UtterancePlanner
 
@@ -22,13 +24,20 @@ class _DiTRequest:
 
 
 class DiTSource:
-    """Flow-DiT chunks through the stream tick loop (engines/pipelines/dit/denoiser.py)."""
+    """Flow-DiT chunks through the stream tick loop (engines/pipelines/dit/denoiser.py), coded
+    into code frames by ``coder`` (batched over every chunk finished in a tick).
+
+    ``graphed``: the CUDA-graph wrappers the pipeline replays (``capture_all()`` each), which
+    ``capture_graphs`` captures before the engine reports ready."""
 
     name = "dit"
 
-    def __init__(self, planner: UtterancePlanner, scheduler: StreamScheduler, context_frames: int):
+    def __init__(self, planner: UtterancePlanner, scheduler: StreamScheduler, context_frames: int,
+                 coder: FrameCoder, graphed: tuple = ()):
         self.planner = planner
         self.scheduler = scheduler
+        self.coder = coder
+        self.graphed = graphed
         self.context_frames = context_frames
         self._requests: dict[str, _DiTRequest] = {}
         # CUDA: planning runs on its own stream. Its one host read (the frame counts) then
@@ -98,15 +107,25 @@ class DiTSource:
         return self.scheduler.free_slots()
 
     def tick(self) -> list[Produced]:
-        out = []
+        done = []  # (request id, chunk, latents)
         for fc in self.scheduler.tick():
             r = self._requests.get(fc.key[0])
             if r is None or r.in_flight != fc.key:
                 continue  # dropped meanwhile
             r.in_flight = None
             r.context = fc.latents[-self.context_frames:] if self.context_frames > 0 else fc.latents[:0]
-            _, _, start, _, text = r.chunks[fc.key[1]]
-            out.append(Produced(request_id=fc.key[0], frame_start=start, latents=fc.latents, text=text,
+            done.append((r, fc.key[1], fc.latents))
+        if not done:
+            return []
+        chunks = []
+        for r, index, latents in done:
+            req = r.request
+            chunks.append(LatentChunk(latents, frame_offset=r.chunks[index][2], seed=req.seed, greedy=req.greedy,
+                                      temperature=req.temperature, top_k=req.top_k, top_p=req.top_p))
+        out = []
+        for (r, index, _), codes in zip(done, self.coder.codes(chunks)):
+            _, _, start, _, text = r.chunks[index]
+            out.append(Produced(request_id=r.request.id, frame_start=start, codes=codes, text=text,
                                 is_last=r.next_chunk >= len(r.chunks)))
         return out
 
@@ -117,6 +136,10 @@ class DiTSource:
 
     def flush_frames(self, frames_emitted: int) -> int:
         return 1  # chunks are already sized by the planner
+
+    def capture_graphs(self) -> None:
+        for graphed in self.graphed:
+            graphed.capture_all()
 
     @property
     def active_slots(self) -> int:

@@ -29,12 +29,13 @@ WEIGHTS_FILE = "streamvox.safetensors"
 
 @dataclass
 class Models:
-    """All nn.Modules of the DiT source pipeline."""
+    """All nn.Modules of the DiT source pipeline. Serving the talker only the decoder is
+    used: encoder, duration model and DiT are None then (never built)."""
 
     config: ModelConfig
-    encoder: ConditionEncoder
-    duration: DurationModel
-    dit: FlowDiT
+    encoder: ConditionEncoder | None
+    duration: DurationModel | None
+    dit: FlowDiT | None
     codec_head: CodecHead
     code_predictor: CodePredictor
     decoder: CodecDecoder
@@ -45,7 +46,8 @@ class Models:
 
     def to(self, device: torch.device, dtype: torch.dtype) -> "Models":
         for module in self.modules().values():
-            module.to(device=device, dtype=dtype).eval()
+            if module is not None:
+                module.to(device=device, dtype=dtype).eval()
         return self
 
 

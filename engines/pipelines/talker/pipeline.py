@@ -1,4 +1,5 @@
-"""The talker pipeline behind the seam: utterances with continuous batching (source.py)."""
+"""The talker pipeline behind the seam: utterances with continuous batching (source.py); it
+emits code frames directly."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ class TalkerLatentSource:
 
     name = "talker"
 
-    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12):
+    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12,
+                 graphed: tuple = ()):
         self.source = talker_source
+        self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
         self.voices = voices  # voice index -> the checkpoint's speaker name
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
@@ -27,6 +30,15 @@ class TalkerLatentSource:
             raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
         self._waiting[request.id] = replace(request, voice=speaker, language=language)
         return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
+
+    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
+        out: list[int | Exception] = []
+        for request, voice_index in items:
+            try:
+                out.append(self.prepare(request, voice_index))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def wants_slot(self, request_id: str) -> bool:
         return request_id in self._waiting
@@ -48,6 +60,10 @@ class TalkerLatentSource:
     def drop(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
         self.source.cancel(request_id)
+
+    def capture_graphs(self) -> None:
+        for graphed in self.graphed:
+            graphed.capture_all()
 
     def flush_frames(self, frames_emitted: int) -> int:
         return self.first_chunk_frames if frames_emitted == 0 else self.chunk_frames
