@@ -39,7 +39,7 @@ from engines.checkpoints.files import (
     require,
 )
 from engines.contract import SAMPLES_PER_FRAME
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
 from engines.models.configs import (
@@ -48,6 +48,7 @@ from engines.models.configs import (
     CodePredictorConfig,
     ModelConfig,
 )
+from engines.models.sampling import FrameSampling
 from engines.runtime.devices import canonical_device
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
+from engines.models.sampling import FrameSampling
 from engines.runtime.devices import canonical_device
 
 if TYPE_CHECKING:

@@ -27,14 +27,10 @@ from engines.checkpoints.files import (
     read_json,
     require,
 )
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.configs import CodePredictorConfig
-from engines.models.talker import (
-    Talker,
-    TalkerConfig,
-    apply_talker_processors,
-    sample_code0,
-)
+from engines.models.sampling import FrameSampling, apply_talker_processors, sample_code0
+from engines.models.talker import Talker, TalkerConfig
 from engines.pipelines.talker.prompt import (
     PromptBuilder,
     PromptConfig,
