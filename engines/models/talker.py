@@ -28,21 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.models.configs import Qwen3LayerConfig
 from engines.models.layers import DecoderLayer, RMSNorm, mrope_cos_sin, rope_inv_freq
 
 
 @dataclass(frozen=True)
-class TalkerConfig:
+class TalkerConfig(Qwen3LayerConfig):
     """Keys of ``config.json`` ``talker_config`` that the talker needs."""
 
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
     mrope_section: tuple[int, ...] = (2, 3, 3)  # in rotary pairs (sums to head_dim / 2)
     mrope_interleaved: bool = True
     vocab_size: int = 3072  # codec vocabulary (codebook ids + special ids)
