@@ -160,9 +160,12 @@ class Attention(nn.Module):
         """x [B, S, D] (keys/values from ``memory`` [B, L, kv_dim] if given) -> q [B, H, S, hd],
         k/v [B, KVH, S or L, hd]; q and k normed (qk norm) and rotated (when cos/sin are given)."""
         src = x if memory is None else memory
-        q = self.q_proj(x).unflatten(-1, (self.n_heads, self.head_dim))
-        k = self.k_proj(src).unflatten(-1, (self.n_kv, self.head_dim))
-        v = self.v_proj(src).unflatten(-1, (self.n_kv, self.head_dim)).transpose(1, 2)
+        # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
+        # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
+        (b, s), n = x.shape[:2], src.shape[1]
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k_proj(src).view(b, n, self.n_kv, self.head_dim)
+        v = self.v_proj(src).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
