@@ -25,10 +25,11 @@ import torch
 
 from engines.build import resolve_device as pick_device  # auto -> cuda if present
 from engines.config import PRESET_NAMES, get_preset
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
+from engines.models.sampling import FrameSampling
 from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 
 

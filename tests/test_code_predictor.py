@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from engines.config import get_preset
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
+from engines.models.sampling import FrameSampling
 from engines.pipelines.dit.codes import frame_codes
 
 TINY = get_preset("tiny")
@@ -169,7 +170,7 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_for_streams_equals_cat_of_for_stream():
     """The vocalizer's one-upload sampling rows equal the per-stream construction, field by field."""
-    from engines.models.code_predictor import FrameSampling
+    from engines.models.sampling import FrameSampling
 
     streams = [(3, 7, 0, True, 0.9, 50, 1.0), (1, 2**40 + 5, 12, False, 0.7, 20, 0.8), (4, 0, 100, False, 1.1, 0, 1.0)]
     from engines.models.sampling import split_seed

@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.config import get_preset
-from engines.models.condition import Attention, ConditionEncoder
+from engines.models.condition import ConditionEncoder
 from engines.models.dit import FlowDiT, TimestepEmbedder
 from engines.models.duration import DurationModel
 from engines.models.init import init_module_
+from engines.models.layers import Attention
 from engines.models.sampling import keyed_normal
 from engines.models.text import ByteTokenizer
 from engines.pipelines.dit.planner import UtterancePlanner, chunk_layout, frames_total

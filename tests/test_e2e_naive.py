@@ -20,8 +20,7 @@ import torch
 from engine_helpers import Collected, tiny_engine
 
 from engines.contract import SynthesisRequest
-from engines.models.code_predictor import FrameSampling
-from engines.models.sampling import DOMAIN_NOISE, keyed_normal
+from engines.models.sampling import DOMAIN_NOISE, FrameSampling, keyed_normal
 
 TARGET = SynthesisRequest(id="target", text="Hello there, streaming world. This is the naive check!", seed=1234,
                           steps=8, guidance_scale=2.5)

@@ -15,9 +15,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from engines.config import get_preset
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
+from engines.models.sampling import FrameSampling
 from engines.runtime.graphed_predictor import (
     DEFAULT_BUCKETS,
     GraphedCodePredictor,

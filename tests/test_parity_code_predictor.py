@@ -116,7 +116,7 @@ def test_half_precision_weights_load_and_cast(name):
 def test_the_comparison_catches_a_realistic_mistake():
     """RoPE theta 1e4 instead of the config's 1e6 (a classic porting slip) must fail
     the logits tolerance by a wide margin: the test is able to fail."""
-    from engines.models.code_predictor import rope_inv_freq
+    from engines.models.layers import rope_inv_freq
 
     name = "g16_proj"
     parts = load_checkpoint(checkpoint_dir(name))  # a private copy: mutated below

@@ -45,7 +45,7 @@ from engines.checkpoints.files import (
 )
 from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.contract import SAMPLES_PER_FRAME
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
 from engines.models.configs import (
@@ -54,6 +54,7 @@ from engines.models.configs import (
     CodePredictorConfig,
     ModelConfig,
 )
+from engines.models.sampling import FrameSampling
 from engines.models.talker import Talker, TalkerConfig
 from engines.runtime.devices import canonical_device
 

@@ -19,209 +19,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engines.models.configs import CodePredictorConfig
-from engines.models.layers import SwiGLU, compile_block_call
-from engines.models.sampling import (
-    DOMAIN_CODES,
-    keyed_gumbel,
-    sample_logits,
-    split_seed,
+from engines.models.layers import (
+    DecoderLayer,
+    RMSNorm,
+    compile_block_call,
+    rope_cos_sin,
+    rope_inv_freq,
 )
-from engines.runtime.devices import canonical_device, upload
-
-# --------------------------------------------------------------------------- primitives
-
-
-class RMSNorm(nn.Module):
-    """Qwen3 RMSNorm: normalise in fp32, cast back, then scale (same order as the official)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+from engines.models.sampling import DOMAIN_CODES, FrameSampling, sample_rows
+from engines.runtime.devices import canonical_device
 
 
-def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    """Default (unscaled) RoPE inverse frequencies, computed like transformers does."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
-    """positions [B, S] (int) -> cos, sin [B, S, head_dim] in fp32 math, cast to ``dtype``."""
-    freqs = positions.float()[..., None] * inv_freq.float()  # [B, S, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [B, S, hd]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + rotate_half(x) * sin
-
-
-def expand_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[B, KVH, S, hd] -> [B, KVH * n_rep, S, hd] (query head h reads kv head h // n_rep)."""
-    if n_rep == 1:
-        return x
-    b, kvh, s, hd = x.shape
-    return x[:, :, None].expand(b, kvh, n_rep, s, hd).reshape(b, kvh * n_rep, s, hd)
-
-
-# --------------------------------------------------------------------------- sampling
-
-
-@dataclass(frozen=True)
-class FrameSampling:
-    """Per-row sampling settings for a batch of frames (all tensors [B] on the device).
-
-    ``all_greedy`` is host-known, decided when the batch is built, so greedy batches skip
-    the noise entirely without reading anything back from the device.
-    """
-
-    seed_lo: torch.Tensor  # int64
-    seed_hi: torch.Tensor  # int64
-    frame: torch.Tensor  # int64 global frame index (sampling counter)
-    greedy: torch.Tensor  # bool
-    temperature: torch.Tensor  # float32
-    top_k: torch.Tensor  # int64, <= 0 means off
-    top_p: torch.Tensor  # float32
-    all_greedy: bool
-    any_top_p: bool  # some row has top_p < 1
-
-    @staticmethod
-    def for_stream(n_frames: int, seed: int, frame_offset: int, device, greedy: bool = True,
-                   temperature: float = 0.9, top_k: int = 50, top_p: float = 1.0) -> "FrameSampling":
-        """Rows for frames ``frame_offset .. frame_offset + n_frames - 1`` of one stream."""
-        return FrameSampling.for_streams([(n_frames, seed, frame_offset, greedy, temperature, top_k, top_p)], device)
-
-    @staticmethod
-    def for_streams(streams: list[tuple[int, int, int, bool, float, int, float]], device) -> "FrameSampling":
-        """Rows of several streams at once, each ``(n_frames, seed, frame_offset, greedy,
-        temperature, top_k, top_p)``: equal to ``cat`` of their ``for_stream``, but built on the
-        host and uploaded once per field (7 copies, not 7 kernels per stream; no stream sync)."""
-        cols: dict[str, list] = {k: [] for k in ("seed_lo", "seed_hi", "frame", "greedy", "temperature", "top_k",
-                                                 "top_p")}
-        for n, seed, offset, greedy, temperature, top_k, top_p in streams:
-            lo, hi = split_seed(seed)
-            for name, value in (("seed_lo", lo), ("seed_hi", hi), ("greedy", bool(greedy)),
-                                ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))):
-                cols[name].extend([value] * n)
-            cols["frame"].extend(range(offset, offset + n))
-        dtypes = {"seed_lo": torch.int64, "seed_hi": torch.int64, "frame": torch.int64, "greedy": torch.bool,
-                  "temperature": torch.float32, "top_k": torch.int64, "top_p": torch.float32}
-        fields = {name: upload(values, dtypes[name], device) for name, values in cols.items()}
-        return FrameSampling(**fields, all_greedy=all(s[3] for s in streams),
-                             any_top_p=any((not s[3]) and s[6] < 1.0 for s in streams))
-
-    @staticmethod
-    def cat(parts: list["FrameSampling"]) -> "FrameSampling":
-        def c(name):
-            return torch.cat([getattr(p, name) for p in parts])
-        return FrameSampling(c("seed_lo"), c("seed_hi"), c("frame"), c("greedy"), c("temperature"), c("top_k"),
-                             c("top_p"), all(p.all_greedy for p in parts), any(p.any_top_p for p in parts))
-
-    def rows(self, sl: slice) -> "FrameSampling":
-        return FrameSampling(self.seed_lo[sl], self.seed_hi[sl], self.frame[sl], self.greedy[sl],
-                             self.temperature[sl], self.top_k[sl], self.top_p[sl], self.all_greedy, self.any_top_p)
-
-    def __len__(self) -> int:
-        return self.frame.shape[0]
-
-
-def keep_top_k(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Per-row top-k (sample_logits only takes one k for the whole batch): x [B, V] with values
-    below each row's k-th largest set to -inf; top_k [B] int64, <= 0 means off."""
-    vocab = x.shape[-1]
-    k = torch.where(top_k > 0, top_k, vocab).clamp(1, vocab)
-    kth = torch.sort(x, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # [B, 1]
-    return x.masked_fill(x < kth, float("-inf"))
-
-
-def sample_rows(logits: torch.Tensor, sampling: FrameSampling, domain: int, counters: torch.Tensor) -> torch.Tensor:
-    """logits [B, V] -> ids [B] (int64) on the device; counters [B] int64 key the Gumbel noise."""
-    if sampling.all_greedy:
-        return logits.argmax(dim=-1)
-    x = keep_top_k(logits.float(), sampling.top_k)
-    gumbel = keyed_gumbel(sampling.seed_lo, sampling.seed_hi, domain, counters, x.shape[-1])
-    top_p = sampling.top_p if sampling.any_top_p else None
-    return sample_logits(x, gumbel, sampling.temperature, None, top_p, sampling.greedy)
-
-
-# --------------------------------------------------------------------------- model
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: CodePredictorConfig):
-        super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        if self.n_heads % self.n_kv:
-            raise ValueError(f"num_attention_heads {self.n_heads} not divisible by num_key_value_heads {self.n_kv}")
-        d = cfg.hidden_size
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)  # per head
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, S, D] -> q [B, H, S, hd], k/v [B, KVH, S, hd] (q, k rotated)."""
-        b, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, s, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, s, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [B, H, S, hd], k/v [B, KVH, L, hd], mask bool broadcastable to [B, H, S, L] -> [B, S, D]."""
-        rep = self.n_heads // self.n_kv
-        out = F.scaled_dot_product_attention(q, expand_kv(k, rep), expand_kv(v, rep), attn_mask=mask,
-                                             scale=self.head_dim**-0.5)  # [B, H, S, hd]
-        b, _, s, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
-
-
-MLP = SwiGLU  # the Qwen3 MLP (gate/up/down projections)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: CodePredictorConfig):
-        super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+class PredictorLayer(DecoderLayer):
+    """The Qwen3 layer; with a cache, K/V are written into static slots first."""
 
     def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
                 positions: torch.Tensor | None = None):
         """x [B, S, D]. With ``cache`` (k, v [B, KVH, G, hd] views of the static cache) the new
         K/V are written at ``positions`` [S] (a device tensor, so the step has no host-side
         position and compiles once for every step) and attention reads the whole (masked) cache."""
-        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         if cache is not None:
             cache_k, cache_v = cache
             cache_k.index_copy_(2, positions, k)
             cache_v.index_copy_(2, positions, v)
             k, v = cache_k, cache_v
-        x = x + self.self_attn.attend(q, k, v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.finish(x, q, k, v, mask)
 
 
-def _call_layer(layer: DecoderLayer, x, cos, sin, mask, cache_k, cache_v, positions):
+def _call_layer(layer: PredictorLayer, x, cos, sin, mask, cache_k, cache_v, positions):
     return layer(x, cos, sin, mask, (cache_k, cache_v), positions)
 
 
@@ -230,7 +59,7 @@ class CodePredictorModel(nn.Module):
 
     def __init__(self, cfg: CodePredictorConfig):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(PredictorLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Table g embeds code g+1, at the talker width (projected afterwards).
         self.codec_embedding = nn.ModuleList(
@@ -268,7 +97,7 @@ class CodePredictor(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.kv_cache: StaticKVCache | None = None
         # Optional replacement for calling a layer in the cached loop, same signature as
-        # DecoderLayer.forward plus the layer first: set by compile_layers().
+        # PredictorLayer.forward plus the layer first: set by compile_layers().
         self.layer_step = None
 
     def compile_layers(self, backend: str = "inductor") -> None:

@@ -27,15 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.code_predictor import (
-    MLP,
-    RMSNorm,
-    apply_rope,
-    expand_kv,
-    rope_cos_sin,
-    rope_inv_freq,
-)
 from engines.models.configs import CodecDecoderConfig
+from engines.models.layers import DecoderLayer, RMSNorm, rope_cos_sin, rope_inv_freq
 
 # --------------------------------------------------------------------------- streaming state
 
@@ -266,56 +259,20 @@ class SplitResidualVectorQuantizer(nn.Module):
 # --------------------------------------------------------------------------- transformer
 
 
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-class DecoderAttention(nn.Module):
-    """Multi-head attention, no q/k norm, RoPE at global frame positions."""
+class TransformerLayer(DecoderLayer):
+    """The Qwen3 layer without q/k norm, LayerScaled; attends to a carried window of
+    rotated keys/values (``past``) before this chunk's."""
 
     def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        d, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
+        super().__init__(cfg, qk_norm=False, bias=cfg.attention_bias, layer_scale=cfg.layer_scale_initial_scale)
 
     def forward(self, x, cos, sin, mask, past: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """x [B, t, D]; past (k, v) [B, KVH, W, hd] rotated keys/values prepended to this chunk's;
-        mask bool [B, t, W + t]. Returns out [B, t, D] and the full (k, v) [B, KVH, W + t, hd]."""
-        b, t, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        """x [B, t, D]; past (k, v) [B, KVH, W, hd]; mask bool [B, t, W + t]. Returns
+        [B, t, D] and the full (k, v) [B, KVH, W + t, hd]."""
+        q, k, v = self.qkv(x, cos, sin)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        rep = self.n_heads // self.n_kv
-        out = F.scaled_dot_product_attention(q, expand_kv(k, rep), expand_kv(v, rep), attn_mask=mask[:, None],
-                                             scale=self.head_dim**-0.5)  # [B, H, t, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
-
-
-class TransformerLayer(nn.Module):
-    def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        self.self_attn = DecoderAttention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-
-    def forward(self, x, cos, sin, mask, past=None):
-        a, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
-        x = x + self.self_attn_layer_scale(a)
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x))), kv
+        return self.finish(x, q, k, v, mask[:, None]), (k, v)
 
 
 class PreTransformer(nn.Module):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engines.models.code_predictor import FrameSampling, RMSNorm, sample_rows
 from engines.models.configs import CodecHeadConfig
-from engines.models.sampling import DOMAIN_CODE0
+from engines.models.layers import RMSNorm
+from engines.models.sampling import DOMAIN_CODE0, FrameSampling, sample_rows
 
 
 class _TalkerModelParts(nn.Module):

@@ -83,10 +83,9 @@ class CodecHeadConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class CodePredictorConfig(_FromDict):
-    """Qwen3-TTS talker code predictor (keys of ``talker_config.code_predictor_config``)."""
+class Qwen3LayerConfig(_FromDict):
+    """The Qwen3 decoder-layer keys (``layers.DecoderLayer``) of the talker and its code predictor."""
 
-    vocab_size: int = 64  # codebook size
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
@@ -95,6 +94,13 @@ class CodePredictorConfig(_FromDict):
     head_dim: int = 16
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class CodePredictorConfig(Qwen3LayerConfig):
+    """Qwen3-TTS talker code predictor (keys of ``talker_config.code_predictor_config``)."""
+
+    vocab_size: int = 64  # codebook size
     num_code_groups: int = 4  # G: code 0 from the codec head + G-1 predicted here
     talker_hidden_size: int = 64  # input width; != hidden_size => small_to_mtp_projection
 

@@ -22,15 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.condition import (
+from engines.models.configs import DiTConfig
+from engines.models.layers import (
     Attention,
     RMSNorm,
     SwiGLU,
+    compile_block_call,
+    fp32_rope,
     key_padding_mask,
-    rope_cos_sin,
 )
-from engines.models.configs import DiTConfig
-from engines.models.layers import compile_block_call
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -114,7 +114,7 @@ class FlowDiT(nn.Module):
         # False = padding); t [B] float; enc [B, L, C]; enc_mask [B, L] bool -> v [B, T, D]
         h = self.in_proj(x) + self.frame_kind(context_mask.long())  # [B, T, H]
         c = self.t_embedder(t, h.dtype)  # [B, H]
-        rope = rope_cos_sin(positions, self.head_dim, self.cfg.rope_theta)
+        rope = fp32_rope(positions, self.head_dim, self.cfg.rope_theta)
         self_mask, cross_mask = key_padding_mask(frame_mask), key_padding_mask(enc_mask)
         step = self.block_step or _call_block
         for block in self.blocks:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.condition import RMSNorm
 from engines.models.configs import DurationConfig, TextEncoderConfig
+from engines.models.layers import RMSNorm
 
 _SOFTPLUS_ONE = math.log(math.e - 1.0)  # softplus(_SOFTPLUS_ONE) == 1
 _HEAD_SLOPE = 0.25

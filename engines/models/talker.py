@@ -28,28 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.code_predictor import (
-    DecoderLayer,
-    FrameSampling,
-    RMSNorm,
-    keep_top_k,
-    rope_inv_freq,
-)
-from engines.models.sampling import DOMAIN_TALKER, keyed_uniform, sample_logits
+from engines.models.configs import Qwen3LayerConfig
+from engines.models.layers import DecoderLayer, RMSNorm, mrope_cos_sin, rope_inv_freq
 
 
 @dataclass(frozen=True)
-class TalkerConfig:
+class TalkerConfig(Qwen3LayerConfig):
     """Keys of ``config.json`` ``talker_config`` that the talker needs."""
 
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
     mrope_section: tuple[int, ...] = (2, 3, 3)  # in rotary pairs (sums to head_dim / 2)
     mrope_interleaved: bool = True
     vocab_size: int = 3072  # codec vocabulary (codebook ids + special ids)
@@ -78,30 +64,6 @@ class TalkerConfig:
         return sorted(ids)
 
 
-# --------------------------------------------------------------------------- rope
-
-
-def mrope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, section: tuple[int, ...], interleaved: bool,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [3, B, S] (temporal, height, width) -> cos, sin [B, S, hd] (official order of ops)."""
-    freqs = positions.float()[..., None] * inv_freq.float()  # [3, B, S, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [3, B, S, hd]
-    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    n = len(section)
-
-    def pick(t: torch.Tensor) -> torch.Tensor:
-        if interleaved:  # pair j takes section (j mod n) for j < n * section[j mod n]
-            half = t[..., : t.shape[-1] // 2]
-            out = half[0].clone()
-            for i, width in enumerate(section[1:], 1):
-                out[..., i:width * n:n] = half[i, ..., i:width * n:n]
-            return torch.cat((out, out), dim=-1)
-        chunks = t.split(list(section) * 2, dim=-1)
-        return torch.cat([c[i % n] for i, c in enumerate(chunks)], dim=-1)
-
-    return pick(cos), pick(sin)
-
-
 # --------------------------------------------------------------------------- model
 
 
@@ -118,18 +80,17 @@ class ResizeMLP(nn.Module):
 
 
 class TalkerLayer(DecoderLayer):
-    """The code predictor's Qwen3 layer (same parameters); K/V written at per-row positions."""
+    """The Qwen3 layer; K/V written into the cache at per-row positions."""
 
     def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
                 positions: torch.Tensor):
         """x [B, S, D]; cache k/v [B, KVH, L, hd]; rows [B, 1] / positions [B, S] index the
         slots written; mask [B, 1, S, L] (True = attend)."""
-        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        q, k, v = self.qkv(x, cos, sin)
         cache_k, cache_v = cache
         cache_k[rows, :, positions] = k.transpose(1, 2)  # [B, S, KVH, hd] into slots (b, :, pos)
         cache_v[rows, :, positions] = v.transpose(1, 2)
-        x = x + self.self_attn.attend(q, cache_k, cache_v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.finish(x, q, cache_k, cache_v, mask)
 
 
 class TalkerModel(nn.Module):
@@ -224,37 +185,4 @@ class Talker(nn.Module):
         return F.linear(h, self.codec_head.weight[self.valid_ids])
 
 
-# --------------------------------------------------------------------------- code-0 sampling
-
-
-def apply_talker_processors(logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor,
-                            eos_col: int, eos_blocked: torch.Tensor) -> torch.Tensor:
-    """The official logits processors on compact logits [B, n] (float32):
-    repetition penalty over the code-0 ids generated so far (``seen`` [B, n] bool), and
-    EOS blocked where ``eos_blocked`` [B] (min_new_tokens). Suppression is the compact range."""
-    x = logits.float()
-    # A Python float stays a scalar operand: no host->device copy (and sync) per step.
-    p = penalty.float().reshape(-1, 1) if isinstance(penalty, torch.Tensor) else float(penalty)
-    penalised = torch.where(x < 0, x * p, x / p)
-    x = torch.where(seen, penalised, x)
-    x[:, eos_col] = torch.where(eos_blocked, torch.full_like(x[:, eos_col], float("-inf")), x[:, eos_col])
-    return x
-
-
-def sample_code0(scores: torch.Tensor, ids: torch.Tensor, sampling: FrameSampling) -> torch.Tensor:
-    """scores [B, n] (processed) over token ids ``ids`` [n] -> compact column [B].
-
-    Noise is keyed by (seed, DOMAIN_TALKER, token index, token id), so the draw does not
-    depend on the batch, nor on whether the caller used the compact range or the full one.
-    """
-    if sampling.all_greedy:
-        return scores.argmax(dim=-1)
-    x = keep_top_k(scores.float(), sampling.top_k)
-    u = keyed_uniform(sampling.seed_lo[:, None], sampling.seed_hi[:, None], DOMAIN_TALKER,
-                      sampling.frame[:, None], ids[None, :], device=x.device)
-    gumbel = -torch.log(-torch.log(u))
-    top_p = sampling.top_p if sampling.any_top_p else None
-    return sample_logits(x, gumbel, sampling.temperature, None, top_p, sampling.greedy)
-
-
-__all__ = ["Talker", "TalkerConfig", "TalkerKVCache", "apply_talker_processors", "mrope_cos_sin", "sample_code0"]
+__all__ = ["Talker", "TalkerConfig", "TalkerKVCache"]

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
+from engines.models.sampling import FrameSampling
 from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.models.code_predictor import CodePredictor, FrameSampling
+from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
+from engines.models.sampling import FrameSampling
 from engines.runtime.devices import canonical_device
 
 

@@ -22,12 +22,9 @@ from pathlib import Path
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig, load_talker
-from engines.models.code_predictor import CodePredictor, FrameSampling
-from engines.models.talker import (
-    Talker,
-    apply_talker_processors,
-    sample_code0,
-)
+from engines.models.code_predictor import CodePredictor
+from engines.models.sampling import FrameSampling, apply_talker_processors, sample_code0
+from engines.models.talker import Talker
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
 
 

@@ -40,9 +40,14 @@ import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
-from engines.models.code_predictor import CodePredictor, FrameSampling
-from engines.models.sampling import split_seed
-from engines.models.talker import Talker, apply_talker_processors, sample_code0
+from engines.models.code_predictor import CodePredictor
+from engines.models.sampling import (
+    FrameSampling,
+    apply_talker_processors,
+    sample_code0,
+    split_seed,
+)
+from engines.models.talker import Talker
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import (
     TalkerBundle,
