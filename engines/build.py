@@ -17,6 +17,7 @@ from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import get_preset
 from engines.core.engine import Engine
 from engines.core.worker import FaultHook
+from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
@@ -24,7 +25,6 @@ from engines.pipelines.dit.weights import (
     build_models,
     load_weights,
 )
-from engines.runtime.devices import canonical_device
 
 log = logging.getLogger("streamvox.engine")
 

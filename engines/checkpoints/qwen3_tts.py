@@ -45,6 +45,7 @@ from engines.checkpoints.files import (
 )
 from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.contract import SAMPLES_PER_FRAME
+from engines.devices import canonical_device
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead
@@ -56,7 +57,6 @@ from engines.models.configs import (
 )
 from engines.models.sampling import FrameSampling
 from engines.models.talker import Talker, TalkerConfig
-from engines.runtime.devices import canonical_device
 
 log = logging.getLogger(__name__)
 

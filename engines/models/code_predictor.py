@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engines.devices import canonical_device
 from engines.models.configs import CodePredictorConfig
 from engines.models.layers import (
     DecoderLayer,
@@ -30,7 +31,6 @@ from engines.models.layers import (
     rope_inv_freq,
 )
 from engines.models.sampling import DOMAIN_CODES, FrameSampling, sample_rows
-from engines.runtime.devices import canonical_device
 
 
 class PredictorLayer(DecoderLayer):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.runtime.devices import upload
+from engines.devices import upload
 
 _M32 = 0xFFFFFFFF
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engines.devices import canonical_device
 from engines.models.codec_decoder import CodecDecoder, DecoderState
-from engines.runtime.devices import canonical_device
 
 if TYPE_CHECKING:
     from engines.runtime.graphed_decoder import GraphedDecoder

@@ -59,9 +59,9 @@ import logging
 
 import torch
 
+from engines.devices import upload
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.runtime.cuda_graphs import capture
-from engines.runtime.devices import upload
 from engines.runtime.graphed_dit import default_row_buckets, max_chunk_frames
 
 log = logging.getLogger("streamvox.graphed_decoder")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.devices import canonical_device
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.sampling import FrameSampling
-from engines.runtime.devices import canonical_device
 
 
 @dataclass(frozen=True)

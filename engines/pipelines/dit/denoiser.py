@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.devices import canonical_device, upload
 from engines.models.configs import StreamConfig
 from engines.models.dit import FlowDiT
 from engines.models.sampling import DOMAIN_NOISE, keyed_normal
-from engines.runtime.devices import canonical_device, upload
 
 GUIDANCE_MODES = ("none", "cfg", "apg")
 GUIDANCE_TIMINGS = ("full", "initialize")

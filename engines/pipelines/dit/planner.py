@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.devices import canonical_device, stage, upload
 from engines.models.condition import ConditionEncoder
 from engines.models.configs import ModelConfig, StreamConfig
 from engines.models.duration import DurationModel
 from engines.models.text import Tokenizer, split_clauses
-from engines.runtime.devices import canonical_device, stage, upload
 
 
 @dataclass(frozen=True)

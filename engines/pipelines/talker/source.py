@@ -40,6 +40,7 @@ import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
+from engines.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor
 from engines.models.sampling import (
     FrameSampling,
@@ -54,7 +55,6 @@ from engines.pipelines.talker.reference import (
     frame_embedding,
     prompt_tensors,
 )
-from engines.runtime.devices import canonical_device, upload
 
 
 @dataclass(frozen=True)
