@@ -137,7 +137,7 @@ def test_limits_and_errors(bundle):
     with pytest.raises(RuntimeError, match="slot"):
         source.admit(request(2))
     assert source.voices() == ["dylan", "ryan", "vivian"] and "auto" in source.languages()
-    assert source.frames_limit("r1") == bundle.generation.max_new_tokens - 1 and source.frames_limit("zz") is None
+    assert source._rows[0].max_frames == bundle.generation.max_new_tokens - 1
     # The cache bounds the frames: prompt + frames never exceed max_seq_len.
     source.cancel("r1")
     source.admit(request(3), max_new_tokens=1000)

@@ -191,14 +191,6 @@ class TalkerSource:
         """Active row -> request id (the compact batch order of the next tick)."""
         return [u.request_id for u in self._rows]
 
-    def frames_limit(self, request_id: str) -> int | None:
-        """Upper bound on the utterance's frames (max_new_tokens - 1, bounded by the cache);
-        None when the request is not active."""
-        for u in self._rows:
-            if u.request_id == request_id:
-                return u.max_frames
-        return None
-
     # ---------------------------------------------------------------- admission
 
     def _ensure_trail(self, length: int) -> None:
