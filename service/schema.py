@@ -15,7 +15,14 @@ import typing
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 MAX_SEED = 2**63 - 1

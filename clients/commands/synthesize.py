@@ -53,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         SynthesisRequest,
     )
     from engines.export.base import BackendError
-
     from service.schema import FieldError, SynthesisParams, validate
 
     text = sys.stdin.read() if args.text == "-" else args.text
