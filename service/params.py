@@ -27,10 +27,15 @@ def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
 
 
 def resolve_voice(engine: SynthesisEngine, params: SynthesisParams) -> SynthesisParams:
-    """``params`` with the canonical voice name; ApiError(400) naming the valid voices if the
-    loaded model has no such voice (the engine's check, :meth:`Engine.resolve_voice`)."""
+    """``params`` with the canonical voice name, checked against the loaded model now (not
+    when the work starts): the engine's checks, :meth:`Engine.resolve_voice` and
+    :meth:`Engine.validate` (voice and language). ApiError(400) naming the field; an
+    unknown voice's message lists the valid ones."""
     try:
         voice = engine.resolve_voice(params.voice)
+        validate_request = getattr(engine, "validate", None)  # not in the contract: engines may lack it
+        if validate_request is not None:
+            validate_request(build_request("check", "-", params, Priority.BATCH))
     except InvalidRequest as exc:
         raise ApiError(400, "invalid_field", str(exc)) from None
     return params if voice == params.voice else params.model_copy(update={"voice": voice})
