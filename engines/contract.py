@@ -204,6 +204,25 @@ class EngineInfo:
     """Components running on random (untrained) weights; empty when all are trained."""
     max_queue: int
     extra: Mapping[str, object] = field(default_factory=dict)
+    """Engine details: ``max_slots`` (concurrent requests in a batch), ``backend``
+    (torch | onnxruntime | tensorrt, where the engine records it), sizes."""
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline behind the engine: ``dit`` or ``talker`` (its latent ``source``)."""
+        return self.source
+
+    @property
+    def slots(self) -> int | None:
+        """Requests the engine batches together at most (``extra["max_slots"]``); None if unknown."""
+        slots = self.extra.get("max_slots")
+        return int(slots) if slots is not None else None
+
+    @property
+    def backend(self) -> str | None:
+        """The runtime of the DiT and codec decoder (``extra["backend"]``); None if the engine did not record it."""
+        backend = self.extra.get("backend")
+        return str(backend) if backend is not None else None
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,17 @@ from engines.contract import (
     Priority,
 )
 
-from .audio import CONTENT_TYPES, check_format, encode_file
+from .audio import CONTENT_TYPES, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
-from .params import VoiceParams, build_request, parse_params
+from .params import JobBody, SynthesisParams, build_request
+from .schema import FieldError
 from .speech import read_work_request
 from .state import REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.jobs")
 
-JOB_FORMATS = ("wav", "flac")
 RETRY_SECONDS = 0.5  # how long the runner waits when the engine queue is full
 RETENTION_EVERY_SECONDS = 60.0
 
@@ -94,15 +94,16 @@ class JobRunner:
                 pass
 
     async def _start(self, job: Job) -> bool:
-        known = ("voice", "seed", "steps", "guidance_scale", "speed", "language")
-        params = VoiceParams(**{k: job.params[k] for k in known if k in job.params})
-        synthesis = build_request(f"job-{job.id}", job.params["input"], params, Priority.BATCH)
-        stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
         try:
+            # Stored when the job was created, after validation; a job stored by an older
+            # version lacks the newer fields, which take their defaults.
+            params = SynthesisParams().update(job.params)
+            synthesis = build_request(f"job-{job.id}", job.params["input"], params, Priority.BATCH)
+            stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
             stream.start()
         except (EngineOverloaded, EngineUnavailable):
             return False  # stays queued; the dispatcher retries shortly
-        except InvalidRequest as exc:
+        except (InvalidRequest, FieldError) as exc:
             self.store.finish(job.id, "failed", error=str(exc))
             return True
         self.store.mark_running(job.id)
@@ -174,19 +175,14 @@ def _job_or_404(request: web.Request) -> Job:
 
 
 async def create_job(request: web.Request) -> web.Response:
-    state, body, text = await read_work_request(request)
+    state, body = await read_work_request(request, JobBody)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    fmt = check_format(body.get("response_format") or "wav", JOB_FORMATS)
-    params = parse_params(body, state.engine)
-    record = {"input": text, "response_format": fmt, "voice": params.voice, "seed": params.seed,
-              "steps": params.steps, "guidance_scale": params.guidance_scale, "speed": params.speed,
-              "language": params.language}
-    job = _runner(request).store.create(record)
+    job = _runner(request).store.create(body.model_dump(exclude_none=True))
     _runner(request).wake()
-    log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(text))
+    log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 

@@ -35,6 +35,9 @@ class Metrics:
         self.paused_streams = Gauge("streamvox_paused_streams", "Streams paused by back-pressure", registry=r)
         self.tick_batch_rows = Histogram("streamvox_tick_batch_rows", "Rows in one tick's model forward",
                                          buckets=BATCH_ROW_BUCKETS, registry=r)
+        self.tick_batch_rows_max = Gauge("streamvox_tick_batch_rows_max", "Most rows in one tick's model forward "
+                                         "since start", registry=r)
+        self._most_rows = 0
         self.tick_seconds = Histogram("streamvox_tick_seconds", "Wall time of one worker tick",
                                       buckets=LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("streamvox_time_to_first_audio_seconds", "Submit to first audio chunk",
@@ -48,6 +51,9 @@ class Metrics:
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""
         self.tick_batch_rows.observe(report.batch_rows)
+        if report.batch_rows > self._most_rows:  # only the worker thread writes it
+            self._most_rows = report.batch_rows
+            self.tick_batch_rows_max.set(report.batch_rows)
         self.tick_seconds.observe(report.seconds)
 
     def count(self, endpoint: str, outcome: str) -> None:

@@ -1,90 +1,62 @@
-"""Validation of the synthesis parameters shared by speech, jobs and WebSocket sessions."""
+"""The service side of request validation: the pydantic models of :mod:`service.schema`
+(field ranges) as API errors, the voice resolved by the engine (the loaded model's
+voices), and the engine request built from validated parameters."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping, TypeVar
 
 from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
 
-from .errors import ApiError, invalid_field
+from .audio import check_format
+from .errors import ApiError
+from .schema import FieldError, JobBody, SpeechBody, Strict, SynthesisParams, validate
 
-MAX_SEED = 2**63 - 1
-STEPS_RANGE = (1, 64)
-GUIDANCE_RANGE = (0.0, 20.0)
-SPEED_RANGE = (0.25, 4.0)
+M = TypeVar("M", bound=Strict)
 
-
-@dataclass(frozen=True)
-class VoiceParams:
-    voice: str = "default"
-    seed: int = 0
-    steps: int = 8
-    guidance_scale: float = 2.0
-    speed: float = 1.0
-    language: str = "Auto"  # talker source: a language name or "Auto"
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "parse", "parse_body", "resolve_voice",
+           "update_params"]
 
 
-def _int_field(body: Mapping, name: str, low: int, high: int) -> int:
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid_field(name, "must be an integer")
-    if not low <= value <= high:
-        raise invalid_field(name, f"must be between {low} and {high}")
-    return value
-
-
-def _float_field(body: Mapping, name: str, low: float, high: float) -> float:
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid_field(name, "must be a number")
-    if not low <= value <= high:
-        raise invalid_field(name, f"must be between {low} and {high}")
-    return float(value)
-
-
-def resolve_voice(engine: SynthesisEngine, name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise invalid_field("voice", "must be a non-empty string")
+def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
+    """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
     try:
-        return engine.resolve_voice(name)
-    except InvalidRequest:
-        valid = sorted(set(engine.info.voices) | set(engine.info.voice_aliases))
-        raise invalid_field("voice", f"unknown voice {name[:64]!r}; valid voices: {', '.join(valid)}") from None
+        return validate(model, data, **context)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
 
 
-def parse_params(body: Mapping, engine: SynthesisEngine, base: VoiceParams = VoiceParams()) -> VoiceParams:
-    """The fields of ``body`` that are present override ``base``; raises ApiError(400)."""
-    changes: dict[str, object] = {}
-    if body.get("voice") is not None:
-        changes["voice"] = resolve_voice(engine, body["voice"])
-    if body.get("seed") is not None:
-        changes["seed"] = _int_field(body, "seed", 0, MAX_SEED)
-    if body.get("steps") is not None:
-        changes["steps"] = _int_field(body, "steps", *STEPS_RANGE)
-    if body.get("guidance_scale") is not None:
-        changes["guidance_scale"] = _float_field(body, "guidance_scale", *GUIDANCE_RANGE)
-    if body.get("speed") is not None:
-        changes["speed"] = _float_field(body, "speed", *SPEED_RANGE)
-    if body.get("language") is not None:
-        language = body["language"]
-        if not isinstance(language, str) or not language.strip() or len(language) > 64:
-            raise invalid_field("language", "must be a language name or 'Auto'")
-        changes["language"] = language.strip()
-    return replace(base, **changes)
+def resolve_voice(engine: SynthesisEngine, params: SynthesisParams) -> SynthesisParams:
+    """``params`` with the canonical voice name, checked against the loaded model now (not
+    when the work starts): the engine's checks, :meth:`Engine.resolve_voice` and
+    :meth:`Engine.validate` (voice and language). ApiError(400) naming the field; an
+    unknown voice's message lists the valid ones."""
+    try:
+        voice = engine.resolve_voice(params.voice)
+        validate_request = getattr(engine, "validate", None)  # not in the contract: engines may lack it
+        if validate_request is not None:
+            validate_request(build_request("check", "-", params, Priority.BATCH))
+    except InvalidRequest as exc:
+        raise ApiError(400, "invalid_field", str(exc)) from None
+    return params if voice == params.voice else params.model_copy(update={"voice": voice})
 
 
-def parse_input(body: Mapping, max_chars: int, name: str = "input") -> str:
-    text = body.get(name)
-    if not isinstance(text, str) or not text.strip():
-        raise invalid_field(name, "must be a non-empty string")
-    if len(text) > max_chars:
-        raise ApiError(400, "text_too_long", f"{name}: {len(text)} characters, the limit is {max_chars}")
-    return text
+def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine, max_chars: int) -> M:
+    """A speech or job body: its fields validated, its voice resolved, its format available."""
+    parsed = parse(model, body, max_chars=max_chars)
+    check_format(parsed.response_format)  # libsndfile may lack mp3 / opus: format_unavailable
+    voice = resolve_voice(engine, parsed.params).voice
+    return parsed if voice == parsed.voice else parsed.model_copy(update={"voice": voice})
 
 
-def build_request(request_id: str, text: str, params: VoiceParams, priority: Priority) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, voice=params.voice, seed=params.seed, steps=params.steps,
-                            guidance_scale=params.guidance_scale, speed=params.speed, priority=priority,
-                            language=params.language)
+def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine) -> SynthesisParams:
+    """A WebSocket ``session.config``: the fields present change ``params``."""
+    try:
+        updated = params.update(fields)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+    return resolve_voice(engine, updated)
+
+
+def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
+    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())

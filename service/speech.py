@@ -12,18 +12,14 @@ from aiohttp import web
 
 from engines.contract import EngineError, Priority
 
-from .audio import CONTENT_TYPES, StreamEncoder, check_format, encode_file
+from .audio import CONTENT_TYPES, StreamEncoder, encode_file
 from .chunks import ChunkStream
-from .errors import ApiError, invalid_field
+from .errors import ApiError
 from .limits import client_identity
-from .params import build_request, parse_input, parse_params
+from .params import SpeechBody, build_request, parse_body
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
 log = logging.getLogger("streamvox.speech")
-
-MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-DEFAULT_FORMAT = "mp3"  # OpenAI's default
-STREAM_FORMATS = ("audio", "sse")
 
 
 async def read_json_object(request: web.Request) -> dict:
@@ -36,15 +32,16 @@ async def read_json_object(request: web.Request) -> dict:
     return body
 
 
-async def read_work_request(request: web.Request):
+async def read_work_request(request: web.Request, model):
     """The common front of every work-starting HTTP call: admission (drain, readiness),
-    the per-key rate limit, a JSON object body and its ``input`` text.
-    Returns (state, body, text); raises ApiError."""
+    the per-key rate limit, a JSON object body validated as ``model`` (a
+    :mod:`service.schema` body; its voice resolved by the engine).
+    Returns (state, body); raises ApiError."""
     state = request.app[STATE_KEY]
     state.check_admission()
     state.limits.check_rate(client_identity(request))
     body = await read_json_object(request)
-    return state, body, parse_input(body, state.settings.max_input_chars)
+    return state, parse_body(model, body, state.engine, state.settings.max_input_chars)
 
 
 def client_gone(request: web.Request) -> bool:
@@ -66,20 +63,11 @@ class _SpeechWork:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    state, body, text = await read_work_request(request)
-    model = body.get("model", "streamvox")
-    if model not in MODEL_NAMES:
-        raise invalid_field("model", f"choose one of {', '.join(MODEL_NAMES)}")
-    fmt = check_format(body.get("response_format") or DEFAULT_FORMAT)
-    stream_format = body.get("stream_format")
-    if stream_format is not None and stream_format not in STREAM_FORMATS:
-        raise invalid_field("stream_format", "choose audio or sse")
-    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
-        raise invalid_field("instructions", "must be a string")  # accepted for compatibility, not used
-    params = parse_params(body, state.engine)
+    state, body = await read_work_request(request, SpeechBody)
+    text, fmt, stream_format = body.input, body.response_format, body.stream_format
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    synthesis = build_request(request_id, text, params, priority)
+    synthesis = build_request(request_id, text, body.params, priority)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
     try:
         stream.start()

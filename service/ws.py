@@ -28,7 +28,8 @@ from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
-from .params import VoiceParams, build_request, parse_params
+from .params import SynthesisParams, build_request, parse, update_params
+from .schema import InputText
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.ws")
@@ -64,7 +65,7 @@ class StreamSession:
         self.ws = ws
         self.state = state
         self.session_id = uuid.uuid4().hex
-        self.params = VoiceParams()
+        self.params = SynthesisParams()
         self.buffer = ""  # text not yet ending in a sentence boundary
         self.queue: collections.deque[Utterance | EndOfRound] = collections.deque()
         self.wake = asyncio.Event()
@@ -183,16 +184,17 @@ class StreamSession:
 
     async def on_config(self, message: dict) -> None:
         try:
-            self.params = parse_params(message, self.state.engine, self.params)
+            self.params = update_params(self.params, message, self.state.engine)
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return
         self.drop_prefetch()  # it was submitted with the old parameters
 
     async def on_input_text(self, message: dict) -> None:
-        text = message.get("text")
-        if not isinstance(text, str):
-            await self.error("invalid_field", "text: must be a string")
+        try:
+            text = parse(InputText, message).text
+        except ApiError as exc:
+            await self.error(exc.code, exc.message)
             return
         limit = self.state.settings.max_input_chars
         if self.queued_chars() + len(text) > limit:

@@ -53,8 +53,18 @@ def run(args: argparse.Namespace) -> int:
         SynthesisRequest,
     )
     from engines.export.base import BackendError
+    from service.schema import FieldError, SynthesisParams, validate
 
     text = sys.stdin.read() if args.text == "-" else args.text
+    try:  # the field ranges the server checks, checked the same way (service/schema.py)
+        params = validate(SynthesisParams, {"voice": args.voice, "seed": args.seed, "steps": args.steps,
+                                            "guidance_scale": args.guidance_scale, "speed": args.speed,
+                                            "language": args.language})
+        if not text.strip():
+            raise FieldError("text", "must be a non-empty string")
+    except FieldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
     try:
         engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0,
@@ -83,9 +93,7 @@ def run(args: argparse.Namespace) -> int:
             done.set()
 
     try:
-        request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, voice=args.voice, seed=args.seed,
-                                   steps=args.steps, guidance_scale=args.guidance_scale, speed=args.speed,
-                                   language=args.language)
+        request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, **params.model_dump())
         engine.submit(request, deliver)
         done.wait()
     except EngineError as exc:

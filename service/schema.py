@@ -1,0 +1,213 @@
+"""The request fields, validated in one place: pydantic models shared by the OpenAI speech
+body, the jobs body, the WebSocket messages and the in-process CLI.
+
+Every range a client can get wrong lives here. What depends on the loaded model (which
+voices and languages exist) is the engine's to check (``Engine.validate``); the engine
+trusts the ranges it is given. A JSON ``null`` counts as an absent field.
+
+Errors come out as :class:`FieldError` (field, message, code), with the messages the API
+documents: ``"speed: must be between 0.25 and 4.0"``.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, ClassVar, Literal, Mapping, TypeVar
+
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+MAX_SEED = 2**63 - 1
+MAX_LANGUAGE_CHARS = 64
+MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "ulaw")
+JOB_FORMATS = ("wav", "flac")
+STREAM_FORMATS = ("audio", "sse")
+DEFAULT_SPEECH_FORMAT = "mp3"  # OpenAI's default
+DEFAULT_JOB_FORMAT = "wav"
+
+
+class FieldError(ValueError):
+    """A bad request field; ``code`` is the API error code (``invalid_field`` or ``text_too_long``)."""
+
+    def __init__(self, field: str, message: str, code: str = "invalid_field"):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+        self.code = code
+
+
+class Strict(BaseModel):
+    # strict: no "1" -> 1, no true -> 1, no 1.5 -> int; floats must be finite
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False)
+
+    MESSAGES: ClassVar[dict[str, str]] = {}
+    """The message for a field's type errors, where the generic one ("must be a number") says too little."""
+
+
+class SynthesisParams(Strict):
+    """The parameters of one utterance: the defaults of every endpoint, updated by a
+    speech or job body and by each WebSocket ``session.config``."""
+
+    voice: str = Field("default", min_length=1)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    steps: int = Field(8, ge=1, le=64)  # DiT denoising steps
+    guidance_scale: float = Field(2.0, ge=0.0, le=20.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    language: str = "Auto"  # talker source: a language name or "Auto"
+    # talker sampling: greedy unless ``greedy`` is false
+    greedy: bool = True
+    temperature: float = Field(0.9, gt=0.0, le=5.0)
+    top_k: int = Field(50, ge=0, le=4096)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+    MESSAGES: ClassVar[dict[str, str]] = {
+        "voice": "must be a non-empty string",
+        "language": "must be a language name or 'Auto'",
+    }
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str) -> str:
+        value = value.strip()
+        if not value or len(value) > MAX_LANGUAGE_CHARS:
+            raise ValueError("bad language")
+        return value
+
+    def update(self, fields: Mapping[str, Any]) -> SynthesisParams:
+        """These parameters with the fields of ``fields`` that are present (and not null) changed."""
+        names = type(self).model_fields
+        changes = {k: v for k, v in fields.items() if k in names and v is not None}
+        return validate(type(self), {**self.model_dump(), **changes})
+
+
+class _Input(Strict):
+    """``input``: non-empty text of at most ``context["max_chars"]`` characters."""
+
+    input: str
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("empty")
+        limit = (info.context or {}).get("max_chars")
+        if limit is not None and len(value) > limit:
+            raise PydanticCustomError("text_too_long", "{chars} characters, the limit is {limit}",
+                                      {"chars": len(value), "limit": limit})
+        return value
+
+
+class SpeechBody(SynthesisParams, _Input):
+    """``POST /v1/audio/speech``."""
+
+    model: Literal[MODEL_NAMES] = "streamvox"
+    response_format: Literal[SPEECH_FORMATS] = DEFAULT_SPEECH_FORMAT
+    stream_format: Literal[STREAM_FORMATS] | None = None
+    instructions: str | None = None  # accepted for compatibility, not used
+
+    MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string",
+                                          "instructions": "must be a string"}
+
+    @property
+    def params(self) -> SynthesisParams:
+        return SynthesisParams.model_construct(**{k: getattr(self, k) for k in SynthesisParams.model_fields})
+
+
+class JobBody(SynthesisParams, _Input):
+    """``POST /v1/jobs``."""
+
+    response_format: Literal[JOB_FORMATS] = DEFAULT_JOB_FORMAT
+
+    MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string"}
+
+    @property
+    def params(self) -> SynthesisParams:
+        return SynthesisParams.model_construct(**{k: getattr(self, k) for k in SynthesisParams.model_fields})
+
+
+class InputText(Strict):
+    """WebSocket ``input.text``: text to append (may be empty or whitespace)."""
+
+    text: str
+
+    MESSAGES: ClassVar[dict[str, str]] = {"text": "must be a string"}
+
+
+# WebSocket ``session.config`` is :meth:`SynthesisParams.update` of the session's parameters.
+
+M = TypeVar("M", bound=Strict)
+
+
+def validate(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
+    """``model`` from ``data`` (nulls dropped); raises :class:`FieldError` naming the first bad field."""
+    present = {k: v for k, v in data.items() if v is not None}
+    if isinstance(present.get("response_format"), str) and not present["response_format"]:
+        del present["response_format"]  # "" means the default, as OpenAI does
+    try:
+        return model.model_validate(present, context=context or None)
+    except ValidationError as exc:
+        raise _first_error(model, exc) from None
+
+
+def _first_error(model: type[Strict], exc: ValidationError) -> FieldError:
+    errors = exc.errors(include_url=False)
+    order = list(model.model_fields)
+    errors.sort(key=lambda e: order.index(e["loc"][0]) if e["loc"] and e["loc"][0] in order else len(order))
+    error = errors[0]
+    field = str(error["loc"][0]) if error["loc"] else "body"
+    kind = error["type"]
+    if kind == "text_too_long":
+        return FieldError(field, error["msg"], code="text_too_long")
+    info = model.model_fields.get(field)
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
+        return FieldError(field, range_message(info.metadata))
+    if kind == "literal_error" and info is not None:
+        return FieldError(field, f"choose one of {', '.join(_choices(info.annotation))}")
+    if field in model.MESSAGES:
+        return FieldError(field, model.MESSAGES[field])
+    if kind.startswith("int") or (info is not None and info.annotation is int):
+        return FieldError(field, "must be an integer")
+    if kind.startswith("bool"):
+        return FieldError(field, "must be true or false")
+    if kind.startswith("float") or kind == "finite_number":
+        return FieldError(field, "must be a number")
+    if kind == "missing":
+        return FieldError(field, "is required")
+    return FieldError(field, "must be a string" if kind.startswith("string") else error["msg"])
+
+
+def range_message(metadata: list) -> str:
+    """"must be between 1 and 64", "must be in (0.0, 5.0]", "must be >= 0" from a field's bounds."""
+    low = high = None
+    low_open = high_open = False
+    for bound in metadata:
+        if isinstance(bound, Ge):
+            low = bound.ge
+        elif isinstance(bound, Gt):
+            low, low_open = bound.gt, True
+        elif isinstance(bound, Le):
+            high = bound.le
+        elif isinstance(bound, Lt):
+            high, high_open = bound.lt, True
+    if low is not None and high is not None:
+        if not low_open and not high_open:
+            return f"must be between {low} and {high}"
+        return f"must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f"must be {'>' if low_open else '>='} {low}"
+    return f"must be {'<' if high_open else '<='} {high}"
+
+
+def _choices(annotation: Any) -> list[str]:
+    if typing.get_origin(annotation) is Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    return [c for arg in typing.get_args(annotation) for c in _choices(arg)]  # Literal[...] | None
