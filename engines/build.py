@@ -96,7 +96,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if talker_slots is None:
         talker_slots = max_slots or 8
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning)
+                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend)
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:

@@ -49,12 +49,10 @@ OPENAI_VOICE_ALIASES = {
 class Engine:
     """The DiT-source engine: implements :class:`engines.contract.SynthesisEngine`."""
 
-    MAX_STEPS = 64
-    MAX_TEXT_CHARS = 100_000
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
-                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None):
+                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch"):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward."""
@@ -132,7 +130,7 @@ class Engine:
             dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
             voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
             extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups, "max_slots": max_slots,
-                   "batch_ceiling": cfg.stream.batch_ceiling},
+                   "batch_ceiling": cfg.stream.batch_ceiling, "backend": backend},
         )
 
     # -- SynthesisEngine ------------------------------------------------------
@@ -190,10 +188,10 @@ class Engine:
         (the service validates them at its boundary, :mod:`service.schema`); the engine
         trusts them."""
         self.resolve_voice(request.voice)
-        languages = getattr(self.source, "languages", None)
-        if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages()]:
+        languages = self.source.languages()
+        if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages]:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
-                                             f"valid: {', '.join(languages())}")
+                                             f"valid: {', '.join(languages)}")
 
     def _voice_index(self, name: str) -> int:
         return self.voice_names.index(self.resolve_voice(name))

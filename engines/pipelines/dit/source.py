@@ -137,6 +137,9 @@ class DiTSource:
     def flush_frames(self, frames_emitted: int) -> int:
         return 1  # chunks are already sized by the planner
 
+    def languages(self) -> None:
+        return None  # the byte frontend reads any language
+
     def capture_graphs(self) -> None:
         for graphed in self.graphed:
             graphed.capture_all()
