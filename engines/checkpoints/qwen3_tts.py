@@ -23,6 +23,9 @@ the text tokenizer, the prompt ids and the generation config; it shares a given 
 predictor. The speaker encoder and the tokenizer's encoder are left on disk. Sizes come
 from the config files; see docs/CHECKPOINTS.md. Nothing here runs generation: the talker
 loop is engines/pipelines/talker/reference.py.
+
+(~410 lines: one loader for every part of the directory is the point of this module; the
+text side already lives in qwen3_text.py.)
 """
 
 from __future__ import annotations

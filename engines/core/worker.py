@@ -11,6 +11,9 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
   6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox.
 The thread sleeps on the inbox when nothing is active. Failures are per request:
 an exception while preparing, starting or vocoding one request fails only it.
+
+(~400 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
+together; policy, execution and delivery already live in scheduler/executor/outbox.)
 """
 
 from __future__ import annotations
