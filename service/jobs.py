@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import numpy as np
 from aiohttp import web
@@ -98,7 +99,10 @@ class JobRunner:
             # Stored when the job was created, after validation; a job stored by an older
             # version lacks the newer fields, which take their defaults.
             params = SynthesisParams().update(job.params)
-            synthesis = build_request(f"job-{job.id}", job.params["input"], params, Priority.BATCH)
+            # One engine request id per attempt: a job re-run after a restart (or on a shared
+            # engine) must not collide with its cancelled predecessor still draining.
+            attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
+            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH)
             stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
             stream.start()
         except (EngineOverloaded, EngineUnavailable):
