@@ -67,7 +67,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime: torch|onnxruntime|tensorrt"),
     ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
     ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
-    ("--max-slots", "STREAMVOX_MAX_SLOTS", "max_slots", "concurrent streams in the tick loop (default: the preset's)"),
+    ("--max-slots", "STREAMVOX_MAX_SLOTS", "max_slots", "concurrent streams of the pipeline: DiT slots (default: the preset's) or talker rows (default 8)"),
     ("--dtype", "STREAMVOX_DTYPE", "dtype", "auto|float32|bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)"),
     ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
     ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
