@@ -1,13 +1,31 @@
-"""Optional API keys: constant-time comparison, keys never logged."""
+"""Optional API keys: constant-time comparison, keys never logged.
+
+A configured key that starts with ``admin.`` is an admin key: it sees and cancels every
+key's jobs. Every other key sees only the jobs it made. Header bytes that are not UTF-8
+never raise: such a key simply does not match (401).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from aiohttp import web
 
 WS_SUBPROTOCOL = "streamvox"
 WS_KEY_PREFIX = "bearer."  # browsers send the key as a subprotocol "bearer.KEY"
+ADMIN_KEY_PREFIX = "admin."  # a configured key named so may see every key's jobs
+
+
+def key_bytes(presented: str) -> bytes:
+    """The bytes the client sent: aiohttp decodes header bytes that are not UTF-8 as lone
+    surrogates (surrogateescape); turn them back instead of raising."""
+    return presented.encode("utf-8", "surrogateescape")
+
+
+def key_digest(presented: str) -> str:
+    """What is kept in memory and in the job store instead of the key itself."""
+    return hashlib.sha256(key_bytes(presented)).hexdigest()[:32]
 
 
 class ApiKeys:
@@ -23,11 +41,17 @@ class ApiKeys:
             return True
         if not presented:
             return False
-        candidate = presented.encode()
+        try:
+            candidate = key_bytes(presented)
+        except UnicodeError:  # not from a header (no surrogateescape round trip): no match
+            return False
         matched = False
         for key in self._keys:  # compare against every key so timing does not reveal which matched
             matched |= hmac.compare_digest(candidate, key)
         return matched
+
+    def is_admin(self, presented: str | None) -> bool:
+        return bool(presented) and presented.startswith(ADMIN_KEY_PREFIX) and self.accepts(presented)
 
 
 def bearer_key(request: web.Request) -> str | None:
@@ -48,3 +72,14 @@ def websocket_key(request: web.Request) -> str | None:
         if protocol.startswith(WS_KEY_PREFIX):
             return protocol[len(WS_KEY_PREFIX):]
     return request.query.get("token") or None
+
+
+def job_owner(request: web.Request, keys: ApiKeys) -> tuple[str | None, bool]:
+    """(owner, sees_all) for the jobs API: with auth off there is one owner (None) who sees
+    everything; with auth on the owner is the digest of the (already accepted) key."""
+    if not keys.enabled:
+        return None, True
+    key = bearer_key(request)
+    if not key:
+        return "", False  # unreachable behind the auth middleware; owns nothing
+    return "key:" + key_digest(key), keys.is_admin(key)

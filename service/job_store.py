@@ -18,6 +18,7 @@ from pathlib import Path
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+UNFINISHED = ("queued", "running")
 JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 _SCHEMA = """
@@ -31,7 +32,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     frames_done INTEGER NOT NULL DEFAULT 0,
     frames_total INTEGER NOT NULL DEFAULT 0,
-    audio_file TEXT
+    audio_file TEXT,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
 """
@@ -49,6 +51,7 @@ class Job:
     frames_done: int = 0
     frames_total: int = 0
     audio_file: str | None = None
+    owner: str | None = None  # digest of the API key that made it; None with auth off
 
     @property
     def response_format(self) -> str:
@@ -82,6 +85,9 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "owner" not in columns:  # a database made before jobs had owners
+            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -90,45 +96,67 @@ class JobStore:
     def _job(self, row: sqlite3.Row) -> Job:
         return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
                    started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
-                   frames_done=row["frames_done"], frames_total=row["frames_total"], audio_file=row["audio_file"])
+                   frames_done=row["frames_done"], frames_total=row["frames_total"], audio_file=row["audio_file"],
+                   owner=row["owner"])
 
-    def create(self, params: dict) -> Job:
-        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time())
-        self._db.execute("INSERT INTO jobs (id, status, params, created_at) VALUES (?, ?, ?, ?)",
-                         (job.id, job.status, json.dumps(params), job.created_at))
+    def create(self, params: dict, owner: str | None = None) -> Job:
+        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time(), owner=owner)
+        self._db.execute("INSERT INTO jobs (id, status, params, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+                         (job.id, job.status, json.dumps(params), job.created_at, owner))
         return job
 
     def get(self, job_id: str) -> Job | None:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return self._job(row) if row else None
 
-    def list(self, status: str | None = None, limit: int = 100) -> list[Job]:
+    def list(self, status: str | None = None, limit: int = 100, owner: str | None = None,
+             any_owner: bool = True) -> list[Job]:
+        """Newest first; with ``any_owner=False`` only the jobs of ``owner``."""
+        where, args = [], []
         if status:
-            rows = self._db.execute("SELECT * FROM jobs WHERE status = ? ORDER BY created_at DESC LIMIT ?",
-                                    (status, limit))
-        else:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
+            where.append("status = ?")
+            args.append(status)
+        if not any_owner:
+            where.append("owner IS ?")
+            args.append(owner)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self._db.execute(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [self._job(row) for row in rows]
 
     def oldest_queued(self, limit: int) -> list[Job]:
         rows = self._db.execute("SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT ?", (limit,))
         return [self._job(row) for row in rows]
 
-    def mark_running(self, job_id: str) -> None:
-        self._db.execute("UPDATE jobs SET status = 'running', started_at = ?, error = NULL WHERE id = ?",
-                         (time.time(), job_id))
+    # Every status change is one conditional UPDATE, so it is atomic with any other: a job
+    # moves only from the status the caller saw, and the loser of a race learns it lost.
+    def mark_running(self, job_id: str) -> bool:
+        cursor = self._db.execute("UPDATE jobs SET status = 'running', started_at = ?, error = NULL "
+                                  "WHERE id = ? AND status = 'queued'", (time.time(), job_id))
+        return cursor.rowcount == 1
 
     def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
         self._db.execute("UPDATE jobs SET frames_done = ?, frames_total = ? WHERE id = ?",
                          (frames_done, frames_total, job_id))
 
-    def finish(self, job_id: str, status: str, error: str | None = None, audio_file: str | None = None) -> None:
-        self._db.execute("UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ? WHERE id = ?",
-                         (status, time.time(), error, audio_file, job_id))
+    def finish(self, job_id: str, status: str, error: str | None = None, audio_file: str | None = None,
+               from_statuses: tuple[str, ...] = ("running",)) -> bool:
+        """Record the end of a job that is still in one of ``from_statuses``; False (nothing
+        written) when it has already ended, e.g. cancelled while its audio was being written."""
+        assert status in FINISHED
+        marks = ", ".join("?" for _ in from_statuses)
+        cursor = self._db.execute(f"UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ? "
+                                  f"WHERE id = ? AND status IN ({marks})",
+                                  (status, time.time(), error, audio_file, job_id, *from_statuses))
+        return cursor.rowcount == 1
 
-    def requeue(self, job_id: str) -> None:
-        self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 WHERE id = ?",
-                         (job_id,))
+    def cancel(self, job_id: str, error: str = "cancelled by the client") -> bool:
+        """queued/running -> cancelled, atomically; False when the job had already ended."""
+        return self.finish(job_id, "cancelled", error=error, from_statuses=UNFINISHED)
+
+    def requeue(self, job_id: str) -> bool:
+        cursor = self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 "
+                                  "WHERE id = ? AND status = 'running'", (job_id,))
+        return cursor.rowcount == 1
 
     def requeue_interrupted(self) -> int:
         cursor = self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 "
@@ -166,3 +194,6 @@ class JobStore:
         finally:
             temp.unlink(missing_ok=True)
         return name
+
+    def discard_audio(self, name: str) -> None:
+        (self.audio_dir / name).unlink(missing_ok=True)

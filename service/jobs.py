@@ -3,6 +3,11 @@
 Jobs use the capacity real-time streams leave (the engine serves ``Priority.REALTIME``
 first); at most ``settings.job_workers`` jobs run at once. On shutdown running jobs go
 back to ``queued``; on start-up any job still marked ``running`` is re-queued.
+
+Every status change is a conditional update in the store, so cancel is atomic with
+completion: a job DELETE has cancelled never turns ``succeeded`` (the audio it was writing
+is deleted). With API keys on, a job belongs to the key that made it: other keys get 404,
+admin keys (``admin.``) see all.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from engines.contract import (
 )
 
 from .audio import CONTENT_TYPES, encode_file
+from .auth import job_owner
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
@@ -108,9 +114,11 @@ class JobRunner:
         except (EngineOverloaded, EngineUnavailable):
             return False  # stays queued; the dispatcher retries shortly
         except (InvalidRequest, FieldError) as exc:
-            self.store.finish(job.id, "failed", error=str(exc))
+            self.store.finish(job.id, "failed", error=str(exc), from_statuses=("queued",))
             return True
-        self.store.mark_running(job.id)
+        if not self.store.mark_running(job.id):  # cancelled since it was read as queued
+            stream.cancel()
+            return True
         self.running[job.id] = stream
         task = asyncio.create_task(self._run(job, stream))
         self._tasks.add(task)
@@ -140,7 +148,12 @@ class JobRunner:
             except OSError as exc:  # disk full, permissions: this job fails, with the reason
                 self.store.finish(job.id, "failed", error=f"could not write audio: {exc.strerror or exc}")
                 return
-            self.store.finish(job.id, "succeeded", audio_file=name)
+            if not self.store.finish(job.id, "succeeded", audio_file=name):
+                # DELETE won the race while the audio was encoded or written: it stays
+                # cancelled and its audio goes.
+                self.store.discard_audio(name)
+                log.info("job %s was cancelled as it finished; audio discarded", job.id)
+                return
             log.info("job %s succeeded (%.2f s audio)", job.id, signal.size / chunk.sample_rate)
         except asyncio.CancelledError:
             stream.cancel()
@@ -155,11 +168,14 @@ class JobRunner:
             self.cancelled.discard(job.id)
             self.wake()
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Job) -> bool:
+        """queued/running -> cancelled, atomically; False when the job had already ended."""
+        if not self.store.cancel(job.id):
+            return False
         if job.id in self.running:
             self.cancelled.add(job.id)
             self.running[job.id].cancel()
-        self.store.finish(job.id, "cancelled", error="cancelled by the client")
+        return True
 
 
 # -- routes ---------------------------------------------------------------------------
@@ -168,12 +184,17 @@ def _runner(request: web.Request) -> JobRunner:
     return request.app[STATE_KEY].jobs
 
 
+def _owner(request: web.Request) -> tuple[str | None, bool]:
+    return job_owner(request, request.app[STATE_KEY].api_keys)
+
+
 def _job_or_404(request: web.Request) -> Job:
     job_id = request.match_info["job_id"]
     if not JOB_ID_RE.match(job_id):
         raise invalid_field("id", "a job id is 32 lowercase hex characters")
     job = _runner(request).store.get(job_id)
-    if job is None:
+    owner, sees_all = _owner(request)
+    if job is None or not (sees_all or job.owner == owner):  # another key's job does not exist for this one
         raise ApiError(404, "not_found", f"no job with id {job_id}")
     return job
 
@@ -184,7 +205,7 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    job = _runner(request).store.create(body.model_dump(exclude_none=True))
+    job = _runner(request).store.create(body.model_dump(exclude_none=True), owner=_owner(request)[0])
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
@@ -200,7 +221,8 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise invalid_field("limit", "must be an integer") from None
     if not 1 <= limit <= 1000:
         raise invalid_field("limit", "must be between 1 and 1000")
-    jobs = _runner(request).store.list(status, limit)
+    owner, sees_all = _owner(request)
+    jobs = _runner(request).store.list(status, limit, owner=owner, any_owner=sees_all)
     return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
 
 
@@ -221,9 +243,9 @@ async def get_job_audio(request: web.Request) -> web.StreamResponse:
 
 async def delete_job(request: web.Request) -> web.Response:
     job = _job_or_404(request)
-    if job.status in FINISHED:
+    if job.status in FINISHED or not _runner(request).cancel(job):
+        job = _runner(request).store.get(job.id)
         raise ApiError(409, "job_finished", f"job {job.id} is already {job.status}")
-    _runner(request).cancel(job)
     return web.json_response(_runner(request).store.get(job.id).to_json())
 
 

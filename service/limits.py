@@ -1,25 +1,30 @@
 """Per-key limits: a token-bucket rate limit on requests that start work, and a cap on
 concurrent WebSocket sessions. The key is the API key, or the client address when auth
-is off. State is in memory, per replica."""
+is off (never an unchecked token: a client could rotate fake ones to dodge every limit).
+State is in memory, per replica."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 
 from aiohttp import web
 
-from .auth import bearer_key, websocket_key
+from .auth import bearer_key, key_digest, websocket_key
 from .errors import ApiError
 
 MAX_TRACKED_KEYS = 10_000  # beyond this, full (idle) buckets are forgotten
 
 
 def client_identity(request: web.Request, websocket: bool = False) -> str:
-    key = websocket_key(request) if websocket else bearer_key(request)
-    if key:  # keep only a digest in memory, never the key itself
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    """Call after the key was checked: with auth on, the accepted key; with auth off, the
+    client address, whatever token the client presents."""
+    from .state import STATE_KEY  # state imports this module
+
+    if request.app[STATE_KEY].api_keys.enabled:
+        key = websocket_key(request) if websocket else bearer_key(request)
+        if key:  # keep only a digest in memory, never the key itself
+            return "key:" + key_digest(key)
     return "addr:" + (request.remote or "unknown")
 
 
