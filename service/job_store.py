@@ -19,7 +19,7 @@ from pathlib import Path
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 UNFINISHED = ("queued", "running")
-JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would accept a trailing newline
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

@@ -190,7 +190,7 @@ def _owner(request: web.Request) -> tuple[str | None, bool]:
 
 def _job_or_404(request: web.Request) -> Job:
     job_id = request.match_info["job_id"]
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise invalid_field("id", "a job id is 32 lowercase hex characters")
     job = _runner(request).store.get(job_id)
     owner, sees_all = _owner(request)

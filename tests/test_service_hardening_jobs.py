@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 import websockets
 from conftest import start_server, wait_until
+from yarl import URL
 
 SHORT = "Hello there."
 TEXT = " ".join(f"Paragraph sentence {i} is read aloud by the batch queue." for i in range(4))
@@ -270,3 +271,17 @@ async def test_undecodable_authorization_on_the_ws_upgrade(engine, tmp_path, key
             assert 400 <= status_of(response) < 500 and json_body(response)["error"]["code"]
     finally:
         await live.stop()
+
+
+# -- item 10 (the part in the jobs API): ids are matched whole --------------------------------------
+
+async def test_a_job_id_with_a_trailing_newline_is_refused(server):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server.url + "/v1/jobs", json={"input": SHORT}) as response:
+            job_id = (await response.json())["id"]
+        for suffix in ("%0a", "%0A", "%0d%0a"):
+            for method, path in (("GET", ""), ("GET", "/audio"), ("DELETE", "")):
+                url = URL(f"{server.url}/v1/jobs/{job_id}{suffix}{path}", encoded=True)
+                async with http.request(method, url) as response:
+                    assert response.status == 400, (suffix, method, path)
+                    assert (await response.json())["error"]["code"] == "invalid_field"
