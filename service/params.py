@@ -4,6 +4,7 @@ voices), and the engine request built from validated parameters."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, TypeVar
 
 from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
@@ -14,8 +15,14 @@ from .schema import FieldError, JobBody, SpeechBody, Strict, SynthesisParams, va
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "parse", "parse_body", "resolve_voice",
-           "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_work", "parse", "parse_body",
+           "planned_work", "resolve_voice", "update_params"]
+
+# The DiT pipeline plans about this many frames per text token (the duration prior,
+# engines/models/configs.py DurationConfig.base_frames_per_token) and its tokens are UTF-8
+# bytes: an emoji is 4 tokens, so 4,096 emoji plan ~16,000 frames where 4,096 letters plan
+# ~3,700. ``speed`` divides the frames, ``steps`` multiplies the work of each.
+DIT_FRAMES_PER_BYTE = 0.9
 
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
@@ -60,3 +67,26 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
     return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
+
+
+def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:
+    """The work a request asks of the engine before any of it runs, in frame-steps (planned
+    frames x denoising steps) for the DiT pipeline: UTF-8 bytes x the duration prior /
+    ``speed`` x ``steps``. 0 for the talker, which ignores ``speed`` and ``steps`` and
+    whose frames are capped by its own ``max_new_tokens``."""
+    info = getattr(engine, "info", None)
+    if info is not None and getattr(info, "source", "dit") == "talker":
+        return 0
+    tokens = len(text.encode("utf-8", "surrogatepass"))
+    frames = math.ceil(tokens * DIT_FRAMES_PER_BYTE / params.speed)
+    return frames * params.steps
+
+
+def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, max_work: int) -> None:
+    """ApiError(413, ``too_much_work``) naming the limit when ``planned_work`` exceeds
+    ``max_work`` (0 = no limit); called before any engine time is spent."""
+    work = planned_work(engine, text, params)
+    if max_work and work > max_work:
+        raise ApiError(413, "too_much_work",
+                       f"this request plans {work} frame-steps (UTF-8 bytes x {DIT_FRAMES_PER_BYTE:g} / speed x "
+                       f"steps); the limit is {max_work}: shorten the input, raise speed or lower steps")

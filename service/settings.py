@@ -48,6 +48,7 @@ class Settings:
     ws_idle_timeout_s: float = 60.0
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
+    max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:

@@ -285,3 +285,39 @@ async def test_a_job_id_with_a_trailing_newline_is_refused(server):
                 async with http.request(method, url) as response:
                     assert response.status == 400, (suffix, method, path)
                     assert (await response.json())["error"]["code"] == "invalid_field"
+
+
+# -- item 7 (jobs): cost-based admission ------------------------------------------------------
+
+async def test_a_job_over_the_work_limit_is_refused_before_any_engine_time(server):
+    """4,096 emoji pass the character limit but plan ~4x the frames of 4,096 letters;
+    speed 0.25 with steps 64 multiplies the work 32 times again."""
+    heavy = [{"input": "\U0001F600" * 4096},
+             {"input": "A sentence of moderate length. " * 40, "speed": 0.25, "steps": 64}]
+    async with aiohttp.ClientSession() as http:
+        for body in heavy:
+            async with http.post(server.url + "/v1/jobs", json=body) as response:
+                assert response.status == 413, body.keys()
+                error = (await response.json())["error"]
+                assert error["code"] == "too_much_work" and "60000" in error["message"]
+        async with http.get(server.url + "/v1/jobs") as response:
+            assert (await response.json())["data"] == []
+    assert server.state.engine.stats().active_requests == 0
+
+
+async def test_the_work_limit_is_configurable_and_counts_speed_and_steps(engine, tmp_path):
+    live = await start_server(engine, tmp_path / "data", max_work_frame_steps=1000)
+    text = "x" * 100  # 90 planned frames
+    try:
+        async with aiohttp.ClientSession() as http:
+            for extra, expected in (({}, 202), ({"steps": 16}, 413), ({"speed": 0.5}, 413), ({"speed": 2.0, "steps": 16}, 202)):
+                async with http.post(live.url + "/v1/jobs", json={"input": text, **extra}) as response:
+                    assert response.status == expected, extra
+                    body = await response.json()
+                if expected == 202:
+                    async with http.delete(f"{live.url}/v1/jobs/{body['id']}") as response:
+                        assert response.status in (200, 409)
+                else:
+                    assert body["error"]["code"] == "too_much_work" and "1000" in body["error"]["message"]
+    finally:
+        await live.stop()
