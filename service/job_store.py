@@ -123,6 +123,15 @@ class JobStore:
         rows = self._db.execute(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [self._job(row) for row in rows]
 
+    def unfinished(self, owner: str | None = None, any_owner: bool = True) -> int:
+        """How many jobs are queued or running (those of ``owner`` with ``any_owner=False``)."""
+        if any_owner:
+            row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')").fetchone()
+        else:
+            row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running') AND owner IS ?",
+                                   (owner,)).fetchone()
+        return row[0]
+
     def oldest_queued(self, limit: int) -> list[Job]:
         rows = self._db.execute("SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT ?", (limit,))
         return [self._job(row) for row in rows]

@@ -41,6 +41,7 @@ log = logging.getLogger("streamvox.jobs")
 
 RETRY_SECONDS = 0.5  # how long the runner waits when the engine queue is full
 RETENTION_EVERY_SECONDS = 60.0
+QUEUE_FULL_RETRY_SECONDS = 5  # Retry-After when the job queue (total or this key's) is full
 
 
 class JobRunner:
@@ -206,10 +207,25 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    job = _runner(request).store.create(body.model_dump(exclude_none=True), owner=_owner(request)[0])
+    owner, _ = _owner(request)
+    _check_queue(state, _runner(request).store, owner)
+    job = _runner(request).store.create(body.model_dump(exclude_none=True), owner=owner)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def _check_queue(state, store: JobStore, owner: str | None) -> None:
+    """429 ``too_many_jobs`` with Retry-After when unfinished jobs are at the cap, in total
+    or (auth on) for this key."""
+    per_key, total = state.settings.max_queued_jobs_per_key, state.settings.max_queued_jobs
+    retry = {"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)}
+    if per_key and state.api_keys.enabled and store.unfinished(owner, any_owner=False) >= per_key:
+        raise ApiError(429, "too_many_jobs", f"this key already has {per_key} unfinished jobs (the limit); "
+                                             "wait for some to finish or cancel them", headers=retry)
+    if total and store.unfinished() >= total:
+        raise ApiError(429, "too_many_jobs", f"the job queue is full ({total} unfinished jobs); retry later",
+                       headers=retry)
 
 
 async def list_jobs(request: web.Request) -> web.Response:

@@ -49,6 +49,8 @@ class Settings:
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
     max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
+    max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
+    max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (auth on); 429 beyond (0 = unlimited)
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:

@@ -321,3 +321,33 @@ async def test_the_work_limit_is_configurable_and_counts_speed_and_steps(engine,
                     assert body["error"]["code"] == "too_much_work" and "1000" in body["error"]["message"]
     finally:
         await live.stop()
+
+
+# -- item 10 (jobs): a bound on unfinished jobs, per key and in total -----------------------------
+
+async def test_unfinished_jobs_are_capped_per_key_and_in_total(engine, tmp_path):
+    live = await start_server(engine, tmp_path / "data", api_keys=("key-a", "key-b"), job_workers=0,
+                              max_queued_jobs_per_key=2, max_queued_jobs=3)
+    a = {"Authorization": "Bearer key-a"}
+    b = {"Authorization": "Bearer key-b"}
+
+    async def submit(http, headers):
+        async with http.post(live.url + "/v1/jobs", json={"input": SHORT}, headers=headers) as response:
+            body = await response.json()
+            return response.status, body, response.headers.get("Retry-After")
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            first = (await submit(http, a))[1]["id"]
+            assert (await submit(http, a))[0] == 202
+            status, body, retry_after = await submit(http, a)
+            assert (status, body["error"]["code"]) == (429, "too_many_jobs") and int(retry_after) >= 1
+            assert "this key" in body["error"]["message"]
+            assert (await submit(http, b))[0] == 202
+            status, body, _ = await submit(http, b)  # key-b is under its own cap, the queue is full
+            assert (status, body["error"]["code"]) == (429, "too_many_jobs") and "queue is full" in body["error"]["message"]
+            async with http.delete(f"{live.url}/v1/jobs/{first}", headers=a) as response:
+                assert response.status == 200
+            assert (await submit(http, b))[0] == 202  # a finished (cancelled) job frees its place
+    finally:
+        await live.stop()
