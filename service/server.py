@@ -90,6 +90,8 @@ async def start_http(app: web.Application, settings: Settings, port: int | None 
     read timeout is the body reader's (:func:`service.speech.read_body`)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=settings.http_idle_seconds,
+                           # unread body after a response (a 408, a 413) is drained this long, not 10 s
+                           lingering_time=min(settings.http_body_seconds, 5.0),
                            max_line_size=8190, max_field_size=8190)
     await runner.setup()
     if runner.server is not None:
