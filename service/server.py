@@ -153,6 +153,23 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     return exit_code
 
 
+def raise_open_file_limit() -> None:
+    """Soft open-file limit up to the hard one (no privilege needed): every connection is
+    a file descriptor, and a soft 1,024 (or 256) would let idle sockets starve the rest.
+    The hard limit is the container's (compose ``ulimits``, the runtime's default on K8s)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("open-file limit: %d (hard %s)", resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+    except (ImportError, ValueError, OSError) as exc:  # not on every OS; never fatal
+        log.warning("could not raise the open-file limit: %s", exc)
+
+
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level)
+    raise_open_file_limit()
     return asyncio.run(serve(settings))
