@@ -201,3 +201,21 @@ async def test_client_abort_mid_body_is_not_an_internal_error(live, caplog):
     await asyncio.sleep(0.5)
     assert await metric_value(url(live, ""), "streamvox_requests_total", outcome) == 0
     assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("streamvox")]
+
+
+async def test_idle_timeout_spares_websockets_and_working_requests(live):
+    """The request-head timeout (1 s here) closes idle connections, never an upgraded
+    WebSocket that is quiet for longer, nor the request it carries."""
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url(live, "/v1/stream")) as ws:
+            assert (await ws.receive_json(timeout=10))["type"] == "session.created"
+            await asyncio.sleep(2.5)
+            await ws.send_json({"type": "input.text", "text": "Still here."})
+            await ws.send_json({"type": "input.done"})
+            kinds = []
+            while not kinds or kinds[-1] != "session.done":
+                message = await ws.receive(timeout=60)
+                assert message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), message
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    kinds.append(json.loads(message.data)["type"])
+            assert kinds[-1] == "session.done" and "audio.done" in kinds
