@@ -200,6 +200,8 @@ async def test_client_abort_mid_body_is_not_an_internal_error(live, caplog):
         writer.transport.abort()
     await asyncio.sleep(0.5)
     assert await metric_value(url(live, ""), "streamvox_requests_total", outcome) == 0
+    assert await metric_value(url(live, ""), "streamvox_requests_total",
+                              '{endpoint="/v1/audio/speech",outcome="client_closed"}') == 3
     assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("streamvox")]
 
 
