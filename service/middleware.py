@@ -6,6 +6,7 @@ import logging
 import re
 import uuid
 
+import aiohttp
 from aiohttp import web
 
 from .auth import bearer_key
@@ -39,8 +40,27 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
 @web.middleware
 async def request_id_middleware(request: web.Request, handler):
     incoming = request.headers.get("X-Request-Id", "")
-    request[REQUEST_ID] = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+    request[REQUEST_ID] = incoming if _REQUEST_ID_RE.fullmatch(incoming) else uuid.uuid4().hex
+    bad = undecodable_header(request)
+    if bad is not None:  # before any handler (auth, CORS, the WS upgrade) reads it
+        request.app[STATE_KEY].metrics.count(endpoint_label(request), "bad_request")
+        return error_response(400, "bad_request", f"header {bad}: not valid UTF-8")
     return await handler(request)
+
+
+def undecodable_header(request: web.Request) -> str | None:
+    """The name of the first header whose bytes were not UTF-8 (aiohttp keeps them as
+    lone surrogates, which crash whoever encodes them later), else None."""
+    for name, value in request.headers.items():
+        try:
+            name.encode("utf-8")
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return name.encode("ascii", "replace").decode()[:64]
+    return None
+
+
+CLIENT_GONE = (ConnectionError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
 @web.middleware
@@ -51,6 +71,8 @@ async def error_middleware(request: web.Request, handler):
         response = await handler(request)
     except ApiError as exc:
         metrics.count(endpoint, exc.code)
+        if exc.code == "client_closed":
+            log.info("request %s: %s", request.get(REQUEST_ID), exc.message)
         return error_response(exc.status, exc.code, exc.message, exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -59,6 +81,10 @@ async def error_middleware(request: web.Request, handler):
         metrics.count(endpoint, code)
         message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         return error_response(exc.status, code, message or exc.reason)
+    except CLIENT_GONE as exc:  # the client went away: not our error, no traceback
+        log.info("request %s: the client went away (%s)", request.get(REQUEST_ID), type(exc).__name__)
+        metrics.count(endpoint, "client_closed")
+        return error_response(499, "client_closed", "the client went away")
     except Exception:
         log.exception("request %s failed", request.get(REQUEST_ID))
         metrics.count(endpoint, "internal_error")

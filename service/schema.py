@@ -11,6 +11,7 @@ documents: ``"speed: must be between 0.25 and 4.0"``.
 
 from __future__ import annotations
 
+import json
 import typing
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
@@ -26,6 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 MAX_SEED = 2**63 - 1
+MAX_JSON_INT_DIGITS = 40  # longer integer literals become floats (inf past 1e308): a field error, never a 500
 MAX_LANGUAGE_CHARS = 64
 MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "ulaw")
@@ -147,9 +149,43 @@ class InputText(Strict):
 M = TypeVar("M", bound=Strict)
 
 
+class JsonError(ValueError):
+    """A request body or message that is not acceptable JSON (API code ``invalid_json``)."""
+
+
+def _parse_int(digits: str) -> int | float:
+    # int() of thousands of digits is slow and raises ValueError past 4,300; a huge
+    # number is out of every range anyway, so it reaches validation as a float
+    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        return float(digits)
+    return int(digits)
+
+
+def parse_json(text: str) -> Any:
+    """The one JSON decoder for request bodies and WebSocket messages: any failure
+    (syntax, nesting too deep, absurd numbers) is a :class:`JsonError`, never a crash."""
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise JsonError("the JSON is nested too deeply") from None
+    except (ValueError, OverflowError):  # JSONDecodeError is a ValueError
+        raise JsonError("not valid JSON") from None
+
+
+def _check_unicode(model: type[Strict], data: Mapping[str, Any]) -> None:
+    """A lone surrogate ("\\ud800" in JSON) is not text: refuse it naming the field."""
+    for name, value in data.items():
+        if isinstance(value, str) and name in model.model_fields:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise FieldError(name, "is not valid Unicode (lone surrogate)") from None
+
+
 def validate(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data`` (nulls dropped); raises :class:`FieldError` naming the first bad field."""
     present = {k: v for k, v in data.items() if v is not None}
+    _check_unicode(model, present)
     if isinstance(present.get("response_format"), str) and not present["response_format"]:
         del present["response_format"]  # "" means the default, as OpenAI does
     try:

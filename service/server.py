@@ -9,6 +9,7 @@ If the engine's worker dies, the process exits 1 so the orchestrator restarts it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -16,6 +17,7 @@ import sys
 from aiohttp import web
 
 from .app import create_app
+from .errors import error_body
 from .settings import Settings
 from .state import STATE_KEY, drain
 
@@ -29,6 +31,74 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # access lines would carry query strings
+
+
+class ConnectionGuard:
+    """Caps concurrent TCP connections per client address on aiohttp's ``web.Server``.
+
+    aiohttp tells its server of every connection (``connection_made`` /
+    ``connection_lost``, before any byte is parsed); the guard wraps those two on the
+    instance. A connection over the cap gets a ``503 too_many_connections`` JSON
+    response and is closed at once, so silent sockets from one address cannot use up
+    the process's file descriptors for everyone else."""
+
+    def __init__(self, server: web.Server, limit: int):
+        self.limit = limit
+        self.open: dict[str, int] = {}
+        self.refused = 0
+        self._made, self._lost = server.connection_made, server.connection_lost
+        self._addresses: dict[int, str] = {}
+        server.connection_made = self.connection_made  # type: ignore[method-assign]
+        server.connection_lost = self.connection_lost  # type: ignore[method-assign]
+
+    def connection_made(self, handler, transport: asyncio.Transport) -> None:
+        self._made(handler, transport)
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "unknown"
+        count = self.open.get(address, 0) + 1
+        self.open[address] = count
+        self._addresses[id(handler)] = address
+        if self.limit and count > self.limit:
+            self.refused += 1
+            log.info("refusing a connection from %s: %d open, the limit is %d", address, count - 1, self.limit)
+            transport.write(_refusal(self.limit))
+            handler.force_close()
+            transport.close()
+
+    def connection_lost(self, handler, exc: BaseException | None = None) -> None:
+        address = self._addresses.pop(id(handler), None)
+        if address is not None:
+            left = self.open.get(address, 1) - 1
+            if left > 0:
+                self.open[address] = left
+            else:
+                self.open.pop(address, None)
+        self._lost(handler, exc)
+
+
+def _refusal(limit: int) -> bytes:
+    body = json.dumps(error_body("too_many_connections",
+                                 f"too many connections from your address (the limit is {limit})")).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+async def start_http(app: web.Application, settings: Settings, port: int | None = None) -> web.AppRunner:
+    """Serve ``app`` on ``settings.host``: the slowloris bounds set (keep-alive /
+    request-head timeout, per-address connection cap, bounded header lines). The body
+    read timeout is the body reader's (:func:`service.speech.read_body`)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                           keepalive_timeout=settings.http_idle_seconds,
+                           # unread body after a response (a 408, a 413) is drained this long, not 10 s
+                           lingering_time=min(settings.http_body_seconds, 5.0),
+                           max_line_size=8190, max_field_size=8190)
+    await runner.setup()
+    if runner.server is not None:
+        runner.server.connection_guard = ConnectionGuard(runner.server, settings.max_connections_per_address)
+    site = web.TCPSite(runner, settings.host, settings.port if port is None else port)
+    await site.start()
+    return runner
 
 
 def build_engine_for(settings: Settings):
@@ -55,10 +125,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
              ", ".join(info.random_components) or "none")
     app = create_app(settings, engine)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
+    runner = await start_http(app, settings)
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%s", host, port)
     if listening is not None:
@@ -86,6 +153,23 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     return exit_code
 
 
+def raise_open_file_limit() -> None:
+    """Soft open-file limit up to the hard one (no privilege needed): every connection is
+    a file descriptor, and a soft 1,024 (or 256) would let idle sockets starve the rest.
+    The hard limit is the container's (compose ``ulimits``, the runtime's default on K8s)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("open-file limit: %d (hard %s)", resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+    except (ImportError, ValueError, OSError) as exc:  # not on every OS; never fatal
+        log.warning("could not raise the open-file limit: %s", exc)
+
+
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level)
+    raise_open_file_limit()
     return asyncio.run(serve(settings))

@@ -41,6 +41,11 @@ class Settings:
     job_ttl_hours: float = 168.0  # finished jobs and their audio are deleted after this (0 = keep)
     jobs_disk_quota_mb: float = 0.0  # job audio on disk; new jobs get 507 beyond it (0 = unlimited)
     seed: int = 0
+    # slowloris: a connection must send a whole request head within http_idle_seconds of
+    # opening (or of its last response), and a body within http_body_seconds
+    http_idle_seconds: float = 15.0
+    http_body_seconds: float = 30.0
+    max_connections_per_address: int = 256  # concurrent TCP connections per client IP (0 = unlimited)
     # Limits without a flag of their own (issue 7 defaults); tests may override them.
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
@@ -85,6 +90,12 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--job-ttl-hours", "STREAMVOX_JOB_TTL_HOURS", "job_ttl_hours", "delete finished jobs after this (0 = keep)"),
     ("--jobs-disk-quota-mb", "STREAMVOX_JOBS_DISK_QUOTA_MB", "jobs_disk_quota_mb",
      "disk space for job audio (0 = unlimited)"),
+    ("--http-idle-seconds", "STREAMVOX_HTTP_IDLE_SECONDS", "http_idle_seconds",
+     "close a connection that has not sent a complete request head for this long (keep-alive limit)"),
+    ("--http-body-seconds", "STREAMVOX_HTTP_BODY_SECONDS", "http_body_seconds",
+     "408 when a request body takes longer than this to arrive"),
+    ("--max-connections-per-address", "STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS", "max_connections_per_address",
+     "concurrent connections per client IP; more get 503 too_many_connections (0 = unlimited)"),
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -173,7 +184,9 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     if "max_input_chars" in raw:
         values["max_input_chars"] = number("max_input_chars", int, 1)
     for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
-                                ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0)):
+                                ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
+                                ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
+                                ("max_connections_per_address", int, 0)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     if "metrics_auth" in raw:

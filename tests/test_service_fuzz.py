@@ -99,6 +99,50 @@ def test_fuzz_raw_bodies(live_url, raw, path):
         assert json.loads(payload)["error"]["code"]
 
 
+# issue 20: bytes that once made a 5xx — lone surrogates, huge integers, deep nesting,
+# odd charsets, header bytes that are not UTF-8
+surrogates = st.text(alphabet=st.characters(categories=["Cs"]), min_size=1, max_size=3)
+huge_ints = st.integers(min_value=300, max_value=6000).map(lambda n: "9" * n)
+hostile_fields = st.sampled_from(["input", "voice", "speed", "seed", "steps", "guidance_scale", "top_k"])
+
+
+def _hostile_body(kind: str, field: str, surrogate: str, digits: str, depth: int) -> bytes:
+    if kind == "surrogate":
+        return json.dumps({"input": "Hi.", field: "a" + surrogate}).encode()  # ensure_ascii: "\udXXX"
+    if kind == "huge_int":
+        return ('{"input": "Hi.", "%s": %s%s}' % (field, "-" if depth % 2 else "", digits)).encode()
+    if kind == "huge_float":
+        return ('{"input": "Hi.", "%s": %s.5e%d}' % (field, digits[:400], depth)).encode()
+    return b'{"input": ' * (depth % 3) + b"[" * depth  # deep nesting
+
+
+hostile_bodies = st.builds(_hostile_body, st.sampled_from(["surrogate", "huge_int", "huge_float", "deep"]),
+                           hostile_fields, surrogates, huge_ints, st.integers(min_value=1, max_value=200_000))
+charsets = st.sampled_from(["", "; charset=utf-8", "; charset=latin-1", "; charset=utf-16", "; charset=foo",
+                            "; charset=rot13", "; charset=zlib", "; charset=base64", "; charset=idna",
+                            '; charset="utf-8"', "; charset="])
+header_bytes = st.none() | st.binary(min_size=1, max_size=12).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=hostile_bodies, charset=charsets, header=header_bytes,
+       path=st.sampled_from(["/v1/audio/speech", "/v1/jobs"]))
+def test_fuzz_hostile_bytes(live_url, raw, charset, header, path):
+    request = urllib.request.Request(live_url + path, data=raw, method="POST",
+                                     headers={"Content-Type": "application/json" + charset})
+    if header is not None:
+        request.add_header("X-fuzz", b"v" + header)  # bytes go out as they are
+    try:
+        with urllib.request.urlopen(request, timeout=SESSION_TIMEOUT_S) as response:
+            status, payload, kind = response.status, response.read(), response.headers.get_content_type()
+    except urllib.error.HTTPError as error:
+        status, payload, kind = error.code, error.read(), error.headers.get_content_type()
+    event(f"HTTP {status}")
+    assert 400 <= status < 500, (status, payload[:300])
+    if kind == "application/json":  # aiohttp's HTTP parser answers control bytes in headers in plain text
+        assert json.loads(payload)["error"]["code"]
+
+
 ws_messages = st.one_of(
     st.builds(lambda t: {"type": "input.text", "text": t}, st.one_of(sentences, short_text, any_json)),
     st.just({"type": "input.done"}),
