@@ -32,7 +32,7 @@ from .auth import job_owner
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
-from .params import JobBody, SynthesisParams, build_request, check_work
+from .params import JobBody, SynthesisParams, build_request
 from .schema import FieldError
 from .speech import read_work_request
 from .state import REQUEST_ID, STATE_KEY, AppState
@@ -202,7 +202,6 @@ def _job_or_404(request: web.Request) -> Job:
 
 async def create_job(request: web.Request) -> web.Response:
     state, body = await read_work_request(request, JobBody)
-    check_work(state.engine, body.input, body.params, state.settings.max_work_frame_steps)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "

@@ -18,7 +18,7 @@ from .audio import CONTENT_TYPES, StreamEncoder, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
-from .params import SpeechBody, build_request, parse_body
+from .params import SpeechBody, build_request, check_work, parse_body
 from .schema import JsonError, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
@@ -76,13 +76,16 @@ async def read_json_object(request: web.Request) -> dict:
 async def read_work_request(request: web.Request, model):
     """The common front of every work-starting HTTP call: admission (drain, readiness),
     the per-key rate limit, a JSON object body validated as ``model`` (a
-    :mod:`service.schema` body; its voice resolved by the engine).
+    :mod:`service.schema` body; its voice resolved by the engine), and the work it would
+    cost (413 ``too_much_work`` before any engine time).
     Returns (state, body); raises ApiError."""
     state = request.app[STATE_KEY]
     state.check_admission()
     state.limits.check_rate(client_identity(request))
     body = await read_json_object(request)
-    return state, parse_body(model, body, state.engine, state.settings.max_input_chars)
+    parsed = parse_body(model, body, state.engine, state.settings.max_input_chars)
+    check_work(state.engine, parsed.input, parsed.params, state.settings.max_work_frame_steps)
+    return state, parsed
 
 
 def client_gone(request: web.Request) -> bool:
