@@ -45,7 +45,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
     ws_config_timeout_s: float = 10.0
-    ws_idle_timeout_s: float = 60.0
+    ws_idle_timeout_s: float = 60.0  # --ws-idle-seconds: no client message (pings/pongs do not count)
+    ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
 
@@ -82,6 +83,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--job-ttl-hours", "STREAMVOX_JOB_TTL_HOURS", "job_ttl_hours", "delete finished jobs after this (0 = keep)"),
     ("--jobs-disk-quota-mb", "STREAMVOX_JOBS_DISK_QUOTA_MB", "jobs_disk_quota_mb",
      "disk space for job audio (0 = unlimited)"),
+    ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
+     "close a WebSocket session after this long with no client message and no audio in progress"),
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -173,6 +176,14 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
+    if "ws_idle_timeout_s" in raw:
+        try:
+            idle = float(raw["ws_idle_timeout_s"])
+        except ValueError:
+            raise ValueError(f"--ws-idle-seconds: expected a number, got {raw['ws_idle_timeout_s']!r}") from None
+        if not idle > 0 or idle == float("inf"):
+            raise ValueError(f"--ws-idle-seconds: must be > 0, got {raw['ws_idle_timeout_s']}")
+        values["ws_idle_timeout_s"] = idle
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
     if "cors_origins" in raw:
