@@ -48,7 +48,6 @@ ENDPOINT = "/v1/stream"
 # flood of cheap messages on one socket never holds the loop (every message is O(1) work).
 YIELD_EVERY_MESSAGES = 32
 MAX_JSON_INT_DIGITS = 64  # longer integers are refused before int() parses them (CPython limits 4300)
-MAX_JSON_DEPTH = 32  # session messages are flat objects; deeper nesting is refused before parsing
 SEND_ERROR_TIMEOUT_S = 2.0  # a fatal error to a client that does not read: give up and drop the socket
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -59,26 +58,8 @@ def _parse_int(digits: str) -> int:
     return int(digits)
 
 
-def _too_deep(data: str) -> bool:
-    """True when brackets nest deeper than MAX_JSON_DEPTH (a cheap scan: brackets inside strings
-    may count too, which only makes the check stricter for text full of brackets)."""
-    if data.count("[") + data.count("{") <= MAX_JSON_DEPTH:
-        return False
-    depth = 0
-    for char in data:
-        if char in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
 def decode_message(data: str) -> dict:
     """A client message as a dict; ValueError with a message fit for the client otherwise."""
-    if _too_deep(data):
-        raise ValueError(f"the message nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         message = json.loads(data, parse_int=_parse_int)
     except RecursionError:
