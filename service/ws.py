@@ -251,7 +251,7 @@ class StreamSession:
             await handler(message)
         except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
             # Schema checks raise ApiError; anything else a value could trigger stays non-fatal.
-            log.info("session %s: %s rejected: %s", self.session_id, kind, type(exc).__name__)
+            log.debug("session %s: %s rejected: %s", self.session_id, kind, type(exc).__name__)  # no log flood
             await self.error("invalid_field", f"{kind}: a field has a value that cannot be used")
 
     async def on_config(self, message: dict) -> None:
