@@ -50,7 +50,8 @@ class Settings:
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
     ws_config_timeout_s: float = 10.0
-    ws_idle_timeout_s: float = 60.0
+    ws_idle_timeout_s: float = 60.0  # --ws-idle-seconds: no client message (pings/pongs do not count)
+    ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
     max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
@@ -96,6 +97,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "408 when a request body takes longer than this to arrive"),
     ("--max-connections-per-address", "STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS", "max_connections_per_address",
      "concurrent connections per client IP; more get 503 too_many_connections (0 = unlimited)"),
+    ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
+     "close a WebSocket session after this long with no client message and no audio in progress"),
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -189,6 +192,14 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("max_connections_per_address", int, 0)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
+    if "ws_idle_timeout_s" in raw:
+        try:
+            idle = float(raw["ws_idle_timeout_s"])
+        except ValueError:
+            raise ValueError(f"--ws-idle-seconds: expected a number, got {raw['ws_idle_timeout_s']!r}") from None
+        if not idle > 0 or idle == float("inf"):
+            raise ValueError(f"--ws-idle-seconds: must be > 0, got {raw['ws_idle_timeout_s']}")
+        values["ws_idle_timeout_s"] = idle
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
     if "cors_origins" in raw:

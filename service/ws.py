@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import socket
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,41 @@ CLOSE_OVERLOADED = 1013  # "try again later"
 SOCKET_SEND_BUFFER = 64 * 1024
 TRANSPORT_BUFFER_LIMIT = 64 * 1024
 ENDPOINT = "/v1/stream"
+# The reader yields to the event loop after this many messages that arrived together, so a
+# flood of cheap messages on one socket never holds the loop (every message is O(1) work).
+YIELD_EVERY_MESSAGES = 32
+MAX_JSON_INT_DIGITS = 64  # longer integers are refused before int() parses them (CPython limits 4300)
+SEND_ERROR_TIMEOUT_S = 2.0  # a fatal error to a client that does not read: give up and drop the socket
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"a number has more than {MAX_JSON_INT_DIGITS} digits")
+    return int(digits)
+
+
+def decode_message(data: str) -> dict:
+    """A client message as a dict; ValueError with a message fit for the client otherwise."""
+    try:
+        message = json.loads(data, parse_int=_parse_int)
+    except RecursionError:
+        raise ValueError("the message nests too deeply") from None
+    except json.JSONDecodeError:
+        raise ValueError("the message is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise ValueError("the message must be a JSON object")
+    return message
+
+
+def surrogate_field(message: dict) -> str | None:
+    """The first top-level key or string value holding a lone surrogate (not encodable as UTF-8)."""
+    for key, value in message.items():
+        if _SURROGATE.search(key):
+            return "a field name"
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return key
+    return None
 
 
 class SessionClosed(Exception):
@@ -68,6 +104,10 @@ class StreamSession:
         self.params = SynthesisParams()
         self.buffer = ""  # text not yet ending in a sentence boundary
         self.queue: collections.deque[Utterance | EndOfRound] = collections.deque()
+        # O(1) accounting, kept in step with the queue (never recomputed by walking it):
+        self.queued_text = 0  # characters of the queued utterances
+        self.queued_rounds = 0  # EndOfRound markers in the queue
+        self.cancelled_rounds = 0  # rounds ended by a cancel, answered before anything queued
         self.wake = asyncio.Event()
         self.next_utterance = 0
         self.round_utterances = 0
@@ -82,10 +122,15 @@ class StreamSession:
     @property
     def busy(self) -> bool:
         """Audio is queued or being produced (text still waiting for a sentence end is not work yet)."""
-        return bool(self.queue) or self.current is not None
+        return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None
 
     def queued_chars(self) -> int:
-        return len(self.buffer) + sum(len(item.text) for item in self.queue if isinstance(item, Utterance))
+        return len(self.buffer) + self.queued_text
+
+    @property
+    def pending_rounds(self) -> int:
+        """Rounds (input.done / response.cancel) not answered by session.done yet."""
+        return self.queued_rounds + self.cancelled_rounds
 
     # -- sending -------------------------------------------------------------------
     async def send_json(self, message: dict) -> None:
@@ -122,13 +167,19 @@ class StreamSession:
         if self.closed:
             return
         self.outcome = code
-        try:
-            await self.error(code, message)
-        except SessionClosed:
-            pass
         self.closed = True
         self.cancel_all()
-        await self.ws.close(code=close_code, message=code.encode())
+        try:  # a client that does not read must not hold the session open: bounded waits
+            if not self.ws.closed:
+                await asyncio.wait_for(self.ws.send_json({"type": "error", "code": code, "message": message}),
+                                       SEND_ERROR_TIMEOUT_S)
+        except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+            pass
+        try:
+            await asyncio.wait_for(self.ws.close(code=close_code, message=code.encode()), SEND_ERROR_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            if self.request.transport is not None:
+                self.request.transport.close()
 
     async def abort(self, code: str, message: str) -> None:
         """Called by the drain when the grace period is over."""
@@ -137,18 +188,32 @@ class StreamSession:
     # -- the reader ----------------------------------------------------------------
     async def read_loop(self) -> None:
         settings = self.state.settings
+        loop = asyncio.get_running_loop()
         first_message = True
+        last_message = loop.time()
+        since_yield = 0
         while not self.closed:
+            # Idle means no client *message*: pings and pongs are answered inside receive()
+            # and must not restart the clock, so the deadline is kept here, not by receive().
             timeout = settings.ws_config_timeout_s if first_message else settings.ws_idle_timeout_s
+            remaining = last_message + timeout - loop.time()
             try:
-                message = await self.ws.receive(timeout=timeout)
+                if remaining <= 0:
+                    raise asyncio.TimeoutError()
+                message = await asyncio.wait_for(self.ws.receive(), remaining)
             except asyncio.TimeoutError:
                 if self.busy:
-                    continue  # audio is still being produced: listening is not idling
+                    last_message = loop.time()  # audio is still being produced: listening is not idling
+                    continue
                 code = "config_timeout" if first_message else "idle_timeout"
                 await self.fatal(code, f"no message for {timeout:g} s", WSCloseCode.OK)
                 return
             first_message = False
+            last_message = loop.time()
+            since_yield += 1
+            if since_yield >= YIELD_EVERY_MESSAGES:
+                since_yield = 0
+                await asyncio.sleep(0)  # messages that arrived together do not hold the loop
             if message.type == WSMsgType.TEXT:
                 await self.on_text_message(message.data)
             elif message.type == WSMsgType.BINARY:
@@ -161,13 +226,15 @@ class StreamSession:
                 return
 
     async def on_text_message(self, data: str) -> None:
+        # Bad input is never fatal: an error message, and the socket keeps working.
         try:
-            message = json.loads(data)
-        except json.JSONDecodeError:
-            await self.error("invalid_json", "the message is not valid JSON")
+            message = decode_message(data)
+        except ValueError as exc:
+            await self.error("invalid_json", str(exc))
             return
-        if not isinstance(message, dict):
-            await self.error("invalid_json", "the message must be a JSON object")
+        field = surrogate_field(message)
+        if field is not None:
+            await self.error("invalid_field", f"{field}: contains a lone surrogate (not valid Unicode text)")
             return
         kind = message.get("type")
         handler = {
@@ -180,7 +247,12 @@ class StreamSession:
         if handler is None:
             await self.error("unknown_type", f"unknown message type {str(kind)[:64]!r}")
             return
-        await handler(message)
+        try:
+            await handler(message)
+        except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
+            # Schema checks raise ApiError; anything else a value could trigger stays non-fatal.
+            log.debug("session %s: %s rejected: %s", self.session_id, kind, type(exc).__name__)  # no log flood
+            await self.error("invalid_field", f"{kind}: a field has a value that cannot be used")
 
     async def on_config(self, message: dict) -> None:
         try:
@@ -203,23 +275,37 @@ class StreamSession:
         sentences, self.buffer = split_sentences(self.buffer + text)
         self.enqueue(Utterance(s) for s in sentences)
 
+    async def over_rounds_bound(self) -> bool:
+        """A client that ends rounds faster than it reads their session.done is closed."""
+        limit = self.state.settings.ws_max_pending_rounds
+        if self.pending_rounds < limit:
+            return False
+        await self.fatal("too_many_rounds",
+                         f"more than {limit} rounds (input.done / response.cancel) wait for session.done; "
+                         "read the replies before ending more rounds", WSCloseCode.POLICY_VIOLATION)
+        return True
+
     async def on_input_done(self, message: dict) -> None:
+        if await self.over_rounds_bound():
+            return
         rest, self.buffer = self.buffer.strip(), ""
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
         self.enqueue(items + [EndOfRound()])
 
     async def on_cancel(self, message: dict) -> None:
-        # Queued utterances are dropped; end-of-round markers stay, so every input.done and
-        # every response.cancel is answered by exactly one session.done.
+        # Queued utterances are dropped; their rounds' end markers become cancelled_rounds
+        # (a counter, answered first), so every input.done and every response.cancel is
+        # answered by exactly one session.done. No walk over the queue.
+        if await self.over_rounds_bound():
+            return
         self.buffer = ""
-        kept = [item for item in self.queue if isinstance(item, EndOfRound)]
-        self.queue.clear()
-        self.queue.extend(kept)
+        self.cancelled_rounds += self.queued_rounds + 1
+        self.clear_queue()
         self.drop_prefetch()
         if self.current is not None:
             self.cancelling = True
             self.current.cancel()
-        self.enqueue([EndOfRound()])
+        self.wake.set()
 
     async def on_close(self, message: dict) -> None:
         self.closed = True
@@ -227,16 +313,38 @@ class StreamSession:
         await self.ws.close(code=WSCloseCode.OK)
 
     def enqueue(self, items) -> None:
-        self.queue.extend(items)
+        for item in items:
+            if isinstance(item, Utterance):
+                self.queued_text += len(item.text)
+            else:
+                self.queued_rounds += 1
+            self.queue.append(item)
         self.wake.set()
+
+    def dequeue(self) -> Utterance | EndOfRound:
+        item = self.queue.popleft()
+        if isinstance(item, Utterance):
+            self.queued_text -= len(item.text)
+        else:
+            self.queued_rounds -= 1
+        return item
+
+    def clear_queue(self) -> None:
+        self.queue.clear()
+        self.queued_text = 0
+        self.queued_rounds = 0
 
     # -- the speaker ---------------------------------------------------------------
     async def speak_loop(self) -> None:
         while not self.closed:
-            while not self.queue:
+            while not self.queue and not self.cancelled_rounds:
                 self.wake.clear()
                 await self.wake.wait()
-            item = self.queue.popleft()
+            if self.cancelled_rounds:  # rounds ended by a cancel precede everything queued now
+                self.cancelled_rounds -= 1
+                item: Utterance | EndOfRound = EndOfRound()
+            else:
+                item = self.dequeue()
             if isinstance(item, EndOfRound):
                 await self.send_json({"type": "session.done", "utterances": self.round_utterances})
                 self.round_utterances = 0
@@ -322,7 +430,8 @@ class StreamSession:
             self.cancelling = False
 
     def cancel_all(self) -> None:
-        self.queue.clear()
+        self.clear_queue()
+        self.cancelled_rounds = 0
         self.drop_prefetch()
         if self.current is not None:
             self.current.cancel()
