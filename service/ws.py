@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import re
 import socket
@@ -30,7 +29,7 @@ from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
 from .params import SynthesisParams, build_request, parse, update_params
-from .schema import InputText
+from .schema import InputText, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.ws")
@@ -47,25 +46,14 @@ ENDPOINT = "/v1/stream"
 # The reader yields to the event loop after this many messages that arrived together, so a
 # flood of cheap messages on one socket never holds the loop (every message is O(1) work).
 YIELD_EVERY_MESSAGES = 32
-MAX_JSON_INT_DIGITS = 64  # longer integers are refused before int() parses them (CPython limits 4300)
 SEND_ERROR_TIMEOUT_S = 2.0  # a fatal error to a client that does not read: give up and drop the socket
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _parse_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
-        raise ValueError(f"a number has more than {MAX_JSON_INT_DIGITS} digits")
-    return int(digits)
-
-
 def decode_message(data: str) -> dict:
-    """A client message as a dict; ValueError with a message fit for the client otherwise."""
-    try:
-        message = json.loads(data, parse_int=_parse_int)
-    except RecursionError:
-        raise ValueError("the message nests too deeply") from None
-    except json.JSONDecodeError:
-        raise ValueError("the message is not valid JSON") from None
+    """A client message as a dict (the service's one JSON decoder: nesting and absurd numbers
+    are errors, never crashes); ValueError with a message fit for the client otherwise."""
+    message = parse_json(data)
     if not isinstance(message, dict):
         raise ValueError("the message must be a JSON object")
     return message
