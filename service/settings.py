@@ -7,6 +7,7 @@ environment, which wins over the default. This is the only place that knows the 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,14 +147,16 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         if value is not None:
             raw[dest] = value
 
-    def number(dest: str, kind, minimum):
-        flag = "--" + dest.replace("_", "-")
+    def number(dest: str, kind, minimum, flag: str | None = None, exclusive: bool = False):
+        flag = flag or "--" + dest.replace("_", "-")
         try:
             value = kind(raw[dest])
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ValueError(f"{flag}: expected a number, got {raw[dest]!r}") from None
-        if value < minimum:
-            raise ValueError(f"{flag}: must be >= {minimum}, got {value}")
+        if not math.isfinite(value):  # nan compares False with everything: it would pass any bound
+            raise ValueError(f"{flag}: expected a finite number, got {raw[dest]!r}")
+        if value < minimum or (exclusive and value == minimum):
+            raise ValueError(f"{flag}: must be {'>' if exclusive else '>='} {minimum}, got {value}")
         return value
 
     values: dict[str, object] = {}
@@ -193,13 +196,7 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     if "ws_idle_timeout_s" in raw:
-        try:
-            idle = float(raw["ws_idle_timeout_s"])
-        except ValueError:
-            raise ValueError(f"--ws-idle-seconds: expected a number, got {raw['ws_idle_timeout_s']!r}") from None
-        if not idle > 0 or idle == float("inf"):
-            raise ValueError(f"--ws-idle-seconds: must be > 0, got {raw['ws_idle_timeout_s']}")
-        values["ws_idle_timeout_s"] = idle
+        values["ws_idle_timeout_s"] = number("ws_idle_timeout_s", float, 0.0, flag="--ws-idle-seconds", exclusive=True)
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
     if "cors_origins" in raw:

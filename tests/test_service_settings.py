@@ -59,3 +59,18 @@ def test_environment_then_flags(tmp_path):
 def test_bad_values_name_the_flag(argv, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse(argv, {})
+
+
+@pytest.mark.parametrize("env, flag", [
+    ({"STREAMVOX_HTTP_IDLE_SECONDS": "nan"}, "--http-idle-seconds"),
+    ({"STREAMVOX_HTTP_BODY_SECONDS": "inf"}, "--http-body-seconds"),
+    ({"STREAMVOX_RATE_LIMIT": "nan"}, "--rate-limit"),
+    ({"STREAMVOX_DRAIN_SECONDS": "1e400"}, "--drain-seconds"),
+    ({"STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS": "9" * 5000}, "--max-connections-per-address"),
+    ({"STREAMVOX_WS_IDLE_SECONDS": "inf"}, "--ws-idle-seconds"),
+    ({"STREAMVOX_MAX_SLOTS": "\udcff"}, "--max-slots"),
+])
+def test_non_finite_and_huge_numbers_name_the_flag(env, flag):
+    # nan compares False with every bound, so it would slip past a plain minimum check
+    with pytest.raises(ValueError, match=flag):
+        from_args(None, env=env)
