@@ -10,7 +10,7 @@ from aiohttp import web
 
 from engines.contract import SynthesisEngine
 
-from . import jobs, speech, ws
+from . import jobs, omni_stream, playground, speech, ws
 from .metrics import CONTENT_TYPE
 from .middleware import (
     access_log_middleware,
@@ -80,5 +80,7 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/audio/speech", speech.create_speech)
     app.router.add_get("/v1/stream", ws.stream_session)
+    app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
+    playground.add_routes(app)
     jobs.add_routes(app)
     return app

@@ -1,9 +1,11 @@
 """Audio encoding for HTTP responses: whole files and progressive streams.
 
-The engine hands us float32 mono PCM at 24 kHz. ``pcm`` is raw int16 little-endian,
-``wav`` streams with a header whose sizes say "unknown" (0xFFFFFFFF, as OpenAI does),
-``ulaw`` is 8 kHz G.711 mu-law for telephony (resampled with soxr), and flac / mp3 /
-opus go through libsndfile, which needs the whole signal, so they arrive in one piece.
+The engine hands us float32 mono PCM at 24 kHz. A response may ask for another rate
+(``sample_rate``, 8-48 kHz): resampled with soxr as the audio arrives. ``pcm`` is raw
+int16 little-endian, ``wav`` streams with a header whose sizes say "unknown"
+(0xFFFFFFFF, as OpenAI does), ``ulaw`` is 8 kHz G.711 mu-law for telephony, mp3 / opus
+(Ogg) / aac (ADTS) are encoded incrementally by FFmpeg through PyAV, so every format but
+flac (libsndfile, needs the whole signal) streams as it is generated.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import io
 import struct
 
+import av
 import numpy as np
 import soundfile as sf
 import soxr
@@ -20,6 +23,7 @@ from engines.contract import SAMPLE_RATE
 from .errors import ApiError
 
 ULAW_RATE = 8000
+MIN_RATE, MAX_RATE = 8000, 48000
 
 CONTENT_TYPES = {
     "pcm": "audio/pcm",
@@ -27,27 +31,38 @@ CONTENT_TYPES = {
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",
+    "aac": "audio/aac",
     "ulaw": "audio/basic",
 }
-PROGRESSIVE = frozenset({"pcm", "wav", "ulaw"})
-# libsndfile container + subtype for the formats it encodes.
-_SNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+# Formats whose bytes can go out as the audio is generated (all but flac).
+STREAMABLE = frozenset({"pcm", "wav", "ulaw", "mp3", "opus", "aac"})
+# FFmpeg muxer, encoder and the rates the encoder takes (others go to the last one; None: any).
+_FFMPEG = {"mp3": ("mp3", "libmp3lame", None), "opus": ("ogg", "libopus", (8000, 12000, 16000, 24000, 48000)),
+           "aac": ("adts", "aac", None)}
+OGG_PAGE_MICROSECONDS = "20000"  # an Ogg page every 20 ms, not every second: opus bytes flow as they are made
 
 
 def format_available(fmt: str) -> bool:
-    if fmt not in _SNDFILE:
-        return fmt in CONTENT_TYPES
-    container, subtype = _SNDFILE[fmt]
-    return container in sf.available_formats() and subtype in sf.available_subtypes(container)
+    if fmt in _FFMPEG:
+        return _FFMPEG[fmt][1] in av.codecs_available
+    if fmt == "flac":
+        return "FLAC" in sf.available_formats()
+    return fmt in CONTENT_TYPES
 
 
 def check_format(fmt: object, allowed: tuple[str, ...] = tuple(CONTENT_TYPES)) -> str:
     if not isinstance(fmt, str) or fmt not in allowed:
         raise ApiError(400, "invalid_field", f"response_format: choose one of {', '.join(allowed)}")
     if not format_available(fmt):
-        raise ApiError(400, "format_unavailable",
-                       f"response_format: {fmt} is not supported by the installed libsndfile ({sf.__libsndfile_version__})")
+        raise ApiError(400, "format_unavailable", f"response_format: {fmt} is not supported by the installed encoders")
     return fmt
+
+
+def output_rate(fmt: str, sample_rate: int | None) -> int:
+    """The rate of the response's audio: ulaw is always 8 kHz, others the asked rate or 24 kHz."""
+    if fmt == "ulaw":
+        return ULAW_RATE
+    return sample_rate or SAMPLE_RATE
 
 
 def to_pcm16(pcm: np.ndarray) -> bytes:
@@ -74,52 +89,98 @@ def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
             + b"data" + struct.pack("<I", unknown))
 
 
-def encode_file(pcm: np.ndarray, fmt: str) -> bytes:
-    """The whole signal as one file of ``fmt``."""
+def encode_file(pcm: np.ndarray, fmt: str, sample_rate: int | None = None) -> bytes:
+    """The whole signal as one file of ``fmt`` (at ``sample_rate``, default 24 kHz)."""
     pcm = np.asarray(pcm, dtype=np.float32)
-    if fmt == "pcm":
-        return to_pcm16(pcm)
-    if fmt == "ulaw":
-        return _ulaw_of(soxr.resample(pcm, SAMPLE_RATE, ULAW_RATE, quality="HQ"))
+    rate = output_rate(fmt, sample_rate)
+    if fmt in STREAMABLE:
+        encoder = StreamEncoder(fmt, sample_rate)
+        return encoder.header() + encoder.encode(pcm) + encoder.finish()
+    if rate != SAMPLE_RATE:
+        pcm = soxr.resample(pcm, SAMPLE_RATE, rate, quality="HQ")
     buffer = io.BytesIO()
-    if fmt == "wav":
-        sf.write(buffer, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
-    else:
-        container, subtype = _SNDFILE[fmt]
-        if pcm.size == 0:  # some encoders refuse an empty signal
-            pcm = np.zeros(SAMPLE_RATE // 100, dtype=np.float32)
-        sf.write(buffer, pcm, SAMPLE_RATE, format=container, subtype=subtype)
+    sf.write(buffer, pcm, rate, format="FLAC", subtype="PCM_16")
     return buffer.getvalue()
 
 
-def _ulaw_of(pcm: np.ndarray) -> bytes:
-    return ulaw_encode(np.frombuffer(to_pcm16(pcm), dtype="<i2"))
+class _Sink:
+    """A write-only file for FFmpeg's muxer: not seekable, so the muxer never goes back to
+    patch a header (what it wrote is final and can be sent at once)."""
+
+    def __init__(self):
+        self.pending = bytearray()
+
+    def write(self, data) -> int:
+        self.pending += data
+        return len(data)
+
+    def take(self) -> bytes:
+        data = bytes(self.pending)
+        self.pending.clear()
+        return data
+
+
+class _FfmpegEncoder:
+    """mp3 / opus / aac, one container written as the PCM arrives."""
+
+    def __init__(self, fmt: str, rate: int):
+        muxer, codec, codec_rates = _FFMPEG[fmt]
+        self.rate = rate
+        self.sink = _Sink()
+        options = {"page_duration": OGG_PAGE_MICROSECONDS} if muxer == "ogg" else {}
+        self.container = av.open(self.sink, mode="w", format=muxer, options=options,
+                                 container_options={"flush_packets": "1"})
+        codec_rate = rate if codec_rates is None or rate in codec_rates else codec_rates[-1]
+        self.stream = self.container.add_stream(codec, rate=codec_rate, layout="mono")
+        self.pts = 0
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
+            frame.sample_rate, frame.pts = self.rate, self.pts  # PyAV resamples to the encoder's format and rate
+            self.pts += pcm.size
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
+        return self.sink.take()
+
+    def finish(self) -> bytes:
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+        self.container.close()
+        return self.sink.take()
 
 
 class StreamEncoder:
-    """Turns chunks into response bytes as they arrive; ``finish`` returns the tail."""
+    """Turns 24 kHz chunks into response bytes as they arrive; ``finish`` returns the tail."""
 
-    def __init__(self, fmt: str):
+    def __init__(self, fmt: str, sample_rate: int | None = None):
         self.fmt = fmt
-        self._held: list[np.ndarray] = []  # for formats that need the whole signal
-        self._resampler = soxr.ResampleStream(SAMPLE_RATE, ULAW_RATE, 1, dtype="float32") if fmt == "ulaw" else None
+        self.rate = output_rate(fmt, sample_rate)
+        self._held: list[np.ndarray] = []  # flac needs the whole signal
+        self._resampler = (soxr.ResampleStream(SAMPLE_RATE, self.rate, 1, dtype="float32")
+                           if self.rate != SAMPLE_RATE else None)
+        self._ffmpeg = _FfmpegEncoder(fmt, self.rate) if fmt in _FFMPEG else None
 
     def header(self) -> bytes:
-        return wav_stream_header() if self.fmt == "wav" else b""
+        return wav_stream_header(self.rate) if self.fmt == "wav" else b""
 
-    def encode(self, pcm: np.ndarray) -> bytes:
+    def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
         pcm = np.asarray(pcm, dtype=np.float32)
-        if self.fmt in ("pcm", "wav"):
-            return to_pcm16(pcm)
+        if self.fmt == "flac":
+            self._held.append(pcm)
+            return b""
         if self._resampler is not None:
-            return _ulaw_of(self._resampler.resample_chunk(pcm))
-        self._held.append(pcm)
-        return b""
+            pcm = self._resampler.resample_chunk(pcm, last=last)
+        if self._ffmpeg is not None:
+            return self._ffmpeg.encode(pcm)
+        pcm16 = to_pcm16(pcm)
+        return ulaw_encode(np.frombuffer(pcm16, dtype="<i2")) if self.fmt == "ulaw" else pcm16
 
     def finish(self) -> bytes:
-        if self._resampler is not None:
-            return _ulaw_of(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
-        if self.fmt in PROGRESSIVE:
-            return b""
-        signal = np.concatenate(self._held) if self._held else np.zeros(0, dtype=np.float32)
-        return encode_file(signal, self.fmt)
+        if self.fmt == "flac":
+            signal = np.concatenate(self._held) if self._held else np.zeros(0, dtype=np.float32)
+            return encode_file(signal, "flac", self.rate)
+        tail = self.encode(np.zeros(0, dtype=np.float32), last=True) if self._resampler is not None else b""
+        if self._ffmpeg is not None:
+            tail += self._ffmpeg.finish()
+        return tail

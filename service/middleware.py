@@ -17,8 +17,9 @@ log = logging.getLogger("streamvox.http")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-WS_PATH = "/v1/stream"  # authenticates inside the socket so it can send an `error` message
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/playground"})  # the playground page holds no secret
+# WebSockets authenticate inside the socket so they can send an `error` message
+WS_PATHS = frozenset({"/v1/stream", "/v1/audio/speech/stream"})
 
 
 def endpoint_label(request: web.Request) -> str:
@@ -113,7 +114,7 @@ async def auth_middleware(request: web.Request, handler):
 
 
 def _is_open(path: str, metrics_auth: bool) -> bool:
-    return path in OPEN_PATHS or path == WS_PATH or (path == "/metrics" and not metrics_auth)
+    return path in OPEN_PATHS or path in WS_PATHS or (path == "/metrics" and not metrics_auth)
 
 
 def cors_middleware(origins: tuple[str, ...]):

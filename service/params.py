@@ -5,18 +5,27 @@ voices), and the engine request built from validated parameters."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Mapping, TypeVar
 
 from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
 
 from .audio import check_format
 from .errors import ApiError
-from .schema import FieldError, JobBody, SpeechBody, Strict, SynthesisParams, validate
+from .schema import (
+    MODEL_NAMES,
+    FieldError,
+    JobBody,
+    SpeechBody,
+    Strict,
+    SynthesisParams,
+    validate,
+)
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_work", "parse", "parse_body",
-           "planned_work", "resolve_voice", "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "parse",
+           "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
 
 # The DiT pipeline plans about this many frames per text token (the duration prior,
 # engines/models/configs.py DurationConfig.base_frames_per_token) and its tokens are UTF-8
@@ -54,6 +63,24 @@ def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine,
     check_format(parsed.response_format)  # libsndfile may lack mp3 / opus: format_unavailable
     voice = resolve_voice(engine, parsed.params).voice
     return parsed if voice == parsed.voice else parsed.model_copy(update={"voice": voice})
+
+
+def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
+    """The ``model`` names a speech request may give: OpenAI's, ``streamvox``, and the served
+    checkpoint's directory name with and without the ``Qwen/`` organisation (what clients
+    written for vllm-omni send, e.g. ``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``)."""
+    names = list(MODEL_NAMES)
+    if checkpoint:
+        base = os.path.basename(os.path.normpath(checkpoint))
+        names += [base, f"Qwen/{base}"]
+    return tuple(dict.fromkeys(names))
+
+
+def check_model(model: str, checkpoint: str | None) -> None:
+    """ApiError(400) naming the accepted names when ``model`` is not one of them."""
+    names = served_model_names(checkpoint)
+    if model not in names:
+        raise ApiError(400, "invalid_field", f"model: choose one of {', '.join(names)}")
 
 
 def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine) -> SynthesisParams:

@@ -29,8 +29,9 @@ from pydantic_core import PydanticCustomError
 MAX_SEED = 2**63 - 1
 MAX_JSON_INT_DIGITS = 40  # longer integer literals become floats (inf past 1e308): a field error, never a 500
 MAX_LANGUAGE_CHARS = 64
+# OpenAI's speech model names; the served checkpoint's own names are the engine's (service/params.py)
 MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "ulaw")
+SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw")
 JOB_FORMATS = ("wav", "flac")
 STREAM_FORMATS = ("audio", "sse")
 DEFAULT_SPEECH_FORMAT = "mp3"  # OpenAI's default
@@ -72,9 +73,17 @@ class SynthesisParams(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
     MESSAGES: ClassVar[dict[str, str]] = {
-        "voice": "must be a non-empty string",
+        "voice": "must be a non-empty string or {\"id\": \"name\"}",
         "language": "must be a language name or 'Auto'",
     }
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_object(cls, value: Any) -> Any:
+        # OpenAI and vllm-omni also take a voice as {"id": "name"}
+        if isinstance(value, dict) and set(value) == {"id"}:
+            return value["id"]
+        return value
 
     @field_validator("language")
     @classmethod
@@ -111,10 +120,14 @@ class _Input(Strict):
 class SpeechBody(SynthesisParams, _Input):
     """``POST /v1/audio/speech``."""
 
-    model: Literal[MODEL_NAMES] = "streamvox"
+    model: str = "streamvox"  # MODEL_NAMES or the served checkpoint's names (checked in service/params.py)
     response_format: Literal[SPEECH_FORMATS] = DEFAULT_SPEECH_FORMAT
     stream_format: Literal[STREAM_FORMATS] | None = None
     instructions: str | None = None  # accepted for compatibility, not used
+    # OpenAI / vllm-omni conformance: ``stream`` true = SSE (when stream_format is absent),
+    # false = one whole file; absent = OpenAI's default (streamed bytes where the format allows)
+    stream: bool | None = None
+    sample_rate: int | None = Field(None, ge=8000, le=48000)  # resampled with soxr
 
     MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string",
                                           "instructions": "must be a string"}

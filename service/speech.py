@@ -12,13 +12,13 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-from engines.contract import EngineError, Priority
+from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
 
-from .audio import CONTENT_TYPES, StreamEncoder, encode_file
+from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
-from .params import SpeechBody, build_request, check_work, parse_body
+from .params import SpeechBody, build_request, check_model, check_work, parse_body
 from .schema import JsonError, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
@@ -106,9 +106,21 @@ class _SpeechWork:
         self.stream.cancel()
 
 
+def delivery(body: SpeechBody) -> str | None:
+    """How the audio goes out: ``audio`` (bytes as generated), ``sse`` or None (one file).
+    ``stream_format`` decides when given; else vllm-omni's ``stream`` (true: SSE, false: one
+    file); else OpenAI's default: streamed wherever the format can be encoded incrementally."""
+    if body.stream_format is not None:
+        return body.stream_format
+    if body.stream is not None:
+        return "sse" if body.stream else None
+    return "audio" if body.response_format in STREAMABLE else None
+
+
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state, body = await read_work_request(request, SpeechBody)
-    text, fmt, stream_format = body.input, body.response_format, body.stream_format
+    check_model(body.model, state.settings.checkpoint)
+    text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     synthesis = build_request(request_id, text, body.params, priority)
@@ -122,14 +134,23 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     state.streams.add(work)  # the drain waits for it, then aborts it
     try:
         if stream_format is None:
-            return await _whole_file(request, stream, fmt)
-        return await _streamed(request, work, fmt, stream_format, len(text))
+            return await _whole_file(request, stream, fmt, body.sample_rate)
+        return await _streamed(request, work, fmt, stream_format, body)
     finally:
         state.streams.discard(work)
         stream.cancel()  # no-op once finished; frees the slot if the client went away
 
 
-async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> web.Response:
+def _raise_failure(request: web.Request, chunk) -> None:
+    """A final chunk's error as the HTTP error (before any response byte was sent)."""
+    if chunk.error == "cancelled":
+        raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
+    if chunk.error:
+        log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
+        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
+
+
+async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str, sample_rate: int | None) -> web.Response:
     pieces: list[np.ndarray] = []
     while True:
         chunk = await stream.next_chunk()
@@ -140,13 +161,9 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> we
         if client_gone(request):
             stream.cancel()
             raise ApiError(499, "client_closed", "the client went away")
-    if chunk.error == "cancelled":
-        raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
-    if chunk.error:
-        log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
-        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
+    _raise_failure(request, chunk)
     signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    audio = await asyncio.to_thread(encode_file, signal, fmt)  # mp3/opus encoding must not block the loop
+    audio = await asyncio.to_thread(encode_file, signal, fmt, sample_rate)  # encoding must not block the loop
     return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
 
 
@@ -155,13 +172,18 @@ def _sse(event: dict) -> bytes:
 
 
 async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_format: str,
-                    input_chars: int) -> web.StreamResponse:
+                    body: SpeechBody) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     stream = work.stream
     sse = stream_format == "sse"
+    # The status is sent with the first audio: a request that fails before any audio gets
+    # its HTTP error (500 / 503) like a whole-file request, not a 200 with nothing in it.
+    chunk = await stream.next_chunk()
+    if chunk.is_final and not chunk.pcm.size:
+        _raise_failure(request, chunk)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else CONTENT_TYPES[fmt],
                                            "Cache-Control": "no-cache"})
-    encoder = StreamEncoder(fmt)
+    encoder = StreamEncoder(fmt, body.sample_rate)
     samples = 0
 
     async def send(data: bytes) -> None:
@@ -174,23 +196,32 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
         await response.prepare(request)
         await send(encoder.header())
         while True:
-            chunk = await stream.next_chunk()
             samples += chunk.pcm.size
             await send(encoder.encode(chunk.pcm))
             if chunk.is_final:
                 break
+            chunk = await stream.next_chunk()
         if chunk.error and sse:
             code = work.abort_code or ("cancelled" if chunk.error == "cancelled" else "synthesis_failed")
             await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
         elif not chunk.error:
             await send(await asyncio.to_thread(encoder.finish))
             if sse:
-                usage = {"input_characters": input_chars, "output_samples": samples,
-                         "audio_seconds": round(samples / state.engine.info.sample_rate, 3)}
-                await response.write(_sse({"type": "speech.audio.done", "usage": usage}))
+                await response.write(_sse({"type": "speech.audio.done",
+                                           "usage": usage(body.input, samples, state.engine.info.sample_rate)}))
         await response.write_eof()
     except (ConnectionResetError, ConnectionError):
         log.info("speech %s: client went away", request[REQUEST_ID])
         state.metrics.count("/v1/audio/speech", "client_closed")
         request[COUNTED] = True
     return response
+
+
+def usage(text: str, samples: int, sample_rate: int) -> dict:
+    """SSE ``speech.audio.done`` usage with OpenAI's names: input tokens = the input's
+    characters, output tokens = the codec frames of the audio (12.5 per second); our own
+    older names stay beside them."""
+    frames = -(-samples // SAMPLES_PER_FRAME)
+    return {"input_tokens": len(text), "output_tokens": frames, "total_tokens": len(text) + frames,
+            "input_characters": len(text), "output_samples": samples,
+            "audio_seconds": round(samples / sample_rate, 3)}

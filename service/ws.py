@@ -130,14 +130,17 @@ class StreamSession:
             raise SessionClosed() from exc
 
     async def send_pcm(self, pcm: np.ndarray) -> int:
+        await self.send_bytes(to_pcm16(pcm))
+        return int(pcm.size)
+
+    async def send_bytes(self, data: bytes) -> None:
         if self.closed or self.ws.closed:
             raise SessionClosed()
         try:
-            await self.ws.send_bytes(to_pcm16(pcm))
+            await self.ws.send_bytes(data)
             await self.wait_for_reader()
         except (ConnectionError, RuntimeError) as exc:
             raise SessionClosed() from exc
-        return int(pcm.size)
 
     async def wait_for_reader(self) -> None:
         """Hold the speaker while the client is behind; its chunk buffer then fills and pauses the engine."""
@@ -425,7 +428,9 @@ class StreamSession:
             self.current.cancel()
 
 
-async def stream_session(request: web.Request) -> web.WebSocketResponse:
+async def stream_session(request: web.Request, session_type: type[StreamSession] = StreamSession,
+                         endpoint: str = ENDPOINT) -> web.WebSocketResponse:
+    """A session of ``session_type`` (a dialect of the protocol: service/omni_stream.py)."""
     state = request.app[STATE_KEY]
     state.check_admission()
     ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
@@ -434,9 +439,9 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
-    session = StreamSession(request, ws, state)
+    session = session_type(request, ws, state)
     if not state.api_keys.accepts(websocket_key(request)):
-        state.metrics.count(ENDPOINT, "unauthorized")
+        state.metrics.count(endpoint, "unauthorized")
         request[COUNTED] = True
         await session.fatal("unauthorized", "missing or invalid API key", WSCloseCode.POLICY_VIOLATION)
         return ws
@@ -444,12 +449,12 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
     try:
         state.limits.check_rate(identity)
     except ApiError as exc:
-        state.metrics.count(ENDPOINT, exc.code)
+        state.metrics.count(endpoint, exc.code)
         request[COUNTED] = True
         await session.fatal(exc.code, exc.message, CLOSE_OVERLOADED)
         return ws
     if not state.limits.open_session(identity):
-        state.metrics.count(ENDPOINT, "too_many_sessions")
+        state.metrics.count(endpoint, "too_many_sessions")
         request[COUNTED] = True
         limit = state.settings.max_sessions_per_key
         await session.fatal("too_many_sessions", f"at most {limit} concurrent sessions per key",
@@ -480,7 +485,7 @@ async def stream_session(request: web.Request) -> web.WebSocketResponse:
         await asyncio.gather(speaker, reader, return_exceptions=True)
         if not ws.closed:
             await ws.close()
-        state.metrics.count(ENDPOINT, session.outcome)
+        state.metrics.count(endpoint, session.outcome)
         request[COUNTED] = True
         log.info("session %s closed (%s)", session.session_id, session.outcome)
     return ws

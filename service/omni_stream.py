@@ -1,0 +1,126 @@
+"""WebSocket ``/v1/audio/speech/stream``: vllm-omni's streaming-text speech protocol, so
+clients written for vllm-omni's Qwen3-TTS server work unmodified.
+
+The session machinery is ``service/ws.py``'s (sentence cutting, prefetch, back-pressure,
+limits, drain); this module is the dialect: what a ``session.config`` may carry and how
+our events are named and shaped on the wire.
+
+Client: ``session.config`` (REST fields: voice, language, instructions, response_format,
+sample_rate, stream_audio, model, sampling), ``input.text``, ``input.done`` (a flush; the
+connection stays open), ``session.close``. Server: ``audio.start {utterance_index,
+sentence_index, sentence_text, format, sample_rate, channels}``, binary audio,
+``audio.done {utterance_index, sentence_index, total_bytes, error}``, ``session.done
+{utterance_index, total_sentences}``, ``error {message, code}``. ``utterance_index``
+counts flushes, ``sentence_index`` the sentences inside one. With ``stream_audio`` true the
+audio is PCM16 frames as generated; otherwise one ``response_format`` file per sentence
+(``wav`` by default, as vllm-omni).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import Field
+
+from .audio import StreamEncoder, encode_file, output_rate
+from .errors import ApiError
+from .params import check_model, parse
+from .schema import SPEECH_FORMATS, Strict
+from .ws import StreamSession, stream_session
+
+ENDPOINT = "/v1/audio/speech/stream"
+# vllm-omni's voice-cloning fields: not served by this endpoint yet, refused rather than ignored
+# (ignoring them would answer with another voice than the client asked for)
+CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding")
+
+
+class OmniConfig(Strict):
+    """The fields of a ``session.config`` this dialect adds to the session's parameters."""
+
+    response_format: Literal[SPEECH_FORMATS] = "wav"
+    stream_audio: bool = False
+    sample_rate: int | None = Field(None, ge=8000, le=48000)
+    model: str | None = None
+
+
+class OmniSession(StreamSession):
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, state):
+        super().__init__(request, ws, state)
+        self.config = OmniConfig()
+        self.flush_index = 0  # vllm-omni's utterance_index: input.done flushes
+        self.sentence_index = 0  # sentences inside the current flush
+        self.sent_bytes = 0
+        self.encoder: StreamEncoder | None = None  # stream_audio: PCM at the asked rate
+        self.held: list[np.ndarray] = []  # otherwise the sentence's audio, sent as one file
+
+    async def on_config(self, message: dict) -> None:
+        refused = [name for name in CLONING_FIELDS if message.get(name) is not None]
+        if refused:
+            await self.error("unsupported_field", f"{refused[0]}: voice cloning is not served on this endpoint")
+            return
+        try:
+            config = parse(OmniConfig, {**self.config.model_dump(), **message})
+            if config.model is not None:
+                check_model(config.model, self.state.settings.checkpoint)
+        except ApiError as exc:
+            await self.error(exc.code, exc.message)
+            return
+        self.config = config
+        await super().on_config(message)
+
+    async def send_pcm(self, pcm: np.ndarray) -> int:
+        if self.encoder is not None:
+            data = self.encoder.encode(pcm)
+            if data:
+                await self.send_bytes(data)
+                self.sent_bytes += len(data)
+        else:
+            self.held.append(np.asarray(pcm, dtype=np.float32))
+        return int(pcm.size)
+
+    async def send_json(self, message: dict) -> None:
+        """Our events in vllm-omni's names and fields."""
+        kind = message.get("type")
+        if kind == "session.created":
+            return  # vllm-omni sends nothing on connect
+        if kind == "audio.start":
+            stream = self.config.stream_audio
+            self.encoder = StreamEncoder("pcm", self.config.sample_rate) if stream else None
+            self.held, self.sent_bytes = [], 0
+            message = {"type": "audio.start", "utterance_index": self.flush_index,
+                       "sentence_index": self.sentence_index, "sentence_text": message["text"],
+                       "format": "pcm" if stream else self.config.response_format,
+                       "sample_rate": output_rate("pcm" if stream else self.config.response_format,
+                                                  self.config.sample_rate), "channels": 1}
+        elif kind == "audio.done":
+            await self.flush_audio(failed=bool(message.get("error")))
+            message = {"type": "audio.done", "utterance_index": self.flush_index,
+                       "sentence_index": self.sentence_index, "total_bytes": self.sent_bytes,
+                       "error": bool(message.get("error")), "cancelled": bool(message.get("cancelled"))}
+            self.sentence_index += 1
+        elif kind == "session.done":
+            message = {"type": "session.done", "utterance_index": self.flush_index,
+                       "total_sentences": self.sentence_index}
+            self.flush_index += 1
+            self.sentence_index = 0
+        await super().send_json(message)
+
+    async def flush_audio(self, failed: bool) -> None:
+        """The end of a sentence: the resampler's tail, or the whole sentence as one file."""
+        if self.encoder is not None:
+            data = self.encoder.finish()
+            self.encoder = None
+        elif self.held and not failed:
+            data = encode_file(np.concatenate(self.held), self.config.response_format, self.config.sample_rate)
+        else:
+            data = b""
+        self.held = []
+        if data:
+            await self.send_bytes(data)
+            self.sent_bytes += len(data)
+
+
+async def speech_stream(request: web.Request) -> web.WebSocketResponse:
+    return await stream_session(request, OmniSession, ENDPOINT)

@@ -1,0 +1,115 @@
+"""The browser playground (GET /), driven in a real headless Chromium (Debian's package,
+through Playwright) against a real server: it loads cleanly, streams and schedules audio,
+shows time to first audio, stops, and explains a wrong API key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+from conftest import REPO, start_server, wait_until
+
+CHROMIUM = Path("/usr/bin/chromium")  # apt-get install chromium (scripts/dev-setup.sh); never `playwright install`
+ARTIFACTS = REPO / "test-artifacts"  # git-ignored: the screenshot a person can look at
+TWO_SENTENCES = "Hello from the playground. This is the second sentence."
+LONG = " ".join(f"Sentence number {i} keeps the engine busy for a while." for i in range(40))
+CHROMIUM_ARGS = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
+                 "--use-fake-device-for-media-stream"]
+
+
+@pytest.fixture
+async def browser():
+    assert CHROMIUM.exists(), "Chromium is missing: apt-get install -y chromium chromium-driver (scripts/dev-setup.sh)"
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        await browser.close()
+
+
+async def open_page(browser, url: str):
+    page = await browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    await page.goto(url)
+    return page, problems
+
+
+async def test_both_paths_serve_the_same_self_contained_page(server):
+    async with aiohttp.ClientSession() as http:
+        pages = []
+        for path in ("/", "/playground"):
+            async with http.get(server.url + path) as response:
+                assert response.status == 200
+                assert response.content_type == "text/html"
+                pages.append(await response.text())
+    assert pages[0] == pages[1]
+    # nothing fetched from elsewhere: no external script, style or font
+    assert not re.search(r"""(src|href)=["']https?://""", pages[0])
+    assert "AudioWorkletProcessor" in pages[0] and 'id="ttfa"' in pages[0] and 'id="rtf"' in pages[0]
+
+
+async def test_speak_streams_plays_and_stops(server, browser):
+    page, problems = await open_page(browser, server.url + "/")
+    await page.wait_for_function("document.querySelectorAll('#voice option').length >= 1")
+    assert await page.get_attribute("label[for=text]", "for") == "text"  # labelled controls
+
+    await page.fill("#text", TWO_SENTENCES)
+    await page.focus("#text")
+    await page.keyboard.press("Control+Enter")  # the keyboard path to Speak
+    await page.wait_for_function("window.playground.scheduledSamples >= 4800", timeout=120_000)
+    await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
+    played = await page.evaluate("window.playground")
+    assert played["receivedSamples"] == played["scheduledSamples"] > 4800  # every sample received went to the worklet
+    ttfa = await page.text_content("#ttfa")
+    assert re.fullmatch(r"\d+", ttfa) and 0 < int(ttfa) < 120_000, ttfa
+    assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))
+    await page.wait_for_function("window.playground.playedSamples > 0", timeout=30_000)  # the worklet played audio
+    assert await page.is_enabled("#download")
+    async with page.expect_download() as download_info:
+        await page.click("#download")
+    download = await download_info.value
+    assert download.suggested_filename == "streamvox.wav"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+    # Stop: a long text, stopped once audio flows; the server's request is released
+    await page.fill("#text", LONG)
+    await page.click("#speak")
+    await page.wait_for_function("window.playground.receivedSamples > 0", timeout=120_000)
+    await page.click("#stop")
+    assert await page.text_content("#status") == "Stopped."
+    assert await page.is_enabled("#speak") and not await page.is_enabled("#stop")
+    engine = server.state.engine
+
+    async def released():
+        return engine.stats().active_requests == 0
+
+    await wait_until(released)
+    scheduled = await page.evaluate("window.playground.scheduledSamples")
+    await page.wait_for_timeout(300)
+    assert await page.evaluate("window.playground.scheduledSamples") == scheduled  # nothing more is played
+    assert problems == []
+
+
+async def test_wrong_api_key_shows_a_clear_message(engine, tmp_path, browser):
+    live = await start_server(engine, tmp_path / "data", api_keys=("right-key",))
+    try:
+        page, _ = await open_page(browser, live.url + "/playground")
+        await page.fill("#apikey", "wrong-key")
+        await page.fill("#text", TWO_SENTENCES)
+        await page.click("#speak")
+        await page.wait_for_function("document.querySelector('#status').classList.contains('error')")
+        assert "API key was refused" in await page.text_content("#status")
+        assert await page.evaluate("window.playground.receivedSamples") == 0
+
+        await page.fill("#apikey", "right-key")
+        await page.click("#speak")
+        await page.wait_for_function("window.playground.scheduledSamples > 0", timeout=120_000)
+    finally:
+        await live.stop()
