@@ -2,6 +2,7 @@
 # Install everything the test suite needs, from this repository's own files.
 #   .venv         the project (CPU torch 2.13.0 first, so nothing pulls a CUDA build)
 #   .venv-oracle  the official qwen-tts code, kept apart (see scripts/oracle-env.sh)
+#   chromium      Debian's browser for the playground test (tests/test_playground.py), via apt as root
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,9 +11,23 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# The CPU build of torch; a bare `torch` requirement could pull a multi-GB CUDA build.
-.venv/bin/python -m pip install -q "torch==${STREAMVOX_TORCH_VERSION:-2.13.0}"
+# The CPU build of torch from PyTorch's CPU index: PyPI's Linux `torch` wheel is the CUDA
+# build and pulls GBs of nvidia-* wheels. (A local wheel folder in pip's config still wins.)
+export STREAMVOX_TORCH_INDEX=${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+echo "dev-setup: torch ${STREAMVOX_TORCH_VERSION:-2.13.0} (CPU build) from $STREAMVOX_TORCH_INDEX"
+.venv/bin/python -m pip install -q "torch==${STREAMVOX_TORCH_VERSION:-2.13.0}" --index-url "$STREAMVOX_TORCH_INDEX"
+echo "dev-setup: streamvox with the test and onnx extras"
 .venv/bin/python -m pip install -q -e '.[test,onnx]'
+
+# Chromium drives the playground test (Playwright uses it; never `playwright install`).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "dev-setup: installing chromium (apt)"
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "dev-setup: chromium is missing: sudo apt-get install -y chromium chromium-driver (tests/test_playground.py needs it)"
+  fi
+fi
 
 if [ -f scripts/oracle-env.sh ] && [ "${STREAMVOX_SKIP_ORACLE:-0}" != "1" ]; then
   bash scripts/oracle-env.sh

@@ -38,9 +38,9 @@ for name, version in want.items():
         raise SystemExit(1)
 EOF
 then
-  echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, qwen-tts 0.1.1 --no-deps"
-  # Pinned torch first: the CPU wheel this machine provides; never a bare `torch`.
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION"
+  echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, qwen-tts 0.1.1 --no-deps (about 2 minutes)"
+  # Pinned torch first, the CPU build (PyTorch's CPU index; a local wheel folder still wins); never a bare `torch`.
+  "$OPY" -m pip install -q "torch==$TORCH_VERSION" --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
   "$OPY" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
   # The official code itself, without its declared (heavy) dependencies.
   "$OPY" -m pip install -q --no-deps "qwen-tts==0.1.1"
@@ -56,6 +56,7 @@ if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAM
 else
   rm -rf "$OUT"
   mkdir -p "$OUT"
+  echo "oracle-env: writing the parity fixtures with the official code (about a minute)"
   # Single-threaded torch keeps the 2-core CI box usable and the numerics reproducible.
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$OPY" tests/oracle/make_fixtures.py "$OUT"
   echo "$stamp" > "$OUT/STAMP"

@@ -261,7 +261,7 @@ async def delete_job(request: web.Request) -> web.Response:
     job = _job_or_404(request)
     if job.status in FINISHED or not _runner(request).cancel(job):
         job = _runner(request).store.get(job.id)
-        raise ApiError(409, "job_finished", f"job {job.id} is already {job.status}")
+        raise ApiError(409, "job_finished", f"job {job.id} has already finished ({job.status})")
     return web.json_response(_runner(request).store.get(job.id).to_json())
 
 

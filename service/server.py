@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -84,7 +85,32 @@ def _refusal(limit: int) -> bytes:
     return head.encode("ascii") + body
 
 
-async def start_http(app: web.Application, settings: Settings, port: int | None = None) -> web.AppRunner:
+class PortUnavailable(OSError):
+    """The service's address cannot be bound (in use, no permission, unknown host)."""
+
+
+def reserve_address(host: str, port: int) -> socket.socket:
+    """Bind (not listen on) the service's address before any model loads, so a busy port
+    is a one-line error at once, not a traceback after the load. Until ``start_http``
+    listens on it, connections are refused rather than left hanging."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers only; never a live listener
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = " (another server is running there: stop it or pick --port)" if exc.errno == 98 else ""
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
+    return sock
+
+
+async def start_http(app: web.Application, settings: Settings, port: int | None = None,
+                     sock: socket.socket | None = None) -> web.AppRunner:
     """Serve ``app`` on ``settings.host``: the slowloris bounds set (keep-alive /
     request-head timeout, per-address connection cap, bounded header lines). The body
     read timeout is the body reader's (:func:`service.speech.read_body`)."""
@@ -96,7 +122,10 @@ async def start_http(app: web.Application, settings: Settings, port: int | None 
     await runner.setup()
     if runner.server is not None:
         runner.server.connection_guard = ConnectionGuard(runner.server, settings.max_connections_per_address)
-    site = web.TCPSite(runner, settings.host, settings.port if port is None else port)
+    if sock is not None:
+        site: web.BaseSite = web.SockSite(runner, sock)
+    else:
+        site = web.TCPSite(runner, settings.host, settings.port if port is None else port)
     await site.start()
     return runner
 
@@ -118,14 +147,16 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     handlers) and a ``listening`` future that receives the bound URL.
     """
     loop = asyncio.get_running_loop()
+    sock = reserve_address(settings.host, settings.port)  # PortUnavailable before any model loads
     if engine is None:
+        log.info("loading the models (preset %s, device %s)", settings.preset or "auto", settings.device)
         engine = await asyncio.to_thread(build_engine_for, settings)
         await asyncio.to_thread(engine.start)
     info = engine.info
     log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
              ", ".join(info.random_components) or "none")
     app = create_app(settings, engine)
-    runner = await start_http(app, settings)
+    runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%s", host, port)
     if listening is not None:
@@ -172,4 +203,8 @@ def raise_open_file_limit() -> None:
 def run(settings: Settings) -> int:
     configure_logging(settings.log_level)
     raise_open_file_limit()
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    except PortUnavailable as exc:
+        print(f"streamvox serve: {exc}", file=sys.stderr)  # one line, no traceback
+        return 2

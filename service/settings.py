@@ -69,22 +69,22 @@ class Settings:
 _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--host", "STREAMVOX_HOST", "host", "interface to bind"),
     ("--port", "STREAMVOX_PORT", "port", "TCP port (0 = ephemeral)"),
-    ("--preset", "STREAMVOX_PRESET", "preset", "model size: tiny|small|base (default: small on CPU, base on CUDA)"),
+    ("--preset", "STREAMVOX_PRESET", "preset", "model size (default: small on CPU, base on CUDA)"),
     ("--device", "STREAMVOX_DEVICE", "device", "auto|cpu|cuda"),
     ("--data-dir", "STREAMVOX_DATA_DIR", "data_dir", "where the job database and audio live"),
     ("--checkpoint", "STREAMVOX_CHECKPOINT", "checkpoint", "Qwen3-TTS / streamvox checkpoint directory"),
-    ("--source", "STREAMVOX_SOURCE", "source", "latent source: dit|talker (default: talker if the checkpoint has one)"),
-    ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime: torch|onnxruntime|tensorrt"),
+    ("--source", "STREAMVOX_SOURCE", "source", "latent source (default: talker if the checkpoint has one)"),
+    ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime"),
     ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
     ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
     ("--max-slots", "STREAMVOX_MAX_SLOTS", "max_slots", "concurrent streams of the pipeline: DiT slots (default: the preset's) or talker rows (default 8)"),
-    ("--dtype", "STREAMVOX_DTYPE", "dtype", "auto|float32|bfloat16 (auto: bfloat16 on CUDA, float32 on CPU)"),
+    ("--dtype", "STREAMVOX_DTYPE", "dtype", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)"),
     ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
     ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
-    ("--metrics-auth", "STREAMVOX_METRICS_AUTH", "metrics_auth", "require an API key for /metrics (on|off)"),
+    ("--metrics-auth", "STREAMVOX_METRICS_AUTH", "metrics_auth", "require an API key for /metrics"),
     ("--cors-origins", "STREAMVOX_CORS_ORIGINS", "cors_origins", "comma separated allowed origins (empty = CORS off)"),
     ("--max-input-chars", "STREAMVOX_MAX_INPUT_CHARS", "max_input_chars", "longest accepted input text"),
-    ("--log-level", "STREAMVOX_LOG_LEVEL", "log_level", "debug|info|warning|error"),
+    ("--log-level", "STREAMVOX_LOG_LEVEL", "log_level", "log verbosity"),
     ("--rate-limit", "STREAMVOX_RATE_LIMIT", "rate_limit", "requests/s per API key that start work (0 = off)"),
     ("--rate-burst", "STREAMVOX_RATE_BURST", "rate_burst", "token-bucket size for --rate-limit"),
     ("--max-sessions-per-key", "STREAMVOX_MAX_SESSIONS_PER_KEY", "max_sessions_per_key",
@@ -103,14 +103,24 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
+# The values a flag takes, shown in --help (from_args checks them, for flags and env vars alike).
+CHOICES = {"preset": ("tiny", "small", "base"), "source": ("dit", "talker"),
+           "backend": ("torch", "onnxruntime", "tensorrt"), "dtype": ("auto", "float32", "bfloat16"),
+           "metrics_auth": ("on", "off"), "log_level": ("debug", "info", "warning", "error")}
+
+
+def _shown_default(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every server flag; defaults are None so the environment can fill them in."""
     for flag, env, dest, help_text in _OPTIONS:
         default = getattr(Settings, dest, None)
-        shown = f" [env {env}; default {default}]" if default not in (None, ()) else f" [env {env}]"
-        parser.add_argument(flag, dest=dest, default=None, help=help_text + shown)
+        shown = f" [env {env}; default {_shown_default(default)}]" if default not in (None, ()) else f" [env {env}]"
+        choices = CHOICES.get(dest)
+        parser.add_argument(flag, dest=dest, default=None, help=help_text + shown,
+                            metavar="{" + ",".join(choices) + "}" if choices else None)
     parser.add_argument("--api-key", dest="api_key", action="append", default=None,
                         help=f"accepted API key, repeatable [env {ENV_API_KEYS}, comma separated]")
 

@@ -28,9 +28,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def missing_extra(args: argparse.Namespace) -> list[str]:
+    """The packages of the ``onnx`` extra this export needs and the environment lacks."""
+    import importlib.util
+
+    needed = ["onnx"] + (["onnxscript"] if args.exporter == "dynamo" else []) + (["onnxruntime"] if args.verify else [])
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
+
+    missing = missing_extra(args)
+    if missing:
+        print(f"streamvox export: needs the `onnx` extra ({', '.join(missing)} not installed): "
+              "pip install -e '.[onnx]'", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -43,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     models = _models_from_checkpoint(Path(args.checkpoint), config, args.seed) if args.checkpoint else (
         build_models(config, args.seed))
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
+    print(f"exporting {', '.join(graphs)} ({args.preset}, {args.dtype}, {args.exporter} exporter) to {args.out} ...",
+          flush=True)  # tens of seconds with nothing else to show
     t0 = time.perf_counter()
     try:
         manifest = export_models(models, args.out, dtype=DTYPES[args.dtype], graphs=graphs,

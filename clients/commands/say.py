@@ -45,8 +45,17 @@ def call_server(args: argparse.Namespace, action):
     except StreamvoxError as exc:
         print(f"streamvox {args.command}: {exc}", file=sys.stderr)
     except OSError as exc:
-        print(f"streamvox {args.command}: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"streamvox {args.command}: cannot reach {args.url}: {connection_problem(exc)}", file=sys.stderr)
     return 1, None
+
+
+def connection_problem(exc: OSError) -> str:
+    """Why a connection failed, in words: the OS error's text (``Connection refused``), not
+    aiohttp's wrapper with its ``ssl:default [Connect call failed (...)]`` internals."""
+    root = getattr(exc, "os_error", None) or exc  # aiohttp.ClientConnectorError keeps the OSError
+    if isinstance(root, ConnectionRefusedError) or root.errno == 111:
+        return "connection refused (is `streamvox serve` running there?)"
+    return root.strerror or str(root)
 
 
 def run(args: argparse.Namespace) -> int:
