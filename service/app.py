@@ -20,6 +20,7 @@ from .middleware import (
     on_response_prepare,
     request_id_middleware,
 )
+from .params import served_model_names
 from .settings import Settings
 from .state import STATE_KEY, AppState
 
@@ -48,6 +49,7 @@ async def models(request: web.Request) -> web.Response:
         "random_weights": bool(info.random_components), "voices": list(info.voices), "max_queue": info.max_queue,
         # the engine as served: dit | talker, requests batched together at most, the DiT/decoder runtime
         "pipeline": info.pipeline, "slots": info.slots, "backend": info.backend or state.settings.backend,
+        "names": list(served_model_names(state.settings.checkpoint)),  # what a speech request's `model` may be
     }
     return web.json_response({"object": "list", "data": [model]})
 

@@ -137,7 +137,11 @@ async def test_model_accepts_openai_and_served_names(engine, tmp_path):
                     await r.read()
             async with http.post(live.url + SPEECH, json={"input": "Hi.", "model": "gpt-5"}) as r:
                 error = (await r.json())["error"]
-        assert r.status == 400 and error["code"] == "invalid_field"
+                status = r.status
+            async with http.get(live.url + "/v1/models") as models:
+                names = (await models.json())["data"][0]["names"]
+        assert "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in names and "tts-1" in names
+        assert status == 400 and error["code"] == "invalid_field"
         assert "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in error["message"] and "tts-1" in error["message"]
     finally:
         await live.stop()

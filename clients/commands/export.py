@@ -30,10 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def missing_extra(args: argparse.Namespace) -> list[str]:
     """The packages of the ``onnx`` extra this export needs and the environment lacks."""
-    import importlib.util
+    import importlib
 
     needed = ["onnx"] + (["onnxscript"] if args.exporter == "dynamo" else []) + (["onnxruntime"] if args.verify else [])
-    return [name for name in needed if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def run(args: argparse.Namespace) -> int:
