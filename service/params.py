@@ -7,7 +7,13 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, TypeVar
 
-from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
+from engines.contract import (
+    InvalidRequest,
+    Priority,
+    SynthesisEngine,
+    SynthesisRequest,
+    VoiceClone,
+)
 
 from .audio import check_format
 from .errors import ApiError
@@ -65,8 +71,9 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
     return resolve_voice(engine, updated)
 
 
-def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
+def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
+                  clone: VoiceClone | None = None) -> SynthesisRequest:
+    return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, **params.model_dump())
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from engines.contract import EngineError, Priority
 
+from . import voices
 from .audio import CONTENT_TYPES, StreamEncoder, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError
@@ -107,11 +108,16 @@ class _SpeechWork:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
+    # Voice cloning (issue 15): a body may carry base64 reference audio up to --max-ref-audio-mb.
+    settings = request.app[STATE_KEY].settings
+    request = request.clone(client_max_size=max(settings.max_body_bytes,
+                                                int(settings.max_ref_audio_mb * (1 << 20) * 4 / 3) + (64 << 10)))
     state, body = await read_work_request(request, SpeechBody)
+    clone = await voices.clone_for(request, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, body.stream_format
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    synthesis = build_request(request_id, text, body.params, priority)
+    synthesis = build_request(request_id, text, body.params, priority, clone=clone)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
     try:
         stream.start()

@@ -181,6 +181,7 @@ class Engine:
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         self.validate(request)
+        self._validate_task(request)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
         return self.worker.submit(request, deliver)
@@ -221,7 +222,9 @@ class Engine:
 
     def resolve_voice(self, name: str) -> str:
         if self.task_type in ("Base", "VoiceDesign"):
-            return self.voice_names[0]  # the voice comes with the request (reference / instructions)
+            # No preset speakers: the voice comes with the request (reference / instructions); a
+            # name here may be a saved voice, which the service resolved into the request's clone.
+            return (name or "default").strip() or "default"
         key = (name or "default").strip().lower()
         for canonical in self.voice_names:
             if key == canonical.lower():
@@ -239,7 +242,6 @@ class Engine:
         (the service validates them at its boundary, :mod:`service.schema`); the engine
         trusts them."""
         self.resolve_voice(request.voice)
-        self._validate_task(request)
         languages = self.source.languages()
         if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages]:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
@@ -256,6 +258,9 @@ class Engine:
                     raise InvalidRequest(name, "the DiT pipeline has no task types, voice cloning or instructions; "
                                                "serve a Qwen3-TTS checkpoint (--source talker)")
             return
+        if request.speed != 1.0:
+            raise InvalidRequest("speed", "the Qwen3-TTS talker has no speed control (the official generate has "
+                                          "none) and streamvox does not time-stretch talker audio; send speed 1.0")
         if request.task_type is not None and request.task_type != task:
             raise InvalidRequest("task_type", f"the loaded checkpoint is a {task} release; it cannot do "
                                               f"{str(request.task_type)[:32]}")
@@ -272,6 +277,8 @@ class Engine:
             raise InvalidRequest("instructions", "a VoiceDesign checkpoint needs instructions describing the voice")
 
     def _voice_index(self, name: str) -> int:
+        if self.task_type in ("Base", "VoiceDesign"):
+            return 0
         return self.voice_names.index(self.resolve_voice(name))
 
     # On CUDA the first use of each kernel shape loads modules and picks GEMM algorithms (tens
