@@ -131,7 +131,7 @@ class SpeechBody(SynthesisParams, _Input):
     x_vector_only_mode: bool | None = None
 
     MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string",
-                                          "model": f"must be one of {', '.join(MODEL_NAMES)} or a Qwen3-TTS "
+                                          "model": f"choose one of {', '.join(MODEL_NAMES)} or a Qwen3-TTS "
                                                    "release name such as Qwen/Qwen3-TTS-12Hz-0.6B-Base",
                                           "ref_audio": "must be base64 audio or a data: URL",
                                           "ref_text": f"must be a string of at most {MAX_INSTRUCTION_CHARS} "
