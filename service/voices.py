@@ -145,13 +145,22 @@ async def clone_for(request: web.Request, body) -> VoiceClone | None:
         if x_only:
             return VoiceClone(features.xvector, key=_content_key(audio))
         return VoiceClone(features.xvector, features.codes, body.ref_text, key=_content_key(audio))
-    saved = request.app[VOICE_STORE_KEY].get(body.voice)
-    if saved is None:
+    clone = saved_clone(request.app, body.voice)
+    if clone is None:
         if state.engine.info.extra.get("task_type") == "Base" and body.voice.strip().lower() != "default":
             raise ApiError(400, "invalid_field", f"voice: no saved voice named {body.voice[:64]!r}; upload one "
                                                  "with POST /v1/audio/voices or send ref_audio")
         return None
-    if x_only or not saved.ref_text:
+    return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
+
+
+def saved_clone(app: web.Application, voice: str) -> VoiceClone | None:
+    """The clone of a saved voice named ``voice`` (WebSocket sessions: ``session.config`` voice), else None."""
+    store = app.get(VOICE_STORE_KEY)
+    saved = store.get(voice) if store is not None else None
+    if saved is None:
+        return None
+    if not saved.ref_text:
         return VoiceClone(saved.xvector, key=saved.audio_sha256)
     return VoiceClone(saved.xvector, saved.codes, saved.ref_text, key=saved.audio_sha256)
 
@@ -245,4 +254,4 @@ def add_routes(app: web.Application, store: VoiceStore) -> None:
     app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
 
 
-__all__ = ["VOICE_STORE_KEY", "add_routes", "clone_for", "decode_base64_audio", "reference_audio"]
+__all__ = ["VOICE_STORE_KEY", "add_routes", "clone_for", "decode_base64_audio", "reference_audio", "saved_clone"]
