@@ -22,6 +22,7 @@ from .limits import client_identity
 from .params import SpeechBody, build_request, check_work, parse_body
 from .schema import JsonError, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
+from .tempo import tempo_for
 
 log = logging.getLogger("streamvox.speech")
 
@@ -117,8 +118,11 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     text, fmt, stream_format = body.input, body.response_format, body.stream_format
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    synthesis = build_request(request_id, text, body.params, priority, clone=clone)
+    tempo = tempo_for(state.engine, body.speed)  # the talker's speed: the service stretches its audio
+    params = body.params if tempo is None else body.params.model_copy(update={"speed": 1.0})
+    synthesis = build_request(request_id, text, params, priority, clone=clone)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
+    stream.tempo = tempo
     try:
         stream.start()
     except EngineError as exc:

@@ -112,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         engine.stop()
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from service.tempo import tempo_for
+
+    tempo = tempo_for(engine, params.speed)  # the talker's speed: its audio is time-stretched (pitch kept)
+    if tempo is not None:
+        params = params.model_copy(update={"speed": 1.0})
     pieces: list[np.ndarray] = []
     done = threading.Event()
     state: dict[str, object] = {}
@@ -119,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     show = not args.quiet and (sys.stderr.isatty() or len(text) > 200)
 
     def deliver(chunk: AudioChunk) -> None:
-        pieces.append(chunk.pcm)
+        pieces.append(chunk.pcm if tempo is None else tempo.apply(chunk).pcm)
         if show:
             _progress(chunk.frames_done, chunk.frames_total, started, sys.stderr)
         if chunk.is_final:
