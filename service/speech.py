@@ -109,10 +109,6 @@ class _SpeechWork:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    # Voice cloning (issue 15): a body may carry base64 reference audio up to --max-ref-audio-mb.
-    settings = request.app[STATE_KEY].settings
-    request = request.clone(client_max_size=max(settings.max_body_bytes,
-                                                int(settings.max_ref_audio_mb * (1 << 20) * 4 / 3) + (64 << 10)))
     state, body = await read_work_request(request, SpeechBody)
     clone = await voices.clone_for(request, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, body.stream_format

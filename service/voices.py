@@ -126,6 +126,12 @@ async def features_of(engine, audio: np.ndarray, field: str = "ref_audio"):
         raise ApiError(400, "invalid_field", str(exc)) from None
 
 
+def _task_type(engine) -> str | None:
+    """The loaded Qwen3-TTS release's task (None: the DiT, or an engine that does not say)."""
+    extra = getattr(getattr(engine, "info", None), "extra", None) or {}
+    return extra.get("task_type")
+
+
 def _content_key(audio: np.ndarray) -> str:
     return hashlib.sha256(audio.tobytes()).hexdigest()
 
@@ -147,7 +153,7 @@ async def clone_for(request: web.Request, body) -> VoiceClone | None:
         return VoiceClone(features.xvector, features.codes, body.ref_text, key=_content_key(audio))
     clone = saved_clone(request.app, body.voice)
     if clone is None:
-        if state.engine.info.extra.get("task_type") == "Base" and body.voice.strip().lower() != "default":
+        if _task_type(state.engine) == "Base" and body.voice.strip().lower() != "default":
             raise ApiError(400, "invalid_field", f"voice: no saved voice named {body.voice[:64]!r}; upload one "
                                                  "with POST /v1/audio/voices or send ref_audio")
         return None
@@ -234,8 +240,8 @@ async def create_voice(request: web.Request) -> web.Response:
 
 
 async def list_voices(request: web.Request) -> web.Response:
-    info = request.app[STATE_KEY].engine.info
-    builtin = [] if info.extra.get("task_type") in ("Base", "VoiceDesign") else list(info.voices)
+    engine = request.app[STATE_KEY].engine
+    builtin = [] if _task_type(engine) in ("Base", "VoiceDesign") else list(engine.info.voices)
     uploaded = await asyncio.to_thread(request.app[VOICE_STORE_KEY].list)
     return web.json_response({"voices": builtin, "uploaded_voices": [v.describe() for v in uploaded]})
 
