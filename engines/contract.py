@@ -94,6 +94,31 @@ class SynthesisRequest:
     temperature: float = 0.9
     top_k: int = 50
     top_p: float = 1.0
+    # Talker task and voice prompt (issue 15; vllm-omni's field names). ``None`` = what the
+    # checkpoint's release does: Base clones (``clone`` required), VoiceDesign follows
+    # ``instructions`` (required), CustomVoice speaks a preset ``voice`` (instructions on 1.7B).
+    task_type: str | None = None  # "CustomVoice" | "VoiceDesign" | "Base"
+    instructions: str | None = None
+    clone: "VoiceClone | None" = None
+    non_streaming_mode: bool | None = None  # None: the release's default (Base False, others True)
+
+
+@dataclass(frozen=True)
+class VoiceClone:
+    """A reference voice for a Base checkpoint, its features already computed (once per voice:
+    ``engine.voice_features`` caches them by content; saved voices store them).
+
+    ``ref_codes`` None = x-vector-only cloning; otherwise in-context cloning with ``ref_text``,
+    the transcript of the reference audio."""
+
+    xvector: np.ndarray  # [D] float32: takes the speaker's place in the prompt
+    ref_codes: np.ndarray | None = None  # [T, G] int64 speech-tokenizer codes of the reference
+    ref_text: str | None = None
+    key: str = ""  # content hash of the reference (cache key, logs)
+
+    @property
+    def in_context(self) -> bool:
+        return self.ref_codes is not None
 
 
 @dataclass(frozen=True)

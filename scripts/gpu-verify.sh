@@ -8,6 +8,7 @@
 # Usage: bash scripts/gpu-verify.sh [steps...]
 #   steps: tests cp tick engine talker e2e            (the DiT path and components)
 #          ckpt talker_e2e profile_talker profile_dit  (issue 19: the served talker and the profiles)
+#          clone   (issue 15: cloning served on CUDA and its TTFA; carry tests/fixtures/oracle/clone)
 #   default: all of the first line.
 # TESTS='tests/x.py ...' narrows the test step. SIZES='0.6b 1.7b' picks the talker sizes (random
 # checkpoints in the official layout, written by the `ckpt` step into /tmp/ckpt-SIZE).
@@ -61,6 +62,12 @@ for step in $STEPS; do
       timeout ${TICK_TIMEOUT:-150} python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
         --depths ${TICK_DEPTHS:-1,4,8,16,32,64} --steps 8 --ticks 16 --repeats ${TICK_REPEATS:-2} 2>&1 \
         | tee "$OUT/bench_tick.log" ;;
+    clone)
+      say "clone tests + TTFA (saved voice vs inline ref_audio)"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 250 tests/test_clone_parity.py \
+        2>&1 | tee "$OUT/clone_tests.log"
+      timeout 200 python3 benchmarks/bench_clone_ttfa.py --device cuda --runs 9 \
+        2>&1 | tee "$OUT/bench_clone_ttfa.log" ;;
     talker)
       say "bench_talker"
       timeout 150 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 32 \

@@ -19,10 +19,12 @@ TORCH_VERSION=${STREAMVOX_TORCH_VERSION:-2.13.0}
 start=$(date +%s)
 
 # What the two model files (and the package modules they pull in) really need.
-# librosa / soundfile / sox / onnxruntime / torchaudio / einops are only used by the
-# 25 Hz tokenizer and the audio I/O helpers: tests/oracle/official.py stubs them.
+# sox / onnxruntime / torchaudio / einops are only used by the 25 Hz tokenizer and the
+# audio I/O helpers: tests/oracle/official.py stubs them. librosa (with soundfile) is
+# installed: the official speaker-encoder mel uses librosa's slaney filterbank, and the
+# clone fixtures prove streamvox's own filterbank equal to it.
 # transformers brings tokenizers, huggingface-hub, safetensors, numpy, regex, pyyaml.
-ORACLE_PKGS=("transformers==4.57.3")   # the version qwen-tts 0.1.1 pins
+ORACLE_PKGS=("transformers==4.57.3" "librosa==0.11.0")   # transformers: the version qwen-tts 0.1.1 pins
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "oracle-env: creating $VENV"
@@ -32,13 +34,13 @@ OPY="$VENV/bin/python"
 
 if ! "$OPY" - "$TORCH_VERSION" <<'EOF' 2>/dev/null
 import sys, importlib.metadata as md
-want = {"torch": sys.argv[1], "transformers": "4.57.3", "qwen-tts": "0.1.1"}
+want = {"torch": sys.argv[1], "transformers": "4.57.3", "qwen-tts": "0.1.1", "librosa": "0.11.0"}
 for name, version in want.items():
     if md.version(name).split("+")[0] != version:
         raise SystemExit(1)
 EOF
 then
-  echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, qwen-tts 0.1.1 --no-deps (about 2 minutes)"
+  echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, librosa 0.11.0, qwen-tts 0.1.1 --no-deps (about 2 minutes)"
   # Pinned torch first, the CPU build (PyTorch's CPU index; a local wheel folder still wins); never a bare `torch`.
   "$OPY" -m pip install -q "torch==$TORCH_VERSION" --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
   "$OPY" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
@@ -67,5 +69,9 @@ fi
 # them here too so dev-setup / CI get every oracle fixture from one entry point.
 if [ -f scripts/oracle-talker-fixtures.sh ]; then
   bash scripts/oracle-talker-fixtures.sh
+fi
+# The voice-clone / voice-design fixtures (tests/fixtures/oracle/clone/), same venv.
+if [ -f scripts/oracle-clone-fixtures.sh ]; then
+  bash scripts/oracle-clone-fixtures.sh
 fi
 echo "oracle-env: done in $(( $(date +%s) - start ))s"

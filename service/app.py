@@ -11,6 +11,7 @@ from aiohttp import web
 from engines.contract import SynthesisEngine
 
 from . import jobs, omni_stream, playground, speech, ws
+from . import voices as saved_voices
 from .metrics import CONTENT_TYPE
 from .middleware import (
     access_log_middleware,
@@ -23,6 +24,7 @@ from .middleware import (
 from .params import served_model_names
 from .settings import Settings
 from .state import STATE_KEY, AppState
+from .voice_store import VoiceStore
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -50,6 +52,10 @@ async def models(request: web.Request) -> web.Response:
         # the engine as served: dit | talker, requests batched together at most, the DiT/decoder runtime
         "pipeline": info.pipeline, "slots": info.slots, "backend": info.backend or state.settings.backend,
         "names": list(served_model_names(state.settings.checkpoint)),  # what a speech request's `model` may be
+        # issue 15: what the loaded Qwen3-TTS release can do (task_type None: the DiT pipeline)
+        "task_types": [info.extra["task_type"]] if info.extra.get("task_type") else [],
+        "instructions": bool(info.extra.get("instructions_apply")),
+        "voice_cloning": bool(info.extra.get("voice_cloning")),
     }
     return web.json_response({"object": "list", "data": [model]})
 
@@ -85,4 +91,5 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
     playground.add_routes(app)
     jobs.add_routes(app)
+    saved_voices.add_routes(app, VoiceStore(settings.data_dir / "voices"))  # saved voices (issue 15)
     return app

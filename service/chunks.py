@@ -44,6 +44,7 @@ class ChunkStream:
         self.handle: RequestHandle | None = None
         self.finished = False  # the final chunk was read
         self.max_buffered = 0  # largest backlog seen; tests check it stays bounded
+        self.tempo = None  # issue 15: speed on the talker path (service/tempo.py), applied as chunks are read
 
     def start(self) -> "ChunkStream":
         """Submit; raises the engine's InvalidRequest / EngineOverloaded / EngineUnavailable."""
@@ -92,6 +93,8 @@ class ChunkStream:
                 if not self._engine.stats().alive:  # a dead worker sends nothing more: end the request here
                     self._on_chunk(self._engine_failure_chunk())
         chunk = self._buffer.popleft()
+        if self.tempo is not None:
+            chunk = self.tempo.apply(chunk)
         self._resume_if_drained()
         if chunk.is_final:
             self.finished = True

@@ -8,12 +8,19 @@ import math
 import os
 from typing import Any, Mapping, TypeVar
 
-from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
+from engines.contract import (
+    InvalidRequest,
+    Priority,
+    SynthesisEngine,
+    SynthesisRequest,
+    VoiceClone,
+)
 
 from .audio import check_format
 from .errors import ApiError
 from .schema import (
     MODEL_NAMES,
+    QWEN3_TTS_MODEL,
     FieldError,
     JobBody,
     SpeechBody,
@@ -79,8 +86,10 @@ def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
 def check_model(model: str, checkpoint: str | None) -> None:
     """ApiError(400) naming the accepted names when ``model`` is not one of them."""
     names = served_model_names(checkpoint)
-    if model not in names:
-        raise ApiError(400, "invalid_field", f"model: choose one of {', '.join(names)}")
+    # vllm-omni clients send the Hugging Face repo name of the release they were written for.
+    if model not in names and not QWEN3_TTS_MODEL.match(model):
+        raise ApiError(400, "invalid_field", f"model: choose one of {', '.join(names)} or a Qwen3-TTS "
+                                             "release name such as Qwen/Qwen3-TTS-12Hz-0.6B-Base")
 
 
 def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine) -> SynthesisParams:
@@ -92,8 +101,9 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
     return resolve_voice(engine, updated)
 
 
-def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
+def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
+                  clone: VoiceClone | None = None) -> SynthesisRequest:
+    return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, **params.model_dump())
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

@@ -12,6 +12,7 @@ documents: ``"speed: must be between 0.25 and 4.0"``.
 from __future__ import annotations
 
 import json
+import re
 import typing
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
@@ -35,6 +36,11 @@ SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw")
 JOB_FORMATS = ("wav", "flac")
 STREAM_FORMATS = ("audio", "sse")
 DEFAULT_SPEECH_FORMAT = "mp3"  # OpenAI's default
+# Qwen3-TTS tasks and release names (issue 15): any release's name is accepted as ``model``.
+TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
+QWEN3_TTS_MODEL = re.compile(r"^(?:[\w.-]+/)?Qwen3-TTS-12Hz-(?:0\.6B|1\.7B)-(?:Base|CustomVoice|VoiceDesign)$",
+                             re.IGNORECASE)
+MAX_INSTRUCTION_CHARS = 4096
 DEFAULT_JOB_FORMAT = "wav"
 
 
@@ -71,10 +77,15 @@ class SynthesisParams(Strict):
     temperature: float = Field(0.9, gt=0.0, le=5.0)
     top_k: int = Field(50, ge=0, le=4096)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # Qwen3-TTS task and prompt (issue 15, vllm-omni's names). None: the loaded release's default.
+    task_type: Literal[TASK_TYPES] | None = None
+    instructions: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
+    non_streaming_mode: bool | None = None
 
     MESSAGES: ClassVar[dict[str, str]] = {
         "voice": "must be a non-empty string or {\"id\": \"name\"}",
         "language": "must be a language name or 'Auto'",
+        "instructions": f"must be a string of at most {MAX_INSTRUCTION_CHARS} characters",
     }
 
     @field_validator("voice", mode="before")
@@ -120,17 +131,22 @@ class _Input(Strict):
 class SpeechBody(SynthesisParams, _Input):
     """``POST /v1/audio/speech``."""
 
-    model: str = "streamvox"  # MODEL_NAMES or the served checkpoint's names (checked in service/params.py)
+    model: str = "streamvox"  # MODEL_NAMES, a Qwen3-TTS release name or the served checkpoint's (service/params.py)
     response_format: Literal[SPEECH_FORMATS] = DEFAULT_SPEECH_FORMAT
     stream_format: Literal[STREAM_FORMATS] | None = None
-    instructions: str | None = None  # accepted for compatibility, not used
     # OpenAI / vllm-omni conformance: ``stream`` true = SSE (when stream_format is absent),
     # false = one whole file; absent = OpenAI's default (streamed bytes where the format allows)
     stream: bool | None = None
     sample_rate: int | None = Field(None, ge=8000, le=48000)  # resampled with soxr
+    # Voice cloning (issue 15): reference audio as base64 or a data URL (service/voices.py decodes it)
+    ref_audio: str | None = None
+    ref_text: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
+    x_vector_only_mode: bool | None = None
 
     MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string",
-                                          "instructions": "must be a string"}
+                                          "ref_audio": "must be base64 audio or a data: URL",
+                                          "ref_text": f"must be a string of at most {MAX_INSTRUCTION_CHARS} "
+                                                      "characters"}
 
     @property
     def params(self) -> SynthesisParams:

@@ -47,6 +47,9 @@ class Settings:
     http_idle_seconds: float = 15.0
     http_body_seconds: float = 30.0
     max_connections_per_address: int = 256  # concurrent TCP connections per client IP (0 = unlimited)
+    # Voice cloning (issue 15): reference audio limits, inline ref_audio and uploads alike
+    max_ref_audio_seconds: float = 30.0
+    max_ref_audio_mb: float = 10.0
     # Limits without a flag of their own (issue 7 defaults); tests may override them.
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
@@ -98,6 +101,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "408 when a request body takes longer than this to arrive"),
     ("--max-connections-per-address", "STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS", "max_connections_per_address",
      "concurrent connections per client IP; more get 503 too_many_connections (0 = unlimited)"),
+    ("--max-ref-audio-seconds", "STREAMVOX_MAX_REF_AUDIO_SECONDS", "max_ref_audio_seconds",
+     "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)"),
+    ("--max-ref-audio-mb", "STREAMVOX_MAX_REF_AUDIO_MB", "max_ref_audio_mb",
+     "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
 )
@@ -202,7 +209,8 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
                                 ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
-                                ("max_connections_per_address", int, 0)):
+                                ("max_connections_per_address", int, 0),
+                                ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     if "ws_idle_timeout_s" in raw:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
 
+from . import voices
 from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder, encode_file
 from .chunks import ChunkStream
 from .errors import ApiError
@@ -21,6 +22,7 @@ from .limits import client_identity
 from .params import SpeechBody, build_request, check_model, check_work, parse_body
 from .schema import JsonError, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
+from .tempo import tempo_for
 
 log = logging.getLogger("streamvox.speech")
 
@@ -120,11 +122,15 @@ def delivery(body: SpeechBody) -> str | None:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state, body = await read_work_request(request, SpeechBody)
     check_model(body.model, state.settings.checkpoint)
+    clone = await voices.clone_for(request, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    synthesis = build_request(request_id, text, body.params, priority)
+    tempo = tempo_for(state.engine, body.speed)  # the talker's speed: the service stretches its audio
+    params = body.params if tempo is None else body.params.model_copy(update={"speed": 1.0})
+    synthesis = build_request(request_id, text, params, priority, clone=clone)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
+    stream.tempo = tempo
     try:
         stream.start()
     except EngineError as exc:

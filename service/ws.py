@@ -31,6 +31,8 @@ from .limits import client_identity
 from .params import SynthesisParams, build_request, parse, update_params
 from .schema import InputText, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
+from .tempo import tempo_for
+from .voices import saved_clone
 
 log = logging.getLogger("streamvox.ws")
 
@@ -348,9 +350,13 @@ class StreamSession:
         """Submit one utterance; a fatal error closes the session, a bad field skips it."""
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
-        synthesis = build_request(request_id, utterance.text, self.params, Priority.REALTIME)
+        tempo = tempo_for(self.state.engine, self.params.speed)  # issue 15: talker speed, stretched here
+        params = self.params if tempo is None else self.params.model_copy(update={"speed": 1.0})
+        synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
+                                  clone=saved_clone(self.request.app, self.params.voice))  # issue 15: saved voices
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
                              high_water=self.state.settings.ws_buffer_chunks)
+        stream.tempo = tempo
         try:
             return stream.start()
         except EngineOverloaded:

@@ -80,7 +80,7 @@ def test_speech_body_fields_and_defaults():
     (SpeechBody, {"input": "Hi.", "stream_format": "video"}, "invalid_field", "stream_format: choose one of audio, sse"),
     (SpeechBody, {"input": "Hi.", "response_format": "m4a"}, "invalid_field",
      "response_format: choose one of pcm, wav, flac, mp3, opus, aac, ulaw"),
-    (SpeechBody, {"input": "Hi.", "instructions": 3}, "invalid_field", "instructions: must be a string"),
+    (SpeechBody, {"input": "Hi.", "instructions": 3}, "invalid_field", "instructions: must be a string of at most 4096 characters"),
     (JobBody, {"input": "Hi.", "response_format": "mp3"}, "invalid_field", "response_format: choose one of wav, flac"),
     (JobBody, {"input": ""}, "invalid_field", "input: must be a non-empty string"),
     (InputText, {"type": "input.text", "text": 5}, "invalid_field", "text: must be a string"),

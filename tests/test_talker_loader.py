@@ -104,11 +104,12 @@ def test_missing_tokenizer_files(ckpt):
         load_talker(ckpt)
 
 
-def test_base_checkpoints_refuse_custom_voice(ckpt):
+def test_base_config_without_speaker_encoder_is_refused(ckpt):
+    """A directory that says Base but holds no speaker encoder cannot clone: refused at load,
+    naming the missing tensors (tests/test_clone_parity.py runs real Base directories)."""
     _edit_config(ckpt, lambda c: c.__setitem__("tts_model_type", "base"))
-    bundle = TalkerBundle.from_checkpoint(ckpt)
-    with pytest.raises(ValueError, match="voice-clone"):
-        bundle.generate_codes("Hello.", "Ryan")
+    with pytest.raises(CheckpointError, match="speaker_encoder"):
+        TalkerBundle.from_checkpoint(ckpt)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

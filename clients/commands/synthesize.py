@@ -27,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--guidance-scale", type=float, default=2.0)
     p.add_argument("--speed", type=float, default=1.0)
+    # Qwen3-TTS releases (issue 15): Base clones a reference voice, VoiceDesign / 1.7B CustomVoice follow instructions
+    p.add_argument("--ref-audio", default=None, help="Base checkpoints: reference voice audio file (1-30 s)")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
+    p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only (no --ref-text)")
+    p.add_argument("--instructions", default=None, help="VoiceDesign: the voice described in words; "
+                                                        "1.7B CustomVoice: how to speak")
     p.add_argument("--format", choices=("wav", "flac"), default=None,
                    help="file format (default: from the --out extension, else wav)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -39,6 +45,28 @@ def _progress(done: int, total: int, started: float, stream) -> None:
     elapsed = time.monotonic() - started
     stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} frames {elapsed:5.1f}s")
     stream.flush()
+
+
+def _clone(engine, args: argparse.Namespace):
+    """--ref-audio -> the request's clone (the server's checks and decoding: service/voices.py)."""
+    if args.ref_audio is None:
+        return None
+    from engines.contract import VoiceClone
+    from service.errors import ApiError
+    from service.voices import reference_audio
+
+    if not args.x_vector_only and not (args.ref_text or "").strip():
+        raise ValueError("--ref-text: in-context cloning needs the transcript of --ref-audio (or --x-vector-only)")
+    with open(args.ref_audio, "rb") as f:
+        data = f.read()
+    try:
+        audio = reference_audio(data, max_seconds=30.0, field="--ref-audio")
+    except ApiError as exc:
+        raise ValueError(exc.message) from None
+    features = engine.voice_features(audio)
+    if args.x_vector_only:
+        return VoiceClone(features.xvector)
+    return VoiceClone(features.xvector, features.codes, args.ref_text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # the field ranges the server checks, checked the same way (service/schema.py)
         params = validate(SynthesisParams, {"voice": args.voice, "seed": args.seed, "steps": args.steps,
                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
-                                            "language": args.language})
+                                            "language": args.language, "instructions": args.instructions})
         if not text.strip():
             raise FieldError("text", "must be a non-empty string")
     except FieldError as exc:
@@ -78,6 +106,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"streamvox {info.preset} on {info.device}; components with RANDOM weights: {random_note}",
           file=sys.stderr)
     engine.start()
+    try:
+        clone = _clone(engine, args)
+    except (OSError, ValueError) as exc:
+        engine.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from service.tempo import tempo_for
+
+    tempo = tempo_for(engine, params.speed)  # the talker's speed: its audio is time-stretched (pitch kept)
+    if tempo is not None:
+        params = params.model_copy(update={"speed": 1.0})
     pieces: list[np.ndarray] = []
     done = threading.Event()
     state: dict[str, object] = {}
@@ -85,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     show = not args.quiet and (sys.stderr.isatty() or len(text) > 200)
 
     def deliver(chunk: AudioChunk) -> None:
-        pieces.append(chunk.pcm)
+        pieces.append(chunk.pcm if tempo is None else tempo.apply(chunk).pcm)
         if show:
             _progress(chunk.frames_done, chunk.frames_total, started, sys.stderr)
         if chunk.is_final:
@@ -93,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             done.set()
 
     try:
-        request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, **params.model_dump())
+        request = SynthesisRequest(id=f"cli-{uuid.uuid4().hex[:12]}", text=text, clone=clone, **params.model_dump())
         engine.submit(request, deliver)
         done.wait()
     except EngineError as exc:

@@ -5,13 +5,17 @@ Built by :func:`engines.build.build_engine`; implements :class:`engines.contract
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import uuid
+from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
 import torch
 
+from engines.checkpoints.qwen3_voice import VoiceEncoders, VoiceFeatures
 from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
@@ -23,6 +27,7 @@ from engines.contract import (
     RequestHandle,
     SynthesisRequest,
     TickReport,
+    VoiceClone,
 )
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
@@ -46,9 +51,19 @@ OPENAI_VOICE_ALIASES = {
 }
 
 
+def voice_key(audio: np.ndarray) -> str:
+    """Content key of a reference voice (float32 24 kHz samples): what features are cached under."""
+    return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
+
+
 class Engine:
     """The DiT-source engine: implements :class:`engines.contract.SynthesisEngine`."""
 
+
+    task_type: str | None = None  # talker: "CustomVoice" | "VoiceDesign" | "Base"; DiT: None
+    instructions_apply: bool = False
+    voice_encoders: VoiceEncoders | None = None  # Base checkpoints
+    FEATURE_CACHE_VOICES = 64  # reference voices whose features stay cached (by content)
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
@@ -93,14 +108,22 @@ class Engine:
             from engines.pipelines.talker.pipeline import TalkerLatentSource
             from engines.pipelines.talker.source import TalkerSource
 
+            self.task_type = talker.task_type
+            self.instructions_apply = talker.prompt.instructions_apply
+            self.voice_encoders = talker.voice_encoders
             speakers = tuple(talker.voices())
-            if not speakers:
+            if self.task_type != "CustomVoice":
+                # Base clones the request's reference, VoiceDesign follows its instructions: no presets.
+                speakers = ("default",)
+                self.voice_names, self.voice_aliases = speakers, {}
+            elif not speakers:
                 raise ValueError(f"{talker.path}: the checkpoint lists no speakers (talker_config.spk_id)")
-            # "default" and the OpenAI names map onto the checkpoint's speakers, in order.
-            self.voice_names = speakers
-            self.voice_aliases = {"default": speakers[0]}
-            for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
-                self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+            else:
+                # "default" and the OpenAI names map onto the checkpoint's speakers, in order.
+                self.voice_names = speakers
+                self.voice_aliases = {"default": speakers[0]}
+                for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
+                    self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots)
             if device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
@@ -117,7 +140,8 @@ class Engine:
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=cfg.stream.first_chunk_frames,
                                              chunk_frames=cfg.stream.chunk_frames,
-                                             graphed=(talker_source.predictor,) if device.type == "cuda" else ())
+                                             graphed=(talker_source.predictor,) if device.type == "cuda" else (),
+                                             prime=self.vocalizer.prime)
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
@@ -130,8 +154,12 @@ class Engine:
             dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
             voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
             extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups, "max_slots": max_slots,
-                   "batch_ceiling": cfg.stream.batch_ceiling, "backend": backend},
+                   "batch_ceiling": cfg.stream.batch_ceiling, "backend": backend,
+                   **({"task_type": self.task_type, "instructions_apply": self.instructions_apply,
+                       "voice_cloning": self.voice_encoders is not None} if talker is not None else {})},
         )
+        self._features_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
+        self._features_lock = threading.Lock()
 
     # -- SynthesisEngine ------------------------------------------------------
     def start(self) -> None:
@@ -153,6 +181,7 @@ class Engine:
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         self.validate(request)
+        self._validate_task(request)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
         return self.worker.submit(request, deliver)
@@ -170,7 +199,32 @@ class Engine:
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
         self.worker.add_tick_listener(listener)
 
+    def voice_features(self, audio: np.ndarray) -> VoiceFeatures:
+        """x-vector and reference codes of float32 mono 24 kHz audio (Base checkpoints), computed
+        once per content (an LRU cache keyed by its sha256). Thread-safe; call it off the event
+        loop. InvalidRequest when the loaded checkpoint cannot clone."""
+        if self.voice_encoders is None:
+            raise InvalidRequest("ref_audio", "voice cloning needs a Base checkpoint; the loaded one is "
+                                              f"{self.task_type or 'a DiT model'}")
+        audio = np.ascontiguousarray(audio, dtype=np.float32)
+        key = voice_key(audio)
+        with self._features_lock:
+            cached = self._features_cache.get(key)
+            if cached is not None:
+                self._features_cache.move_to_end(key)
+                return cached
+        features = self.voice_encoders.features(audio)
+        with self._features_lock:
+            self._features_cache[key] = features
+            while len(self._features_cache) > self.FEATURE_CACHE_VOICES:
+                self._features_cache.popitem(last=False)
+        return features
+
     def resolve_voice(self, name: str) -> str:
+        if self.task_type in ("Base", "VoiceDesign"):
+            # No preset speakers: the voice comes with the request (reference / instructions); a
+            # name here may be a saved voice, which the service resolved into the request's clone.
+            return (name or "default").strip() or "default"
         key = (name or "default").strip().lower()
         for canonical in self.voice_names:
             if key == canonical.lower():
@@ -193,7 +247,38 @@ class Engine:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
                                              f"valid: {', '.join(languages)}")
 
+    def _validate_task(self, request: SynthesisRequest) -> None:
+        """What the loaded release can do: Base needs a reference, VoiceDesign instructions;
+        only Base clones; a named task_type must be the loaded one."""
+        task = self.task_type
+        if task is None:
+            for name, value in (("task_type", request.task_type), ("ref_audio", request.clone),
+                                ("instructions", request.instructions)):
+                if value:
+                    raise InvalidRequest(name, "the DiT pipeline has no task types, voice cloning or instructions; "
+                                               "serve a Qwen3-TTS checkpoint (--source talker)")
+            return
+        if request.speed != 1.0:
+            raise InvalidRequest("speed", "the Qwen3-TTS talker has no speed control (the official generate has "
+                                          "none) and streamvox does not time-stretch talker audio; send speed 1.0")
+        if request.task_type is not None and request.task_type != task:
+            raise InvalidRequest("task_type", f"the loaded checkpoint is a {task} release; it cannot do "
+                                              f"{str(request.task_type)[:32]}")
+        if task == "Base":
+            if request.clone is None:
+                raise InvalidRequest("ref_audio", "this Base (voice-clone) checkpoint needs reference audio "
+                                                  "(ref_audio, or voice naming a saved voice)")
+            if request.instructions:
+                raise InvalidRequest("instructions", "Base checkpoints take no instructions (the official "
+                                                     "generate_voice_clone has none)")
+        elif request.clone is not None:
+            raise InvalidRequest("ref_audio", f"voice cloning needs a Base checkpoint; the loaded one is {task}")
+        elif task == "VoiceDesign" and not (request.instructions or "").strip():
+            raise InvalidRequest("instructions", "a VoiceDesign checkpoint needs instructions describing the voice")
+
     def _voice_index(self, name: str) -> int:
+        if self.task_type in ("Base", "VoiceDesign"):
+            return 0
         return self.voice_names.index(self.resolve_voice(name))
 
     # On CUDA the first use of each kernel shape loads modules and picks GEMM algorithms (tens
@@ -207,6 +292,14 @@ class Engine:
         "This request is the longest of the warm-up set, so that several full chunks are denoised, "
         "vocalized and decoded while the others run beside it, with a short last chunk at the end.",
     )
+
+    def _warmup_task(self) -> dict:
+        """The fields a warm-up request needs on this release (a neutral x-vector; an instruction)."""
+        if self.task_type == "Base":
+            return {"clone": VoiceClone(np.zeros(self.voice_encoders.xvector_dim, dtype=np.float32))}
+        if self.task_type == "VoiceDesign":
+            return {"instructions": "A clear, neutral voice."}
+        return {}
 
     def _warm_up(self) -> None:
         """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA a
@@ -226,8 +319,8 @@ class Engine:
                             errors.append(chunk.error)
                         done.set()
 
-                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice),
-                                   deliver)
+                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
+                                                    **self._warmup_task()), deliver)
             if not all(done.wait(300) for done in events):
                 raise RuntimeError("engine warm-up did not finish within 300 s")
             if errors:

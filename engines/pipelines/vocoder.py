@@ -84,6 +84,16 @@ class Vocalizer:
         if self._graphed_decoder is not None:
             self._graphed_decoder.capture_all()
 
+    @torch.no_grad()
+    def prime(self, stream_id: str, codes: torch.Tensor) -> None:
+        """Run the decoder over frames that precede a stream and drop their audio: in-context
+        cloning's reference codes, which the official decode puts before the generated ones
+        (its streaming state needs every reference frame). The stream's frames then count from 0."""
+        if codes.shape[0] == 0:
+            return
+        self.vocalize([VocalizeItem(stream_id, codes.to(self.device), frame_offset=0)])
+        self._streams[stream_id].next_frame = 0
+
     def open_streams(self) -> int:
         return len(self._streams)
 

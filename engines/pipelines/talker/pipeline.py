@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import torch
+
 from engines.contract import SynthesisRequest
 from engines.pipelines.base import Produced
 
@@ -15,13 +18,16 @@ class TalkerLatentSource:
     name = "talker"
 
     def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12,
-                 graphed: tuple = ()):
+                 graphed: tuple = (), prime=None):
         self.source = talker_source
         self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
         self.voices = voices  # voice index -> the checkpoint's speaker name
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self._waiting: dict[str, SynthesisRequest] = {}
+        # In-context cloning: the vocoder runs over the reference codes before the generated
+        # frames (the official decode of [reference, generated] with the reference's audio cut).
+        self.prime = prime  # callable(stream_id, codes [T, G]) or None
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         speaker = self.voices[voice_index]
@@ -45,6 +51,8 @@ class TalkerLatentSource:
 
     def start(self, request_id: str) -> None:
         request = self._waiting.pop(request_id)
+        if self.prime is not None and request.clone is not None and request.clone.in_context:
+            self.prime(request.id, torch.from_numpy(np.asarray(request.clone.ref_codes, dtype=np.int64)))
         self.source.admit(request)
 
     def free_slots(self) -> int:

@@ -3,6 +3,10 @@
     bundle = TalkerBundle.from_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cpu")
     codes = bundle.generate_codes("Hello.", "Vivian", language="Auto", greedy=True)   # LongTensor [T, G]
 
+    base = TalkerBundle.from_checkpoint("/models/Qwen3-TTS-12Hz-0.6B-Base")          # voice cloning
+    clone = base.clone_voice(wav_24k, ref_text="Transcript of the reference.")    # x_vector_only=True: no text
+    codes = base.generate_codes("Hello.", None, clone=clone, greedy=True)         # generated frames only
+
 :func:`generate_codes` is the reference loop, written the way the official
 ``Qwen3TTSForConditionalGeneration.generate`` + HF ``generate()`` run it: full codec
 vocabulary, the official logits processors (repetition penalty over generated code-0
@@ -22,10 +26,12 @@ from pathlib import Path
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig, load_talker
+from engines.checkpoints.qwen3_voice import VoiceEncoders, load_voice_encoders
+from engines.contract import VoiceClone
 from engines.models.code_predictor import CodePredictor
 from engines.models.sampling import FrameSampling, apply_talker_processors, sample_code0
 from engines.models.talker import Talker
-from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
+from engines.pipelines.talker.prompt import EMBEDDED, PromptBuilder, TalkerPrompt
 
 
 @dataclass
@@ -43,14 +49,29 @@ class TalkerBundle:
     path: str
     device: torch.device
     dtype: torch.dtype
+    voice_encoders: VoiceEncoders | None = None  # Base checkpoints: speaker + speech-tokenizer encoders
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32, predictor: CodePredictor | None = None) -> "TalkerBundle":
         """The talker of a Qwen3-TTS directory (sharing ``predictor`` when given)."""
         t = load_talker(path, device, dtype, predictor=predictor)
-        return cls(t.talker, t.predictor, PromptBuilder(t.prompt, t.tokenizer), t.generation, t.path, t.device,
-                   t.dtype)
+        prompt = PromptBuilder(t.prompt, t.tokenizer, frame_embedder(t.talker, t.predictor))
+        return cls(t.talker, t.predictor, prompt, t.generation, t.path, t.device, t.dtype,
+                   voice_encoders=load_voice_encoders(path, t.device, t.dtype))
+
+    @property
+    def task_type(self) -> str:
+        return self.prompt.task_type
+
+    def clone_voice(self, wav, ref_text: str | None = None, x_vector_only: bool = False) -> VoiceClone:
+        """A reference voice (float32 mono at 24 kHz) -> its prompt features (Base checkpoints)."""
+        if self.voice_encoders is None:
+            raise ValueError(f"{self.path} is not a Base checkpoint: it has no speaker encoder")
+        features = self.voice_encoders.features(wav)
+        if x_vector_only:
+            return VoiceClone(features.xvector)
+        return VoiceClone(features.xvector, features.codes, ref_text)
 
     def voices(self) -> list[str]:
         return self.prompt.voices()
@@ -61,11 +82,11 @@ class TalkerBundle:
     def generate_codes(self, text: str, voice: str | None, language: str = "Auto", greedy: bool = False,
                        max_new_tokens: int | None = None, non_streaming_mode: bool | None = None,
                        repetition_penalty: float | None = None, seed: int = 0,
-                       instruct: str | None = None) -> torch.Tensor:
+                       instruct: str | None = None, clone: VoiceClone | None = None) -> torch.Tensor:
         return generate_codes(self.talker, self.predictor, self.prompt, text, voice, language=language,
                               greedy=greedy, max_new_tokens=max_new_tokens, non_streaming_mode=non_streaming_mode,
                               repetition_penalty=repetition_penalty, seed=seed, generation=self.generation,
-                              instruct=instruct)
+                              instruct=instruct, clone=clone)
 
 
 # --------------------------------------------------------------------------- reference loop
@@ -79,7 +100,19 @@ def prompt_tensors(talker: Talker, prompt: TalkerPrompt, device) -> tuple[torch.
     text, codec = upload(prompt.text_ids), upload(prompt.codec_ids)
     trailing = talker.text_part(upload(prompt.trailing_text_ids))
     pad = talker.text_part(upload([prompt.pad_text_id]))[0]
-    return talker.prompt_embeds(text, codec), trailing, pad
+    x = talker.prompt_embeds(text, codec)
+    if prompt.codec_embeds is not None:  # x-vector / reference frames: codec parts given as vectors
+        where = upload([i for i, c in enumerate(prompt.codec_ids) if c == EMBEDDED])
+        x = x.index_add(0, where, prompt.codec_embeds.to(device=x.device, dtype=x.dtype))
+    return x, trailing, pad
+
+
+def frame_embedder(talker: Talker, predictor: CodePredictor):
+    """codes [T, G] -> [T, D] frame embeddings on the talker's device (in-context cloning's reference)."""
+    def embed(codes: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return frame_embedding(talker, predictor, codes.to(talker.codec_head.weight.device))
+    return embed
 
 
 def frame_embedding(talker: Talker, predictor: CodePredictor, codes: torch.Tensor) -> torch.Tensor:
@@ -94,12 +127,14 @@ def frame_embedding(talker: Talker, predictor: CodePredictor, codes: torch.Tenso
 def generate_codes(talker: Talker, predictor: CodePredictor, prompt_builder: PromptBuilder, text: str,
                    voice: str | None, language: str = "Auto", greedy: bool = False, max_new_tokens: int | None = None,
                    non_streaming_mode: bool | None = None, repetition_penalty: float | None = None, seed: int = 0,
-                   generation: TalkerGenerationConfig | None = None, instruct: str | None = None) -> torch.Tensor:
-    """One utterance -> LongTensor [T, G] (see the module docstring)."""
+                   generation: TalkerGenerationConfig | None = None, instruct: str | None = None,
+                   clone: VoiceClone | None = None) -> torch.Tensor:
+    """One utterance -> LongTensor [T, G] (see the module docstring; in-context cloning: the
+    generated frames, without the reference frames the prompt holds)."""
     gen = generation or TalkerGenerationConfig.from_dict({})
     n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     penalty = gen.repetition_penalty if repetition_penalty is None else float(repetition_penalty)
-    prompt = prompt_builder.build(text, voice, language, non_streaming_mode, instruct=instruct)
+    prompt = prompt_builder.build(text, voice, language, non_streaming_mode, instruct=instruct, clone=clone)
     device = talker.codec_head.weight.device
     dtype = talker.codec_head.weight.dtype
     cfg = talker.cfg
@@ -150,4 +185,4 @@ def generate_codes(talker: Talker, predictor: CodePredictor, prompt_builder: Pro
     return torch.stack(frames)
 
 
-__all__ = ["TalkerBundle", "frame_embedding", "generate_codes", "prompt_tensors"]
+__all__ = ["TalkerBundle", "frame_embedder", "frame_embedding", "generate_codes", "prompt_tensors"]

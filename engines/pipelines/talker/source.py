@@ -213,7 +213,7 @@ class TalkerSource:
         if not self.free_slots():
             raise RuntimeError("no free talker slot")
         gen = self.generation
-        prompt = self.prompt.build(request.text, request.voice, request.language, non_streaming_mode, instruct=instruct)
+        prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
         n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)

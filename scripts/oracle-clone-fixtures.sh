@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Write the voice-clone / voice-design parity fixtures (tests/fixtures/oracle/clone/) with the
+# OFFICIAL qwen-tts code in .venv-oracle: random Base, VoiceDesign and 1.7B-style CustomVoice
+# checkpoints in the released layout + generate_voice_clone / generate_voice_design /
+# generate_custom_voice references, and the official log-mel, x-vector and reference codes.
+#
+# Needs the oracle venv with librosa (scripts/oracle-env.sh installs it: the official mel uses
+# librosa's filterbank). Idempotent: rebuilt only when the fixture scripts changed
+# (stamp = their sha256). Env: ORACLE_FORCE=1 rebuilds. About 20 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-oracle
+OUT=tests/fixtures/oracle/clone
+start=$(date +%s)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  bash scripts/oracle-env.sh
+fi
+
+# Same list as tests/oracle/clone_fixtures.py (CLONE_FIXTURE_SCRIPTS).
+SCRIPTS=(tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py
+         tests/oracle/make_talker_fixtures.py tests/oracle/make_clone_fixtures.py)
+stamp=$(cat "${SCRIPTS[@]}" | sha256sum | cut -d' ' -f1)
+if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
+  echo "oracle-clone-fixtures: up to date ($OUT)"
+  exit 0
+fi
+rm -rf "$OUT"
+mkdir -p "$OUT"
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$VENV/bin/python" \
+  tests/oracle/make_clone_fixtures.py "$OUT"
+echo "$stamp" > "$OUT/STAMP"
+echo "oracle-clone-fixtures: written to $OUT in $(( $(date +%s) - start ))s"

@@ -1,0 +1,263 @@
+"""Voice cloning at the service boundary: reference audio in, a request's ``clone`` out, and
+the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
+
+* :func:`reference_audio` - ``ref_audio`` (base64 or a ``data:`` URL; remote URLs are never
+  fetched) -> float32 mono 24 kHz, refused with a 4xx naming the problem when it is not
+  decodable, empty, silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger
+  than ``--max-ref-audio-mb``.
+* :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
+  ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
+  else a saved voice named by ``voice``. Features come from ``engine.voice_features`` (computed
+  once per content, off the event loop) or from the store.
+* ``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
+  ``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
+  ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices;
+  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voice_store` under ``--data-dir``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import io
+import logging
+
+import aiohttp
+import av
+import numpy as np
+import soundfile as sf
+import soxr
+from aiohttp import web
+
+from engines.contract import SAMPLE_RATE, InvalidRequest, VoiceClone
+
+from .errors import ApiError
+from .state import STATE_KEY
+from .voice_store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
+
+log = logging.getLogger("streamvox.voices")
+
+VOICE_STORE_KEY: web.AppKey[VoiceStore] = web.AppKey("voice_store", VoiceStore)
+MIN_REF_SECONDS = 1.0
+SILENCE_PEAK = 1e-3  # below -60 dBFS everywhere: nothing to take a voice from
+MAX_NAME_FIELD_BYTES = 4096
+
+
+def _bad(field: str, message: str, code: str = "invalid_audio", status: int = 400) -> ApiError:
+    return ApiError(status, code, f"{field}: {message}")
+
+
+def decode_base64_audio(value: str, max_bytes: int, field: str = "ref_audio") -> bytes:
+    """Base64 or a ``data:[mime];base64,`` URL -> bytes. URLs of any other kind are refused
+    (no fetching on the server's behalf)."""
+    text = value.strip()
+    lowered = text[:16].lower()
+    if lowered.startswith(("http://", "https://", "file:", "ftp://")):
+        raise _bad(field, "remote and file URLs are not fetched; send the audio as base64 or a data: URL, "
+                          "or upload it once with POST /v1/audio/voices", code="invalid_field")
+    if lowered.startswith("data:"):
+        header, sep, text = text.partition(",")
+        if not sep or ";base64" not in header.lower():
+            raise _bad(field, "a data: URL must be base64 encoded (data:audio/wav;base64,...)", code="invalid_field")
+    if len(text) * 3 // 4 > max_bytes:
+        raise _bad(field, f"more than {max_bytes // (1 << 20)} MiB of audio", code="ref_audio_too_large", status=413)
+    try:
+        data = base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad(field, "not valid base64", code="invalid_field") from None
+    return data
+
+
+def _decode_with_av(data: bytes) -> np.ndarray:
+    """Containers libsndfile lacks (mp3 in old builds, m4a/aac, webm): PyAV to 24 kHz mono float."""
+    with av.open(io.BytesIO(data)) as container:
+        if not container.streams.audio:
+            raise ValueError("no audio stream")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        pieces = []
+        for frame in container.decode(audio=0):
+            for out in resampler.resample(frame):
+                pieces.append(out.to_ndarray().reshape(-1))
+        for out in resampler.resample(None):
+            pieces.append(out.to_ndarray().reshape(-1))
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+
+def reference_audio(data: bytes, max_seconds: float, field: str = "ref_audio") -> np.ndarray:
+    """Audio file bytes -> float32 mono at 24 kHz (stereo averaged, other rates resampled with
+    soxr HQ, as the official package does with librosa's soxr_hq), checked for use as a voice."""
+    if not data:
+        raise _bad(field, "empty")
+    try:
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        audio = audio.mean(axis=1)
+    except Exception:  # libsndfile cannot read it: try FFmpeg's decoders
+        try:
+            audio, rate = _decode_with_av(data), SAMPLE_RATE
+        except Exception:
+            raise _bad(field, "not decodable audio (send wav, flac, ogg or mp3)") from None
+    if audio.size == 0:
+        raise _bad(field, "the audio holds no samples")
+    seconds = audio.size / rate
+    if seconds < MIN_REF_SECONDS:
+        raise _bad(field, f"{seconds:.2f} s of audio; a reference voice needs at least {MIN_REF_SECONDS:g} s")
+    if seconds > max_seconds:
+        raise _bad(field, f"{seconds:.1f} s of audio; at most {max_seconds:g} s (--max-ref-audio-seconds)")
+    if not np.isfinite(audio).all():
+        raise _bad(field, "the audio holds non-finite samples")
+    if float(np.abs(audio).max()) < SILENCE_PEAK:
+        raise _bad(field, "the audio is silent")
+    if rate != SAMPLE_RATE:
+        audio = soxr.resample(audio, rate, SAMPLE_RATE, quality="HQ")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+async def features_of(engine, audio: np.ndarray, field: str = "ref_audio"):
+    """The engine's features of a reference (off the event loop); 400 when it cannot clone."""
+    compute = getattr(engine, "voice_features", None)
+    if compute is None:
+        raise _bad(field, "this server's engine cannot clone voices (serve a Qwen3-TTS Base checkpoint)",
+                   code="invalid_field")
+    try:
+        return await asyncio.to_thread(compute, audio)
+    except InvalidRequest as exc:
+        raise ApiError(400, "invalid_field", str(exc)) from None
+
+
+def _task_type(engine) -> str | None:
+    """The loaded Qwen3-TTS release's task (None: the DiT, or an engine that does not say)."""
+    extra = getattr(getattr(engine, "info", None), "extra", None) or {}
+    return extra.get("task_type")
+
+
+def _content_key(audio: np.ndarray) -> str:
+    return hashlib.sha256(audio.tobytes()).hexdigest()
+
+
+async def clone_for(request: web.Request, body) -> VoiceClone | None:
+    """The ``clone`` of a speech body (see the module docstring); None when it names none."""
+    state = request.app[STATE_KEY]
+    settings = state.settings
+    x_only = bool(body.x_vector_only_mode)
+    if body.ref_audio is not None:
+        data = decode_base64_audio(body.ref_audio, int(settings.max_ref_audio_mb * (1 << 20)))
+        audio = reference_audio(data, settings.max_ref_audio_seconds)
+        if not x_only and not (body.ref_text or "").strip():
+            raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
+                                                 "(or x_vector_only_mode: true)")
+        features = await features_of(state.engine, audio)
+        if x_only:
+            return VoiceClone(features.xvector, key=_content_key(audio))
+        return VoiceClone(features.xvector, features.codes, body.ref_text, key=_content_key(audio))
+    clone = saved_clone(request.app, body.voice)
+    if clone is None:
+        if _task_type(state.engine) == "Base" and body.voice.strip().lower() != "default":
+            raise ApiError(400, "invalid_field", f"voice: no saved voice named {body.voice[:64]!r}; upload one "
+                                                 "with POST /v1/audio/voices or send ref_audio")
+        return None
+    return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
+
+
+def saved_clone(app: web.Application, voice: str) -> VoiceClone | None:
+    """The clone of a saved voice named ``voice`` (WebSocket sessions: ``session.config`` voice), else None."""
+    store = app.get(VOICE_STORE_KEY)
+    saved = store.get(voice) if store is not None else None
+    if saved is None:
+        return None
+    if not saved.ref_text:
+        return VoiceClone(saved.xvector, key=saved.audio_sha256)
+    return VoiceClone(saved.xvector, saved.codes, saved.ref_text, key=saved.audio_sha256)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes | None]:
+    """The multipart fields (text) and the ``audio_sample`` file, bounded in size."""
+    fields: dict[str, str] = {}
+    audio: bytes | None = None
+    try:
+        reader = await request.multipart()
+    except (AssertionError, ValueError, KeyError):
+        raise ApiError(400, "invalid_form", "send multipart/form-data with audio_sample and name") from None
+    try:
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, aiohttp.BodyPartReader) or not part.name:
+                continue
+            limit = max_bytes if part.name == "audio_sample" else MAX_NAME_FIELD_BYTES
+            data = bytearray()
+            while chunk := await part.read_chunk(64 * 1024):
+                data += chunk
+                if len(data) > limit:
+                    if part.name == "audio_sample":
+                        raise _bad("audio_sample", f"more than {max_bytes // (1 << 20)} MiB",
+                                   code="ref_audio_too_large", status=413)
+                    raise ApiError(400, "invalid_field", f"{part.name}: longer than {limit} bytes")
+            if part.name == "audio_sample":
+                audio = bytes(data)
+            else:
+                try:
+                    fields[part.name] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ApiError(400, "invalid_field", f"{part.name}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise ApiError(400, "invalid_form", f"malformed multipart body ({exc})") from None
+    return fields, audio
+
+
+async def create_voice(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    settings = state.settings
+    max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
+    # Streamed multipart parts, each bounded by _form (the JSON body limit does not apply here).
+    fields, data = await _form(request, max_bytes)
+    store = request.app[VOICE_STORE_KEY]
+    name = fields.get("name", "").strip()
+    if not store.valid_name(name):
+        raise ApiError(400, "invalid_field", f"name: {NAME_RULE}")
+    if data is None:
+        raise ApiError(400, "invalid_field", "audio_sample: missing (a multipart file field)")
+    builtin = {v.lower() for v in state.engine.info.voices} | {a.lower() for a in state.engine.info.voice_aliases}
+    if name.lower() in builtin or store.get(name) is not None:
+        raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already")
+    audio = reference_audio(data, settings.max_ref_audio_seconds, field="audio_sample")
+    features = await features_of(state.engine, audio, field="audio_sample")
+    ref_text = fields.get("ref_text", "").strip() or None
+    voice = SavedVoice(name=name, xvector=features.xvector, codes=features.codes, ref_text=ref_text,
+                       consent=fields.get("consent") or None,
+                       speaker_description=fields.get("speaker_description") or None,
+                       audio_sha256=_content_key(audio), seconds=audio.size / SAMPLE_RATE)
+    try:
+        await asyncio.to_thread(store.add, voice)
+    except VoiceExists:
+        raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already") from None
+    log.info("voice %r saved: %.1f s, %d reference frames, in-context=%s", name, voice.seconds,
+             voice.codes.shape[0], bool(ref_text))
+    return web.json_response({"success": True, "voice": voice.describe()}, status=201)
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    engine = request.app[STATE_KEY].engine
+    builtin = [] if _task_type(engine) in ("Base", "VoiceDesign") else list(engine.info.voices)
+    uploaded = await asyncio.to_thread(request.app[VOICE_STORE_KEY].list)
+    return web.json_response({"voices": builtin, "uploaded_voices": [v.describe() for v in uploaded]})
+
+
+async def delete_voice(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if not await asyncio.to_thread(request.app[VOICE_STORE_KEY].delete, name):
+        raise ApiError(404, "voice_not_found", f"no saved voice named {name[:64]!r}")
+    return web.json_response({"success": True, "name": name, "deleted": True})
+
+
+def add_routes(app: web.Application, store: VoiceStore) -> None:
+    app[VOICE_STORE_KEY] = store
+    app.router.add_get("/v1/audio/voices", list_voices)
+    app.router.add_post("/v1/audio/voices", create_voice)
+    app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
+
+
+__all__ = ["VOICE_STORE_KEY", "add_routes", "clone_for", "decode_base64_audio", "reference_audio", "saved_clone"]

@@ -1,0 +1,254 @@
+"""Voice cloning and voice design served: real servers on 127.0.0.1, real aiohttp clients,
+audio read back as int16 and compared with the official qwen-tts output (oracle fixtures,
+``bash scripts/oracle-clone-fixtures.sh``).
+
+Greedy PCM must equal the official decode within int16 rounding (2 LSB: the official float
+waveform and ours differ by ~2e-6 before rounding). In-context cloning: the official output is
+decode(reference + generated codes) with the reference's share of the samples cut off,
+int(T_ref / T_all * samples), which float rounding can put one sample early; our stream starts
+exactly at T_ref * 1920, so the comparison aligns the ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import start_server
+
+from engines.build import build_engine
+from tests.oracle import clone_fixtures as fx
+
+LSB = 1 / 32768
+QWEN_BASE = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 24000, channels: int = 1) -> bytes:
+    buf = io.BytesIO()
+    data = np.stack([samples] * channels, axis=1) if channels > 1 else samples
+    sf.write(buf, data, rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def data_url(samples: np.ndarray, rate: int = 24000) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav_bytes(samples, rate)).decode()
+
+
+def pcm16(body: bytes) -> np.ndarray:
+    return np.frombuffer(body, dtype="<i2").astype(np.float32) / 32768
+
+
+def assert_matches_official(ours: np.ndarray, official: np.ndarray) -> None:
+    assert abs(len(ours) - len(official)) <= 1, (len(ours), len(official))
+    n = min(len(ours), len(official))
+    np.testing.assert_allclose(ours[-n:], np.clip(official[-n:], -1, 1), atol=2 * LSB, rtol=0)
+    assert np.abs(ours).max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def base_engine():
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("base")), talker_slots=4)
+    engine.start()  # warm-up included: a Base release warms up with a neutral x-vector
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def design_engine():
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("design")), talker_slots=2)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def speak(http, url: str, body: dict) -> tuple[int, bytes]:
+    async with http.post(url + "/v1/audio/speech", json={"response_format": "pcm", **body}) as r:
+        return r.status, await r.read()
+
+
+CLONE_CASES = ["icl_a_stream", "icl_a_nonstream", "icl_b_stream_long", "xvec_a_stream", "xvec_b_nonstream"]
+
+
+async def test_served_cloning_equals_official_generate_voice_clone(base_engine, tmp_path):
+    refs, cases = fx.references("base"), fx.info("base")["cases"]
+    server = await start_server(base_engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.url + "/v1/models") as r:
+                model = (await r.json())["data"][0]
+            assert (model["task_types"], model["voice_cloning"], model["instructions"]) == (["Base"], True, False)
+            for case in CLONE_CASES:
+                c = cases[case]
+                body = {"model": QWEN_BASE, "voice": "vivian", "input": c["text"], "language": c["language"],
+                        "task_type": "Base", "ref_audio": data_url(refs[f"ref/{c['ref']}/wav"].numpy()),
+                        "ref_text": c["ref_text"], "x_vector_only_mode": c["x_vector_only_mode"]}
+                if c["non_streaming_mode"] is not None:
+                    body["non_streaming_mode"] = c["non_streaming_mode"]
+                status, audio = await speak(http, server.url, body)
+                assert status == 200, audio[:300]
+                assert_matches_official(pcm16(audio), refs[f"case/{case}/wav"].numpy())
+    finally:
+        await server.stop()
+
+
+async def test_served_voice_design_equals_official(design_engine, tmp_path):
+    refs, cases = fx.references("design"), fx.info("design")["cases"]
+    server = await start_server(design_engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.url + "/v1/models") as r:
+                model = (await r.json())["data"][0]
+            assert (model["task_types"], model["voice_cloning"], model["instructions"]) == (["VoiceDesign"], False,
+                                                                                           True)
+            for case in ("design_en", "design_auto_stream"):
+                c = cases[case]
+                body = {"model": "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign", "input": c["text"],
+                        "language": c["language"], "instructions": c["instruct"]}
+                if c["non_streaming_mode"] is not None:
+                    body["non_streaming_mode"] = c["non_streaming_mode"]
+                status, audio = await speak(http, server.url, body)
+                assert status == 200, audio[:300]
+                assert_matches_official(pcm16(audio), refs[f"case/{case}/wav"].numpy())
+            status, body = await speak(http, server.url, {"input": "Hi."})
+            error = json.loads(body)["error"]
+            assert (status, error["code"]) == (400, "invalid_field") and error["message"].startswith("instructions:")
+    finally:
+        await server.stop()
+
+
+async def test_bad_reference_input_is_a_clear_4xx_and_nothing_breaks(base_engine, tmp_path):
+    refs = fx.references("base")
+    good = refs["ref/a/wav"].numpy()  # 1.7 s
+    server = await start_server(base_engine, tmp_path / "data", max_ref_audio_seconds=1.65, max_ref_audio_mb=0.2)
+    rng = np.random.default_rng(0)
+    bad = {
+        "not decodable": ("data:audio/wav;base64," + base64.b64encode(b"RIFF-not-really-a-wave" * 40).decode(),
+                          400, "invalid_audio", "not decodable"),
+        "empty": ("", 400, "invalid_audio", "empty"),
+        "silent": (data_url(np.zeros(28800, dtype=np.float32)), 400, "invalid_audio", "silent"),
+        "too short": (data_url(good[:12000]), 400, "invalid_audio", "at least 1 s"),
+        "too long": (data_url(good), 400, "invalid_audio", "at most 1.65 s"),
+        "too large": (base64.b64encode(rng.bytes(300_000)).decode(), 413, "ref_audio_too_large", "MiB"),
+        "remote url": ("https://example.com/voice.wav", 400, "invalid_field", "not fetched"),
+        "bad base64": ("data:audio/wav;base64,@@@@", 400, "invalid_field", "base64"),
+    }
+    try:
+        async with aiohttp.ClientSession() as http:
+            for what, (ref_audio, status, code, words) in bad.items():
+                got, body = await speak(http, server.url, {"input": "Hi.", "ref_audio": ref_audio,
+                                                           "ref_text": "Hello world, this is a test."})
+                error = json.loads(body)["error"]
+                assert (got, error["code"]) == (status, code), (what, body)
+                assert error["message"].startswith(("ref_audio:", "audio_sample:")) and words in error["message"], what
+            others = {
+                "no reference": ({"input": "Hi."}, "ref_audio:"),
+                "unknown saved voice": ({"input": "Hi.", "voice": "nobody"}, "voice:"),
+                "no ref_text": ({"input": "Hi.", "ref_audio": data_url(good[:30000])}, "ref_text:"),
+                "instructions on Base": ({"input": "Hi.", "ref_audio": data_url(good[:30000]), "x_vector_only_mode": True,
+                                          "instructions": "Whisper."}, "instructions:"),
+                "wrong task": ({"input": "Hi.", "task_type": "VoiceDesign", "instructions": "Calm."}, "task_type:"),
+            }
+            for what, (body, prefix) in others.items():
+                got, raw = await speak(http, server.url, body)
+                error = json.loads(raw)["error"]
+                assert (got, error["code"]) == (400, "invalid_field"), (what, raw)
+                assert error["message"].startswith(prefix), (what, error)
+            # the server still clones (a 1.25 s reference, x-vector only: no transcript needed)
+            got, audio = await speak(http, server.url, {"input": "Hi.", "ref_audio": data_url(good[:30000]),
+                                                        "x_vector_only_mode": True})
+            assert got == 200 and len(audio) > 0
+    finally:
+        await server.stop()
+
+
+async def test_saved_voice_upload_speech_restart_delete(base_engine, tmp_path):
+    refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
+    ref = refs["ref/a/wav"].numpy()
+    data_dir = tmp_path / "data"
+
+    def form(name: str, audio: bytes, ref_text: str | None = c["ref_text"]) -> aiohttp.FormData:
+        f = aiohttp.FormData()
+        f.add_field("name", name)
+        f.add_field("consent", "I am the speaker and I agree.")
+        if ref_text:
+            f.add_field("ref_text", ref_text)
+        f.add_field("audio_sample", audio, filename="ref.wav", content_type="audio/wav")
+        return f
+
+    server = await start_server(base_engine, data_dir)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.url + "/v1/audio/voices", data=form("alice", wav_bytes(ref))) as r:
+                assert r.status == 201, await r.text()
+                saved = (await r.json())["voice"]
+            assert saved["name"] == "alice" and saved["in_context"] and saved["reference_frames"] == 22
+            async with http.post(server.url + "/v1/audio/voices", data=form("alice", wav_bytes(ref))) as r:
+                assert (r.status, (await r.json())["error"]["code"]) == (409, "voice_exists")
+            async with http.post(server.url + "/v1/audio/voices", data=form("../x", wav_bytes(ref))) as r:
+                assert r.status == 400
+            async with http.post(server.url + "/v1/audio/voices", data=form("bob", b"nonsense" * 100)) as r:
+                assert r.status == 400 and (await r.json())["error"]["message"].startswith("audio_sample:")
+            async with http.get(server.url + "/v1/audio/voices") as r:
+                listed = await r.json()
+            assert [v["name"] for v in listed["uploaded_voices"]] == ["alice"] and listed["voices"] == []
+            status, by_name = await speak(http, server.url, {"input": c["text"], "voice": "alice",
+                                                             "language": c["language"]})
+            assert status == 200, by_name[:300]
+            assert_matches_official(pcm16(by_name), refs["case/icl_a_stream/wav"].numpy())
+            async with http.get(server.url + "/v1/voices") as r:
+                assert r.status == 200
+        assert sorted(p.name for p in (data_dir / "voices").iterdir()) == ["alice.json", "alice.safetensors"]
+    finally:
+        await server.stop()
+
+    server = await start_server(base_engine, data_dir)  # a restart: the voice is still there
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, again = await speak(http, server.url, {"input": c["text"], "voice": "alice",
+                                                           "language": c["language"]})
+            assert status == 200 and again == by_name
+            async with http.delete(server.url + "/v1/audio/voices/alice") as r:
+                assert r.status == 200
+            async with http.delete(server.url + "/v1/audio/voices/alice") as r:
+                assert (r.status, (await r.json())["error"]["code"]) == (404, "voice_not_found")
+            status, raw = await speak(http, server.url, {"input": "Hi.", "voice": "alice"})
+            assert status == 400 and json.loads(raw)["error"]["message"].startswith("voice:")
+    finally:
+        await server.stop()
+
+
+async def test_speed_stretches_talker_audio_keeping_its_pitch(base_engine, tmp_path):
+    """``speed`` on the talker: FFmpeg's atempo (PyAV) on the streamed audio. speed 2 -> half as
+    long within 10 %, 0.5 -> twice as long; the dominant frequency stays (time-scale, not resampling)."""
+    ref = fx.references("base")["ref/b/wav"].numpy()
+    text = fx.info("base")["cases"]["icl_b_stream_long"]["text"]
+    server = await start_server(base_engine, tmp_path / "data")
+
+    def dominant_hz(x: np.ndarray) -> float:
+        spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+        return float(np.fft.rfftfreq(len(x), 1 / 24000)[spectrum.argmax()])
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            lengths, pitch = {}, {}
+            for speed in (1.0, 2.0, 0.5):
+                for stream_format in (None, "audio"):  # whole file and streamed
+                    body = {"input": text, "ref_audio": data_url(ref), "x_vector_only_mode": True, "speed": speed}
+                    if stream_format:
+                        body["stream_format"] = stream_format
+                    status, audio = await speak(http, server.url, body)
+                    assert status == 200, audio[:200]
+                    pcm = pcm16(audio)
+                    lengths.setdefault(speed, len(pcm))
+                    assert len(pcm) == lengths[speed]  # streamed == whole file
+                    pitch[speed] = dominant_hz(pcm)
+            assert abs(lengths[2.0] / lengths[1.0] - 0.5) < 0.05
+            assert abs(lengths[0.5] / lengths[1.0] - 2.0) < 0.1
+            assert abs(pitch[2.0] - pitch[1.0]) <= 0.1 * pitch[1.0] + 10
+    finally:
+        await server.stop()
