@@ -94,6 +94,9 @@ class SynthesisRequest:
     temperature: float = 0.9
     top_k: int = 50
     top_p: float = 1.0
+    # Issue 20 (fairness): who asked, for identity-fair slot ordering (core/scheduler.py).
+    # The service sets the API key digest or the client address; "" = no identity (FIFO).
+    tenant: str = ""
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class JobRunner:
             # One engine request id per attempt: a job re-run after a restart (or on a shared
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
-            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH)
+            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, tenant=job.owner or "jobs")
             stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
             stream.start()
         except (EngineOverloaded, EngineUnavailable):

@@ -65,8 +65,10 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
     return resolve_voice(engine, updated)
 
 
-def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
+def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
+                  tenant: str = "") -> SynthesisRequest:
+    """``tenant``: who asked (:func:`service.limits.client_identity`), for fair slot ordering."""
+    return SynthesisRequest(id=request_id, text=text, priority=priority, tenant=tenant, **params.model_dump())
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

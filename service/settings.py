@@ -57,7 +57,10 @@ class Settings:
     job_workers: int = 2
     max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
-    max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (auth on); 429 beyond (0 = unlimited)
+    max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
+    # Issue 20 fairness: concurrent streamed /v1/audio/speech responses per key (per address
+    # with auth off); more get 429 too_many_streams (0 = unlimited)
+    max_streams_per_key: int = 4
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:
@@ -98,6 +101,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "408 when a request body takes longer than this to arrive"),
     ("--max-connections-per-address", "STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS", "max_connections_per_address",
      "concurrent connections per client IP; more get 503 too_many_connections (0 = unlimited)"),
+    ("--max-streams-per-key", "STREAMVOX_MAX_STREAMS_PER_KEY", "max_streams_per_key",
+     "concurrent streamed speech responses per API key (per address with auth off); 0 = unlimited"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
 )
@@ -192,7 +197,7 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
                                 ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
-                                ("max_connections_per_address", int, 0)):
+                                ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     if "ws_idle_timeout_s" in raw:

@@ -111,11 +111,16 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     text, fmt, stream_format = body.input, body.response_format, body.stream_format
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    synthesis = build_request(request_id, text, body.params, priority)
+    identity = client_identity(request)
+    synthesis = build_request(request_id, text, body.params, priority, tenant=identity)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
+    if stream_format is not None:
+        state.limits.open_stream(identity)  # 429 too_many_streams at the per-key cap
     try:
         stream.start()
     except EngineError as exc:
+        if stream_format is not None:
+            state.limits.close_stream(identity)
         raise engine_error(exc) from None
     log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
     work = _SpeechWork(stream)
@@ -127,6 +132,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     finally:
         state.streams.discard(work)
         stream.cancel()  # no-op once finished; frees the slot if the client went away
+        if stream_format is not None:
+            state.limits.close_stream(identity)
 
 
 async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> web.Response:

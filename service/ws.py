@@ -345,7 +345,8 @@ class StreamSession:
         """Submit one utterance; a fatal error closes the session, a bad field skips it."""
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
-        synthesis = build_request(request_id, utterance.text, self.params, Priority.REALTIME)
+        synthesis = build_request(request_id, utterance.text, self.params, Priority.REALTIME,
+                                  tenant=client_identity(self.request, websocket=True))
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
                              high_water=self.state.settings.ws_buffer_chunks)
         try:
