@@ -28,7 +28,7 @@ from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
-from .params import SynthesisParams, build_request, parse, update_params
+from .params import SynthesisParams, build_request, check_work, parse, update_params
 from .schema import InputText, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 
@@ -76,6 +76,7 @@ class SessionClosed(Exception):
 @dataclass
 class Utterance:
     text: str
+    refused: bool = False  # over the work limit: the error was sent once, it is skipped
 
 
 @dataclass
@@ -342,7 +343,16 @@ class StreamSession:
                 await self.speak(item, stream)
 
     async def submit(self, utterance: Utterance) -> ChunkStream | None:
-        """Submit one utterance; a fatal error closes the session, a bad field skips it."""
+        """Submit one utterance; a fatal error closes the session, a bad field skips it, and
+        so does an utterance over the work limit (an ``error`` before any engine time)."""
+        if utterance.refused:
+            return None
+        try:
+            check_work(self.state.engine, utterance.text, self.params, self.state.settings.max_work_frame_steps)
+        except ApiError as exc:
+            utterance.refused = True
+            await self.error(exc.code, exc.message)
+            return None
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         synthesis = build_request(request_id, utterance.text, self.params, Priority.REALTIME,
