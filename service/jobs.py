@@ -7,7 +7,8 @@ back to ``queued``; on start-up any job still marked ``running`` is re-queued.
 Every status change is a conditional update in the store, so cancel is atomic with
 completion: a job DELETE has cancelled never turns ``succeeded`` (the audio it was writing
 is deleted). With API keys on, a job belongs to the key that made it: other keys get 404,
-admin keys (``admin.``) see all.
+admin keys (``admin.``) see all. With auth off everyone sees every job, and a job is
+recorded as the client address's (for the per-key cap on unfinished jobs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .auth import job_owner
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
+from .limits import client_identity
 from .params import JobBody, SynthesisParams, build_request
 from .schema import FieldError
 from .speech import read_work_request
@@ -207,6 +209,8 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
     owner, _ = _owner(request)
+    if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
+        owner = client_identity(request)
     _check_queue(state, _runner(request).store, owner)
     job = _runner(request).store.create(body.model_dump(exclude_none=True), owner=owner)
     _runner(request).wake()
@@ -216,10 +220,10 @@ async def create_job(request: web.Request) -> web.Response:
 
 def _check_queue(state, store: JobStore, owner: str | None) -> None:
     """429 ``too_many_jobs`` with Retry-After when unfinished jobs are at the cap, in total
-    or (auth on) for this key."""
+    or for this key (this address with auth off)."""
     per_key, total = state.settings.max_queued_jobs_per_key, state.settings.max_queued_jobs
     retry = {"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)}
-    if per_key and state.api_keys.enabled and store.unfinished(owner, any_owner=False) >= per_key:
+    if per_key and store.unfinished(owner, any_owner=False) >= per_key:
         raise ApiError(429, "too_many_jobs", f"this key already has {per_key} unfinished jobs (the limit); "
                                              "wait for some to finish or cancel them", headers=retry)
     if total and store.unfinished() >= total:
