@@ -18,7 +18,6 @@ import logging
 import time
 import uuid
 
-import numpy as np
 from aiohttp import web
 
 from engines.contract import (
@@ -28,7 +27,7 @@ from engines.contract import (
     Priority,
 )
 
-from .audio import CONTENT_TYPES, encode_file
+from .audio import CONTENT_TYPES
 from .auth import job_owner
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
@@ -37,6 +36,7 @@ from .limits import client_identity
 from .params import JobBody, SynthesisParams, build_request
 from .schema import FieldError
 from .speech import read_work_request
+from .spool import AudioSpool
 from .state import REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.jobs")
@@ -129,12 +129,13 @@ class JobRunner:
         return True
 
     async def _run(self, job: Job, stream: ChunkStream) -> None:
-        pieces: list[np.ndarray] = []
+        # Encoded as it arrives (service/spool.py): the float32 signal is never held whole.
+        spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         try:
             while True:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size:
-                    pieces.append(chunk.pcm)
+                    await asyncio.to_thread(spool.write, chunk.pcm)
                 self.store.set_progress(job.id, chunk.frames_done, chunk.frames_total)
                 if chunk.is_final:
                     break
@@ -143,10 +144,10 @@ class JobRunner:
             if chunk.error:
                 self.store.finish(job.id, "failed", error=f"synthesis failed: {chunk.error}")
                 return
-            signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
             fmt = job.response_format
             try:
-                data = await asyncio.to_thread(encode_file, signal, fmt)
+                await asyncio.to_thread(spool.finish)
+                data = await asyncio.to_thread(spool.read, -1)
                 name = await asyncio.to_thread(self.store.write_audio, job.id, fmt, data)
             except OSError as exc:  # disk full, permissions: this job fails, with the reason
                 self.store.finish(job.id, "failed", error=f"could not write audio: {exc.strerror or exc}")
@@ -157,7 +158,7 @@ class JobRunner:
                 self.store.discard_audio(name)
                 log.info("job %s was cancelled as it finished; audio discarded", job.id)
                 return
-            log.info("job %s succeeded (%.2f s audio)", job.id, signal.size / chunk.sample_rate)
+            log.info("job %s succeeded (%.2f s audio)", job.id, spool.samples / chunk.sample_rate)
         except asyncio.CancelledError:
             stream.cancel()
             if job.id not in self.cancelled:
@@ -170,6 +171,7 @@ class JobRunner:
             self.running.pop(job.id, None)
             self.cancelled.discard(job.id)
             self.wake()
+            spool.close()  # quick: frees memory or unlinks a temp file
 
     def cancel(self, job: Job) -> bool:
         """queued/running -> cancelled, atomically; False when the job had already ended."""

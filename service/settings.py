@@ -61,6 +61,9 @@ class Settings:
     # Issue 20 fairness: concurrent streamed /v1/audio/speech responses per key (per address
     # with auth off); more get 429 too_many_streams (0 = unlimited)
     max_streams_per_key: int = 4
+    # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
+    # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
+    whole_file_memory_bytes: int = 8 << 20
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:

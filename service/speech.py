@@ -9,17 +9,17 @@ import json
 import logging
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from engines.contract import EngineError, Priority
 
-from .audio import CONTENT_TYPES, StreamEncoder, encode_file
+from .audio import CONTENT_TYPES, StreamEncoder
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
 from .params import SpeechBody, build_request, check_work, parse_body
 from .schema import JsonError, parse_json
+from .spool import AudioSpool
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 
 log = logging.getLogger("streamvox.speech")
@@ -136,25 +136,40 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
             state.limits.close_stream(identity)
 
 
-async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> web.Response:
-    pieces: list[np.ndarray] = []
-    while True:
-        chunk = await stream.next_chunk()
-        if chunk.pcm.size:
-            pieces.append(chunk.pcm)
-        if chunk.is_final:
-            break
-        if client_gone(request):
-            stream.cancel()
-            raise ApiError(499, "client_closed", "the client went away")
-    if chunk.error == "cancelled":
-        raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
-    if chunk.error:
-        log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
-        raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
-    signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    audio = await asyncio.to_thread(encode_file, signal, fmt)  # mp3/opus encoding must not block the loop
-    return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
+async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str) -> web.StreamResponse:
+    # Encoded as it arrives into a spool (memory up to a threshold, then a temp file): a long
+    # signal is never held whole. Encoding runs in a thread: it must not block the loop.
+    spool = AudioSpool(fmt, request.app[STATE_KEY].settings.whole_file_memory_bytes)
+    try:
+        while True:
+            chunk = await stream.next_chunk()
+            if chunk.pcm.size:
+                await asyncio.to_thread(spool.write, chunk.pcm)
+            if chunk.is_final:
+                break
+            if client_gone(request):
+                stream.cancel()
+                raise ApiError(499, "client_closed", "the client went away")
+        if chunk.error == "cancelled":
+            raise ApiError(503, "shutting_down", "the request was cancelled by the server",
+                           headers={"Retry-After": "1"})
+        if chunk.error:
+            log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
+            raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
+        size = await asyncio.to_thread(spool.finish)
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size)})
+        try:
+            await response.prepare(request)
+            while block := await asyncio.to_thread(spool.read):
+                await response.write(block)
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            log.info("speech %s: client went away", request[REQUEST_ID])
+            request.app[STATE_KEY].metrics.count("/v1/audio/speech", "client_closed")
+            request[COUNTED] = True
+        return response
+    finally:
+        spool.close()  # quick: frees memory or unlinks a temp file
 
 
 def _sse(event: dict) -> bytes:
