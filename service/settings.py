@@ -59,11 +59,20 @@ class Settings:
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
     # Issue 20 fairness: concurrent streamed /v1/audio/speech responses per key (per address
-    # with auth off); more get 429 too_many_streams (0 = unlimited)
-    max_streams_per_key: int = 4
+    # with auth off); more get 429 too_many_streams (0 = unlimited; None: an eighth of the
+    # engine's slots, at least 2 - see stream_cap)
+    max_streams_per_key: int | None = None
     # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
     # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
     whole_file_memory_bytes: int = 8 << 20
+
+    def stream_cap(self, engine_slots: int | None) -> int:
+        """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2):
+        one key's realtime streams then add few rows to the ticks another key's first chunk
+        shares (tests/test_service_hardening_fair.py)."""
+        if self.max_streams_per_key is not None:
+            return self.max_streams_per_key
+        return max(2, (engine_slots or 0) // 8)
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:
@@ -105,7 +114,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--max-connections-per-address", "STREAMVOX_MAX_CONNECTIONS_PER_ADDRESS", "max_connections_per_address",
      "concurrent connections per client IP; more get 503 too_many_connections (0 = unlimited)"),
     ("--max-streams-per-key", "STREAMVOX_MAX_STREAMS_PER_KEY", "max_streams_per_key",
-     "concurrent streamed speech responses per API key (per address with auth off); 0 = unlimited"),
+     "concurrent streamed speech responses per API key (per address with auth off; default: an eighth of "
+     "the slots, at least 2); 0 = unlimited"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
 )
