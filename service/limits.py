@@ -1,7 +1,7 @@
 """Per-key limits: a token-bucket rate limit on requests that start work, and caps on
-concurrent WebSocket sessions and on concurrent streamed speech responses. The key is the API key, or the client address when auth
-is off (never an unchecked token: a client could rotate fake ones to dodge every limit).
-State is in memory, per replica."""
+concurrent WebSocket sessions and on concurrent streamed speech responses. The key is the
+API key, or the client address when auth is off (never an unchecked token: a client could
+rotate fake ones to dodge every limit). State is in memory, per replica."""
 
 from __future__ import annotations
 
