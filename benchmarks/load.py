@@ -4,7 +4,13 @@ Reports errors, underruns, time to first audio, server RSS growth and open file
 descriptors. Starts its own server (``--preset``/``--device``) or targets ``--url``
 (then ``--pid`` lets it read the server's RSS and fds from /proc).
 
+``--attacks`` runs the issue-20 hostile clients (``attacks.py``: WebSocket floods, silent
+sockets, bad bytes, a heavy streamer, over-work requests) from 127.0.0.2 beside the normal
+traffic; the server it starts then has 2 s read timeouts. It fails on any 5xx, and reads
+RSS and fds again ``--settle`` seconds after the attacks stopped (back to baseline?).
+
     .venv/bin/python benchmarks/load.py --preset tiny --sessions 4 --jobs 1 --seconds 60
+    .venv/bin/python benchmarks/load.py --preset tiny --sessions 2 --jobs 1 --seconds 60 --attacks
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attacks import AttackReport, report_from_json  # noqa: E402
 from loadgen import (  # noqa: E402
     TEXTS,
     Server,
@@ -44,6 +51,13 @@ class LoadReport:
     fds_start: int = 0
     fds_end: int = 0
     seconds: float = 0.0
+    server_errors: int = 0  # 5xx answers to the normal traffic
+    attacks: AttackReport | None = None
+    rss_baseline_mb: float = 0.0
+    rss_samples_mb: list[float] = field(default_factory=list)  # every 10 s while attacked, then settled
+    fds_baseline: int = 0
+    rss_settled_mb: float = 0.0
+    fds_settled: int = 0
 
     def table(self) -> str:
         p50, p95 = percentile(self.ttfa, 0.5), percentile(self.ttfa, 0.95)
@@ -55,12 +69,18 @@ class LoadReport:
             ("server open fds start -> end", f"{self.fds_start} -> {self.fds_end}"),
             ("duration s", f"{self.seconds:.0f}"),
         ]
+        if self.attacks is not None:
+            rows += self.attacks.rows()
+            rows += [("5xx (normal traffic + attacks)", self.server_errors + self.attacks.server_errors),
+                     ("server RSS baseline -> settled MiB", f"{self.rss_baseline_mb:.0f} -> {self.rss_settled_mb:.0f}"),
+                     ("server RSS every 10 s under attack MiB", ", ".join(f"{x:.0f}" for x in self.rss_samples_mb)),
+                     ("server open fds baseline -> settled", f"{self.fds_baseline} -> {self.fds_settled}")]
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
 async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int | None = None,
-                   api_key: str | None = None) -> LoadReport:
+                   api_key: str | None = None, attacks: bool = False, settle_s: float = 10.0) -> LoadReport:
     report = LoadReport()
     if pid:
         report.rss_start_mb, report.fds_start = process_rss_mb(pid), process_open_fds(pid)
@@ -84,17 +104,49 @@ async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int 
     async def job_loop(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
             error = await run_job(session, url, next(texts), headers)
+            if error and " HTTP 5" in error:
+                report.server_errors += 1
             if error:
                 report.errors.append(f"job: {error}")
             else:
                 report.jobs += 1
 
+    async def attack() -> None:
+        # The baseline is taken after a third of the run of normal traffic alone (allocator
+        # and caches warm), then the attacks join until the end.
+        await asyncio.sleep(seconds / 3)
+        sampler = None
+        if pid:
+            report.rss_baseline_mb, report.fds_baseline = process_rss_mb(pid), process_open_fds(pid)
+
+            async def sample() -> None:
+                while True:
+                    await asyncio.sleep(10)
+                    report.rss_samples_mb.append(process_rss_mb(pid))
+
+            sampler = asyncio.create_task(sample())
+        try:  # a process of its own: the attackers must not slow this process's clients
+            attackers = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).resolve().parent / "attacks.py"), url,
+                str(max(0.0, deadline - time.monotonic())), stdout=asyncio.subprocess.PIPE)
+            out, _ = await attackers.communicate()
+            if attackers.returncode != 0:
+                raise RuntimeError(f"the attack process failed (exit {attackers.returncode})")
+            report.attacks = report_from_json(out.decode().strip().splitlines()[-1])
+        finally:
+            if sampler:
+                sampler.cancel()
+
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as http:
-        await asyncio.gather(*(ws_loop(i) for i in range(sessions)), *(job_loop(http) for _ in range(jobs)))
+        await asyncio.gather(*(ws_loop(i) for i in range(sessions)), *(job_loop(http) for _ in range(jobs)),
+                             *([attack()] if attacks else []))
     report.seconds = time.monotonic() - t0
     if pid:
         report.rss_end_mb, report.fds_end = process_rss_mb(pid), process_open_fds(pid)
+        if attacks:
+            await asyncio.sleep(settle_s)  # timeouts fire, sessions close, memory is returned
+            report.rss_settled_mb, report.fds_settled = process_rss_mb(pid), process_open_fds(pid)
     return report
 
 
@@ -108,24 +160,29 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--api-key")
+    parser.add_argument("--attacks", action="store_true", help="run the issue-20 hostile clients beside the load")
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after the attacks before the last reading")
     args = parser.parse_args()
     server = None
     url, pid = args.url, args.pid
     if url is None:
-        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-load-"))
+        extra = ["--http-idle-seconds", "2", "--http-body-seconds", "2"] if args.attacks else []
+        server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-load-"), extra)
         url, pid = server.url, server.proc.pid
         asyncio.run(server.wait_ready())
     try:
-        report = asyncio.run(run_load(url, args.sessions, args.jobs, args.seconds, pid, args.api_key))
+        report = asyncio.run(run_load(url, args.sessions, args.jobs, args.seconds, pid, args.api_key,
+                                      args.attacks, args.settle))
     finally:
         if server:
             server.stop()
     print(f"streamvox load: {args.sessions} WS sessions + {args.jobs} job loops on {url} "
-          f"(preset {args.preset}, device {args.device})")
+          f"(preset {args.preset}, device {args.device}{', with attacks' if args.attacks else ''})")
     print(report.table())
     for err in report.errors[:10]:
         print("error:", err)
-    return 1 if report.errors else 0
+    failed = report.errors or (report.attacks is not None and report.server_errors + report.attacks.server_errors)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -102,6 +102,10 @@ class SynthesisRequest:
     clone: "VoiceClone | None" = None
     non_streaming_mode: bool | None = None  # None: the release's default (Base False, others True)
 
+    # Issue 20 (fairness): who asked, for identity-fair slot ordering (core/scheduler.py).
+    # The service sets the API key digest or the client address; "" = no identity (FIFO).
+    tenant: str = ""
+
 
 @dataclass(frozen=True)
 class VoiceClone:

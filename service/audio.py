@@ -89,13 +89,20 @@ def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
             + b"data" + struct.pack("<I", unknown))
 
 
+def wav_sizes(header: bytes, file_size: int) -> bytes:
+    """A streamed WAV header (sizes "unknown") with the real sizes of a finished file."""
+    return (header[:4] + struct.pack("<I", file_size - 8) + header[8:40]
+            + struct.pack("<I", file_size - 44) + header[44:])
+
+
 def encode_file(pcm: np.ndarray, fmt: str, sample_rate: int | None = None) -> bytes:
     """The whole signal as one file of ``fmt`` (at ``sample_rate``, default 24 kHz)."""
     pcm = np.asarray(pcm, dtype=np.float32)
     rate = output_rate(fmt, sample_rate)
     if fmt in STREAMABLE:
         encoder = StreamEncoder(fmt, sample_rate)
-        return encoder.header() + encoder.encode(pcm) + encoder.finish()
+        data = encoder.header() + encoder.encode(pcm) + encoder.finish()
+        return wav_sizes(data, len(data)) if fmt == "wav" else data
     if rate != SAMPLE_RATE:
         pcm = soxr.resample(pcm, SAMPLE_RATE, rate, quality="HQ")
     buffer = io.BytesIO()

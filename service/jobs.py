@@ -7,7 +7,8 @@ back to ``queued``; on start-up any job still marked ``running`` is re-queued.
 Every status change is a conditional update in the store, so cancel is atomic with
 completion: a job DELETE has cancelled never turns ``succeeded`` (the audio it was writing
 is deleted). With API keys on, a job belongs to the key that made it: other keys get 404,
-admin keys (``admin.``) see all.
+admin keys (``admin.``) see all. With auth off everyone sees every job, and a job is
+recorded as the client address's (for the per-key cap on unfinished jobs).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 import time
 import uuid
 
-import numpy as np
 from aiohttp import web
 
 from engines.contract import (
@@ -27,14 +27,16 @@ from engines.contract import (
     Priority,
 )
 
-from .audio import CONTENT_TYPES, encode_file
+from .audio import CONTENT_TYPES
 from .auth import job_owner
 from .chunks import ChunkStream
 from .errors import ApiError, invalid_field
 from .job_store import FINISHED, JOB_ID_RE, STATUSES, Job, JobStore
+from .limits import client_identity
 from .params import JobBody, SynthesisParams, build_request
 from .schema import FieldError
 from .speech import read_work_request
+from .spool import AudioSpool
 from .state import REQUEST_ID, STATE_KEY, AppState
 
 log = logging.getLogger("streamvox.jobs")
@@ -109,7 +111,7 @@ class JobRunner:
             # One engine request id per attempt: a job re-run after a restart (or on a shared
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
-            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH)
+            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, tenant=job.owner or "jobs")
             stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
             stream.start()
         except (EngineOverloaded, EngineUnavailable):
@@ -127,12 +129,13 @@ class JobRunner:
         return True
 
     async def _run(self, job: Job, stream: ChunkStream) -> None:
-        pieces: list[np.ndarray] = []
+        # Encoded as it arrives (service/spool.py): the float32 signal is never held whole.
+        spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         try:
             while True:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size:
-                    pieces.append(chunk.pcm)
+                    await asyncio.to_thread(spool.write, chunk.pcm)
                 self.store.set_progress(job.id, chunk.frames_done, chunk.frames_total)
                 if chunk.is_final:
                     break
@@ -141,10 +144,10 @@ class JobRunner:
             if chunk.error:
                 self.store.finish(job.id, "failed", error=f"synthesis failed: {chunk.error}")
                 return
-            signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
             fmt = job.response_format
             try:
-                data = await asyncio.to_thread(encode_file, signal, fmt)
+                await asyncio.to_thread(spool.finish)
+                data = await asyncio.to_thread(spool.read, -1)
                 name = await asyncio.to_thread(self.store.write_audio, job.id, fmt, data)
             except OSError as exc:  # disk full, permissions: this job fails, with the reason
                 self.store.finish(job.id, "failed", error=f"could not write audio: {exc.strerror or exc}")
@@ -155,7 +158,7 @@ class JobRunner:
                 self.store.discard_audio(name)
                 log.info("job %s was cancelled as it finished; audio discarded", job.id)
                 return
-            log.info("job %s succeeded (%.2f s audio)", job.id, signal.size / chunk.sample_rate)
+            log.info("job %s succeeded (%.2f s audio)", job.id, spool.samples / chunk.sample_rate)
         except asyncio.CancelledError:
             stream.cancel()
             if job.id not in self.cancelled:
@@ -168,6 +171,7 @@ class JobRunner:
             self.running.pop(job.id, None)
             self.cancelled.discard(job.id)
             self.wake()
+            spool.close()  # quick: frees memory or unlinks a temp file
 
     def cancel(self, job: Job) -> bool:
         """queued/running -> cancelled, atomically; False when the job had already ended."""
@@ -207,6 +211,8 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
     owner, _ = _owner(request)
+    if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
+        owner = client_identity(request)
     _check_queue(state, _runner(request).store, owner)
     job = _runner(request).store.create(body.model_dump(exclude_none=True), owner=owner)
     _runner(request).wake()
@@ -216,10 +222,10 @@ async def create_job(request: web.Request) -> web.Response:
 
 def _check_queue(state, store: JobStore, owner: str | None) -> None:
     """429 ``too_many_jobs`` with Retry-After when unfinished jobs are at the cap, in total
-    or (auth on) for this key."""
+    or for this key (this address with auth off)."""
     per_key, total = state.settings.max_queued_jobs_per_key, state.settings.max_queued_jobs
     retry = {"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)}
-    if per_key and state.api_keys.enabled and store.unfinished(owner, any_owner=False) >= per_key:
+    if per_key and store.unfinished(owner, any_owner=False) >= per_key:
         raise ApiError(429, "too_many_jobs", f"this key already has {per_key} unfinished jobs (the limit); "
                                              "wait for some to finish or cancel them", headers=retry)
     if total and store.unfinished() >= total:

@@ -1,7 +1,7 @@
-"""Per-key limits: a token-bucket rate limit on requests that start work, and a cap on
-concurrent WebSocket sessions. The key is the API key, or the client address when auth
-is off (never an unchecked token: a client could rotate fake ones to dodge every limit).
-State is in memory, per replica."""
+"""Per-key limits: a token-bucket rate limit on requests that start work, and caps on
+concurrent WebSocket sessions and on concurrent streamed speech responses. The key is the
+API key, or the client address when auth is off (never an unchecked token: a client could
+rotate fake ones to dodge every limit). State is in memory, per replica."""
 
 from __future__ import annotations
 
@@ -51,12 +51,14 @@ class TokenBucket:
 
 
 class KeyLimits:
-    def __init__(self, rate: float, burst: int, max_sessions: int):
+    def __init__(self, rate: float, burst: int, max_sessions: int, max_streams: int = 0):
         self.rate = rate
         self.burst = burst
         self.max_sessions = max_sessions
+        self.max_streams = max_streams
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, int] = {}
+        self._streams: dict[str, int] = {}
 
     def check_rate(self, identity: str) -> None:
         """Raises 429 ``rate_limited`` with Retry-After when the key is over its rate."""
@@ -84,3 +86,20 @@ class KeyLimits:
             self._sessions[identity] = left
         else:
             self._sessions.pop(identity, None)
+
+    def open_stream(self, identity: str) -> None:
+        """Count one streamed response of ``identity``; 429 ``too_many_streams`` at the cap
+        (one client's realtime streams cannot fill the device: the scheduler's fairness
+        works on the requests that get in)."""
+        held = self._streams.get(identity, 0)
+        if self.max_streams and held >= self.max_streams:
+            raise ApiError(429, "too_many_streams", f"at most {self.max_streams} concurrent streamed responses "
+                                                    "per key; wait for one to finish", headers={"Retry-After": "1"})
+        self._streams[identity] = held + 1
+
+    def close_stream(self, identity: str) -> None:
+        left = self._streams.get(identity, 0) - 1
+        if left > 0:
+            self._streams[identity] = left
+        else:
+            self._streams.pop(identity, None)

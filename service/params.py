@@ -102,8 +102,10 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
-                  clone: VoiceClone | None = None) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, **params.model_dump())
+                  clone: VoiceClone | None = None, tenant: str = "") -> SynthesisRequest:
+    """``tenant``: who asked (:func:`service.limits.client_identity`), for fair slot ordering."""
+    return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, tenant=tenant,
+                            **params.model_dump())
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

@@ -60,7 +60,22 @@ class Settings:
     job_workers: int = 2
     max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
-    max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (auth on); 429 beyond (0 = unlimited)
+    max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
+    # Issue 20 fairness: concurrent streamed /v1/audio/speech responses per key (per address
+    # with auth off); more get 429 too_many_streams (0 = unlimited; None: an eighth of the
+    # engine's slots, at least 2 - see stream_cap)
+    max_streams_per_key: int | None = None
+    # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
+    # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
+    whole_file_memory_bytes: int = 8 << 20
+
+    def stream_cap(self, engine_slots: int | None) -> int:
+        """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2):
+        one key's realtime streams then add few rows to the ticks another key's first chunk
+        shares (tests/test_service_hardening_fair.py)."""
+        if self.max_streams_per_key is not None:
+            return self.max_streams_per_key
+        return max(2, (engine_slots or 0) // 8)
 
     def resolved_preset(self, device: str) -> str:
         if self.preset:
@@ -105,6 +120,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)"),
     ("--max-ref-audio-mb", "STREAMVOX_MAX_REF_AUDIO_MB", "max_ref_audio_mb",
      "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)"),
+    ("--max-streams-per-key", "STREAMVOX_MAX_STREAMS_PER_KEY", "max_streams_per_key",
+     "concurrent streamed speech responses per API key (per address with auth off; default: an eighth of "
+     "the slots, at least 2); 0 = unlimited"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
 )
@@ -209,7 +227,7 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
                                 ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
-                                ("max_connections_per_address", int, 0),
+                                ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0),
                                 ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)

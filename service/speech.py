@@ -9,18 +9,18 @@ import json
 import logging
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
 from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
 
 from . import voices
-from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder, encode_file
+from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
 from .params import SpeechBody, build_request, check_model, check_work, parse_body
 from .schema import JsonError, parse_json
+from .spool import AudioSpool
 from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
 from .tempo import tempo_for
 
@@ -128,12 +128,17 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     tempo = tempo_for(state.engine, body.speed)  # the talker's speed: the service stretches its audio
     params = body.params if tempo is None else body.params.model_copy(update={"speed": 1.0})
-    synthesis = build_request(request_id, text, params, priority, clone=clone)
+    identity = client_identity(request)
+    synthesis = build_request(request_id, text, params, priority, clone=clone, tenant=identity)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
     stream.tempo = tempo
+    if stream_format is not None:
+        state.limits.open_stream(identity)  # 429 too_many_streams at the per-key cap
     try:
         stream.start()
     except EngineError as exc:
+        if stream_format is not None:
+            state.limits.close_stream(identity)
         raise engine_error(exc) from None
     log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
     work = _SpeechWork(stream)
@@ -145,6 +150,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     finally:
         state.streams.discard(work)
         stream.cancel()  # no-op once finished; frees the slot if the client went away
+        if stream_format is not None:
+            state.limits.close_stream(identity)
 
 
 def _raise_failure(request: web.Request, chunk) -> None:
@@ -156,21 +163,36 @@ def _raise_failure(request: web.Request, chunk) -> None:
         raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
 
 
-async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str, sample_rate: int | None) -> web.Response:
-    pieces: list[np.ndarray] = []
-    while True:
-        chunk = await stream.next_chunk()
-        if chunk.pcm.size:
-            pieces.append(chunk.pcm)
-        if chunk.is_final:
-            break
-        if client_gone(request):
-            stream.cancel()
-            raise ApiError(499, "client_closed", "the client went away")
-    _raise_failure(request, chunk)
-    signal = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-    audio = await asyncio.to_thread(encode_file, signal, fmt, sample_rate)  # encoding must not block the loop
-    return web.Response(body=audio, content_type=CONTENT_TYPES[fmt])
+async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str,
+                      sample_rate: int | None) -> web.StreamResponse:
+    # Encoded as it arrives into a spool (memory up to a threshold, then a temp file): a long
+    # signal is never held whole. Encoding runs in a thread: it must not block the loop.
+    spool = AudioSpool(fmt, request.app[STATE_KEY].settings.whole_file_memory_bytes, sample_rate)
+    try:
+        while True:
+            chunk = await stream.next_chunk()
+            if chunk.pcm.size:
+                await asyncio.to_thread(spool.write, chunk.pcm)
+            if chunk.is_final:
+                break
+            if client_gone(request):
+                stream.cancel()
+                raise ApiError(499, "client_closed", "the client went away")
+        _raise_failure(request, chunk)
+        size = await asyncio.to_thread(spool.finish)
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size)})
+        try:
+            await response.prepare(request)
+            while block := await asyncio.to_thread(spool.read):
+                await response.write(block)
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            log.info("speech %s: client went away", request[REQUEST_ID])
+            request.app[STATE_KEY].metrics.count("/v1/audio/speech", "client_closed")
+            request[COUNTED] = True
+        return response
+    finally:
+        spool.close()  # quick: frees memory or unlinks a temp file
 
 
 def _sse(event: dict) -> bytes:

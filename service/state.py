@@ -33,7 +33,8 @@ class AppState:
         self.engine = engine
         self.metrics = Metrics(engine)
         self.api_keys = ApiKeys(settings.api_keys)
-        self.limits = KeyLimits(settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key)
+        self.limits = KeyLimits(settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key,
+                                settings.stream_cap(getattr(engine.info, "slots", None)))
         self.draining = False
         self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
         self.jobs = None  # service.jobs.JobRunner, set by the app on startup

@@ -28,7 +28,7 @@ from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
-from .params import SynthesisParams, build_request, parse, update_params
+from .params import SynthesisParams, build_request, check_work, parse, update_params
 from .schema import InputText, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from .tempo import tempo_for
@@ -78,6 +78,7 @@ class SessionClosed(Exception):
 @dataclass
 class Utterance:
     text: str
+    refused: bool = False  # over the work limit: the error was sent once, it is skipped
 
 
 @dataclass
@@ -347,13 +348,23 @@ class StreamSession:
                 await self.speak(item, stream)
 
     async def submit(self, utterance: Utterance) -> ChunkStream | None:
-        """Submit one utterance; a fatal error closes the session, a bad field skips it."""
+        """Submit one utterance; a fatal error closes the session, a bad field skips it, and
+        so does an utterance over the work limit (an ``error`` before any engine time)."""
+        if utterance.refused:
+            return None
+        try:
+            check_work(self.state.engine, utterance.text, self.params, self.state.settings.max_work_frame_steps)
+        except ApiError as exc:
+            utterance.refused = True
+            await self.error(exc.code, exc.message)
+            return None
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         tempo = tempo_for(self.state.engine, self.params.speed)  # issue 15: talker speed, stretched here
         params = self.params if tempo is None else self.params.model_copy(update={"speed": 1.0})
         synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
-                                  clone=saved_clone(self.request.app, self.params.voice))  # issue 15: saved voices
+                                  clone=saved_clone(self.request.app, self.params.voice),  # issue 15: saved voices
+                                  tenant=client_identity(self.request, websocket=True))
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
                              high_water=self.state.settings.ws_buffer_chunks)
         stream.tempo = tempo

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-RECOVERABLE = {"invalid_json", "unknown_type", "invalid_field", "binary_not_supported", "text_too_long"}
+RECOVERABLE = {"invalid_json", "unknown_type", "invalid_field", "binary_not_supported", "text_too_long",
+               "too_much_work"}
 MAX_CHARS = 60
 SESSION_TIMEOUT_S = 120
 
@@ -143,7 +144,24 @@ def test_fuzz_hostile_bytes(live_url, raw, charset, header, path):
         assert json.loads(payload)["error"]["code"]
 
 
+def _hostile_ws_message(kind: str, field: str, surrogate: str, digits: str, depth: int) -> str:
+    """The issue-20 values as WebSocket text: each must be a non-fatal error on a live socket."""
+    kind_of = {"input": "input.text"}.get(field, "session.config")
+    key = "text" if field == "input" else field
+    if kind == "surrogate":
+        return json.dumps({"type": kind_of, key: "a" + surrogate})
+    if kind == "huge_int":
+        return '{"type": "%s", "%s": %s%s}' % (kind_of, key, "-" if depth % 2 else "", digits)
+    if kind == "huge_float":
+        return '{"type": "%s", "%s": %s.5e%d}' % (kind_of, key, digits[:400], depth)
+    return '{"type": "input.text", "text": ' * (depth % 3) + "[" * min(depth, 100_000)  # deep nesting
+
+
+hostile_ws = st.builds(_hostile_ws_message, st.sampled_from(["surrogate", "huge_int", "huge_float", "deep"]),
+                       hostile_fields, surrogates, huge_ints, st.integers(min_value=1, max_value=100_000))
+
 ws_messages = st.one_of(
+    hostile_ws,
     st.builds(lambda t: {"type": "input.text", "text": t}, st.one_of(sentences, short_text, any_json)),
     st.just({"type": "input.done"}),
     st.just({"type": "response.cancel"}),

@@ -168,6 +168,53 @@ async def test_silent_and_slow_sockets_are_closed(live):
             assert r.status == 200
 
 
+async def test_300_silent_sockets_are_closed_by_the_read_timeouts(engine, tmp_path):
+    """The issue's reproduction: 300 sockets sending nothing, a request head that never ends
+    or a body that never ends. The per-address cap is off here, so it is the read timeouts
+    (1 s) that reclaim them; normal requests are served while they are open and after."""
+    import os
+
+    runner, host, port = await start_live(engine, tmp_path / "data", http_idle_seconds=1.0, http_body_seconds=1.0,
+                                          max_connections_per_address=0)
+    live = (host, port)
+    partial = [
+        b"",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 5000\r\n\r\n{\"input\": \"",
+    ]
+    fds_before = len(os.listdir("/proc/self/fd"))
+    sockets = []
+    try:
+        for i in range(300):
+            reader, writer = await asyncio.open_connection(*live)
+            writer.write(partial[i % 3])
+            sockets.append((reader, writer))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url(live, "/healthz")) as r:  # served while all 300 are open
+                assert r.status == 200
+            async with http.post(url(live, SPEECH), json={"input": "Hello there.", "response_format": "pcm"}) as r:
+                assert r.status == 200 and len(await r.read()) > 0
+        replies = await asyncio.gather(*(wait_closed(reader, 8.0) for reader, _ in sockets))
+        assert loop.time() - started < 8.0
+        bodies = replies[2::3]
+        assert all(b"408" in reply.split(b"\r\n")[0] for reply in bodies)  # each body timeout said so
+        assert not any(b" 5" in reply.split(b"\r\n")[0] for reply in replies)
+    finally:
+        for _, writer in sockets:
+            writer.close()
+    await asyncio.sleep(0.2)
+    # the server holds none of them any more: this process's descriptors are back
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 5
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.get(url(live, "/readyz")) as r:
+                assert r.status == 200
+    await runner.cleanup()
+
+
 async def test_connections_per_address_are_capped(live):
     sockets = [await asyncio.open_connection(*live) for _ in range(8)]  # the cap (silent sockets)
     try:

@@ -353,3 +353,26 @@ async def test_unfinished_jobs_are_capped_per_key_and_in_total(engine, tmp_path)
             assert (await submit(http, b))[0] == 202  # a finished (cancelled) job frees its place
     finally:
         await live.stop()
+
+
+async def test_with_auth_off_unfinished_jobs_are_capped_per_address(engine, tmp_path):
+    """Auth off: the per-key cap counts the client address (127.0.0.1 vs 127.0.0.2 on the
+    loopback), and rotating fake tokens does not reset it."""
+    live = await start_server(engine, tmp_path / "data", job_workers=0, max_queued_jobs_per_key=2)
+
+    async def submit(http, token):
+        async with http.post(live.url + "/v1/jobs", json={"input": SHORT},
+                             headers={"Authorization": f"Bearer {token}"}) as response:
+            return response.status, await response.json()
+
+    try:
+        async with aiohttp.ClientSession() as first, \
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))) as second:
+            assert [(await submit(first, f"fake{i}"))[0] for i in range(2)] == [202, 202]
+            status, body = await submit(first, "fake9")
+            assert (status, body["error"]["code"]) == (429, "too_many_jobs")
+            assert (await submit(second, "fake0"))[0] == 202  # another address has its own cap
+            async with first.get(live.url + "/v1/jobs") as response:  # everyone still sees every job
+                assert len((await response.json())["data"]) == 3
+    finally:
+        await live.stop()

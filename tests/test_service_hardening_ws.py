@@ -253,3 +253,41 @@ async def test_bad_ws_input_is_a_non_fatal_error(server, name):
         assert (await one_round(ws))["utterances"] == 1
     finally:
         await ws.close()
+
+
+# -- item 7 on WebSocket: the work limit ----------------------------------------------------------
+
+async def test_an_utterance_over_the_work_limit_is_an_error_before_any_engine_time(engine, tmp_path):
+    """Each utterance is checked against --max-work-frame-steps (after speed and steps) when
+    it would be submitted: over it, one ``error`` naming the limit, no engine request, and the
+    session goes on (the next utterance is spoken, the round still ends with session.done)."""
+    live = await start_server(engine, tmp_path / "data", max_work_frame_steps=1000)
+    submitted = []
+    real_submit = engine.submit
+
+    def counting_submit(request, deliver):
+        submitted.append(request.text)
+        return real_submit(request, deliver)
+
+    engine.submit = counting_submit
+    try:
+        ws = await connect(live.ws_url)
+        try:
+            await ws.send(json.dumps({"type": "session.config", "steps": 16}))  # 100 letters plan 90 x 16 frame-steps
+            await ws.send(json.dumps({"type": "input.text", "text": "x" * 100 + "."}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            events = []
+            while not events or events[-1]["type"] != "session.done":
+                events.append(await next_json(ws, timeout=30.0))
+            errors = [e for e in events if e["type"] == "error"]
+            assert len(errors) == 1 and errors[0]["code"] == "too_much_work" and "1000" in errors[0]["message"]
+            assert not [e for e in events if e["type"] == "audio.start"]
+            assert submitted == []  # refused before any engine time
+            await ws.send(json.dumps({"type": "session.config", "steps": 8}))
+            done = await one_round(ws, "Short one.")  # same socket, within the limit: spoken
+            assert done["utterances"] == 1 and submitted == ["Short one."]
+        finally:
+            await ws.close()
+    finally:
+        engine.submit = real_submit
+        await live.stop()

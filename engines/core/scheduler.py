@@ -1,9 +1,19 @@
 """Scheduling policy, nothing else: which waiting requests get a slot, and which finished code
 frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs what it picks).
 
-* Slots: realtime first, first come first served within a class; batch work (jobs,
-  non-streamed calls) holds at most ``batch_slot_limit`` slots, so a realtime arrival always
-  finds one within a chunk's lifetime.
+* Slots: realtime first; batch work (jobs, non-streamed calls) holds at most
+  ``batch_slot_limit`` slots, so a realtime arrival always finds one within a chunk's lifetime.
+* Fairness among tenants (``SynthesisRequest.tenant``: an API key or a client address):
+  within a class the tenant holding the fewest slots goes first (first come first served
+  between equals), and a tenant that already holds a slot never takes the last
+  ``newcomer_slots`` free ones - they are kept for a tenant holding none, so a client
+  with many streams cannot make another wait for one of them to finish. Requests without
+  a tenant (direct engine use) are plain first come first served.
+* First audio first: while a realtime request generates its first chunk, streams with more
+  than ``ahead_seconds`` of audio in their listener's hands take no new slot and no vocoder
+  time (they lose nothing: their listener is that far ahead). Their work waits for one
+  first chunk only, so the newcomer's chunk runs on a device that is not busy with audio
+  nobody needs yet - a client with many streams cannot multiply others' time to first audio.
 * Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
   listener runs out of audio - so a burst of finished chunks from many streams never holds
   up the next generation step by more than one piece. The bound is ``vocoder_frames`` code
@@ -14,6 +24,8 @@ frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs w
 from __future__ import annotations
 
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -63,13 +75,17 @@ class VocoderWork:
 
 class Scheduler:
     def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
-                 keep_up: float = 2.0):
+                 keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0):
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
         # Batch work may hold at most this share of the slots, so realtime arrivals always find one.
         self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
         self.vocoder_frames = vocoder_frames
         self.keep_up = keep_up
+        # Free slots a tenant already holding one may not take (kept for a newcomer); never
+        # more than a quarter of the slots, so one tenant alone keeps most of the device.
+        self.newcomer_slots = min(newcomer_slots, max_slots // 4)
+        self.ahead_seconds = ahead_seconds
         self._rate = 0.0  # frames produced per generation step, moving average
 
     def observe(self, frames_produced: int) -> None:
@@ -83,22 +99,60 @@ class Scheduler:
 
     def slot_order(self, states: list[RequestState], free: int, wants_slot: Callable[[str], bool]
                    ) -> list[RequestState]:
-        """The waiting requests to start now, in order (at most ``free``), under the batch budget."""
+        """The waiting requests to start now, in order (at most ``free``), under the batch
+        budget and the tenant rules in this module's docstring."""
         if free <= 0:
             return []
         waiting = [s for s in states if not s.handle.paused and wants_slot(s.request_id)]
-        waiting.sort(key=lambda s: s.request.priority != Priority.REALTIME)  # stable: FIFO within a class
-        batch_busy = sum(1 for s in states if s.request.priority == Priority.BATCH and s.in_slot(wants_slot))
-        chosen = []
-        for s in waiting:
-            if len(chosen) == free:
+        if waiting and self._first_audio_pending(states):
+            now = time.monotonic()
+            waiting = [s for s in waiting if not self._far_ahead(s, now)]
+        if not waiting:
+            return []
+        in_slot = [s for s in states if s.in_slot(wants_slot)]
+        batch_busy = sum(1 for s in in_slot if s.request.priority == Priority.BATCH)
+        held = Counter(s.request.tenant for s in in_slot)
+        # FIFO within a class: the list is in admission order, and a stable sort keeps it.
+        waiting.sort(key=lambda s: s.request.priority != Priority.REALTIME)
+        chosen: list[RequestState] = []
+        while waiting and len(chosen) < free:
+            pick = self._next_fair(waiting, held, free - len(chosen), batch_busy)
+            if pick is None:
                 break
-            if s.request.priority == Priority.BATCH:
-                if batch_busy >= self.batch_slot_limit:
-                    continue
-                batch_busy += 1
-            chosen.append(s)
+            waiting.remove(pick)
+            chosen.append(pick)
+            held[pick.request.tenant] += 1
+            batch_busy += pick.request.priority == Priority.BATCH
         return chosen
+
+    def _next_fair(self, waiting: list[RequestState], held: Counter, free_left: int,
+                   batch_busy: int) -> RequestState | None:
+        """The next request to start: the first class with an eligible request, in it the
+        least-served tenant's oldest. ``None`` when nothing may start now."""
+        best: RequestState | None = None
+        for s in waiting:
+            request = s.request
+            if request.priority == Priority.BATCH and batch_busy >= self.batch_slot_limit:
+                continue
+            tenant_holds = held[request.tenant] if request.tenant else 0
+            if tenant_holds and free_left <= self.newcomer_slots:
+                continue  # the last free slots wait for a tenant holding none
+            if best is not None and best.request.priority != request.priority:
+                break  # realtime before batch: a lower class waits while a higher one may start
+            if best is None or tenant_holds < (held[best.request.tenant] if best.request.tenant else 0):
+                best = s
+        return best
+
+    @staticmethod
+    def _first_audio_pending(states: list[RequestState]) -> bool:
+        """A realtime request is still generating its first chunk (once its frames exist it
+        leads the vocoder's deadline order anyway, and generation need not wait)."""
+        return any(s.first_audio_at is None and not s.pending and s.request.priority == Priority.REALTIME
+                   and not s.handle.cancelled for s in states)
+
+    def _far_ahead(self, state: RequestState, now: float) -> bool:
+        """The request's listener holds more than ``ahead_seconds`` of audio not yet played."""
+        return state.first_audio_at is not None and self.playback_deadline(state) - now > self.ahead_seconds
 
     @staticmethod
     def playback_deadline(state: RequestState) -> float:
@@ -120,6 +174,9 @@ class Scheduler:
         before batch), each a prefix of its gathered frames, at most ``piece_frames`` in all.
         A request's prefix reaches at least its flush size; the piece's first one always goes."""
         ready = [s for s in states if self.ready(s, flush_frames)]
+        if ready and self._first_audio_pending(states):
+            now = time.monotonic()
+            ready = [s for s in ready if not self._far_ahead(s, now)]
         ready.sort(key=lambda s: (s.request.priority != Priority.REALTIME, self.playback_deadline(s)))
         bound = self.piece_frames
         piece: list[VocoderWork] = []
