@@ -94,6 +94,49 @@ class SynthesisRequest:
     temperature: float = 0.9
     top_k: int = 50
     top_p: float = 1.0
+    # --- live text (issue 16): the text is still arriving; ``text`` is then unused ---
+    text_feed: "TextFeed | None" = None
+    """Talker pipeline only: the utterance starts speaking from the first committed text
+    tokens and consumes later ones as they arrive (streaming-text mode)."""
+
+
+class TextFeed:
+    """The text of a live utterance, arriving in deltas (issue 16). Thread-safe.
+
+    The service ``append``s deltas and finally calls ``finish``; the worker ``drain``s
+    them. ``on_change`` (set by the engine) wakes the worker when text arrives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: list[str] = []
+        self._finished = False
+        self.chars = 0
+        self.on_change: Callable[[], None] | None = None
+
+    def append(self, text: str) -> None:
+        with self._lock:
+            if self._finished:
+                raise ValueError("text after the end of the utterance's text")
+            self._parts.append(text)
+            self.chars += len(text)
+        if self.on_change is not None:
+            self.on_change()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finished = True
+        if self.on_change is not None:
+            self.on_change()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def drain(self) -> tuple[str, bool]:
+        """-> (text appended since the last drain, whether the text is complete)."""
+        with self._lock:
+            text, self._parts = "".join(self._parts), []
+            return text, self._finished
 
 
 @dataclass(frozen=True)

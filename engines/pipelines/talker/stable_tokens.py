@@ -47,7 +47,8 @@ class StableTokenizer:
         self._specials = [t.content for t in self._tok.get_added_tokens_decoder().values()]
         self._pending = ROLE  # NFC-normalised text not committed yet
         self._skip = ROLE_IDS  # role ids still to drop from the front of what commits
-        self.committed: list[int] = []
+        self.committed: list[int] = []  # body ids
+        self.role_ids: list[int] = []  # the role ids (ids[:3] of the wrapped text)
         self.finished = False
 
     @property
@@ -80,6 +81,7 @@ class StableTokenizer:
     def _commit(self, ids: list[int]) -> list[int]:
         drop = min(self._skip, len(ids))
         self._skip -= drop
+        self.role_ids += ids[:drop]
         new = ids[drop:]
         self.committed += new
         return new
