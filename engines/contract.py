@@ -103,7 +103,7 @@ class SynthesisRequest:
 class TextFeed:
     """The text of a live utterance, arriving in deltas (issue 16). Thread-safe.
 
-    The service ``append``s deltas and finally calls ``finish``; the worker ``drain``s
+    The service ``append``s deltas and finally calls ``finish``; the worker ``read``s
     them. ``on_change`` (set by the engine) wakes the worker when text arrives."""
 
     def __init__(self) -> None:
@@ -132,11 +132,11 @@ class TextFeed:
     def finished(self) -> bool:
         return self._finished
 
-    def drain(self) -> tuple[str, bool]:
-        """-> (text appended since the last drain, whether the text is complete)."""
+    def read(self, start: int) -> tuple[str, int, bool]:
+        """-> (text of the deltas from index ``start`` on, the next start, whether the text is
+        complete). Not destructive: a re-submitted utterance reads the same feed again."""
         with self._lock:
-            text, self._parts = "".join(self._parts), []
-            return text, self._finished
+            return "".join(self._parts[start:]), len(self._parts), self._finished
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class LiveText:
         self.stream = StableTokenizer(prompt.tokenizer)
         self._tail_ids = prompt.tokenizer.encode(TAIL)
         self.done = False
+        self._read = 0  # deltas of the feed read so far
 
     @property
     def ids(self) -> list[int]:
@@ -39,7 +40,7 @@ class LiveText:
         """Drain the feed; -> whether new ids were committed or the text completed."""
         if self.done:
             return False
-        text, finished = self.feed.drain()
+        text, self._read, finished = self.feed.read(self._read)
         new = self.stream.feed(text) if text else []
         if finished:
             new += self.stream.finish()

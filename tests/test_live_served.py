@@ -1,0 +1,127 @@
+"""Live text over the WebSocket (issue 16), served end to end: the fixture talker checkpoint,
+the real server, a real websockets client.
+
+Exactness: one message, one character per message, and random deltas with random delays give
+byte-identical PCM, equal to the official ``generate()`` in streaming-text mode for that text
+(the oracle fixture's codes, decoded by our decoder: 2 LSB of PCM16 quantization, as in
+test_talker_served.py). Earliness: at ~20 tokens/s the first audio arrives before the first
+sentence has finished arriving; in sentence mode (``text_streaming: false``) it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+import websockets
+from conftest import start_server
+
+from engines.build import build_engine
+from tests.oracle import talker_fixtures as fx
+
+pytestmark = pytest.mark.parity
+LSB = 1 / 32768
+CASE = "p0_vivian_auto_stream"  # official generate(non_streaming_mode=False), greedy
+
+
+@pytest.fixture(scope="module")
+def talker_engine():
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def speak(url: str, deltas: list[str], config: dict, delays: list[float] | None = None,
+                done: bool = True) -> dict:
+    """Send the deltas (with delays), then input.done; -> pcm, events, timings."""
+    events, pcm = [], bytearray()
+    t_first_audio = None
+    async with websockets.connect(url) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.config", **config}))
+
+        async def reader():
+            nonlocal t_first_audio
+            async for msg in ws:
+                if isinstance(msg, bytes):
+                    if t_first_audio is None:
+                        t_first_audio = time.monotonic()
+                    pcm.extend(msg)
+                    continue
+                event = json.loads(msg)
+                events.append(event)
+                if event["type"] == "session.done":
+                    return
+
+        task = asyncio.create_task(reader())
+        t0 = time.monotonic()
+        for i, d in enumerate(deltas):
+            await ws.send(json.dumps({"type": "input.text", "text": d}))
+            if delays:
+                await asyncio.sleep(delays[i])
+        t_sent = time.monotonic()
+        if done:
+            await ws.send(json.dumps({"type": "input.done"}))
+        await asyncio.wait_for(task, 60)
+    return {"pcm": bytes(pcm), "events": events, "t0": t0, "t_sent": t_sent, "t_first_audio": t_first_audio}
+
+
+def official_pcm(engine) -> np.ndarray:
+    codes = fx.references("cv_proj")[f"case/{CASE}/codes"]
+    with torch.no_grad():
+        return engine.models.decoder(codes.T[None])[0].numpy()
+
+
+async def test_any_split_and_delay_gives_the_official_streaming_text_audio(talker_engine, tmp_path):
+    c = fx.cases("cv_proj")[CASE]
+    text, config = c["prompt"], {"voice": c["speaker"], "language": c["language"]}
+    rng = random.Random(16)
+    server = await start_server(talker_engine, tmp_path / "data")
+    try:
+        whole = await speak(server.ws_url, [text], config)
+        chars = await speak(server.ws_url, list(text), config)
+        parts, i = [], 0
+        while i < len(text):
+            k = rng.randint(1, 7)
+            parts.append(text[i:i + k])
+            i += k
+        jittered = await speak(server.ws_url, parts, config, delays=[rng.uniform(0, 0.05) for _ in parts])
+    finally:
+        await server.stop()
+    for run in (whole, chars, jittered):
+        assert not [e for e in run["events"] if e["type"] == "error"], run["events"]
+        starts = [e for e in run["events"] if e["type"] == "audio.start"]
+        dones = [e for e in run["events"] if e["type"] == "audio.done"]
+        assert len(starts) == len(dones) == 1 and starts[0]["live"] is True
+        assert dones[0]["text"] == text and (dones[0]["text_start"], dones[0]["text_end"]) == (0, len(text))
+    assert whole["pcm"] == chars["pcm"] == jittered["pcm"]
+    audio = np.frombuffer(whole["pcm"], dtype="<i2").astype(np.float32) / 32768
+    expected = official_pcm(talker_engine)
+    assert len(audio) == len(expected) > 0
+    np.testing.assert_allclose(audio, expected, atol=2 * LSB, rtol=0)
+
+
+async def test_first_audio_before_the_first_sentence_has_arrived(talker_engine, tmp_path):
+    """~20 tokens/s (one word every 50 ms): live mode speaks before the sentence's last word
+    was sent; sentence mode cannot (it waits for the sentence end)."""
+    words = ("Hello world, this is a small test of streaming speech, and it keeps going for a while "
+             "before the sentence finally ends.").split(" ")
+    deltas = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    delays = [0.05] * len(deltas)
+    config = {"voice": "Vivian"}
+    server = await start_server(talker_engine, tmp_path / "data")
+    try:
+        live = await speak(server.ws_url, deltas, config, delays=delays)
+        sentence = await speak(server.ws_url, deltas, {**config, "text_streaming": False}, delays=delays)
+    finally:
+        await server.stop()
+    assert live["t_first_audio"] is not None and live["t_first_audio"] < live["t_sent"], \
+        (live["t_first_audio"] - live["t0"], live["t_sent"] - live["t0"])
+    assert sentence["t_first_audio"] is not None and sentence["t_first_audio"] > sentence["t_sent"]
+    assert [e.get("live") for e in sentence["events"] if e["type"] == "audio.start"] == [None]
