@@ -125,3 +125,106 @@ async def test_first_audio_before_the_first_sentence_has_arrived(talker_engine, 
         (live["t_first_audio"] - live["t0"], live["t_sent"] - live["t0"])
     assert sentence["t_first_audio"] is not None and sentence["t_first_audio"] > sentence["t_sent"]
     assert [e.get("live") for e in sentence["events"] if e["type"] == "audio.start"] == [None]
+
+
+def _utterances(run: dict) -> list[dict]:
+    return [e for e in run["events"] if e["type"] == "audio.done"]
+
+
+async def test_utterance_boundaries_and_rounds(talker_engine, tmp_path):
+    """Past --ws-live-utterance-chars a live utterance ends at the next sentence end; the next
+    one starts with the following text. Text after input.done opens the next round's utterance
+    and never reaches the finished one."""
+    first = fx.cases("cv_proj")[CASE]["prompt"]  # "Hello world, this is a test."
+    text = f"{first}  Streaming speech, 2026 camelCase! Tail words"
+    rng = random.Random(3)
+    parts, i = [], 0
+    while i < len(text):
+        k = rng.randint(1, 5)
+        parts.append(text[i:i + k])
+        i += k
+    server = await start_server(talker_engine, tmp_path / "data", ws_live_utterance_chars=20)
+    try:
+        run = await speak(server.ws_url, parts, {"voice": "Vivian"})
+        # Round 1 ends with input.done; the text after it is round 2's.
+        events, pcm_by_round = [], []
+        async with websockets.connect(server.ws_url) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.config", "voice": "Vivian"}))
+            for msg in ({"type": "input.text", "text": first}, {"type": "input.done"},
+                        {"type": "input.text", "text": "More text"}, {"type": "input.done"}):
+                await ws.send(json.dumps(msg))
+            pcm = bytearray()
+            async for msg in ws:
+                if isinstance(msg, bytes):
+                    pcm.extend(msg)
+                    continue
+                events.append(json.loads(msg))
+                if events[-1]["type"] == "audio.done":
+                    pcm_by_round.append(bytes(pcm))
+                    pcm.clear()
+                if sum(e["type"] == "session.done" for e in events) == 2:
+                    break
+    finally:
+        await server.stop()
+    done = _utterances(run)
+    assert [d["text"] for d in done] == [first, "Streaming speech, 2026 camelCase!", "Tail words"]
+    for d in done:
+        assert text[d["text_start"]:d["text_end"]] == d["text"]
+    assert [e["utterances"] for e in run["events"] if e["type"] == "session.done"] == [3]
+    # Utterance 1 of the long text is the official streaming-text audio of its sentence.
+    audio = np.frombuffer(pcm_by_round[0], dtype="<i2").astype(np.float32) / 32768
+    np.testing.assert_allclose(audio, official_pcm(talker_engine), atol=2 * LSB, rtol=0)
+    assert [d["text"] for d in events if d["type"] == "audio.done"] == [first, "More text"]
+    assert [e["utterances"] for e in events if e["type"] == "session.done"] == [1, 1]
+
+
+async def test_bad_input_cancel_idle_and_disconnect(talker_engine, tmp_path):
+    server = await start_server(talker_engine, tmp_path / "data", max_input_chars=64, ws_idle_timeout_s=0.6)
+    try:
+        async with websockets.connect(server.ws_url) as ws:
+            await ws.recv()
+            # An oversize delta: an error, nothing queued, the session keeps working.
+            await ws.send(json.dumps({"type": "input.text", "text": "x" * 100}))
+            assert json.loads(await ws.recv())["code"] == "text_too_long"
+            # Cancel a live utterance while its text is still arriving.
+            await ws.send(json.dumps({"type": "input.text", "text": "Hello world, this is"}))
+            while json.loads(await ws.recv())["type"] != "audio.start":
+                pass
+            await ws.send(json.dumps({"type": "response.cancel"}))
+            seen = []
+            while True:
+                msg = await ws.recv()
+                if isinstance(msg, str):
+                    seen.append(json.loads(msg))
+                    if seen[-1]["type"] == "session.done":
+                        break
+            done = [x for x in seen if x["type"] == "audio.done"]
+            assert done and done[0].get("cancelled") is True
+            # Text, then silence without input.done: input_idle ends the utterance, its audio follows,
+            # then the idle session closes as before (idle_timeout).
+            await ws.send(json.dumps({"type": "input.text", "text": "Hello world, this is"}))
+            events, samples = [], 0
+            async for msg in ws:
+                if isinstance(msg, bytes):
+                    samples += len(msg) // 2
+                    continue
+                events.append(json.loads(msg))
+            kinds = [(x["type"], x.get("code")) for x in events]
+            assert ("error", "input_idle") in kinds and ("error", "idle_timeout") in kinds, kinds
+            done = [x for x in events if x["type"] == "audio.done"]
+            assert done[0]["text"] == "Hello world, this is" and done[0]["samples"] == samples > 0
+        # A client that leaves mid-utterance: its request ends, the next session is served.
+        async with websockets.connect(server.ws_url) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "input.text", "text": "Hello world, this"}))
+            await asyncio.sleep(0.2)
+        for _ in range(100):
+            if talker_engine.stats().active_requests == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert talker_engine.stats().active_requests == 0
+        run = await speak(server.ws_url, ["Hello world."], {"voice": "Vivian"})
+        assert _utterances(run)[0]["samples"] > 0
+    finally:
+        await server.stop()
