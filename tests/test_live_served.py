@@ -228,3 +228,56 @@ async def test_bad_input_cancel_idle_and_disconnect(talker_engine, tmp_path):
         assert _utterances(run)[0]["samples"] > 0
     finally:
         await server.stop()
+
+
+async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
+    """Text in as it comes, audio out as it is made: the Python client's ``stream_speech``
+    yields audio before its text iterator is exhausted; ``streamvox say --stdin`` (a real
+    subprocess reading a pipe that is written slowly) speaks the same text to the same audio."""
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    from clients.client import StreamvoxClient
+
+    c = fx.cases("cv_proj")[CASE]
+    words = [w if i == 0 else " " + w for i, w in enumerate(c["prompt"].split(" "))]
+    server = await start_server(talker_engine, tmp_path / "data")
+    try:
+        sent, audio_while_sending = [], []
+
+        async def text():
+            for w in words:
+                sent.append(w)
+                yield w
+                await asyncio.sleep(0.15)
+
+        pcm = bytearray()
+        async with StreamvoxClient(server.url) as client:
+            async for piece in client.stream_speech(text(), voice=c["speaker"]):
+                if len(sent) < len(words):
+                    audio_while_sending.append(len(piece))
+                pcm.extend(piece)
+        assert audio_while_sending, "audio arrived while the text was still being produced"
+        audio = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768
+        np.testing.assert_allclose(audio, official_pcm(talker_engine), atol=2 * LSB, rtol=0)
+
+        out = tmp_path / "stdin.wav"
+        repo = Path(__file__).resolve().parents[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clients.cli", "say", "--stdin", "--voice", c["speaker"], "--out", str(out),
+            "--url", server.url, cwd=repo, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        for w in words:
+            proc.stdin.write(w.encode())
+            await proc.stdin.drain()
+            await asyncio.sleep(0.05)
+        proc.stdin.close()
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, stderr.decode()
+        assert "after the first text" in stdout.decode()
+        data, rate = sf.read(str(out), dtype="int16")
+        assert rate == 24000 and data.tobytes() == bytes(pcm)
+    finally:
+        await server.stop()
