@@ -99,7 +99,10 @@ async def test_any_split_and_delay_gives_the_official_streaming_text_audio(talke
         starts = [e for e in run["events"] if e["type"] == "audio.start"]
         dones = [e for e in run["events"] if e["type"] == "audio.done"]
         assert len(starts) == len(dones) == 1 and starts[0]["live"] is True
-        assert dones[0]["text"] == text and (dones[0]["text_start"], dones[0]["text_end"]) == (0, len(text))
+        # The text the utterance had received when it ended (this tiny model ends by EOS early,
+        # as generate() does on the whole text: later text of the utterance is not spoken).
+        assert text.startswith(dones[0]["text"]) and dones[0]["text_start"] == 0
+        assert dones[0]["text_end"] == len(dones[0]["text"])
     assert whole["pcm"] == chars["pcm"] == jittered["pcm"]
     audio = np.frombuffer(whole["pcm"], dtype="<i2").astype(np.float32) / 32768
     expected = official_pcm(talker_engine)
