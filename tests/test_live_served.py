@@ -284,3 +284,30 @@ async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
         assert rate == 24000 and data.tobytes() == bytes(pcm)
     finally:
         await server.stop()
+
+
+async def test_a_row_waiting_for_text_does_not_spin_the_worker(talker_engine, tmp_path):
+    """While every live row waits for text the worker sleeps until text arrives (TextFeed wakes
+    it, or its 50 ms poll while requests are active): tens of idle ticks a second at most, not a
+    busy loop (a spinning worker makes thousands). "A b" commits one text id ("b" may still
+    grow): the row is prefilled and waits at decode step 0 for text id 1."""
+    server = await start_server(talker_engine, tmp_path / "data")
+    try:
+        async with websockets.connect(server.ws_url) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.config", "voice": "Ryan", "language": "English"}))
+            await ws.send(json.dumps({"type": "input.text", "text": "A b"}))
+            await asyncio.sleep(0.3)  # admitted and waiting by now
+            before = talker_engine.stats().ticks
+            await asyncio.sleep(1.0)
+            idle_ticks = talker_engine.stats().ticks - before
+            assert talker_engine.stats().active_requests == 1
+            await ws.send(json.dumps({"type": "input.text", "text": "c."}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            while True:
+                msg = await ws.recv()
+                if isinstance(msg, str) and json.loads(msg)["type"] == "session.done":
+                    break
+        assert idle_ticks <= 50, idle_ticks
+    finally:
+        await server.stop()
