@@ -130,3 +130,37 @@ def test_long_live_utterance_waits_and_equals_the_whole_text():
     assert torch.equal(torch.cat(got["beside"]), beside)
     assert sum(w for w, _ in trace) > 10, trace  # the live row waited often
     assert all(n == 1 for w, n in trace[1:] if w), trace  # ... and "beside" stepped every time it did
+
+
+def test_a_waiting_row_keeps_its_state_and_emits_nothing():
+    """The sit-out: ticks while the row's next text id is missing change none of its state
+    (hidden, position, token count, code-0 column, repetition-penalty set) and emit no frame;
+    a row beside it keeps stepping."""
+    from tests.talker_helpers import make_bundle
+
+    bundle = make_bundle(seed=5, max_new_tokens=40, eos_gain=0.0)
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)
+    source.admit(SynthesisRequest(id="beside", text="the quick brown fox", voice="Vivian"), non_streaming_mode=False)
+    feed = TextFeed()
+    live = LiveText(feed, bundle.prompt)
+    feed.append("Hello world, this")  # "Hello" " world" "," committed; " this" held back
+    live.pull()
+    source.admit(SynthesisRequest(id="live", text="", voice="Ryan", text_feed=feed), live=live)
+    row = source.rows.index("live")
+    st = source.state
+
+    def snapshot():
+        return [t[row].clone() for t in (st.h, st.pos, st.ntok, st.seen, st.ids[source._flip])]
+
+    waits = 0
+    for _ in range(40):
+        before = snapshot()
+        frames = source.tick()
+        if source.last_batch_rows == 1:  # the live row sat this tick out
+            waits += 1
+            assert all(torch.equal(a, b) for a, b in zip(before, snapshot()))
+            assert not [f for f in frames if f.request_id == "live"]
+            assert [f.request_id for f in frames] == ["beside"]
+        if waits >= 3:
+            break
+    assert waits >= 3
