@@ -262,8 +262,8 @@ class StreamSession:
 
     async def on_config(self, message: dict) -> None:
         try:
+            streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
             self.params = update_params(self.params, message, self.state.engine)
-            streaming = parse(LiveTextConfig, message).text_streaming
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return

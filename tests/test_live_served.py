@@ -311,3 +311,23 @@ async def test_a_row_waiting_for_text_does_not_spin_the_worker(talker_engine, tm
         assert idle_ticks <= 50, idle_ticks
     finally:
         await server.stop()
+
+
+async def test_text_streaming_config_is_checked(server):
+    """``text_streaming`` must be a boolean; true on a DiT server is refused (the DiT pipeline
+    keeps sentence utterances); a refused config changes nothing and the session keeps working."""
+    async with websockets.connect(server.ws_url) as ws:
+        await ws.recv()
+        for bad in ({"text_streaming": "yes"}, {"text_streaming": True}, {"text_streaming": "yes", "seed": 9}):
+            await ws.send(json.dumps({"type": "session.config", **bad}))
+            error = json.loads(await ws.recv())
+            assert error["type"] == "error" and error["code"] == "invalid_field" and "text_streaming" in error["message"]
+        await ws.send(json.dumps({"type": "input.text", "text": "Hi there."}))
+        await ws.send(json.dumps({"type": "input.done"}))
+        events = []
+        while not events or events[-1]["type"] != "session.done":
+            msg = await ws.recv()
+            if isinstance(msg, str):
+                events.append(json.loads(msg))
+        start = next(e for e in events if e["type"] == "audio.start")
+        assert start["text"] == "Hi there." and "live" not in start
