@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator
 
 import aiohttp
 import numpy as np
@@ -242,6 +242,47 @@ class StreamvoxClient:
             await session.send_text(text)
             await session.done()
             return await session.collect_round()
+
+    async def stream_speech(self, text: AsyncIterable[str], **config: Any) -> AsyncIterator[bytes]:
+        """Text in as it comes, audio out as it is made: PCM16 (mono, ``sample_rate`` of the
+        session) pieces while ``text`` is still being produced (an LLM's tokens, a pipe).
+        On a talker server each piece of text reaches the engine at once (live text,
+        docs/API.md); a fatal ``error`` raises StreamvoxError.
+
+            async for pcm in client.stream_speech(llm_tokens(), voice="Vivian"):
+                player.write(pcm)
+        """
+        async with self.connect() as session:
+            if config:
+                await session.configure(**config)
+
+            async def send_all() -> None:
+                try:
+                    async for piece in text:
+                        if piece:
+                            await session.send_text(piece)
+                except BaseException:
+                    await session.cancel()  # the server answers with session.done: the reader ends
+                    raise
+                await session.done()
+
+            sender = asyncio.create_task(send_all())
+            try:
+                while True:
+                    message = await session.recv()
+                    if isinstance(message, bytes):
+                        yield message
+                    elif message.get("type") == "session.done" and sender.done():
+                        if sender.exception() is not None:
+                            raise sender.exception()
+                        return
+                    elif message.get("type") == "error" and message.get("code") not in NON_FATAL_STREAM_ERRORS:
+                        raise StreamvoxError(0, message.get("code", "error"), message.get("message", ""))
+            finally:
+                sender.cancel()
+
+
+NON_FATAL_STREAM_ERRORS = ("input_idle",)  # the server ended an utterance for lack of text; audio follows
 
 
 class _SessionContext:

@@ -107,6 +107,12 @@ class SynthesisRequest:
     tenant: str = ""
 
 
+    # --- live text (issue 16): the text is still arriving; ``text`` is then unused ---
+    text_feed: "TextFeed | None" = None
+    """Talker pipeline only: the utterance starts speaking from the first committed text
+    tokens and consumes later ones as they arrive (streaming-text mode)."""
+
+
 @dataclass(frozen=True)
 class VoiceClone:
     """A reference voice for a Base checkpoint, its features already computed (once per voice:
@@ -123,6 +129,46 @@ class VoiceClone:
     @property
     def in_context(self) -> bool:
         return self.ref_codes is not None
+
+
+
+class TextFeed:
+    """The text of a live utterance, arriving in deltas (issue 16). Thread-safe.
+
+    The service ``append``s deltas and finally calls ``finish``; the worker ``read``s
+    them. ``on_change`` (set by the engine) wakes the worker when text arrives."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: list[str] = []
+        self._finished = False
+        self.chars = 0
+        self.on_change: Callable[[], None] | None = None
+
+    def append(self, text: str) -> None:
+        with self._lock:
+            if self._finished:
+                raise ValueError("text after the end of the utterance's text")
+            self._parts.append(text)
+            self.chars += len(text)
+        if self.on_change is not None:
+            self.on_change()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finished = True
+        if self.on_change is not None:
+            self.on_change()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def read(self, start: int) -> tuple[str, int, bool]:
+        """-> (text of the deltas from index ``start`` on, the next start, whether the text is
+        complete). Not destructive: a re-submitted utterance reads the same feed again."""
+        with self._lock:
+            return "".join(self._parts[start:]), len(self._parts), self._finished
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class OmniSession(StreamSession):
         self.sent_bytes = 0
         self.encoder: StreamEncoder | None = None  # stream_audio: PCM at the asked rate
         self.held: list[np.ndarray] = []  # otherwise the sentence's audio, sent as one file
+        self.text_streaming = False  # vllm-omni's protocol speaks sentences (audio.start names each one)
 
     async def on_config(self, message: dict) -> None:
         refused = [name for name in CLONING_FIELDS if message.get(name) is not None]

@@ -175,6 +175,16 @@ class InputText(Strict):
 
 # WebSocket ``session.config`` is :meth:`SynthesisParams.update` of the session's parameters.
 
+
+# --- live text (issue 16) ---
+class LiveTextConfig(Strict):
+    """WebSocket ``session.config`` ``text_streaming``: true (the default on a talker
+    checkpoint) speaks while the text arrives; false cuts sentences first."""
+
+    text_streaming: bool | None = None
+
+    MESSAGES: ClassVar[dict[str, str]] = {"text_streaming": "must be true or false"}
+
 M = TypeVar("M", bound=Strict)
 
 

@@ -55,6 +55,8 @@ class Settings:
     max_ws_message_bytes: int = 128 * 1024
     ws_config_timeout_s: float = 10.0
     ws_idle_timeout_s: float = 60.0  # --ws-idle-seconds: no client message (pings/pongs do not count)
+    # live text (issue 16): a live utterance ends at the first sentence end past this many characters
+    ws_live_utterance_chars: int = 200  # --ws-live-utterance-chars
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
@@ -125,6 +127,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "the slots, at least 2); 0 = unlimited"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
+    # live text (issue 16)
+    ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
+     "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -228,7 +233,8 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
                                 ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0),
-                                ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01)):
+                                ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01),
+                                ("ws_live_utterance_chars", int, 1)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     if "ws_idle_timeout_s" in raw:

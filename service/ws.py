@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import re
 import socket
@@ -28,8 +29,9 @@ from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
 from .limits import client_identity
+from .live_input import LiveInput, LiveUtterance
 from .params import SynthesisParams, build_request, check_work, parse, update_params
-from .schema import InputText, parse_json
+from .schema import InputText, LiveTextConfig, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from .tempo import tempo_for
 from .voices import saved_clone
@@ -79,6 +81,7 @@ class SessionClosed(Exception):
 class Utterance:
     text: str
     refused: bool = False  # over the work limit: the error was sent once, it is skipped
+    live: LiveUtterance | None = None  # issue 16: text still arriving (service/live_input.py)
 
 
 @dataclass
@@ -108,6 +111,18 @@ class StreamSession:
         self.cancelling = False
         self.closed = False
         self.outcome = "ok"  # or the fatal error code that ended the session
+        # --- live text (issue 16): on a talker checkpoint deltas feed a live utterance at once
+        self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
+        self.live = LiveInput(state.settings.ws_live_utterance_chars)
+
+    @property
+    def live_mode(self) -> bool:
+        clone = saved_clone(self.request.app, self.params.voice)
+        if clone is not None and clone.in_context:
+            return False  # an in-context clone's prompt interleaves the reference with the whole text
+        if self.text_streaming is not None:
+            return self.text_streaming
+        return getattr(self.state.engine.info, "source", "dit") == "talker"
 
     # -- state the drain and the reader look at ------------------------------------
     @property
@@ -196,6 +211,12 @@ class StreamSession:
                     raise asyncio.TimeoutError()
                 message = await asyncio.wait_for(self.ws.receive(), remaining)
             except asyncio.TimeoutError:
+                if self.live.open is not None:  # live text stopped without input.done: end it cleanly
+                    self.live.finish()
+                    last_message = loop.time()
+                    await self.error("input_idle", f"no text for {timeout:g} s: the live utterance was ended "
+                                                   "(its audio follows); send input.done to end one yourself")
+                    continue
                 if self.busy:
                     last_message = loop.time()  # audio is still being produced: listening is not idling
                     continue
@@ -250,10 +271,17 @@ class StreamSession:
 
     async def on_config(self, message: dict) -> None:
         try:
+            streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
             self.params = update_params(self.params, message, self.state.engine)
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return
+        if streaming is not None and streaming != self.live_mode:
+            if streaming and getattr(self.state.engine.info, "source", "dit") != "talker":
+                await self.error("invalid_field", "text_streaming: live text needs a talker checkpoint")
+                return
+            self.live.finish()  # the open live utterance (if any) ends where the mode changes
+            self.text_streaming = streaming
         self.drop_prefetch()  # it was submitted with the old parameters
 
     async def on_input_text(self, message: dict) -> None:
@@ -263,8 +291,13 @@ class StreamSession:
             await self.error(exc.code, exc.message)
             return
         limit = self.state.settings.max_input_chars
-        if self.queued_chars() + len(text) > limit:
+        open_live = len(self.live.open.text) if self.live.open is not None else 0
+        if self.queued_chars() + open_live + len(text) > limit:
             await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
+            return
+        if self.live_mode:
+            opened, _ended = self.live.add(text)
+            self.enqueue(Utterance("", live=u) for u in opened)
             return
         sentences, self.buffer = split_sentences(self.buffer + text)
         self.enqueue(Utterance(s) for s in sentences)
@@ -282,6 +315,7 @@ class StreamSession:
     async def on_input_done(self, message: dict) -> None:
         if await self.over_rounds_bound():
             return
+        self.live.finish()
         rest, self.buffer = self.buffer.strip(), ""
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
         self.enqueue(items + [EndOfRound()])
@@ -293,6 +327,7 @@ class StreamSession:
         if await self.over_rounds_bound():
             return
         self.buffer = ""
+        self.live.finish()
         self.cancelled_rounds += self.queued_rounds + 1
         self.clear_queue()
         self.drop_prefetch()
@@ -365,6 +400,8 @@ class StreamSession:
         synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
                                   clone=saved_clone(self.request.app, self.params.voice),  # issue 15: saved voices
                                   tenant=client_identity(self.request, websocket=True))
+        if utterance.live is not None:
+            synthesis = dataclasses.replace(synthesis, text_feed=utterance.live.feed)
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
                              high_water=self.state.settings.ws_buffer_chunks)
         stream.tempo = tempo
@@ -410,7 +447,10 @@ class StreamSession:
         samples = 0
         last_sample = 0.0
         try:
-            await self.send_json({"type": "audio.start", "utterance": index, "text": utterance.text})
+            start = {"type": "audio.start", "utterance": index, "text": utterance.text}
+            if utterance.live is not None:  # its text is still arriving: audio.done says what it was
+                start.update(live=True, text_start=utterance.live.text_start)
+            await self.send_json(start)
             while True:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size and not self.cancelling and not chunk.error:
@@ -431,6 +471,9 @@ class StreamSession:
                 log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
                 done["error"] = "synthesis_failed"
             done["duration_s"] = round(samples / self.state.engine.info.sample_rate, 4)
+            if utterance.live is not None:
+                u = utterance.live
+                done.update(text=u.text, text_start=u.text_start, text_end=u.text_start + len(u.text))
             await self.send_json(done)
         finally:
             stream.cancel()
@@ -438,6 +481,7 @@ class StreamSession:
             self.cancelling = False
 
     def cancel_all(self) -> None:
+        self.live.finish()
         self.clear_queue()
         self.cancelled_rounds = 0
         self.drop_prefetch()

@@ -25,7 +25,7 @@ CORPUS = ["assistant assistant assistant user user the quick brown fox jumps ove
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
 
 
-def make_tokenizer() -> QwenTextTokenizer:
+def make_tokenizer(extra_corpus: tuple[str, ...] = ()) -> QwenTextTokenizer:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -43,7 +43,7 @@ def make_tokenizer() -> QwenTextTokenizer:
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=[],
+    tok.train_from_iterator(CORPUS + list(extra_corpus), trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=[],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in SPECIALS])
     return QwenTextTokenizer(tok, QWEN2_SPLIT)

@@ -73,7 +73,8 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
         async with websockets.connect(server.ws_url) as ws:
             created = json.loads(await ws.recv())
             assert created["sample_rate"] == 24000
-            await ws.send(json.dumps({"type": "session.config", "voice": speaker}))
+            await ws.send(json.dumps({"type": "session.config", "voice": speaker,
+                                      "text_streaming": False}))  # sentence mode: the non-streaming reference
             await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
             await ws.send(json.dumps({"type": "input.done"}))
             ws_pcm, done = bytearray(), None

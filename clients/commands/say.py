@@ -20,7 +20,10 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("say", help="speak text through a running server (WebSocket)")
-    parser.add_argument("text", help="text to speak ('-' reads stdin)")
+    parser.add_argument("text", nargs="?", default=None, help="text to speak ('-' reads stdin)")
+    parser.add_argument("--stdin", action="store_true",
+                        help="stream stdin as it arrives (`llm ... | streamvox say --stdin`): on a talker "
+                             "server speech starts while the text is still being written")
     parser.add_argument("--out", default="say.wav", help="output WAV file (default say.wav)")
     parser.add_argument("--voice", default=None)
     parser.add_argument("--seed", type=int, default=None)
@@ -61,6 +64,12 @@ def connection_problem(exc: OSError) -> str:
 def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
+    if args.stdin:
+        return run_stdin(args)
+    if args.text is None:
+        print("streamvox say: give the text, '-' (all of stdin) or --stdin (stream stdin)", file=sys.stderr)
+        return 2
+
     text = sys.stdin.read() if args.text == "-" else args.text
     config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
                                              "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
@@ -74,4 +83,57 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
           f"time to first audio {ttfa}; real-time factor {1 / max(result.real_time_factor, 1e-9):.2f} "
           f"({result.real_time_factor:.2f}x faster than real time)")
+    return 0
+
+
+async def stdin_text(chunk_bytes: int = 256):
+    """stdin as it arrives (a pipe from an LLM), decoded incrementally (UTF-8 split safely)."""
+    import codecs
+
+    loop = asyncio.get_running_loop()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fd = sys.stdin.fileno()
+    while True:
+        data = await loop.run_in_executor(None, os.read, fd, chunk_bytes)
+        text = decoder.decode(data, final=not data)
+        if text:
+            yield text
+        if not data:
+            return
+
+
+def run_stdin(args: argparse.Namespace) -> int:
+    """``--stdin``: text streamed from the pipe, audio written to ``--out`` when the pipe ends."""
+    import time
+
+    import numpy as np
+    import soundfile as sf
+
+    config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
+                                             "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
+              if value is not None}
+    first_text: list[float] = []
+    first_audio: list[float] = []
+
+    async def timed_text():
+        async for piece in stdin_text():
+            if not first_text:
+                first_text.append(time.monotonic())
+            yield piece
+
+    async def action(client):
+        pieces = []
+        async for pcm in client.stream_speech(timed_text(), **config):
+            if not first_audio:
+                first_audio.append(time.monotonic())
+            pieces.append(pcm)
+        return b"".join(pieces)
+
+    code, pcm = call_server(args, action)
+    if code:
+        return code
+    samples = np.frombuffer(pcm, dtype="<i2")
+    sf.write(args.out, samples, 24000, subtype="PCM_16")
+    lag = f"{(first_audio[0] - first_text[0]) * 1000:.0f} ms" if first_text and first_audio else "n/a"
+    print(f"wrote {args.out}: {samples.size / 24000:.2f} s audio; first audio {lag} after the first text")
     return 0

@@ -184,6 +184,10 @@ class Engine:
         self._validate_task(request)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
+        if request.text_feed is not None:  # live text (issue 16): arriving text wakes the worker
+            if self.source.name != "talker":
+                raise InvalidRequest("text_streaming", "live text needs the talker pipeline")
+            request.text_feed.on_change = self.worker.wake
         return self.worker.submit(request, deliver)
 
     def stats(self) -> EngineStats:

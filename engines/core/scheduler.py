@@ -167,7 +167,7 @@ class Scheduler:
         if state.handle.paused or not state.pending:
             return False  # back-pressure: hold the (small) codes, not the PCM
         gathered = sum(p.num_frames for p in state.pending)
-        return state.finished_source or gathered >= flush_frames(state.frames_done)
+        return state.finished_source or gathered >= flush_need(state, flush_frames)
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
@@ -182,7 +182,7 @@ class Scheduler:
         piece: list[VocoderWork] = []
         frames = 0
         for s in ready:
-            need, take, n = flush_frames(s.frames_done), [], 0
+            need, take, n = flush_need(s, flush_frames), [], 0
             for p in s.pending:
                 if n >= need and frames + n + p.num_frames > bound:
                     break
@@ -193,3 +193,10 @@ class Scheduler:
             piece.append(VocoderWork(s, take))
             frames += n
         return piece
+
+
+def flush_need(state: RequestState, flush_frames: Callable[[int], int]) -> int:
+    """Frames to gather before vocoding. A live utterance (text still arriving, issue 16) keeps
+    the first-chunk size throughout: its row often waits for text, and frames held back for
+    a full chunk while it waits would be silence the listener hears."""
+    return flush_frames(0 if state.request.text_feed is not None else state.frames_done)

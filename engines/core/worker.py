@@ -118,6 +118,10 @@ class Worker:
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
         self._listeners.append(listener)
 
+    def wake(self) -> None:
+        """Any thread: something changed for an active request (live text arrived)."""
+        self._wake.set()
+
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         with self._pending_lock:
             if self._pending >= self.max_queue:
@@ -198,7 +202,9 @@ class Worker:
         if rows is not None:
             self._report(TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
                                     frames_finished=frames))
-        return rows is not None or vocoded or len(self._outbox) > 0
+        # rows == 0 with no frames: every utterance waits for live text; sleep until woken
+        stepped = rows is not None and (rows > 0 or bool(frames))
+        return stepped or vocoded or len(self._outbox) > 0
 
     def _fail_tick(self, exc: Exception) -> None:
         """A batched step failed: the requests whose work was in it fail, the server lives on.

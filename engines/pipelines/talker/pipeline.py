@@ -10,6 +10,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.pipelines.base import Produced
+from engines.pipelines.talker.live_text import LiveText
 
 
 class TalkerLatentSource:
@@ -28,6 +29,7 @@ class TalkerLatentSource:
         # In-context cloning: the vocoder runs over the reference codes before the generated
         # frames (the official decode of [reference, generated] with the reference's audio cut).
         self.prime = prime  # callable(stream_id, codes [T, G]) or None
+        self._live: dict[str, LiveText] = {}  # issue 16: live utterances waiting for their first text id
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         speaker = self.voices[voice_index]
@@ -35,6 +37,8 @@ class TalkerLatentSource:
         if language.lower() not in [name.lower() for name in self.source.languages()]:
             raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
         self._waiting[request.id] = replace(request, voice=speaker, language=language)
+        if request.text_feed is not None:
+            self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
         return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
 
     def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
@@ -47,13 +51,16 @@ class TalkerLatentSource:
         return out
 
     def wants_slot(self, request_id: str) -> bool:
-        return request_id in self._waiting
+        if request_id not in self._waiting:
+            return False
+        live = self._live.get(request_id)  # a live utterance is prefilled once its first text id is known
+        return live is None or live.pull() or live.ready
 
     def start(self, request_id: str) -> None:
         request = self._waiting.pop(request_id)
         if self.prime is not None and request.clone is not None and request.clone.in_context:
             self.prime(request.id, torch.from_numpy(np.asarray(request.clone.ref_codes, dtype=np.int64)))
-        self.source.admit(request)
+        self.source.admit(request, live=self._live.pop(request_id, None))
 
     def free_slots(self) -> int:
         return self.source.free_slots()
@@ -67,6 +74,7 @@ class TalkerLatentSource:
 
     def drop(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
+        self._live.pop(request_id, None)
         self.source.cancel(request_id)
 
     def capture_graphs(self) -> None:

@@ -123,6 +123,13 @@ class PromptBuilder:
 
     def build(self, text: str, speaker: str | None, language: str = "Auto", non_streaming_mode: bool | None = None,
               instruct: str | None = None, clone: VoiceClone | None = None) -> TalkerPrompt:
+        return self.build_ids(self.tokenize_assistant(text), speaker, language, non_streaming_mode, instruct, clone)
+
+    def build_ids(self, ids: list[int], speaker: str | None, language: str = "Auto",
+                  non_streaming_mode: bool | None = None, instruct: str | None = None,
+                  clone: VoiceClone | None = None) -> TalkerPrompt:
+        """The prompt from the ids of the wrapped text (what ``tokenize_assistant`` returns;
+        live utterances pass the text committed so far, engines/pipelines/talker/live_text.py)."""
         c = self.config
         task = self.task_type
         if task == "Base":
@@ -143,7 +150,6 @@ class PromptBuilder:
         if speaker and speaker.lower() not in c.speakers:
             raise ValueError(f"unsupported speaker {speaker!r}; supported: {self.voices()}")
         language_id = self.language_id(speaker, language)
-        ids = self.tokenize_assistant(text)
 
         # Codec part: think/language tags, speaker (or the x-vector), then [pad, bos].
         if language_id is None:

@@ -49,6 +49,7 @@ from engines.models.sampling import (
     split_seed,
 )
 from engines.models.talker import Talker
+from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import (
     TalkerBundle,
@@ -73,6 +74,8 @@ class _Utterance:
     next_pos: int  # host copy of the row's next talker position
     frames: int = 0  # frames emitted so far
     code0: int | None = None  # host value of the row's current code 0, once its copy landed
+    live: LiveText | None = None  # issue 16: text still arriving (live_text.py)
+    fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
 
     @property
     def request_id(self) -> str:
@@ -160,6 +163,7 @@ class TalkerSource:
         self._last_batch_rows = 0
         self._any_sampled = False
         self._any_top_p = False
+        self._pad_part: torch.Tensor | None = None  # live text: the tts_pad text part
 
     @classmethod
     def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 2048) -> "TalkerSource":
@@ -204,7 +208,8 @@ class TalkerSource:
 
     @torch.no_grad()
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
-              non_streaming_mode: bool | None = None, instruct: str | None = None) -> None:
+              non_streaming_mode: bool | None = None, instruct: str | None = None,
+              live: LiveText | None = None) -> None:
         """Tokenize, build the prompt, prefill (K/V for every prompt position, the head only
         for the last) and sample code 0. ValueError for an unknown voice/language or a
         prompt that does not fit; RuntimeError when no slot is free."""
@@ -213,7 +218,10 @@ class TalkerSource:
         if not self.free_slots():
             raise RuntimeError("no free talker slot")
         gen = self.generation
-        prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
+        if live is not None:  # --- live text (issue 16): the prompt of the text committed so far
+            prompt = live.prompt(request, instruct=instruct)
+        else:
+            prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
         n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
@@ -248,7 +256,7 @@ class TalkerSource:
         cols = self._sample(h, slice(r, r + 1))  # code 0 of frame 0
         st.ids[self._flip][r] = cols[0]
         st.ntok[r] = 1
-        self._rows.append(_Utterance(request, s_len, max_frames=n_max - 1, next_pos=s_len))
+        self._rows.append(_Utterance(request, s_len, max_frames=n_max - 1, next_pos=s_len, live=live))
         self._pending.append(self._copy_to_host(cols, [request.id], buffer=None))
 
     # ---------------------------------------------------------------- steps
@@ -297,9 +305,17 @@ class TalkerSource:
             out += [self._final(self._rows[i]) for i in empty]
             self._remove(empty)
         b = len(self._rows)
-        self._last_batch_rows = b
-        if b == 0:
+        # --- live text (issue 16): new text parts into ``trail``; rows still waiting for
+        # their next text id sit this step out (masked below: no state change, no frame).
+        waiting = self._feed_live_text()
+        self._last_batch_rows = b - len(waiting)
+        if b == 0 or len(waiting) == b:
             return out
+        step_mask = None
+        if waiting:
+            step_mask = upload([i not in waiting for i in range(b)], torch.bool, self.device)
+            seen_before = self.state.seen[:b].clone()
+        # --- end live text
         st, rows = self.state, slice(0, b)
         cur, nxt = self._flip, 1 - self._flip
 
@@ -315,13 +331,22 @@ class TalkerSource:
         x = frame_embedding(self.talker, self.predictor, codes) + text  # [B, D]
         attend = max(u.next_pos for u in self._rows) + 1
         h = self.talker(x[:, None], st.pos[:b, None], self.cache, row0=0, attend_len=attend)
-        st.h[:b] = h
-        st.pos[:b] += 1
-        for u in self._rows:
-            u.next_pos += 1
         # 3. code 0 of frame k+1 into the other buffer; its host copy starts now.
         new_cols = self._sample(h, rows)
-        st.ntok[:b] += 1
+        if step_mask is not None:  # live text: waiting rows keep their state (their K/V write at
+            # ``pos`` is overwritten when they really take this step)
+            h = torch.where(step_mask[:, None], h, st.h[:b])
+            new_cols = torch.where(step_mask, new_cols, cols)
+            st.seen[:b] = torch.where(step_mask[:, None], st.seen[:b], seen_before)
+            st.pos[:b] += step_mask
+            st.ntok[:b] += step_mask
+        else:
+            st.pos[:b] += 1
+            st.ntok[:b] += 1
+        st.h[:b] = h
+        for i, u in enumerate(self._rows):
+            if i not in waiting:
+                u.next_pos += 1
         st.ids[nxt][:b] = new_cols
         self._flip = nxt
         in_flight = self._copy_to_host(new_cols, self.rows, buffer=nxt)
@@ -342,6 +367,8 @@ class TalkerSource:
                 out.append(self._final(u))
                 done.append(i)
                 continue
+            if i in waiting:  # live text: frame k is emitted when the row takes its step
+                continue
             last = u.frames + 1 >= u.max_frames
             out.append(TalkerFrames(u.request_id, codes[i:i + 1], u.frames, last))
             u.frames += 1
@@ -352,6 +379,38 @@ class TalkerSource:
         if done:
             self._remove(done)
         return out
+
+    # ---------------------------------------------------------------- live text (issue 16)
+
+    @property
+    def pad_part(self) -> torch.Tensor:
+        if self._pad_part is None:
+            pad = torch.tensor([self.prompt.config.tts_pad_token_id], dtype=torch.long, device=self.device)
+            self._pad_part = self.talker.text_part(pad)[0]
+        return self._pad_part
+
+    def _feed_live_text(self) -> set[int]:
+        """Write newly committed text parts of live rows into ``trail``; -> the rows whose
+        next decode step needs a text id that has not arrived yet."""
+        waiting: set[int] = set()
+        st = self.state
+        for i, u in enumerate(self._rows):
+            if u.live is None:
+                continue
+            u.live.pull()
+            ids = u.live.trailing_ids()
+            if len(ids) > u.fed:
+                new = torch.tensor(ids[u.fed:], dtype=torch.long).to(self.device, non_blocking=True)
+                self._ensure_trail(len(ids) + 1)
+                st.trail[i, u.fed:len(ids)] = self.talker.text_part(new)
+                u.fed = len(ids)
+                st.trail_len[i] = u.fed
+                if u.live.done:
+                    st.trail[i, u.fed] = self.pad_part
+            steps = u.next_pos - u.prompt_len  # decode step k of the row's next tick
+            if not u.live.done and steps >= u.fed:
+                waiting.add(i)
+        return waiting
 
     def _final(self, u: _Utterance) -> TalkerFrames:
         empty = torch.zeros(0, self.num_code_groups, dtype=torch.int64, device=self.device)

@@ -1,0 +1,96 @@
+"""WebSocket live text (issue 16): ``input.text`` deltas feed the open live utterance at once.
+
+    live = LiveInput(boundary_chars=200)
+    started, ended = live.add("Hello wor")     # -> utterances opened / whose text is complete
+    ended = live.finish()                      # input.done, cancel, idle: the open utterance's text is complete
+
+A live utterance's text goes to the engine through its :class:`~engines.contract.TextFeed`
+as it arrives (the talker tokenizes it stably and speaks from the first text ids). Utterance
+boundaries bound length and drift: once an utterance holds ``boundary_chars`` characters it
+ends at the next sentence end (engines/models/text.py ``split_sentences``), and the text after
+it opens the next utterance. Leading whitespace of an utterance is dropped and trailing
+whitespace is held back until more text follows, so an utterance speaks ``text.strip()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engines.contract import TextFeed
+from engines.models.text import split_sentences
+
+
+@dataclass
+class LiveUtterance:
+    text_start: int  # offset of the utterance's first character in the session's text
+    feed: TextFeed = field(default_factory=TextFeed)
+    text: str = ""  # what the feed has received
+    held: str = ""  # trailing whitespace not fed yet
+
+    def add(self, delta: str) -> None:
+        body = self.held + delta
+        stripped = body.rstrip()
+        self.held = body[len(stripped):]
+        if stripped:
+            self.feed.append(stripped)
+            self.text += stripped
+
+    def finish(self) -> None:
+        self.held = ""
+        self.feed.finish()
+
+
+class LiveInput:
+    def __init__(self, boundary_chars: int):
+        self.boundary_chars = boundary_chars
+        self.open: LiveUtterance | None = None
+        self.offset = 0  # characters of the session's text so far
+
+    def add(self, delta: str) -> tuple[list[LiveUtterance], list[LiveUtterance]]:
+        """-> (utterances opened, utterances whose text is complete) by this delta."""
+        opened: list[LiveUtterance] = []
+        ended: list[LiveUtterance] = []
+        while delta:
+            if self.open is None:  # an utterance opens at its first non-whitespace character
+                start = len(delta) - len(delta.lstrip())
+                self.offset += start
+                delta = delta[start:]
+                if not delta:
+                    break
+                self.open = LiveUtterance(self.offset)
+                opened.append(self.open)
+            u = self.open
+            seen = u.text + u.held
+            cut = self._boundary(seen + delta)
+            if cut is None or cut < len(u.text):  # none yet, or one already fed (below the bound then)
+                u.add(delta)
+                self.offset += len(delta)
+                break
+            take = max(0, cut - len(seen))  # (a cut inside held whitespace takes none of the delta)
+            u.add(delta[:take])
+            self.offset += take
+            delta = delta[take:]
+            u.finish()
+            ended.append(u)
+            self.open = None
+        return opened, ended
+
+    def _boundary(self, text: str) -> int | None:
+        """End of the last complete sentence of ``text`` once past ``boundary_chars``."""
+        if len(text) < self.boundary_chars:
+            return None
+        sentences, rest = split_sentences(text)
+        if not sentences:
+            return None
+        cut = len(text) - len(rest)
+        return cut if cut >= self.boundary_chars else None
+
+    def finish(self) -> LiveUtterance | None:
+        """The open utterance's text is complete (input.done, cancel, idle, disconnect)."""
+        u, self.open = self.open, None
+        if u is not None:
+            u.finish()
+        return u
+
+
+__all__ = ["LiveInput", "LiveUtterance"]
