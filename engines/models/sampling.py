@@ -132,6 +132,38 @@ def sample_logits(logits: torch.Tensor, gumbel: torch.Tensor | None, temperature
     return torch.where(greedy, greedy_ids, sampled)
 
 
+# --------------------------------------------------------------------------- request settings
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """One decoder's settings for one request, resolved: what a row of ``FrameSampling`` holds."""
+
+    greedy: bool
+    temperature: float
+    top_k: int  # <= 0: off
+    top_p: float  # 1.0: off
+
+    def override(self, greedy: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None) -> "SamplingSettings":
+        """These defaults with a request's overrides (``None`` keeps the default). Greedy when
+        ``greedy`` is True or ``temperature`` is 0; an explicit positive temperature (or
+        ``greedy`` False) turns sampling on even where the default decodes greedily."""
+        if greedy or temperature == 0:
+            return SamplingSettings(True, self.temperature, self.top_k, self.top_p)
+        sampled = greedy is False or temperature is not None or not self.greedy
+        return SamplingSettings(not sampled, self.temperature if temperature is None else float(temperature),
+                                self.top_k if top_k is None else int(top_k),
+                                self.top_p if top_p is None else float(top_p))
+
+    def for_request(self, request) -> "SamplingSettings":
+        """``override`` with a :class:`~engines.contract.SynthesisRequest`'s fields."""
+        return self.override(request.greedy, request.temperature, request.top_k, request.top_p)
+
+
+GREEDY_SETTINGS = SamplingSettings(True, 0.9, 50, 1.0)  # greedy unless a request asks to sample
+
+
 # --------------------------------------------------------------------------- per-row sampling
 
 

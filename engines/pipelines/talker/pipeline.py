@@ -22,14 +22,23 @@ class TalkerLatentSource:
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self._waiting: dict[str, SynthesisRequest] = {}
+        self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         speaker = self.voices[voice_index]
         language = request.language or "Auto"
         if language.lower() not in [name.lower() for name in self.source.languages()]:
             raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
-        self._waiting[request.id] = replace(request, voice=speaker, language=language)
-        return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
+        request = replace(request, voice=speaker, language=language)
+        self._waiting[request.id] = request
+        self._prompt_positions[request.id] = self.source.prompt_positions(request)
+        self._update_kv_wait()
+        max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        return max(0, max_new - 1)  # upper bound (official counting)
+
+    def _update_kv_wait(self) -> None:
+        """The source keeps KV blocks free for the longest prompt still waiting for a row."""
+        self.source.wait_for(max(self._prompt_positions.values(), default=0))
 
     def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
         out: list[int | Exception] = []
@@ -45,6 +54,8 @@ class TalkerLatentSource:
 
     def start(self, request_id: str) -> None:
         request = self._waiting.pop(request_id)
+        self._prompt_positions.pop(request_id, None)
+        self._update_kv_wait()
         self.source.admit(request)
 
     def free_slots(self) -> int:
@@ -54,11 +65,16 @@ class TalkerLatentSource:
         return self.source.languages()
 
     def tick(self) -> list[Produced]:
-        return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes)
-                for f in self.source.tick()]
+        return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes,
+                         error=f.error) for f in self.source.tick()]
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        return self.source.kv_cache_stats()
 
     def drop(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
+        if self._prompt_positions.pop(request_id, None) is not None:
+            self._update_kv_wait()
         self.source.cancel(request_id)
 
     def capture_graphs(self) -> None:

@@ -1,0 +1,126 @@
+"""The talker at scale: paged KV cache, chunked batched prefill, a decode step that does not grow
+with the batch. Greedy/sampled codes must equal the solo reference loop exactly
+(engines/pipelines/talker/reference.py, itself equal to the official generate())."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_talker_source import LANGS, MAX_NEW, MODES, TEXTS, VOICES, request, run, solo
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engines.contract import SynthesisRequest
+from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
+from engines.pipelines.talker.source import TalkerSource
+from tests.talker_helpers import make_bundle
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40)
+
+
+@pytest.mark.parametrize("block_size, budget", [(2, 5), (3, 64), (16, 7)])
+def test_greedy_parity_across_block_boundaries_and_prefill_chunks(bundle, block_size, budget):
+    """Tiny blocks (a stream crosses many block boundaries) and small prefill budgets (a prompt
+    is prefilled in several chunks, batched with other prompts' chunks) change no code."""
+    expected = {f"r{i}": solo(bundle, i) for i in range(8)}
+    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128, block_size=block_size,
+                                      prefill_token_budget=budget)
+    codes, _, _ = run(source, list(range(8)))
+    for rid, want in expected.items():
+        assert torch.equal(codes.get(rid, want[:0]), want), rid
+    assert source.cache.used_blocks == 0, "every block went back to the pool"
+
+
+def test_sampled_rows_keep_their_draws_in_the_paged_batch(bundle):
+    seeds = [21, 22, 23, 24, 25, 26, 27, 28]
+    expected = {f"r{i}": solo(bundle, i, greedy=False, seed=seeds[i]) for i in range(8)}
+    source = TalkerSource.from_bundle(bundle, max_slots=5, max_seq_len=128, block_size=4, prefill_token_budget=9)
+    codes, _, _ = run(source, list(range(8)), greedy=False, seeds=seeds)
+    for rid, want in expected.items():
+        assert torch.equal(codes.get(rid, want[:0]), want), rid
+
+
+def test_pool_allocation_release_and_limits():
+    cache = PagedKVCache(1, 1, 2, num_blocks=5, block_size=4, rows=3, max_positions=12, device="cpu",
+                         dtype=torch.float32)
+    assert (cache.capacity_blocks, cache.free_blocks) == (4, 4)
+    cache.reserve(0, 5)  # 2 blocks
+    cache.reserve(1, 8)  # 2 blocks
+    assert cache.table.count_nonzero() == 0, "the device table changes at flush()"
+    cache.flush()
+    assert cache.used_blocks == 4 and cache.table[0, :2].tolist() == [1, 2] and 0 not in cache.table[1, :2].tolist()
+    with pytest.raises(KVPoolExhausted, match="free blocks"):
+        cache.reserve(2, 1)
+    with pytest.raises(KVPoolExhausted, match="limit per stream"):
+        cache.reserve(0, 13)
+    assert cache.row_blocks(0) == 2, "a refused reservation takes nothing"
+    cache.release(0)
+    assert cache.free_blocks == 2 and cache.table[0].tolist() == [0, 0, 0]
+    slots = cache.slots(torch.tensor([1]), torch.tensor([[0, 3, 4, 7]]))
+    b0, b1 = cache.table[1, :2].tolist()
+    assert slots.tolist() == [[4 * b0, 4 * b0 + 3, 4 * b1, 4 * b1 + 3]]
+
+
+def test_a_stream_outgrowing_the_pool_ends_with_an_error_and_spares_the_others(bundle):
+    """5 usable blocks of 8 positions: r5 (17-position prompt, 24 frames = 41 positions) cannot
+    get its 6th block; it ends with kv_cache_exhausted while r6 (short) equals its solo codes."""
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, block_size=8, kv_blocks=6)
+    source.admit(request(5), max_new_tokens=MAX_NEW[5], non_streaming_mode=MODES[5])
+    source.admit(request(6), max_new_tokens=MAX_NEW[6], non_streaming_mode=MODES[6])
+    got: dict[str, list] = {"r5": [], "r6": []}
+    errors = {}
+    while source.active_slots:
+        for f in source.tick():
+            got[f.request_id].append(f.codes)
+            if f.error:
+                errors[f.request_id] = f.error
+    assert list(errors) == ["r5"] and errors["r5"].startswith("kv_cache_exhausted") and "--kv-cache-gb" in errors["r5"]
+    assert torch.equal(torch.cat(got["r6"]), solo(bundle, 6))
+    r5, want = torch.cat(got["r5"]), solo(bundle, 5)
+    assert 0 < r5.shape[0] < want.shape[0] and torch.equal(r5, want[: r5.shape[0]]), "frames before the error are right"
+    assert source.cache.used_blocks == 0
+
+
+def test_admission_waits_for_blocks(bundle):
+    """free_slots() is 0 while the pool cannot hold the waiting prompt plus growth; it opens
+    again when a stream ends, and the wait is counted."""
+    prompt = TalkerSource.from_bundle(bundle, max_slots=1).prompt_positions(request(3))
+    blocks = -(-(prompt + 1) // 8)
+    source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128, block_size=8, kv_blocks=1 + blocks + 1)
+    source.wait_for(prompt)
+    assert source.free_slots() == 4
+    source.admit(request(3), max_new_tokens=6, non_streaming_mode=MODES[3])
+    source.tick()  # prefilled and decoding: holds its prompt's blocks + 1 reserve
+    assert source.free_slots() == 0 and source.free_rows() == 3
+    while source.active_slots:
+        source.tick()
+    assert source.admission_waits > 0 and source.free_slots() == 4 and source.cache.used_blocks == 0
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _decode_ops(bundle, rows: int) -> int:
+    """Dispatched ops of one steady-state tick with ``rows`` decoding rows (same settings)."""
+    source = TalkerSource.from_bundle(bundle, max_slots=rows, max_seq_len=128, prefill_token_budget=4096)
+    for i in range(rows):
+        source.admit(SynthesisRequest(id=f"s{i}", text=TEXTS[i % 8], voice=VOICES[i % 8], language=LANGS[i % 8],
+                                      temperature=0.8, seed=i, top_p=0.9), max_new_tokens=40)
+    source.tick()  # prefill + first step
+    with torch.no_grad(), _CountOps() as counter:
+        source.tick()
+    assert source.last_batch_rows == rows
+    return counter.ops
+
+
+def test_decode_step_op_count_does_not_grow_with_the_batch(bundle):
+    assert _decode_ops(bundle, 1) == _decode_ops(bundle, 64)
