@@ -5,13 +5,22 @@ voices), and the engine request built from validated parameters."""
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any, Mapping, TypeVar
 
 from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
 
 from .audio import check_format
 from .errors import ApiError
-from .schema import FieldError, JobBody, SpeechBody, Strict, SynthesisParams, validate
+from .schema import (
+    MAX_SEED,
+    FieldError,
+    JobBody,
+    SpeechBody,
+    Strict,
+    SynthesisParams,
+    validate,
+)
 
 M = TypeVar("M", bound=Strict)
 
@@ -66,7 +75,12 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
-    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
+    """The engine request; without a ``seed`` each request draws its own (two unseeded
+    requests sound different, as sampling should)."""
+    fields = params.model_dump()
+    if fields["seed"] is None:
+        fields["seed"] = secrets.randbelow(MAX_SEED + 1)
+    return SynthesisRequest(id=request_id, text=text, priority=priority, **fields)
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

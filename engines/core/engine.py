@@ -52,7 +52,8 @@ class Engine:
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
-                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch"):
+                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
+                 talker_options: dict | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward."""
@@ -101,7 +102,8 @@ class Engine:
             self.voice_aliases = {"default": speakers[0]}
             for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                 self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
-            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots)
+            # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
+            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
             if device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
                 # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
@@ -162,6 +164,11 @@ class Engine:
                            queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
                            active_slots=self.source.active_slots, ticks=self.worker.ticks,
                            error=self.worker.error)
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        """The talker's KV pool (blocks total/used, admission waits); empty for the DiT."""
+        stats = getattr(self.source, "kv_cache_stats", None)
+        return stats() if stats is not None else {}
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
