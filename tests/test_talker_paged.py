@@ -83,20 +83,37 @@ def test_a_stream_outgrowing_the_pool_ends_with_an_error_and_spares_the_others(b
     assert source.cache.used_blocks == 0
 
 
+def test_a_row_without_a_free_block_waits_then_continues_exactly(bundle):
+    """6 usable blocks of 8 positions: r3 (10-position prompt + 8 steps: 3 blocks) and r5 (17 +
+    25: 6 blocks) do not fit together; when r5 finds no block for position 24 it sits steps
+    out until r3 ends, then carries on: no error, both equal their solo codes."""
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, block_size=8, kv_blocks=7)
+    for i in (3, 5):
+        source.admit(request(i), max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
+    got: dict[str, list] = {"r3": [], "r5": []}
+    while source.active_slots:
+        for f in source.tick():
+            assert f.error is None, f.error
+            got[f.request_id].append(f.codes)
+    assert source.kv_stalls > 0
+    for i in (3, 5):
+        assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
+
+
 def test_admission_waits_for_blocks(bundle):
-    """free_slots() is 0 while the pool cannot hold the waiting prompt plus growth; it opens
-    again when a stream ends, and the wait is counted."""
+    """free_slots() counts the rows the pool can give the waiting prompt plus growth; it is 0
+    while a stream holds the blocks, opens again when it ends, and the wait is counted."""
     prompt = TalkerSource.from_bundle(bundle, max_slots=1).prompt_positions(request(3))
     blocks = -(-(prompt + 1) // 8)
     source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128, block_size=8, kv_blocks=1 + blocks + 1)
     source.wait_for(prompt)
-    assert source.free_slots() == 4
+    assert source.free_slots() == 1, "one prompt plus its growth block fits, not two"
     source.admit(request(3), max_new_tokens=6, non_streaming_mode=MODES[3])
     source.tick()  # prefilled and decoding: holds its prompt's blocks + 1 reserve
     assert source.free_slots() == 0 and source.free_rows() == 3
     while source.active_slots:
         source.tick()
-    assert source.admission_waits > 0 and source.free_slots() == 4 and source.cache.used_blocks == 0
+    assert source.admission_waits > 0 and source.free_slots() == 1 and source.cache.used_blocks == 0
 
 
 class _CountOps(TorchDispatchMode):

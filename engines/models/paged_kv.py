@@ -55,9 +55,11 @@ class PagedKVCache:
     @classmethod
     def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: float, block_size: int, rows: int,
                    max_positions: int, device, dtype: torch.dtype) -> "PagedKVCache":
-        """As many blocks as ``budget_bytes`` holds (K and V of every layer)."""
+        """As many blocks as ``budget_bytes`` holds (K and V of every layer), never more than
+        every row at ``max_positions`` could use (plus the null block)."""
         per_block = 2 * layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-        return cls(layers, kv_heads, head_dim, max(2, int(budget_bytes // per_block)), block_size, rows,
+        useful = rows * math.ceil(max_positions / block_size) + 1
+        return cls(layers, kv_heads, head_dim, max(2, min(useful, int(budget_bytes // per_block))), block_size, rows,
                    max_positions, device, dtype)
 
     # ---------------------------------------------------------------- host: ownership

@@ -34,10 +34,12 @@ So EOS is noticed one step late (one wasted row-step per utterance) in exchange 
 waiting on the device inside a step.
 
 KV memory: a row takes the blocks of its prompt at admission and one more block whenever its
-position crosses a block boundary. ``free_slots()`` is 0 while the pool could not hold the
-longest waiting prompt plus one block of growth per decoding row, so new requests wait in
-the engine's queue (``kv_cache_stats()["admission_waits"]`` counts the ticks that happened);
-a row that cannot get its next block ends with a clear error, the others carry on.
+position crosses a block boundary. ``free_slots()`` counts only the rows the pool can give the
+longest waiting prompt plus one block of growth (after one block of growth per decoding row),
+so new requests wait in the engine's queue (``kv_cache_stats()["admission_waits"]`` counts the
+ticks that happened). A decoding row whose next block is not free sits the step out and steps
+again once other streams have freed blocks (``stalls``); only when every row waits that way
+does the youngest end with ``kv_cache_exhausted`` (it outgrew the pool), never corrupting another.
 
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
@@ -132,6 +134,7 @@ class _Utterance:
     next_pos: int = 0  # host copy of the row's next talker position
     frames: int = 0  # frames emitted so far
     code0: int | None = None  # host value of the row's current code 0, once its copy landed
+    admitted: int = 0  # admission order (the youngest ends first when the pool is deadlocked)
 
     @property
     def request_id(self) -> str:
@@ -228,6 +231,8 @@ class TalkerSource:
         self._last_batch_rows = 0
         self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
         self.admission_waits = 0  # ticks in which a free row waited for KV blocks
+        self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
+        self._admissions = 0
 
     @classmethod
     def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,
@@ -247,12 +252,14 @@ class TalkerSource:
         return self.max_slots - len(self._utts)
 
     def free_slots(self) -> int:
-        """Free rows, or 0 while the KV pool could not take the longest waiting prompt and
-        still leave one block of growth per decoding row (the request waits in the queue)."""
+        """Rows that may be filled now: free rows, as many as the KV pool can give the longest
+        waiting prompt plus one block of growth each, after one block of growth per row
+        already decoding (the other requests wait in the engine's queue)."""
         rows = self.free_rows()
-        if rows and self.cache.free_blocks < self._waiting_prompt_blocks + self._growth_reserve():
-            return 0
-        return rows
+        if not rows or not self._waiting_prompt_blocks:
+            return rows
+        spare = self.cache.free_blocks - self._growth_reserve()
+        return max(0, min(rows, spare // (self._waiting_prompt_blocks + 1)))
 
     def wait_for(self, prompt_positions: int) -> None:
         """The longest prompt waiting for a row, in positions (``free_slots`` keeps room for it)."""
@@ -278,7 +285,7 @@ class TalkerSource:
     def kv_cache_stats(self) -> dict[str, float]:
         c = self.cache
         return {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
-                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits}
+                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
 
     # ---------------------------------------------------------------- admission
 
@@ -336,7 +343,9 @@ class TalkerSource:
         st.pos[row] = s_len
         st.ntok[row] = 0
         st.seen[row] = False
-        u = _Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, next_pos=s_len)
+        self._admissions += 1
+        u = _Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, next_pos=s_len,
+                       admitted=self._admissions)
         self._utts[row] = u
         self._prefill_queue.append(u)
 
@@ -439,15 +448,22 @@ class TalkerSource:
         return st.trail[idx, torch.minimum(frame_idx, st.trail_len[idx])]
 
     def _grow(self, utts: list[_Utterance]) -> tuple[list[_Utterance], list[TalkerFrames]]:
-        """Blocks for each stepping row's next position; a row the pool cannot hold ends with an error."""
-        ok, failed = [], []
+        """Blocks for each stepping row's next position. A row the pool cannot serve now sits
+        this step out (its state is untouched; blocks free up as other streams end). Only when
+        no row at all could step (every one waits for blocks, so none would ever free any) the
+        youngest waiting stream ends with ``kv_cache_exhausted``: it has outgrown the pool."""
+        ok, blocked, failed = [], [], []
         for u in utts:
             try:
                 self.cache.reserve(u.row, u.next_pos + 1)
                 ok.append(u)
             except KVPoolExhausted as exc:
-                self._release(u)
-                failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
+                blocked.append((u, exc))
+        self.kv_stalls += len(blocked)
+        if blocked and not ok and not self._prefill_queue:
+            u, exc = max(blocked, key=lambda item: item[0].admitted)
+            self._release(u)
+            failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
         return ok, failed
 
     def _decode(self, utts: list[_Utterance]) -> list[TalkerFrames]:
