@@ -123,7 +123,9 @@ def sample_logits(logits: torch.Tensor, gumbel: torch.Tensor | None, temperature
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         probs = torch.softmax(sorted_x, dim=-1)
         # Keep a token while the mass before it is < p (always keeps the top one).
-        drop_sorted = (probs.cumsum(-1) - probs) >= p[:, None]
+        # Rows at p = 1 keep everything (cumsum may reach 1.0 early in float): a row's draw
+        # must not depend on whether a neighbour in the batch uses top-p.
+        drop_sorted = ((probs.cumsum(-1) - probs) >= p[:, None]) & (p < 1.0)[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     sampled = (x + gumbel.float()).argmax(dim=-1)
