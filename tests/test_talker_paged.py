@@ -141,3 +141,37 @@ def _decode_ops(bundle, rows: int) -> int:
 
 def test_decode_step_op_count_does_not_grow_with_the_batch(bundle):
     assert _decode_ops(bundle, 1) == _decode_ops(bundle, 64)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
+    """The graphed runner's static path (rows padded with the scratch row to 1/2/4/8, KV blocks
+    rounded up to a power of two) run eagerly on CPU: every code equals the solo reference."""
+    from engines.runtime.graphed_talker import GraphedTalkerStep
+
+    seeds = [31, 32, 33, 34, 35, 36, 37, 38]
+    expected = {f"r{i}": solo(bundle, i, greedy=greedy, seed=seeds[i]) for i in range(8)}
+    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4, prefill_token_budget=16)
+    source.step_runner = GraphedTalkerStep(source)
+    assert source.step_runner.buckets == (1, 2, 4, 6) and source.step_runner.shape(5, 3) == (6, 4)
+    codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds)
+    for rid, want in expected.items():
+        assert torch.equal(codes.get(rid, want[:0]), want), rid
+    assert {rows for rows, _ in ticks} - {0, 1, 2, 4, 6}, "some steps really were padded"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_per_bucket_equals_the_eager_step():
+    from engines.runtime.graphed_talker import GraphedTalkerStep
+
+    cuda_bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
+    eager = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
+    want, _, _ = run(eager, list(range(8)), greedy=False, seeds=list(range(8)))
+    graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
+    graphed.step_runner = GraphedTalkerStep(graphed)
+    graphed.step_runner.capture_all(max_blocks=2)
+    got, _, _ = run(graphed, list(range(8)), greedy=False, seeds=list(range(8)))
+    assert graphed.step_runner.captures > 0
+    for rid in want:
+        assert torch.equal(got[rid].cpu(), want[rid].cpu()), rid

@@ -6,6 +6,7 @@ Built by :func:`engines.build.build_engine`; implements :class:`engines.contract
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from typing import Callable
@@ -104,7 +105,14 @@ class Engine:
                 self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            if device.type == "cuda":
+            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS") == "1"
+            if step_graphs:
+                # The whole decode step (predictor included) as one CUDA graph per bucket
+                # (engines/runtime/graphed_talker.py); opt-in until measured on a GPU.
+                from engines.runtime.graphed_talker import GraphedTalkerStep
+
+                talker_source.step_runner = GraphedTalkerStep(talker_source)
+            elif device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
                 # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
                 from engines.runtime.graphed_predictor import (
@@ -119,7 +127,8 @@ class Engine:
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=cfg.stream.first_chunk_frames,
                                              chunk_frames=cfg.stream.chunk_frames,
-                                             graphed=(talker_source.predictor,) if device.type == "cuda" else ())
+                                             graphed=(talker_source.step_runner,) if step_graphs else (
+                                                 (talker_source.predictor,) if device.type == "cuda" else ()))
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,

@@ -206,12 +206,15 @@ class TalkerSource:
         self.eos_col = int((self.valid_ids == cfg.codec_eos_token_id).nonzero()[0, 0])
         kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
-            self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots, max_seq_len, self.device, dtype)
+            self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots + 1, max_seq_len, self.device, dtype)
         else:
             self.cache = PagedKVCache.for_budget(*kv_shape, kv_cache_bytes(kv_cache_gb, self.device), block_size,
-                                                 max_slots, max_seq_len, self.device, dtype)
+                                                 max_slots + 1, max_seq_len, self.device, dtype)
         self.rope = talker.rope_table(max_seq_len, dtype)  # precomputed once: a step only gathers
-        r, d, dev = max_slots, cfg.hidden_size, self.device
+        # Row max_slots is the scratch row: padding of a static batch bucket steps it (its
+        # block table stays null); it never holds an utterance.
+        self.scratch_row = max_slots
+        r, d, dev = max_slots + 1, cfg.hidden_size, self.device
 
         def z(*shape, dt=torch.int64):
             return torch.zeros(*shape, dtype=dt, device=dev)
@@ -231,6 +234,9 @@ class TalkerSource:
         self._last_batch_rows = 0
         self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
         self.admission_waits = 0  # ticks in which a free row waited for KV blocks
+        # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
+        self.step_runner = None
+        self.buffers_version = 0  # bumped when a per-row buffer is reallocated (graphs must recapture)
         self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
         self._admissions = 0
 
@@ -303,6 +309,7 @@ class TalkerSource:
                              dtype=s.trail.dtype, device=s.trail.device)
         bigger[:, : s.trail.shape[1]] = s.trail
         s.trail = bigger
+        self.buffers_version += 1
 
     @torch.no_grad()
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
@@ -351,24 +358,25 @@ class TalkerSource:
 
     # ---------------------------------------------------------------- sampling
 
-    def _sampling(self, idx: torch.Tensor, sub: bool, frame: torch.Tensor, utts: list[_Utterance]) -> FrameSampling:
+    def _sampling(self, idx: torch.Tensor, sub: bool, frame: torch.Tensor, all_greedy: bool,
+                  any_top_p: bool) -> FrameSampling:
         st = self.state
         if sub:
             greedy, temp, top_k, top_p = st.sub_greedy, st.sub_temperature, st.sub_top_k, st.sub_top_p
         else:
             greedy, temp, top_k, top_p = st.greedy, st.temperature, st.top_k, st.top_p
         return FrameSampling(st.seed_lo[idx], st.seed_hi[idx], frame, greedy[idx], temp[idx], top_k[idx], top_p[idx],
-                             all_greedy=not any(u.settings.sampled for u in utts),
-                             any_top_p=any(u.settings.any_top_p for u in utts))
+                             all_greedy=all_greedy, any_top_p=any_top_p)
 
-    def _sample(self, h: torch.Tensor, idx: torch.Tensor, utts: list[_Utterance]) -> torch.Tensor:
+    def _sample(self, h: torch.Tensor, idx: torch.Tensor, all_greedy: bool, any_top_p: bool) -> torch.Tensor:
         """Code-0 columns [B] for hidden h [B, D] of rows ``idx``; updates the penalty sets."""
         st = self.state
         logits = self.talker.valid_logits(h)  # [B, n_valid]
         ntok = st.ntok[idx]
         scores = apply_talker_processors(logits, st.seen[idx], st.penalty[idx], self.eos_col,
                                          ntok < self.generation.min_new_tokens)
-        cols = sample_code0(scores, self.valid_ids, self._sampling(idx, sub=False, frame=ntok, utts=utts))
+        sampling = self._sampling(idx, sub=False, frame=ntok, all_greedy=all_greedy, any_top_p=any_top_p)
+        cols = sample_code0(scores, self.valid_ids, sampling)
         st.seen[idx, cols] = True
         st.code0.index_copy_(0, idx, cols)  # index_copy_: the same ops at every batch size
         st.ntok.index_copy_(0, idx, ntok + 1)
@@ -427,7 +435,8 @@ class TalkerSource:
         utts = [work[i][0] for i in done]
         idx = rows[keep]
         self.state.h.index_copy_(0, idx, h[keep])
-        cols = self._sample(h[keep], idx, utts)  # code 0 of frame 0
+        cols = self._sample(h[keep], idx, all_greedy=not any(u.settings.sampled for u in utts),
+                            any_top_p=any(u.settings.any_top_p for u in utts))  # code 0 of frame 0
         self._pending.append(self._copy_to_host(cols, [u.request_id for u in utts], buffer=None))
         for u in utts:
             u.prompt = None
@@ -466,29 +475,44 @@ class TalkerSource:
             failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
         return ok, failed
 
-    def _decode(self, utts: list[_Utterance]) -> list[TalkerFrames]:
-        """One decode step of ``utts`` (steps 1-4 of the module docstring)."""
-        st, dev = self.state, self.device
-        idx = upload([u.row for u in utts], torch.int64, dev)  # no stream sync for the upload
+    def decode_step(self, idx: torch.Tensor, n_blocks: int, all_greedy: bool,
+                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-3 for rows ``idx`` [B] (device), all on the device, no host read: the static
+        unit a CUDA graph replays (engines/runtime/graphed_talker.py). ``n_blocks`` (host) KV
+        blocks are read per row; ``all_greedy`` / ``any_top_p`` pick the sampling ops. Rows may
+        repeat the scratch row (padding to a bucket): it writes only into its own state and the
+        null block. -> codes of frame k [B, G], code-0 columns of frame k+1 [B]."""
+        st = self.state
         # 1. codes 1..G-1 of frame k for every row (k = ntok - 1).
         code0 = self.valid_ids[st.code0[idx]]  # [B]
         frame_idx = st.ntok[idx] - 1
-        h = st.h[idx]
-        rest = self.predictor.predict(h, self.talker.codec_part(code0),
-                                      self._sampling(idx, sub=True, frame=frame_idx, utts=utts))
+        sub = self._sampling(idx, sub=True, frame=frame_idx, all_greedy=all_greedy, any_top_p=any_top_p)
+        rest = self.predictor.predict(st.h[idx], self.talker.codec_part(code0), sub)
         codes = torch.cat([code0[:, None], rest], dim=1)  # [B, G]
-        # 2. talker step at each row's own position, over the paged cache.
+        # 2. talker step at each row's own position, over the paged cache (the clamp only ever
+        # holds the scratch row inside the rotary table: real rows end before max_seq_len).
         x = frame_embedding(self.talker, self.predictor, codes) + self._text_inputs(idx, frame_idx)  # [B, D]
-        n_blocks = max(self.cache.row_blocks(u.row) for u in utts)
-        pos = st.pos[idx]
+        pos = st.pos[idx].clamp_max(self.max_seq_len - 1)
         h = self.talker.forward_paged(x[:, None], pos[:, None], self.cache, idx, n_blocks, self.rope)
         st.h.index_copy_(0, idx, h)
         st.pos.index_copy_(0, idx, pos + 1)
+        # 3. code 0 of frame k+1.
+        return codes, self._sample(h, idx, all_greedy=all_greedy, any_top_p=any_top_p)
+
+    def _eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
+                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = upload(rows, torch.int64, self.device)  # no stream sync for the upload
+        return self.decode_step(idx, n_blocks, all_greedy, any_top_p)
+
+    def _decode(self, utts: list[_Utterance]) -> list[TalkerFrames]:
+        """One decode step of ``utts`` (steps 1-4 of the module docstring)."""
+        n_blocks = max(self.cache.row_blocks(u.row) for u in utts)
+        run = self.step_runner or self._eager_step
+        codes, new_cols = run([u.row for u in utts], n_blocks, not any(u.settings.sampled for u in utts),
+                              any(u.settings.any_top_p for u in utts))
         for u in utts:
             u.next_pos += 1
-        # 3. code 0 of frame k+1; its host copy starts now.
-        new_cols = self._sample(h, idx, utts)
-        self._host_flip = 1 - self._host_flip
+        self._host_flip = 1 - self._host_flip  # the new ids' host copy starts now
         in_flight = self._copy_to_host(new_cols, [u.request_id for u in utts], buffer=self._host_flip)
 
         # 4. host: the previous ids (admission or an earlier step) decide who ends.
