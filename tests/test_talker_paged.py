@@ -10,6 +10,7 @@ from test_talker_source import LANGS, MAX_NEW, MODES, TEXTS, VOICES, request, ru
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engines.contract import SynthesisRequest
+from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.talker.source import TalkerSource
 from tests.talker_helpers import make_bundle
@@ -175,3 +176,21 @@ def test_cuda_graph_per_bucket_equals_the_eager_step():
     assert graphed.step_runner.captures > 0
     for rid in want:
         assert torch.equal(got[rid].cpu(), want[rid].cpu()), rid
+
+
+def test_fused_projections_are_views_and_change_no_output():
+    """fuse_projections(): q/k/v and gate/up become views of one matrix each (state_dict and
+    memory unchanged) and the layer outputs are bitwise the unfused ones (fp32, CPU)."""
+    plain, fused = make_bundle(seed=5).talker, make_bundle(seed=5).talker
+    fused.fuse_projections()
+    layer = fused.model.layers[0]
+    assert layer.self_attn.q_proj.weight.data_ptr() == layer.self_attn.qkv_weight.data_ptr()
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == layer.mlp.gate_up.untyped_storage().data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), fused.state_dict().values()))
+    x = torch.randn(3, 5, plain.cfg.hidden_size)
+    cos, sin = plain.rope_table(8, torch.float32)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        want = DecoderLayer.forward(plain.model.layers[0], x, cos[None, :5], sin[None, :5], mask)
+        got = DecoderLayer.forward(layer, x, cos[None, :5], sin[None, :5], mask)
+    assert torch.equal(got, want)

@@ -184,6 +184,14 @@ class Talker(nn.Module):
             x = layer(x, cos, sin, mask, kv, rows, positions)
         return self.model.norm(x[:, -1])
 
+    def fuse_projections(self) -> None:
+        """At load: each layer's q/k/v and gate/up weights as one matrix each (one GEMM instead of
+        three / two; the parameters become views, so no extra memory). Bitwise the same
+        outputs on CPU (tests/test_talker_paged.py); call once the talker is on its device."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_qkv()
+            layer.mlp.fuse()
+
     def rope_table(self, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [positions, hd] for text-only positions 0..positions-1 (the three M-RoPE
         position ids equal), computed once the official way: a step gathers its rows from it."""

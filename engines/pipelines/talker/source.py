@@ -210,6 +210,7 @@ class TalkerSource:
         else:
             self.cache = PagedKVCache.for_budget(*kv_shape, kv_cache_bytes(kv_cache_gb, self.device), block_size,
                                                  max_slots + 1, max_seq_len, self.device, dtype)
+        talker.fuse_projections()  # one GEMM for q/k/v and one for gate/up per layer (views: no extra memory)
         self.rope = talker.rope_table(max_seq_len, dtype)  # precomputed once: a step only gathers
         # Row max_slots is the scratch row: padding of a static batch bucket steps it (its
         # block table stays null); it never holds an utterance.
