@@ -194,3 +194,27 @@ def test_fused_projections_are_views_and_change_no_output():
         want = DecoderLayer.forward(plain.model.layers[0], x, cos[None, :5], sin[None, :5], mask)
         got = DecoderLayer.forward(layer, x, cos[None, :5], sin[None, :5], mask)
     assert torch.equal(got, want)
+
+
+def test_a_long_prompt_prefills_in_chunks_while_others_keep_speaking(bundle):
+    """prefill_token_budget 4: r3's 10-position prompt takes 3 ticks; r0 emits a frame in each of
+    them, r3 its first frame in the third (prefill done, decode in the same tick); both still
+    equal their solo codes."""
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, prefill_token_budget=4)
+    source.admit(request(0), max_new_tokens=MAX_NEW[0], non_streaming_mode=MODES[0])
+    got: dict[str, list] = {"r0": [], "r3": []}
+    for _ in range(5):  # r0: prompt in 4 ticks, then speaking
+        for f in source.tick():
+            got[f.request_id].append(f.codes)
+    source.admit(request(3), max_new_tokens=MAX_NEW[3], non_streaming_mode=MODES[3])
+    for tick in range(3):
+        out = source.tick()
+        speaking = [f.request_id for f in out if f.codes.shape[0]]
+        assert speaking == (["r0"] if tick < 2 else ["r0", "r3"]), (tick, speaking)
+        for f in out:
+            got[f.request_id].append(f.codes)
+    while source.active_slots:
+        for f in source.tick():
+            got[f.request_id].append(f.codes)
+    for i in (0, 3):
+        assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
