@@ -218,3 +218,32 @@ def test_a_long_prompt_prefills_in_chunks_while_others_keep_speaking(bundle):
             got[f.request_id].append(f.codes)
     for i in (0, 3):
         assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
+
+
+def test_greedy_rows_mixed_with_sampled_rows_keep_their_codes(bundle):
+    """Four greedy (temperature 0) and four sampled rows (top-k 0 / top-p 0.9 / the defaults) in one
+    batch: every row equals its solo run (greedy rows: the official greedy codes)."""
+    temps = {4: 1.3, 5: 0.7}
+    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128, block_size=8)
+    for i in range(8):
+        sampled = i >= 4
+        req = SynthesisRequest(id=f"r{i}", text=TEXTS[i], voice=VOICES[i], language=LANGS[i], seed=40 + i,
+                               temperature=temps.get(i) if sampled else 0, top_p=0.9 if i == 6 else None,
+                               top_k=0 if i == 7 else None)
+        source.admit(req, max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
+    got: dict[str, list] = {}
+    while source.active_slots:
+        for f in source.tick():
+            got.setdefault(f.request_id, []).append(f.codes)
+    for i in range(4):
+        assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
+    # the sampled rows alone, one at a time: the same codes
+    for i in range(4, 8):
+        alone = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=128)
+        req = SynthesisRequest(id=f"r{i}", text=TEXTS[i], voice=VOICES[i], language=LANGS[i], seed=40 + i,
+                               temperature=temps.get(i), top_p=0.9 if i == 6 else None, top_k=0 if i == 7 else None)
+        alone.admit(req, max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
+        want = []
+        while alone.active_slots:
+            want += [f.codes for f in alone.tick()]
+        assert torch.equal(torch.cat(got[f"r{i}"]), torch.cat(want)), i
