@@ -115,6 +115,11 @@ def test_admission_waits_for_blocks(bundle):
     while source.active_slots:
         source.tick()
     assert source.admission_waits > 0 and source.free_slots() == 1 and source.cache.used_blocks == 0
+    source.check_fits(prompt)
+    with pytest.raises(ValueError, match="--kv-cache-gb"):
+        source.check_fits(8 * (blocks + 1))  # more blocks than the pool: it would wait forever
+    with pytest.raises(ValueError, match="max_seq_len"):
+        source.check_fits(128)
 
 
 class _CountOps(TorchDispatchMode):

@@ -30,8 +30,10 @@ class TalkerLatentSource:
         if language.lower() not in [name.lower() for name in self.source.languages()]:
             raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
         request = replace(request, voice=speaker, language=language)
+        positions = self.source.prompt_positions(request)
+        self.source.check_fits(positions)  # a prompt that could never be admitted fails now
         self._waiting[request.id] = request
-        self._prompt_positions[request.id] = self.source.prompt_positions(request)
+        self._prompt_positions[request.id] = positions
         self._update_kv_wait()
         max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         return max(0, max_new - 1)  # upper bound (official counting)

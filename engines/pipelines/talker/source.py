@@ -268,6 +268,16 @@ class TalkerSource:
         spare = self.cache.free_blocks - self._growth_reserve()
         return max(0, min(rows, spare // (self._waiting_prompt_blocks + 1)))
 
+    def check_fits(self, prompt_positions: int) -> None:
+        """ValueError for a prompt this source could never admit (longer than the per-stream
+        position limit, or more blocks than the whole pool): it must fail, not wait forever."""
+        if prompt_positions >= self.max_seq_len:
+            raise ValueError(f"prompt of {prompt_positions} positions does not fit max_seq_len {self.max_seq_len}")
+        need = self.cache.blocks_for(prompt_positions + 1) + 1
+        if need > self.cache.capacity_blocks:
+            raise ValueError(f"prompt of {prompt_positions} positions needs {need} KV cache blocks; the pool has "
+                             f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
+
     def wait_for(self, prompt_positions: int) -> None:
         """The longest prompt waiting for a row, in positions (``free_slots`` keeps room for it)."""
         self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
