@@ -175,3 +175,25 @@ async def test_initial_codec_chunk_frames_sets_the_first_piece(engine, tmp_path)
         await server.stop()
     assert same_audio(b"".join(default), b"".join(one)) and same_audio(b"".join(default), b"".join(two))
     assert len(one[0]) == 2 * 1920 and len(two[0]) == 2 * 2 * 1920 and len(default[0]) == 2 * 4 * 1920
+
+
+async def test_an_input_too_long_for_the_kv_pool_is_a_400(tmp_path):
+    """A pool of 8 blocks of 16 positions (8 KiB each in the fixture's fp32 talker) holds a
+    ~17-position prompt, not a 600-character one: that is refused at submission, naming
+    ``input`` (never a 5xx, never a request waiting forever), and a short one still speaks."""
+    gb = 9 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                          kv_cache_gb=gb)
+    engine.start()
+    server = await start_server(engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/v1/audio/speech", "/v1/jobs"):
+                async with http.post(server.url + path, json={"input": "Hello there. " * 50}) as r:
+                    error = (await r.json())["error"]
+                assert (r.status, error["code"]) == (400, "invalid_field") and error["message"].startswith("input:")
+                assert "--kv-cache-gb" in error["message"]
+            assert len(await speech(http, server.url, input="Hello there.", temperature=0)) > 0
+    finally:
+        await server.stop()
+        engine.stop()

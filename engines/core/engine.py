@@ -208,6 +208,12 @@ class Engine:
         if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages]:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
                                              f"valid: {', '.join(languages)}")
+        check_input = getattr(self.source, "check_input", None)  # the talker: its prompt must fit the KV pool
+        if check_input is not None:
+            try:
+                check_input(request.text, self.resolve_voice(request.voice), request.language)
+            except ValueError as exc:
+                raise InvalidRequest("input", str(exc)) from None
 
     def _voice_index(self, name: str) -> int:
         return self.voice_names.index(self.resolve_voice(name))

@@ -38,6 +38,12 @@ class TalkerLatentSource:
         max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         return max(0, max_new - 1)  # upper bound (official counting)
 
+    def check_input(self, text: str, speaker: str, language: str) -> None:
+        """ValueError when this text's prompt could never be admitted (longer than a stream's
+        positions or than the KV pool): the engine refuses it at submission (a 400), not later."""
+        request = SynthesisRequest(id="check", text=text, voice=speaker, language=language or "Auto")
+        self.source.check_fits(self.source.prompt_positions(request))
+
     def _update_kv_wait(self) -> None:
         """The source keeps KV blocks free for the longest prompt still waiting for a row."""
         self.source.wait_for(max(self._prompt_positions.values(), default=0))
