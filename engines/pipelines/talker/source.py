@@ -31,7 +31,9 @@ One tick:
     empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached
     max_new_tokens - 1 frames ends with that frame (``is_last``).
 So EOS is noticed one step late (one wasted row-step per utterance) in exchange for never
-waiting on the device inside a step.
+waiting on the device inside a step. Steps 1-3 are :meth:`decode_step`: device ops only, the
+same ops at every batch size, run eagerly or by ``step_runner`` (a
+:class:`~engines.runtime.graphed_talker.GraphedTalkerStep`: static buckets, CUDA graphs).
 
 KV memory: a row takes the blocks of its prompt at admission and one more block whenever its
 position crosses a block boundary. ``free_slots()`` counts only the rows the pool can give the
