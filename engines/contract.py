@@ -84,7 +84,7 @@ class SynthesisRequest:
     id: str
     text: str
     voice: str = "default"
-    seed: int = 0
+    seed: int | None = 0  # None (issue 14): the engine picks (talker: random per request; DiT: 0)
     steps: int = 8
     guidance_scale: float = 2.0
     speed: float = 1.0

@@ -5,7 +5,6 @@ voices), and the engine request built from validated parameters."""
 from __future__ import annotations
 
 import math
-import secrets
 from typing import Any, Mapping, TypeVar
 
 from engines.contract import InvalidRequest, Priority, SynthesisEngine, SynthesisRequest
@@ -13,7 +12,6 @@ from engines.contract import InvalidRequest, Priority, SynthesisEngine, Synthesi
 from .audio import check_format
 from .errors import ApiError
 from .schema import (
-    MAX_SEED,
     FieldError,
     JobBody,
     SpeechBody,
@@ -76,12 +74,9 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority) -> SynthesisRequest:
-    """The engine request; without a ``seed`` each request draws its own (two unseeded
-    requests sound different, as sampling should)."""
-    fields = params.model_dump()
-    if fields["seed"] is None:
-        fields["seed"] = secrets.randbelow(MAX_SEED + 1)
-    return SynthesisRequest(id=request_id, text=text, priority=priority, **fields)
+    """The engine request; an absent ``seed`` stays ``None``: the engine picks (the talker a
+    fresh random seed per request, the DiT seed 0)."""
+    return SynthesisRequest(id=request_id, text=text, priority=priority, **params.model_dump())
 
 
 def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:

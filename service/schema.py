@@ -62,7 +62,7 @@ class SynthesisParams(Strict):
     speech or job body and by each WebSocket ``session.config``."""
 
     voice: str = Field("default", min_length=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # absent: a fresh random seed per request
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # absent: the engine's choice (talker: random per request)
     steps: int = Field(8, ge=1, le=64)  # DiT denoising steps
     guidance_scale: float = Field(2.0, ge=0.0, le=20.0)
     speed: float = Field(1.0, ge=0.25, le=4.0)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import uuid
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -164,6 +166,8 @@ class Engine:
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         self.validate(request)
+        if request.seed is None:  # sampling talker: two unseeded requests differ; the DiT keeps seed 0
+            request = replace(request, seed=secrets.randbelow(2**63) if self.source.name == "talker" else 0)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
         return self.worker.submit(request, deliver)
