@@ -1,4 +1,4 @@
-"""Talker source: ms per talker step and per frame at batch 1/8/32 (ours), next to the
+"""Talker source: ms per talker step and per frame at batch 1/8/64 (ours), next to the
 official ``generate()`` when the oracle venv (.venv-oracle) is present.
 
     python benchmarks/bench_talker.py [--size small] [--device auto] [--batches 1 8 32] [--no-official]
@@ -6,10 +6,12 @@ official ``generate()`` when the oracle venv (.venv-oracle) is present.
         --official-batches 1 8 64 --oracle-python /tmp/oracle-python
 
 Random weights at the chosen sizes (timing does not depend on their values).
-* ours, "talker step": one batched talker forward (decode, query length 1) at B rows;
+* ours, "talker step": one batched talker forward (decode, query length 1) at B rows over the
+  paged KV cache (engines/models/paged_kv.py); "KV MiB used": the pool blocks the rows hold;
 * ours, "tick": TalkerSource.tick() = code predictor for B frames + talker step + code-0
   sampling, in steady state (finished utterances are replaced at once, so the batch stays
-  full: continuous batching); ms per frame = tick / frames emitted;
+  full: continuous batching; a replacement's chunked prefill runs inside the next tick, as
+  served); ms per frame = tick / frames emitted;
 * official: ``Qwen3TTSForConditionalGeneration.generate`` (HF generate, dynamic cache) on
   B utterances, greedy, EOS made unreachable so it runs exactly N steps; ms per frame =
   wall / (N - 1) / B. Runs in .venv-oracle as a subprocess (this script, --official-worker);
@@ -69,7 +71,9 @@ def frame_weight_bytes(talker, predictor) -> int:
 
 
 def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int,
-         graphed: bool = True) -> tuple[list[dict], float | None]:
+         graphed: bool = True, step_graphs: bool = False) -> tuple[list[dict], float | None]:
+    """``step_graphs``: the whole decode step per static bucket (engines/runtime/graphed_talker.py,
+    captured on first use: the warm-up ticks) instead of the code predictor's graphs."""
     from engines.contract import SynthesisRequest
     from engines.pipelines.talker.source import TalkerSource
     from tests.talker_helpers import make_bundle
@@ -82,7 +86,7 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
         floor_ms = frame_weight_bytes(bundle.talker, bundle.predictor) / copy_bandwidth(device) * 1e3
     rows = []
     predictor = bundle.predictor
-    if device.type == "cuda" and graphed:  # as the engine runs it (engines/core/engine.py)
+    if device.type == "cuda" and graphed and not step_graphs:  # as the engine runs it (engines/core/engine.py)
         from engines.runtime.graphed_predictor import (
             DEFAULT_BUCKETS,
             GraphedCodePredictor,
@@ -92,19 +96,24 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
             b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),))
         predictor.capture_all()
     for b in batches:
-        source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=512)
+        # The paged pool holds every row at 256 positions (prompt + 200 frames) with room to spare.
+        source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=256, kv_cache_gb=1024.0)
         source.predictor = predictor
+        if step_graphs:
+            from engines.runtime.graphed_talker import GraphedTalkerStep
+
+            source.step_runner = GraphedTalkerStep(source)
         serial = 0
 
         def fill():
             nonlocal serial
             while source.free_slots():
-                source.admit(SynthesisRequest(id=f"u{serial}", text=TEXT, voice="Ryan", greedy=True),
+                source.admit(SynthesisRequest(id=f"u{serial}", text=TEXT, voice="Ryan", temperature=0),
                              max_new_tokens=200)
                 serial += 1
 
         fill()
-        for _ in range(3):  # warm-up
+        for _ in range(3 if not step_graphs else 12):  # warm-up (step graphs: captures of the first block buckets)
             source.tick()
             fill()
         sync(device)
@@ -115,24 +124,26 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
             sync(device)
             spent += time.perf_counter() - t0
             frames += sum(f.codes.shape[0] for f in out)
-            fill()  # admission (prefill) is not part of the tick time
-        # The talker step alone, at B rows, on the source's own cache.
+            fill()  # a replacement's prefill runs in the next tick (chunked, beside the decode step)
+        # The talker step alone, at B rows, over the source's own paged cache.
         t = bundle.talker
         x = torch.randn(b, 1, t.cfg.hidden_size, device=device, dtype=dtype)
+        rows_idx = torch.arange(b, device=device)
         pos = source.state.pos[:b, None].clone()
-        attend = int(pos.max()) + 1
+        n_blocks = max(source.cache.row_blocks(r) for r in range(b))
         with torch.no_grad():
             for _ in range(2):
-                t(x, pos, source.cache, attend_len=attend)
+                t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
             sync(device)
             t0 = time.perf_counter()
             reps = max(3, ticks // 2)
             for _ in range(reps):
-                t(x, pos, source.cache, attend_len=attend)
+                t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
             sync(device)
             step_ms = (time.perf_counter() - t0) * 1e3 / reps
-        rows.append(dict(batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
-                         frame_ms=spent * 1e3 / max(frames, 1), frames=frames))
+        rows.append(dict(variant="step graphs" if step_graphs else "ours", batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
+                         frame_ms=spent * 1e3 / max(frames, 1), frames=frames,
+                         kv_mib=source.cache.used_blocks * source.cache.memory_bytes() / source.cache.num_blocks / 2**20))
     return rows, floor_ms
 
 
@@ -198,6 +209,8 @@ def main() -> None:
     ap.add_argument("--official-batches", type=int, nargs="+", default=None,
                     help="batches for the official baseline (default: --batches; it is slow at large ones)")
     ap.add_argument("--eager-predictor", action="store_true", help="CUDA: skip the code predictor's graphs")
+    ap.add_argument("--step-graphs", action="store_true",
+                    help="CUDA: also time the whole decode step replayed as one graph per bucket (same run)")
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
@@ -216,6 +229,8 @@ def main() -> None:
     print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
     mine, floor_ms = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks,
                           graphed=not args.eager_predictor)
+    if args.step_graphs:
+        mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True)[0]
     theirs: dict[int, dict] = {}
     oracle = Path(args.oracle_python)
     if not args.no_official and oracle.is_file():
@@ -234,16 +249,20 @@ def main() -> None:
         print("(no .venv-oracle: official baseline skipped; build it with scripts/oracle-env.sh)")
     if floor_ms is not None:
         print(f"memory floor: one frame's weights / measured copy bandwidth = {floor_ms:.3f} ms at batch 1")
-    print(f"{'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'floor ms/frame':>14} | "
-          f"{'x floor':>7} || {'official step ms':>16} | {'official ms/frame':>17} | {'official/ours':>13}")
+    print(f"{'variant':>11} | {'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'KV MiB used':>11} | "
+          f"{'floor ms/frame':>14} | {'x floor':>7} || {'official step ms':>16} | {'official ms/frame':>17} | "
+          f"{'official/ours':>13}")
     for r in mine:
         o = theirs.get(r["batch"])
         off = (f"{o['step_ms']:16.2f} | {o['frame_ms']:17.2f} | {o['frame_ms'] / r['frame_ms']:13.2f}" if o
                else f"{'-':>16} | {'-':>17} | {'-':>13}")
         floor = f"{floor_ms / r['batch']:14.4f} | {r['frame_ms'] / (floor_ms / r['batch']):7.1f}" if floor_ms else (
             f"{'n/a':>14} | {'n/a':>7}")
-        print(f"{r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | {floor} "
-              f"|| {off}")
+        print(f"{r['variant']:>11} | {r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | "
+              f"{r['kv_mib']:11.1f} | {floor} || {off}")
+    skipped = sorted(set(args.batches) - set(theirs)) if theirs else []
+    if skipped:
+        print(f"(official baseline not run at batch {', '.join(map(str, skipped))}: --official-batches)")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
-                 max_slots: int | None = None, batch_planning: bool | None = None) -> Engine:
+                 max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
+                 prefill_token_budget: int | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -96,7 +97,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if talker_slots is None:
         talker_slots = max_slots or 8
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend)
+                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
+                  talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
+                                                    ("prefill_token_budget", prefill_token_budget)) if v is not None})
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:

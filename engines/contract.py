@@ -84,16 +84,22 @@ class SynthesisRequest:
     id: str
     text: str
     voice: str = "default"
-    seed: int = 0
+    seed: int | None = 0  # None (issue 14): the engine picks (talker: random per request; DiT: 0)
     steps: int = 8
     guidance_scale: float = 2.0
     speed: float = 1.0
     priority: Priority = Priority.REALTIME
     language: str = "Auto"
-    greedy: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
+    # Sampling (issue 14). ``None`` = the model's default: the talker's is its checkpoint's
+    # generation_config.json; the DiT's code predictor decodes greedily. ``temperature`` 0 or
+    # ``greedy`` True = greedy decoding (talker and code predictor both).
+    greedy: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None  # talker: over the generated code-0 ids
+    max_new_tokens: int | None = None  # talker: at most max_new_tokens - 1 frames (official counting)
+    initial_codec_chunk_frames: int | None = None  # frames before the first PCM (None: the pipeline's)
     # Talker task and voice prompt (issue 15; vllm-omni's field names). ``None`` = what the
     # checkpoint's release does: Base clones (``clone`` required), VoiceDesign follows
     # ``instructions`` (required), CustomVoice speaks a preset ``voice`` (instructions on 1.7B).

@@ -45,7 +45,7 @@ for step in $STEPS; do
       say "CUDA tests"
       timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 250 ${TESTS:-tests/test_graphed_predictor.py \
         tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py tests/test_code_predictor.py \
-        tests/test_gpu_engine.py} 2>&1 | tee "$OUT/tests.log" ;;
+        tests/test_gpu_engine.py tests/test_talker_paged.py tests/test_talker_source.py} 2>&1 | tee "$OUT/tests.log" ;;
     engine)
       say "bench_engine (stage attribution, synced)"
       STREAMVOX_STAGE_SYNC=1 timeout 200 python3 benchmarks/bench_engine.py --preset base --device cuda \
@@ -70,8 +70,8 @@ for step in $STEPS; do
         2>&1 | tee "$OUT/bench_clone_ttfa.log" ;;
     talker)
       say "bench_talker"
-      timeout 150 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 32 \
-        --ticks 10 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker.log" ;;
+      timeout 200 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
+        --ticks 10 --step-graphs --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker.log" ;;
     e2e)
       say "bench_e2e"
       set -o pipefail
@@ -92,7 +92,7 @@ for step in $STEPS; do
       for size in ${SIZES:-0.6b}; do
         say "bench_talker $size"
         timeout 240 python3 benchmarks/bench_talker.py --size $size --device cuda --dtype bfloat16 \
-          --batches ${TALKER_BATCHES:-1 8 64 256} --official-batches ${OFFICIAL_BATCHES:-1 8 64} --ticks 10 \
+          --batches ${TALKER_BATCHES:-1 8 64 256} --official-batches ${OFFICIAL_BATCHES:-1 8 64} --ticks 10 --step-graphs \
           --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker_$size.log"
       done ;;
     talker_e2e)

@@ -9,7 +9,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engines.contract import SynthesisEngine, TickReport
@@ -47,6 +47,8 @@ class Metrics:
                                 ["endpoint", "outcome"], registry=r)
         if callable(getattr(engine, "stage_seconds", None)):
             r.register(_StageCollector(engine))
+        if callable(getattr(engine, "kv_cache_stats", None)):
+            r.register(_KVCacheCollector(engine))
 
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""
@@ -76,3 +78,24 @@ class _StageCollector:
         for stage, seconds in self.engine.stage_seconds().items():
             family.add_metric([stage], seconds)
         yield family
+
+
+class _KVCacheCollector:
+    """The talker's paged KV pool: ``streamvox_kv_cache_blocks{state=used|total}`` and
+    ``streamvox_kv_cache_admission_waits_total`` (steps in which a free row waited for blocks)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        stats = self.engine.kv_cache_stats()
+        if not stats:
+            return
+        blocks = GaugeMetricFamily("streamvox_kv_cache_blocks", "Talker KV cache pool blocks", labels=["state"])
+        blocks.add_metric(["used"], stats["blocks_used"])
+        blocks.add_metric(["total"], stats["blocks_total"])
+        yield blocks
+        waits = CounterMetricFamily("streamvox_kv_cache_admission_waits",
+                                    "Steps in which a free talker row waited for KV cache blocks")
+        waits.add_metric([], stats["admission_waits"])
+        yield waits

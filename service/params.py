@@ -49,16 +49,17 @@ def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
         raise ApiError(400, exc.code, str(exc)) from None
 
 
-def resolve_voice(engine: SynthesisEngine, params: SynthesisParams) -> SynthesisParams:
+def resolve_voice(engine: SynthesisEngine, params: SynthesisParams, text: str = "-") -> SynthesisParams:
     """``params`` with the canonical voice name, checked against the loaded model now (not
     when the work starts): the engine's checks, :meth:`Engine.resolve_voice` and
-    :meth:`Engine.validate` (voice and language). ApiError(400) naming the field; an
-    unknown voice's message lists the valid ones."""
+    :meth:`Engine.validate` (voice, language and, given the ``text``, whether the talker's
+    prompt fits its KV cache). ApiError(400) naming the field; an unknown voice's message
+    lists the valid ones."""
     try:
         voice = engine.resolve_voice(params.voice)
         validate_request = getattr(engine, "validate", None)  # not in the contract: engines may lack it
         if validate_request is not None:
-            validate_request(build_request("check", "-", params, Priority.BATCH))
+            validate_request(build_request("check", text, params, Priority.BATCH))
     except InvalidRequest as exc:
         raise ApiError(400, "invalid_field", str(exc)) from None
     return params if voice == params.voice else params.model_copy(update={"voice": voice})
@@ -68,7 +69,7 @@ def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine,
     """A speech or job body: its fields validated, its voice resolved, its format available."""
     parsed = parse(model, body, max_chars=max_chars)
     check_format(parsed.response_format)  # libsndfile may lack mp3 / opus: format_unavailable
-    voice = resolve_voice(engine, parsed.params).voice
+    voice = resolve_voice(engine, parsed.params, parsed.input).voice  # with the text: it must fit the model
     return parsed if voice == parsed.voice else parsed.model_copy(update={"voice": voice})
 
 
@@ -103,7 +104,9 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
                   clone: VoiceClone | None = None, tenant: str = "") -> SynthesisRequest:
-    """``tenant``: who asked (:func:`service.limits.client_identity`), for fair slot ordering."""
+    """The engine request. ``tenant``: who asked (:func:`service.limits.client_identity`), for
+    fair slot ordering; an absent ``seed`` stays ``None``: the engine picks (the talker a fresh
+    random seed per request, the DiT seed 0)."""
     return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, tenant=tenant,
                             **params.model_dump())
 

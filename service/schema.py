@@ -30,6 +30,8 @@ from pydantic_core import PydanticCustomError
 MAX_SEED = 2**63 - 1
 MAX_JSON_INT_DIGITS = 40  # longer integer literals become floats (inf past 1e308): a field error, never a 500
 MAX_LANGUAGE_CHARS = 64
+MAX_NEW_TOKENS = 16_384  # talker tokens per utterance (80 ms each: 22 minutes); the KV cache may bound it lower
+MAX_INITIAL_CHUNK_FRAMES = 64
 # OpenAI's speech model names; the served checkpoint's own names are the engine's (service/params.py)
 MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw")
@@ -67,16 +69,20 @@ class SynthesisParams(Strict):
     speech or job body and by each WebSocket ``session.config``."""
 
     voice: str = Field("default", min_length=1)
-    seed: int = Field(0, ge=0, le=MAX_SEED)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)  # absent: the engine's choice (talker: random per request)
     steps: int = Field(8, ge=1, le=64)  # DiT denoising steps
     guidance_scale: float = Field(2.0, ge=0.0, le=20.0)
     speed: float = Field(1.0, ge=0.25, le=4.0)
     language: str = "Auto"  # talker source: a language name or "Auto"
-    # talker sampling: greedy unless ``greedy`` is false
-    greedy: bool = True
-    temperature: float = Field(0.9, gt=0.0, le=5.0)
-    top_k: int = Field(50, ge=0, le=4096)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # --- sampling (issue 14): absent = the checkpoint's generation_config.json; temperature 0 = greedy
+    greedy: bool | None = None  # true: greedy (as temperature 0)
+    temperature: float | None = Field(None, ge=0.0, le=5.0)
+    top_k: int | None = Field(None, ge=0, le=4096)  # 0: off
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    initial_codec_chunk_frames: int | None = Field(None, ge=1, le=MAX_INITIAL_CHUNK_FRAMES)  # frames before 1st PCM
+    # --- end sampling
     # Qwen3-TTS task and prompt (issue 15, vllm-omni's names). None: the loaded release's default.
     task_type: Literal[TASK_TYPES] | None = None
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)

@@ -136,7 +136,8 @@ def build_engine_for(settings: Settings):
     return build_engine(preset=settings.preset, device=settings.device, checkpoint=settings.checkpoint,
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
                         backend=settings.backend, artifacts_dir=settings.artifacts_dir,
-                        max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype))
+                        max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
+                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget)
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

@@ -29,6 +29,10 @@ class Settings:
     artifacts_dir: str | None = None
     max_queue: int = 64
     max_slots: int | None = None  # None: the preset's
+    # --- talker at scale (issue 14)
+    kv_cache_gb: float | None = None  # talker KV pool; None: 1 GiB on CPU, 40 % of free memory on CUDA
+    prefill_token_budget: int = 512  # talker prompt positions prefilled per step, beside the decode step
+    # --- end talker at scale
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     drain_seconds: float = 20.0
     api_keys: tuple[str, ...] = ()
@@ -98,6 +102,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
     ("--max-queue", "STREAMVOX_MAX_QUEUE", "max_queue", "engine admission queue size"),
     ("--max-slots", "STREAMVOX_MAX_SLOTS", "max_slots", "concurrent streams of the pipeline: DiT slots (default: the preset's) or talker rows (default 8)"),
+    ("--kv-cache-gb", "STREAMVOX_KV_CACHE_GB", "kv_cache_gb", "talker KV cache pool in GiB (default: 1 on CPU, 40%% of free device memory on CUDA); requests wait when it is full"),
+    ("--prefill-token-budget", "STREAMVOX_PREFILL_TOKEN_BUDGET", "prefill_token_budget", "talker prompt positions prefilled per step, interleaved with decoding (default 512)"),
     ("--dtype", "STREAMVOX_DTYPE", "dtype", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)"),
     ("--drain-seconds", "STREAMVOX_DRAIN_SECONDS", "drain_seconds", "grace period for in-flight streams on SIGTERM"),
     ("--api-key-file", "STREAMVOX_API_KEY_FILE", "api_key_file", "file with one API key per line"),
@@ -221,6 +227,10 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         values["max_queue"] = number("max_queue", int, 1)
     if "max_slots" in raw:
         values["max_slots"] = number("max_slots", int, 1)
+    if "kv_cache_gb" in raw:
+        values["kv_cache_gb"] = number("kv_cache_gb", float, 0.0, exclusive=True)
+    if "prefill_token_budget" in raw:
+        values["prefill_token_budget"] = number("prefill_token_budget", int, 1)
     if raw.get("dtype"):
         if raw["dtype"] not in ("auto", "float32", "bfloat16"):
             raise ValueError("--dtype: choose auto, float32 or bfloat16")

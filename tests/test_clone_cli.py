@@ -30,7 +30,7 @@ def test_synthesize_clones_a_reference_file(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "clients.cli", "synthesize", "--device", "cpu", "--preset", "tiny",
          "--checkpoint", str(fx.checkpoint_dir("base")), "--ref-audio", str(ref), "--ref-text", c["ref_text"],
-         "--language", c["language"], "--text", c["text"], "--out", str(out)],
+         "--language", c["language"], "--text", c["text"], "--temperature", "0", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     audio, rate = sf.read(out, dtype="float32")
@@ -55,12 +55,13 @@ async def test_say_speaks_with_a_saved_voice(base_engine, tmp_path):  # noqa: F8
             async with http.post(server.url + "/v1/audio/voices", data=form) as r:
                 assert r.status == 201, await r.text()
             async with http.post(server.url + "/v1/audio/speech",
-                                 json={"input": c["text"], "voice": "carol", "response_format": "pcm"}) as r:
+                                 json={"input": c["text"], "voice": "carol", "response_format": "pcm",
+                                       "temperature": 0}) as r:
                 assert r.status == 200
                 expected = np.frombuffer(await r.read(), dtype="<i2").astype(np.float32) / 32768
         out = tmp_path / "say.wav"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.cli", "say", "--url", server.url, "--voice", "carol", "--out", str(out),
+            sys.executable, "-m", "clients.cli", "say", "--url", server.url, "--voice", "carol", "--temperature", "0", "--out", str(out),
             c["text"], stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=ENV, cwd=REPO)
         _, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
         assert proc.returncode == 0, stderr.decode()

@@ -67,7 +67,8 @@ def design_engine():
 
 
 async def speak(http, url: str, body: dict) -> tuple[int, bytes]:
-    async with http.post(url + "/v1/audio/speech", json={"response_format": "pcm", **body}) as r:
+    # greedy (temperature 0): the official references are greedy; the talker samples by default
+    async with http.post(url + "/v1/audio/speech", json={"response_format": "pcm", "temperature": 0, **body}) as r:
         return r.status, await r.read()
 
 

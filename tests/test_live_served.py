@@ -44,7 +44,7 @@ async def speak(url: str, deltas: list[str], config: dict, delays: list[float] |
     t_first_audio = None
     async with websockets.connect(url) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "session.config", **config}))
+        await ws.send(json.dumps({"type": "session.config", "temperature": 0, **config}))  # greedy: exact
 
         async def reader():
             nonlocal t_first_audio
@@ -153,7 +153,7 @@ async def test_utterance_boundaries_and_rounds(talker_engine, tmp_path):
         events, pcm_by_round = [], []
         async with websockets.connect(server.ws_url) as ws:
             await ws.recv()
-            await ws.send(json.dumps({"type": "session.config", "voice": "Vivian"}))
+            await ws.send(json.dumps({"type": "session.config", "voice": "Vivian", "temperature": 0}))
             for msg in ({"type": "input.text", "text": first}, {"type": "input.done"},
                         {"type": "input.text", "text": "More text"}, {"type": "input.done"}):
                 await ws.send(json.dumps(msg))
@@ -258,7 +258,7 @@ async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
 
         pcm = bytearray()
         async with StreamvoxClient(server.url) as client:
-            async for piece in client.stream_speech(text(), voice=c["speaker"]):
+            async for piece in client.stream_speech(text(), voice=c["speaker"], temperature=0):
                 if len(sent) < len(words):
                     audio_while_sending.append(len(piece))
                 pcm.extend(piece)
@@ -269,7 +269,7 @@ async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
         out = tmp_path / "stdin.wav"
         repo = Path(__file__).resolve().parents[1]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "clients.cli", "say", "--stdin", "--voice", c["speaker"], "--out", str(out),
+            sys.executable, "-m", "clients.cli", "say", "--stdin", "--voice", c["speaker"], "--temperature", "0", "--out", str(out),
             "--url", server.url, cwd=repo, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         for w in words:
@@ -295,7 +295,7 @@ async def test_a_row_waiting_for_text_does_not_spin_the_worker(talker_engine, tm
     try:
         async with websockets.connect(server.ws_url) as ws:
             await ws.recv()
-            await ws.send(json.dumps({"type": "session.config", "voice": "Ryan", "language": "English"}))
+            await ws.send(json.dumps({"type": "session.config", "voice": "Ryan", "language": "English", "temperature": 0}))
             await ws.send(json.dumps({"type": "input.text", "text": "A b"}))
             await asyncio.sleep(0.3)  # admitted and waiting by now
             before = talker_engine.stats().ticks

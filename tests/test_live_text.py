@@ -52,13 +52,13 @@ def test_live_codes_equal_official_streaming_text_mode(name, mode):
     # A non-live utterance shares the batch: it must never wait for the live rows.
     other, oc = next((k, c) for k, c in fx.cases(name).items() if c["non_streaming_mode"] and not c["instruct"]
                      and c["max_new_tokens"] is None)
-    source.admit(SynthesisRequest(id=other, text=oc["prompt"], voice=oc["speaker"], language=oc["language"]),
+    source.admit(SynthesisRequest(greedy=True, id=other, text=oc["prompt"], voice=oc["speaker"], language=oc["language"]),
                  non_streaming_mode=True)
     feeds: dict[str, tuple[TextFeed, list[str]]] = {}
     waiting_admission: dict[str, tuple[SynthesisRequest, LiveText]] = {}
     for case, c in cases.items():
         feed = TextFeed()
-        request = SynthesisRequest(id=case, text="", voice=c["speaker"], language=c["language"], text_feed=feed)
+        request = SynthesisRequest(greedy=True, id=case, text="", voice=c["speaker"], language=c["language"], text_feed=feed)
         feeds[case] = (feed, _deltas(c["prompt"], rng, mode))
         waiting_admission[case] = (request, LiveText(feed, bundle.prompt))
     got: dict[str, list] = {k: [] for k in [*cases, other]}
@@ -105,10 +105,10 @@ def test_long_live_utterance_waits_and_equals_the_whole_text():
     expected = bundle.generate_codes(text, "Ryan", greedy=True, non_streaming_mode=False)
     beside = bundle.generate_codes("the quick brown fox", "Vivian", greedy=True, non_streaming_mode=False)
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=256)
-    source.admit(SynthesisRequest(id="beside", text="the quick brown fox", voice="Vivian"), non_streaming_mode=False)
+    source.admit(SynthesisRequest(greedy=True, id="beside", text="the quick brown fox", voice="Vivian"), non_streaming_mode=False)
     feed = TextFeed()
     live = LiveText(feed, bundle.prompt)
-    request = SynthesisRequest(id="live", text="", voice="Ryan", text_feed=feed)
+    request = SynthesisRequest(greedy=True, id="live", text="", voice="Ryan", text_feed=feed)
     got: dict[str, list] = {"live": [], "beside": []}
     trace = []  # (live row waited, frames of "beside") per tick
     parts, admitted = list(text), False
@@ -140,17 +140,17 @@ def test_a_waiting_row_keeps_its_state_and_emits_nothing():
 
     bundle = make_bundle(seed=5, max_new_tokens=40, eos_gain=0.0)
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)
-    source.admit(SynthesisRequest(id="beside", text="the quick brown fox", voice="Vivian"), non_streaming_mode=False)
+    source.admit(SynthesisRequest(greedy=True, id="beside", text="the quick brown fox", voice="Vivian"), non_streaming_mode=False)
     feed = TextFeed()
     live = LiveText(feed, bundle.prompt)
     feed.append("Hello world, this")  # "Hello" " world" "," committed; " this" held back
     live.pull()
-    source.admit(SynthesisRequest(id="live", text="", voice="Ryan", text_feed=feed), live=live)
+    source.admit(SynthesisRequest(greedy=True, id="live", text="", voice="Ryan", text_feed=feed), live=live)
     row = source.rows.index("live")
     st = source.state
 
     def snapshot():
-        return [t[row].clone() for t in (st.h, st.pos, st.ntok, st.seen, st.ids[source._flip])]
+        return [t[row].clone() for t in (st.h, st.pos, st.ntok, st.seen, st.code0)]
 
     waits = 0
     for _ in range(40):

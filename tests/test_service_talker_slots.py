@@ -1,6 +1,8 @@
-"""``streamvox serve --max-slots 32`` on a talker checkpoint: 32 concurrent WebSocket
-sessions are served, and the worker batches more than 8 of them in one tick (the old
-talker default), as ``/metrics`` and ``/v1/models`` show.
+"""``streamvox serve --max-slots 64`` on a talker checkpoint: 64 concurrent WebSocket
+sessions are served, the worker batches more than 8 of them in one tick (the old talker
+default), as ``/metrics`` and ``/v1/models`` show, and the paged KV pool is empty again
+after. With a pool too small for them all (``--kv-cache-gb``), requests wait for blocks
+(the admission-wait counter moves) and still all finish.
 
 The server is the real one (``service.server.serve``, settings parsed from the flags),
 in-process on an ephemeral port, on the tiny random talker fixture (official layout)."""
@@ -19,7 +21,7 @@ from service.server import serve
 from service.settings import add_arguments, from_args
 from tests.oracle import talker_fixtures as fx
 
-SESSIONS = 32
+SESSIONS = 64
 TEXT = "Hello there."
 
 
@@ -50,12 +52,17 @@ async def one_session(url: str, go: asyncio.Event, created: list) -> dict:
                 return {"done": done, "audio_bytes": audio_bytes}
 
 
-@pytest.mark.timeout(600)
-async def test_max_slots_32_batches_more_than_8_talker_sessions(tmp_path):
+def metric(metrics: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+async def run_sessions(sessions: int, *flags: str, tmp_path) -> tuple[str, dict]:
+    """Serve the tiny talker with ``flags``; ``sessions`` WebSocket sessions submit at once and
+    must all finish with audio; -> the /metrics text after, and /v1/models' model."""
     checkpoint = fx.checkpoint_dir("cv_proj")
     settings = settings_from_flags("--preset", "tiny", "--device", "cpu", "--checkpoint", str(checkpoint),
-                                   "--max-slots", str(SESSIONS), "--host", "127.0.0.1", "--port", "0",
-                                   "--data-dir", str(tmp_path / "data"), "--log-level", "warning")
+                                   "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "data"),
+                                   "--log-level", "warning", *flags)
     stop = asyncio.Event()
     listening = asyncio.get_running_loop().create_future()
     server = asyncio.create_task(serve(settings, stop=stop, listening=listening))
@@ -64,31 +71,49 @@ async def test_max_slots_32_batches_more_than_8_talker_sessions(tmp_path):
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/v1/models") as response:
                 model = (await response.json())["data"][0]
-            assert (model["pipeline"], model["slots"], model["backend"]) == ("talker", SESSIONS, "torch")
-
             go, created = asyncio.Event(), []
-            sessions = [asyncio.create_task(one_session(url, go, created)) for _ in range(SESSIONS)]
-            while len(created) < SESSIONS:
+            tasks = [asyncio.create_task(one_session(url, go, created)) for _ in range(sessions)]
+            while len(created) < sessions:
                 await asyncio.sleep(0.02)
-                for task in sessions:
+                for task in tasks:
                     if task.done():
                         task.result()  # a failed connection fails the test now
             go.set()
-            results = await asyncio.gather(*sessions)
+            results = await asyncio.gather(*tasks)
             for result in results:
                 assert result["done"] is not None and "error" not in result["done"]
                 assert result["done"]["samples"] > 0 and result["audio_bytes"] == 2 * result["done"]["samples"]
-
             async with http.get(url + "/metrics") as response:
                 metrics = await response.text()
-        most_rows = next(float(line.split()[-1]) for line in metrics.splitlines()
-                         if line.startswith("streamvox_tick_batch_rows_max "))
-        over_8 = [line for line in metrics.splitlines() if line.startswith("streamvox_tick_batch_rows_bucket")]
-        le_8 = next(float(line.split()[-1]) for line in over_8 if 'le="8.0"' in line)
-        total = next(float(line.split()[-1]) for line in over_8 if 'le="+Inf"' in line)
-        assert most_rows > 8, metrics
-        assert total > le_8  # the histogram agrees: some tick had more than 8 rows
-        assert most_rows <= SESSIONS
+        return metrics, model
     finally:
         stop.set()
         assert await asyncio.wait_for(server, timeout=120) == 0
+
+
+@pytest.mark.timeout(600)
+async def test_max_slots_64_batches_more_than_8_talker_sessions(tmp_path):
+    metrics, model = await run_sessions(SESSIONS, "--max-slots", str(SESSIONS), tmp_path=tmp_path)
+    assert (model["pipeline"], model["slots"], model["backend"]) == ("talker", SESSIONS, "torch")
+    most_rows = metric(metrics, "streamvox_tick_batch_rows_max")
+    over_8 = [line for line in metrics.splitlines() if line.startswith("streamvox_tick_batch_rows_bucket")]
+    le_8 = next(float(line.split()[-1]) for line in over_8 if 'le="8.0"' in line)
+    total = next(float(line.split()[-1]) for line in over_8 if 'le="+Inf"' in line)
+    assert most_rows > 8, metrics
+    assert total > le_8  # the histogram agrees: some tick had more than 8 rows
+    assert most_rows <= SESSIONS
+    assert metric(metrics, 'streamvox_kv_cache_blocks{state="used"}') == 0, "every block went back to the pool"
+    assert metric(metrics, 'streamvox_kv_cache_blocks{state="total"}') > 0
+
+
+@pytest.mark.timeout(600)
+async def test_a_full_kv_pool_queues_requests_instead_of_failing_them(tmp_path):
+    """9 blocks of 16 positions (8 usable, 8 KiB each in the fixture's fp32 talker): a session
+    takes 2-3 blocks plus growth, so 8 rows cannot all run; they wait and all finish."""
+    block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # K+V x layers x positions x kv heads x head dim x fp32
+    gb = 9 * block_bytes / 2**30
+    metrics, _ = await run_sessions(8, "--max-slots", "8", "--kv-cache-gb", f"{gb:.12f}", tmp_path=tmp_path)
+    assert metric(metrics, 'streamvox_kv_cache_blocks{state="total"}') == 8
+    assert metric(metrics, "streamvox_kv_cache_admission_waits_total") > 0
+    assert metric(metrics, "streamvox_tick_batch_rows_max") < 8, "the pool, not the rows, bounded the batch"
+    assert metric(metrics, 'streamvox_kv_cache_blocks{state="used"}') == 0

@@ -118,8 +118,8 @@ def test_half_precision_runs_batched(ckpt, dtype):
     bundle = TalkerBundle.from_checkpoint(ckpt, dtype=dtype)
     solo = bundle.generate_codes("Hello world, this is a test.", "Ryan", "English", greedy=True, max_new_tokens=8)
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=96)
-    source.admit(SynthesisRequest(id="a", text="Hello world, this is a test.", voice="Ryan", language="English"),
-                 max_new_tokens=8)
+    source.admit(SynthesisRequest(id="a", text="Hello world, this is a test.", voice="Ryan", language="English",
+                                  temperature=0), max_new_tokens=8)
     source.admit(SynthesisRequest(id="b", text="Streaming speech.", voice="Vivian"), max_new_tokens=5)
     got = []
     while source.active_slots:

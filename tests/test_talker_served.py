@@ -73,7 +73,7 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
         async with websockets.connect(server.ws_url) as ws:
             created = json.loads(await ws.recv())
             assert created["sample_rate"] == 24000
-            await ws.send(json.dumps({"type": "session.config", "voice": speaker,
+            await ws.send(json.dumps({"type": "session.config", "voice": speaker, "temperature": 0,
                                       "text_streaming": False}))  # sentence mode: the non-streaming reference
             await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
             await ws.send(json.dumps({"type": "input.done"}))
@@ -95,7 +95,7 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{server.url}/v1/audio/speech",
                                  json={"model": "streamvox", "input": TEXT, "voice": speaker,
-                                       "response_format": "pcm"}) as r:
+                                       "response_format": "pcm", "temperature": 0}) as r:
                 assert r.status == 200, await r.text()
                 http_pcm = await r.read()
         assert http_pcm == bytes(ws_pcm), "both endpoints deliver the same greedy audio"

@@ -115,7 +115,7 @@ def test_cancel_frees_the_slot_and_leaves_others_alone(bundle):
         for f in source.tick():
             got.setdefault(f.request_id, []).append(f.codes)
     assert source.cancel("r0") and not source.cancel("r0") and source.free_slots() == 1
-    assert source.rows == ["r3", "r5"]  # r5 moved into r0's row
+    assert source.rows == ["r3", "r5"]  # stable rows: r0's row is free, nothing moved
     while source.active_slots:
         for f in source.tick():
             assert f.request_id != "r0"
@@ -137,7 +137,7 @@ def test_limits_and_errors(bundle):
     with pytest.raises(RuntimeError, match="slot"):
         source.admit(request(2))
     assert source.voices() == ["dylan", "ryan", "vivian"] and "auto" in source.languages()
-    assert source._rows[0].max_frames == bundle.generation.max_new_tokens - 1
+    assert source._utts[0].max_frames == bundle.generation.max_new_tokens - 1
     # The cache bounds the frames: prompt + frames never exceed max_seq_len.
     source.cancel("r1")
     source.admit(request(3), max_new_tokens=1000)

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--speed", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="talker sampling temperature (0 = greedy; default: the checkpoint's)")
     add_connection_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     text = sys.stdin.read() if args.text == "-" else args.text
     config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
-                                             "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
+                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
+                                             "temperature": args.temperature}.items()
               if value is not None}
 
     code, result = call_server(args, lambda client: client.say(text, **config))
@@ -110,7 +113,8 @@ def run_stdin(args: argparse.Namespace) -> int:
     import soundfile as sf
 
     config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
-                                             "guidance_scale": args.guidance_scale, "speed": args.speed}.items()
+                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
+                                             "temperature": args.temperature}.items()
               if value is not None}
     first_text: list[float] = []
     first_audio: list[float] = []

@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--guidance-scale", type=float, default=2.0)
     p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="talker sampling temperature (0 = greedy; default: the checkpoint's generation_config.json)")
     # Qwen3-TTS releases (issue 15): Base clones a reference voice, VoiceDesign / 1.7B CustomVoice follow instructions
     p.add_argument("--ref-audio", default=None, help="Base checkpoints: reference voice audio file (1-30 s)")
     p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
@@ -87,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # the field ranges the server checks, checked the same way (service/schema.py)
         params = validate(SynthesisParams, {"voice": args.voice, "seed": args.seed, "steps": args.steps,
                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
-                                            "language": args.language, "instructions": args.instructions})
+                                            "language": args.language, "instructions": args.instructions,
+                                            "temperature": args.temperature})
         if not text.strip():
             raise FieldError("text", "must be a non-empty string")
     except FieldError as exc:

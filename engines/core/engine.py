@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import secrets
 import threading
 import uuid
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -67,7 +70,8 @@ class Engine:
 
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
-                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch"):
+                 talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
+                 talker_options: dict | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward."""
@@ -124,8 +128,16 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
-            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots)
-            if device.type == "cuda":
+            # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
+            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
+            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS") == "1"
+            if step_graphs:
+                # The whole decode step (predictor included) as one CUDA graph per bucket
+                # (engines/runtime/graphed_talker.py); opt-in until measured on a GPU.
+                from engines.runtime.graphed_talker import GraphedTalkerStep
+
+                talker_source.step_runner = GraphedTalkerStep(talker_source)
+            elif device.type == "cuda":
                 # The talker runs the code predictor for every frame of every step: eager on an
                 # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
                 from engines.runtime.graphed_predictor import (
@@ -140,7 +152,8 @@ class Engine:
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=cfg.stream.first_chunk_frames,
                                              chunk_frames=cfg.stream.chunk_frames,
-                                             graphed=(talker_source.predictor,) if device.type == "cuda" else (),
+                                             graphed=(talker_source.step_runner,) if step_graphs else (
+                                                 (talker_source.predictor,) if device.type == "cuda" else ()),
                                              prime=self.vocalizer.prime)
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
@@ -182,6 +195,8 @@ class Engine:
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         self.validate(request)
         self._validate_task(request)
+        if request.seed is None:  # sampling talker: two unseeded requests differ; the DiT keeps seed 0
+            request = replace(request, seed=secrets.randbelow(2**63) if self.source.name == "talker" else 0)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
         if request.text_feed is not None:  # live text (issue 16): arriving text wakes the worker
@@ -195,6 +210,11 @@ class Engine:
                            queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
                            active_slots=self.source.active_slots, ticks=self.worker.ticks,
                            error=self.worker.error)
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        """The talker's KV pool (blocks total/used, admission waits); empty for the DiT."""
+        stats = getattr(self.source, "kv_cache_stats", None)
+        return stats() if stats is not None else {}
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
@@ -250,6 +270,12 @@ class Engine:
         if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages]:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
                                              f"valid: {', '.join(languages)}")
+        check_input = getattr(self.source, "check_input", None)  # the talker: its prompt must fit the KV pool
+        if check_input is not None:
+            try:
+                check_input(request.text, self.resolve_voice(request.voice), request.language)
+            except ValueError as exc:
+                raise InvalidRequest("input", str(exc)) from None
 
     def _validate_task(self, request: SynthesisRequest) -> None:
         """What the loaded release can do: Base needs a reference, VoiceDesign instructions;

@@ -167,7 +167,16 @@ class Scheduler:
         if state.handle.paused or not state.pending:
             return False  # back-pressure: hold the (small) codes, not the PCM
         gathered = sum(p.num_frames for p in state.pending)
-        return state.finished_source or gathered >= flush_need(state, flush_frames)
+        return state.finished_source or gathered >= self.flush_size(state, flush_frames)
+
+    @staticmethod
+    def flush_size(state: RequestState, flush_frames: Callable[[int], int]) -> int:
+        """Frames to gather before the next vocoder piece: the request's own
+        ``initial_codec_chunk_frames`` for its first audio when it set one, else ``flush_need``."""
+        first = state.request.initial_codec_chunk_frames
+        if state.frames_done == 0 and first is not None:
+            return first
+        return flush_need(state, flush_frames)
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
@@ -182,7 +191,7 @@ class Scheduler:
         piece: list[VocoderWork] = []
         frames = 0
         for s in ready:
-            need, take, n = flush_need(s, flush_frames), [], 0
+            need, take, n = self.flush_size(s, flush_frames), [], 0
             for p in s.pending:
                 if n >= need and frames + n + p.num_frames > bound:
                     break

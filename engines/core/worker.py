@@ -331,6 +331,9 @@ class Worker:
             active = self._active.get(p.request_id)
             if active is None:
                 continue  # finished or cancelled meanwhile
+            if p.error is not None:  # this request failed in the pipeline; the others carry on
+                self._finish(active, error=p.error)
+                continue
             active.pending.append(p)
             active.finished_source |= p.is_last
             frames += p.num_frames

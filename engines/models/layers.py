@@ -40,7 +40,23 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:  # fused at load (``fuse``): one GEMM for gate and up
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    gate_up: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """One [gate; up] weight matrix; the two parameters become views of it (no extra memory,
+        state_dict unchanged). Call after the module is on its device and dtype."""
+        if self.gate_up is not None:
+            return
+        fused = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        n = self.gate_proj.out_features
+        self.gate_proj.weight.data, self.up_proj.weight.data = fused[:n], fused[n:]
+        self.gate_up = fused
 
 
 # --------------------------------------------------------------------------- rope
@@ -163,15 +179,36 @@ class Attention(nn.Module):
         # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
         # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
         (b, s), n = x.shape[:2], src.shape[1]
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
-        k = self.k_proj(src).view(b, n, self.n_kv, self.head_dim)
-        v = self.v_proj(src).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.qkv_weight is not None and memory is None:  # fused at load (``fuse_qkv``): one GEMM
+            q, k, v = F.linear(x, self.qkv_weight).split(self._qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(src), self.v_proj(src)
+        q = q.view(b, s, self.n_heads, self.head_dim)
+        k = k.view(b, n, self.n_kv, self.head_dim)
+        v = v.view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if cos is not None:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v
+
+    qkv_weight: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse_qkv(self) -> None:
+        """One [q; k; v] weight matrix for self-attention without biases; the three parameters
+        become views of it (no extra memory, state_dict unchanged). Call after the module is on
+        its device and dtype."""
+        if self.qkv_weight is not None or self.q_proj.bias is not None or (
+                self.q_proj.in_features != self.k_proj.in_features):
+            return  # fused already, biased, or cross-attention
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        fused = torch.cat([p.weight for p in projs])
+        self._qkv_sizes = [p.out_features for p in projs]
+        for p, w in zip(projs, fused.split(self._qkv_sizes)):
+            p.weight.data = w
+        self.qkv_weight = fused
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [B, H, S, hd], k/v [B, KVH, L, hd], mask broadcastable to [B, H, S, L] -> [B, S, D]."""

@@ -123,13 +123,47 @@ def sample_logits(logits: torch.Tensor, gumbel: torch.Tensor | None, temperature
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         probs = torch.softmax(sorted_x, dim=-1)
         # Keep a token while the mass before it is < p (always keeps the top one).
-        drop_sorted = (probs.cumsum(-1) - probs) >= p[:, None]
+        # Rows at p = 1 keep everything (cumsum may reach 1.0 early in float): a row's draw
+        # must not depend on whether a neighbour in the batch uses top-p.
+        drop_sorted = ((probs.cumsum(-1) - probs) >= p[:, None]) & (p < 1.0)[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     sampled = (x + gumbel.float()).argmax(dim=-1)
     if greedy is None:
         return sampled
     return torch.where(greedy, greedy_ids, sampled)
+
+
+# --------------------------------------------------------------------------- request settings
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """One decoder's settings for one request, resolved: what a row of ``FrameSampling`` holds."""
+
+    greedy: bool
+    temperature: float
+    top_k: int  # <= 0: off
+    top_p: float  # 1.0: off
+
+    def override(self, greedy: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None) -> "SamplingSettings":
+        """These defaults with a request's overrides (``None`` keeps the default). Greedy when
+        ``greedy`` is True or ``temperature`` is 0; an explicit positive temperature (or
+        ``greedy`` False) turns sampling on even where the default decodes greedily."""
+        if greedy or temperature == 0:
+            return SamplingSettings(True, self.temperature, self.top_k, self.top_p)
+        sampled = greedy is False or temperature is not None or not self.greedy
+        return SamplingSettings(not sampled, self.temperature if temperature is None else float(temperature),
+                                self.top_k if top_k is None else int(top_k),
+                                self.top_p if top_p is None else float(top_p))
+
+    def for_request(self, request) -> "SamplingSettings":
+        """``override`` with a :class:`~engines.contract.SynthesisRequest`'s fields."""
+        return self.override(request.greedy, request.temperature, request.top_k, request.top_p)
+
+
+GREEDY_SETTINGS = SamplingSettings(True, 0.9, 50, 1.0)  # greedy unless a request asks to sample
 
 
 # --------------------------------------------------------------------------- per-row sampling

@@ -30,6 +30,7 @@ from torch import nn
 
 from engines.models.configs import Qwen3LayerConfig
 from engines.models.layers import DecoderLayer, RMSNorm, mrope_cos_sin, rope_inv_freq
+from engines.models.paged_kv import PagedKVCache
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,13 @@ class TalkerLayer(DecoderLayer):
         cache_k[rows, :, positions] = k.transpose(1, 2)  # [B, S, KVH, hd] into slots (b, :, pos)
         cache_v[rows, :, positions] = v.transpose(1, 2)
         return self.finish(x, q, cache_k, cache_v, mask)
+
+    def forward_paged(self, x, cos, sin, mask, cache: PagedKVCache, layer: int, write_slots: torch.Tensor,
+                      read_slots: torch.Tensor):
+        """x [B, S, D]; K/V written at ``write_slots`` [B, S], attention over ``read_slots`` [B, L]."""
+        q, k, v = self.qkv(x, cos, sin)
+        cache.write(layer, write_slots, k, v)
+        return self.finish(x, q, *cache.gather(layer, read_slots), mask)
 
 
 class TalkerModel(nn.Module):
@@ -175,6 +183,45 @@ class Talker(nn.Module):
             kv = (cache.k[i][row0:row0 + b, :, :length], cache.v[i][row0:row0 + b, :, :length])
             x = layer(x, cos, sin, mask, kv, rows, positions)
         return self.model.norm(x[:, -1])
+
+    def fuse_projections(self) -> None:
+        """At load: each layer's q/k/v and gate/up weights as one matrix each (one GEMM instead of
+        three / two; the parameters become views, so no extra memory). Bitwise the same
+        outputs on CPU (tests/test_talker_paged.py); call once the talker is on its device."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_qkv()
+            layer.mlp.fuse()
+
+    def rope_table(self, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [positions, hd] for text-only positions 0..positions-1 (the three M-RoPE
+        position ids equal), computed once the official way: a step gathers its rows from it."""
+        device = self.inv_freq.device
+        pos = torch.arange(positions, device=device)[None, None].expand(3, 1, positions)
+        cos, sin = mrope_cos_sin(self.inv_freq, pos, self.cfg.mrope_section, self.cfg.mrope_interleaved, dtype)
+        return cos[0], sin[0]
+
+    def forward_paged(self, x: torch.Tensor, positions: torch.Tensor, cache: PagedKVCache, rows: torch.Tensor,
+                      n_blocks: int, rope: tuple[torch.Tensor, torch.Tensor], last: torch.Tensor | None = None,
+                      write_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, S, D] of cache rows ``rows`` [B] at ``positions`` [B, S] -> hidden after the
+        final norm [B, D] at index ``last`` [B] of each row (default the last, S - 1).
+
+        Attention reads the rows' first ``n_blocks`` blocks (host-known, covering every
+        position) masked to slots <= the query's position; ``write_slots`` (default: the
+        positions' own slots) lets padding write into the null block. ``rope`` is
+        :meth:`rope_table`'s (cos, sin)."""
+        b, s, _ = x.shape
+        cos, sin = rope[0][positions], rope[1][positions]  # [B, S, hd]
+        if write_slots is None:
+            write_slots = cache.slots(rows, positions)
+        read_slots = cache.read_slots(rows, n_blocks)
+        slot_pos = torch.arange(read_slots.shape[1], device=x.device)
+        mask = (slot_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]
+        for i, layer in enumerate(self.model.layers):
+            x = layer.forward_paged(x, cos, sin, mask, cache, i, write_slots, read_slots)
+        if last is None:
+            return self.model.norm(x[:, -1])
+        return self.model.norm(x[torch.arange(b, device=x.device), last])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, D] (post-norm) -> full codec logits [B, V]."""

@@ -33,6 +33,7 @@ class Produced:
     is_last: bool
     codes: torch.Tensor  # [T, G] int64
     text: str | None = None  # clause text, on its first frames
+    error: str | None = None  # the request failed in the pipeline (is_last; the core ends it with this error)
 
     @property
     def num_frames(self) -> int:

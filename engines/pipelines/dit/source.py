@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.contract import SynthesisRequest
+from engines.models.sampling import GREEDY_SETTINGS
 from engines.pipelines.base import Produced
 from engines.pipelines.dit.codes import FrameCoder, LatentChunk
 from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
@@ -119,9 +120,9 @@ class DiTSource:
             return []
         chunks = []
         for r, index, latents in done:
-            req = r.request
-            chunks.append(LatentChunk(latents, frame_offset=r.chunks[index][2], seed=req.seed, greedy=req.greedy,
-                                      temperature=req.temperature, top_k=req.top_k, top_p=req.top_p))
+            s = GREEDY_SETTINGS.for_request(r.request)  # the DiT's codes default to greedy
+            chunks.append(LatentChunk(latents, frame_offset=r.chunks[index][2], seed=r.request.seed, greedy=s.greedy,
+                                      temperature=s.temperature, top_k=s.top_k, top_p=s.top_p))
         out = []
         for (r, index, _), codes in zip(done, self.coder.codes(chunks)):
             _, _, start, _, text = r.chunks[index]

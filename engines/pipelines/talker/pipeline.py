@@ -30,16 +30,38 @@ class TalkerLatentSource:
         # frames (the official decode of [reference, generated] with the reference's audio cut).
         self.prime = prime  # callable(stream_id, codes [T, G]) or None
         self._live: dict[str, LiveText] = {}  # issue 16: live utterances waiting for their first text id
+        self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         speaker = self.voices[voice_index]
         language = request.language or "Auto"
         if language.lower() not in [name.lower() for name in self.source.languages()]:
             raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
-        self._waiting[request.id] = replace(request, voice=speaker, language=language)
+        request = replace(request, voice=speaker, language=language)
+        positions = self.source.prompt_positions(request)  # task, clone, instructions: ValueError now
+        self.source.check_fits(positions)  # a prompt that could never be admitted fails now
+        self._waiting[request.id] = request
+        self._prompt_positions[request.id] = positions
+        self._update_kv_wait()
         if request.text_feed is not None:
             self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
-        return self.source.generation.max_new_tokens - 1  # upper bound (official counting)
+        max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        return max(0, max_new - 1)  # upper bound (official counting)
+
+    def check_input(self, text: str, speaker: str, language: str) -> None:
+        """ValueError when this text's prompt could never be admitted (longer than a stream's
+        positions or than the KV pool): the engine refuses it at submission (a 400), not later.
+        The task's own needs (reference audio, instructions) are checked with the whole request."""
+        request = SynthesisRequest(id="check", text=text, voice=speaker, language=language or "Auto")
+        try:
+            positions = self.source.prompt_positions(request)
+        except ValueError:
+            return  # e.g. a Base checkpoint's prompt needs the request's reference (checked at submit)
+        self.source.check_fits(positions)
+
+    def _update_kv_wait(self) -> None:
+        """The source keeps KV blocks free for the longest prompt still waiting for a row."""
+        self.source.wait_for(max(self._prompt_positions.values(), default=0))
 
     def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
         out: list[int | Exception] = []
@@ -58,6 +80,8 @@ class TalkerLatentSource:
 
     def start(self, request_id: str) -> None:
         request = self._waiting.pop(request_id)
+        self._prompt_positions.pop(request_id, None)
+        self._update_kv_wait()
         if self.prime is not None and request.clone is not None and request.clone.in_context:
             self.prime(request.id, torch.from_numpy(np.asarray(request.clone.ref_codes, dtype=np.int64)))
         self.source.admit(request, live=self._live.pop(request_id, None))
@@ -69,12 +93,17 @@ class TalkerLatentSource:
         return self.source.languages()
 
     def tick(self) -> list[Produced]:
-        return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes)
-                for f in self.source.tick()]
+        return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes,
+                         error=f.error) for f in self.source.tick()]
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        return self.source.kv_cache_stats()
 
     def drop(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
         self._live.pop(request_id, None)
+        if self._prompt_positions.pop(request_id, None) is not None:
+            self._update_kv_wait()
         self.source.cancel(request_id)
 
     def capture_graphs(self) -> None:

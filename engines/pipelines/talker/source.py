@@ -1,49 +1,68 @@
-"""The Qwen3-TTS talker as a latent source: continuous batching of utterances.
+"""The Qwen3-TTS talker as a latent source: continuous batching of utterances over a paged KV cache.
 
-    source = TalkerSource.from_bundle(TalkerBundle.from_checkpoint(path, device, dtype), max_slots=8)
-    source.admit(request)              # between ticks: tokenize, build the prompt, prefill, sample code 0
-    frames = source.tick()             # ONE talker step for every active utterance
-    # -> [TalkerFrames(request_id, codes [n, G], frame_start, is_last), ...]
+    source = TalkerSource.from_bundle(TalkerBundle.from_checkpoint(path, device, dtype), max_slots=64)
+    source.admit(request)              # tokenize, build the prompt, take KV blocks for it, queue its prefill
+    frames = source.tick()             # prefill chunks under a token budget, then ONE decode step
+    # -> [TalkerFrames(request_id, codes [n, G], frame_start, is_last, error), ...]
 
-State lives in device tensors with one row per active utterance, rows 0..n-1 always the
-active ones (finished or cancelled rows are filled by moving the last rows into the
-holes, so a step never touches a dead row); ``rows`` is the row -> request map.
-Per row: a static KV cache [KVH, L, hd] per layer, the last talker hidden h, the
-current code-0 column, its position, its token count, the repetition-penalty set, its
-trailing text parts and its sampling settings.
+Rows are stable: an utterance keeps its row (and its KV blocks, engines/models/paged_kv.py)
+from admission to its end; a finished row returns its blocks to the pool and nothing moves.
+Per row (device tensors indexed by row): the last talker hidden h, the current code-0
+column, its position, its token count, the repetition-penalty set, its trailing text parts
+and its resolved sampling settings (the checkpoint's generation_config.json with the
+request's overrides, engines/models/sampling.py ``SamplingSettings``).
 
-One tick, for the n active rows (all on the device, no host reads until step 4):
- 1. code predictor on [h, emb(code 0)] -> codes 1..G-1: frame k of every row;
- 2. next talker input = sum of the frame's G code embeddings + the row's text part
-    for step k (trailing text, then tts_pad); one talker forward at each row's position;
- 3. code-0 logits over the compact valid range only (codebook + EOS), the official
-    processors (repetition penalty over the row's generated ids, EOS blocked before
-    min_new_tokens) and on-device sampling; the new ids go to the *other* of two id
-    buffers, whose copy to the host starts right away (non_blocking + event on CUDA);
- 4. the host reads the ids of the PREVIOUS step (copied while this step was queued):
-    a row whose code 0 was EOS ends (its frame from step 1 is dropped, EOS is not a
-    frame) with an empty ``is_last`` TalkerFrames; any other row emits its frame;
-    a row that reached max_new_tokens - 1 frames ends with that frame (``is_last``).
-So EOS is noticed one step late (one wasted row-step per utterance) in exchange for
-never waiting on the device inside a step.
+One tick:
+ 0. **prefill**: queued prompts go through the talker together, at most
+    ``prefill_token_budget`` positions per tick (a long prompt takes several ticks), so an
+    arriving request never stalls the streams already speaking; a prompt that completes
+    samples its code 0 and joins the decode step of the same tick.
+ 1. **decode**, for the rows chosen by :meth:`_rows_to_step` (every decoding row today; a row
+    may sit a step out without any state change, e.g. while its next text has not arrived):
+    code predictor on [h, emb(code 0)] -> codes 1..G-1 of frame k;
+ 2. next talker input = sum of the frame's G code embeddings + the row's text part for step
+    k (:meth:`_text_inputs`: trailing text, then tts_pad); one talker forward over the paged
+    cache at each row's position;
+ 3. code-0 logits over the compact valid range (codebook + EOS), the official processors
+    (repetition penalty over the row's generated ids, EOS blocked before min_new_tokens)
+    and on-device sampling; the new ids' copy to the host starts right away;
+ 4. the host reads the ids of the PREVIOUS step (copied while this step was queued): a row
+    whose code 0 was EOS ends (its frame from step 1 is dropped, EOS is not a frame) with an
+    empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached
+    max_new_tokens - 1 frames ends with that frame (``is_last``).
+So EOS is noticed one step late (one wasted row-step per utterance) in exchange for never
+waiting on the device inside a step. Steps 1-3 are :meth:`decode_step`: device ops only, the
+same ops at every batch size, run eagerly or by ``step_runner`` (a
+:class:`~engines.runtime.graphed_talker.GraphedTalkerStep`: static buckets, CUDA graphs).
+
+KV memory: a row takes the blocks of its prompt at admission and one more block whenever its
+position crosses a block boundary. ``free_slots()`` counts only the rows the pool can give the
+longest waiting prompt plus one block of growth (after one block of growth per decoding row),
+so new requests wait in the engine's queue (``kv_cache_stats()["admission_waits"]`` counts the
+ticks that happened). A decoding row whose next block is not free sits the step out and steps
+again once other streams have freed blocks (``stalls``); only when every row waits that way
+does the youngest end with ``kv_cache_exhausted`` (it outgrew the pool), never corrupting another.
 
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
-keyed by (seed, token index, id) (engines/models/sampling.py).
+keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor
+from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.models.sampling import (
     FrameSampling,
+    SamplingSettings,
     apply_talker_processors,
     sample_code0,
     split_seed,
@@ -57,23 +76,68 @@ from engines.pipelines.talker.reference import (
     prompt_tensors,
 )
 
+DEFAULT_KV_CACHE_GB_CPU = 1.0
+DEFAULT_KV_FRACTION_CUDA = 0.4  # of the device memory free when the source is built
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_PREFILL_TOKEN_BUDGET = 512
+
 
 @dataclass(frozen=True)
 class TalkerFrames:
     request_id: str
-    codes: torch.Tensor  # [n, G] int64 on the device: frames finished this tick (n = 1, or 0 on an EOS end)
+    codes: torch.Tensor  # [n, G] int64 on the device: frames finished this tick (n = 1, or 0 on an end)
     frame_start: int  # global index of codes[0] in the utterance
-    is_last: bool  # EOS reached (or max tokens): the utterance is complete
+    is_last: bool  # EOS reached (or max tokens, or an error): the utterance is complete
+    error: str | None = None  # the utterance failed (e.g. the KV pool could not hold it)
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """A request's decoding settings, resolved against the checkpoint's generation config."""
+
+    talker: SamplingSettings  # code 0
+    predictor: SamplingSettings  # codes 1..G-1
+    repetition_penalty: float
+    max_new_tokens: int
+
+    @property
+    def sampled(self) -> bool:
+        return not (self.talker.greedy and self.predictor.greedy)
+
+    @property
+    def any_top_p(self) -> bool:
+        return (not self.talker.greedy and self.talker.top_p < 1.0) or (
+            not self.predictor.greedy and self.predictor.top_p < 1.0)
+
+
+def resolve_settings(gen: TalkerGenerationConfig, request: SynthesisRequest) -> RowSettings:
+    """The checkpoint's ``generation_config.json`` with the request's overrides: temperature,
+    top_k, top_p apply to code 0 (the official ``generate()`` keeps the code predictor's own
+    ``subtalker_*`` settings); greedy (``temperature`` 0 or ``greedy``) applies to both."""
+    talker = SamplingSettings(not gen.do_sample, gen.temperature, gen.top_k, gen.top_p).for_request(request)
+    predictor = SamplingSettings(not gen.subtalker_dosample, gen.subtalker_temperature, gen.subtalker_top_k,
+                                 gen.subtalker_top_p)
+    if request.greedy or request.temperature == 0:
+        predictor = predictor.override(greedy=True)
+    penalty = gen.repetition_penalty if request.repetition_penalty is None else float(request.repetition_penalty)
+    max_new = gen.max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
+    return RowSettings(talker, predictor, penalty, max_new)
 
 
 @dataclass
 class _Utterance:
     request: SynthesisRequest
+    row: int
+    settings: RowSettings
+    prompt: torch.Tensor | None  # [S, D] prefill inputs until prefilled
     prompt_len: int
-    max_frames: int  # max_new_tokens - 1 (bounded by the cache length)
-    next_pos: int  # host copy of the row's next talker position
+    max_frames: int  # max_new_tokens - 1 (bounded by the per-stream position limit)
+    prefilled: int = 0  # prompt positions in the cache
+    decoding: bool = False  # prefill done, code 0 of frame 0 sampled
+    next_pos: int = 0  # host copy of the row's next talker position
     frames: int = 0  # frames emitted so far
     code0: int | None = None  # host value of the row's current code 0, once its copy landed
+    admitted: int = 0  # admission order (the youngest ends first when the pool is deadlocked)
     live: LiveText | None = None  # issue 16: text still arriving (live_text.py)
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
 
@@ -98,10 +162,10 @@ class _HostIds:
 
 @dataclass
 class _Rows:
-    """Per-row device state, capacity R rows; rows [0, n) are active."""
+    """Per-row device state, R rows (stable: a row belongs to one utterance until it ends)."""
 
     h: torch.Tensor  # [R, D] talker hidden after the final norm, last position
-    ids: list[torch.Tensor]  # 2 x [R] int64 compact code-0 columns (alternating buffers)
+    code0: torch.Tensor  # [R] int64 compact code-0 column of the row's current frame
     pos: torch.Tensor  # [R] int64 next talker position
     ntok: torch.Tensor  # [R] int64 code-0 tokens sampled so far
     seen: torch.Tensor  # [R, n_valid] bool: repetition-penalty set
@@ -109,6 +173,7 @@ class _Rows:
     trail_len: torch.Tensor  # [R] int64
     seed_lo: torch.Tensor
     seed_hi: torch.Tensor
+    penalty: torch.Tensor  # [R] float32 repetition penalty
     greedy: torch.Tensor  # [R] bool (talker)
     temperature: torch.Tensor
     top_k: torch.Tensor
@@ -117,9 +182,6 @@ class _Rows:
     sub_temperature: torch.Tensor
     sub_top_k: torch.Tensor
     sub_top_p: torch.Tensor
-    per_row: tuple[str, ...] = field(default=("h", "pos", "ntok", "seen", "trail", "trail_len", "seed_lo", "seed_hi",
-                                              "greedy", "temperature", "top_k", "top_p", "sub_greedy",
-                                              "sub_temperature", "sub_top_k", "sub_top_p"))
 
 
 class TalkerSource:
@@ -127,9 +189,12 @@ class TalkerSource:
 
     def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
-                 max_seq_len: int = 2048):
+                 max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, kv_blocks: int | None = None):
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        if prefill_token_budget <= 0:
+            raise ValueError(f"prefill_token_budget must be > 0, got {prefill_token_budget}")
         self.talker = talker.eval()
         self.predictor = predictor.eval()
         self.prompt = prompt
@@ -137,38 +202,56 @@ class TalkerSource:
         self.device = canonical_device(device)
         self.dtype = dtype
         self.max_slots = max_slots
-        self.max_seq_len = max_seq_len
+        self.max_seq_len = max_seq_len  # positions per stream (prompt + frames)
+        self.prefill_token_budget = prefill_token_budget
         cfg = talker.cfg
         self.num_code_groups = cfg.num_code_groups
         self.valid_ids = talker.valid_ids.to(self.device)  # [n_valid] compact column -> codec id
         n_valid = self.valid_ids.numel()
         self.eos_col = int((self.valid_ids == cfg.codec_eos_token_id).nonzero()[0, 0])
-        self.cache = talker.new_cache(max_slots, max_seq_len, self.device, dtype)
-        r, d, dev = max_slots, cfg.hidden_size, self.device
+        kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+        if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
+            self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots + 1, max_seq_len, self.device, dtype)
+        else:
+            self.cache = PagedKVCache.for_budget(*kv_shape, kv_cache_bytes(kv_cache_gb, self.device), block_size,
+                                                 max_slots + 1, max_seq_len, self.device, dtype)
+        talker.fuse_projections()  # one GEMM for q/k/v and one for gate/up per layer (views: no extra memory)
+        self.rope = talker.rope_table(max_seq_len, dtype)  # precomputed once: a step only gathers
+        # Row max_slots is the scratch row: padding of a static batch bucket steps it (its
+        # block table stays null); it never holds an utterance.
+        self.scratch_row = max_slots
+        r, d, dev = max_slots + 1, cfg.hidden_size, self.device
 
         def z(*shape, dt=torch.int64):
             return torch.zeros(*shape, dtype=dt, device=dev)
 
+        f32 = torch.float32
         self.state = _Rows(
-            h=z(r, d, dt=dtype), ids=[z(r), z(r)], pos=z(r), ntok=z(r), seen=z(r, n_valid, dt=torch.bool),
-            trail=z(r, 8, d, dt=dtype), trail_len=z(r), seed_lo=z(r), seed_hi=z(r), greedy=z(r, dt=torch.bool),
-            temperature=z(r, dt=torch.float32), top_k=z(r), top_p=z(r, dt=torch.float32),
-            sub_greedy=z(r, dt=torch.bool), sub_temperature=z(r, dt=torch.float32), sub_top_k=z(r),
-            sub_top_p=z(r, dt=torch.float32))
-        self._flip = 0  # which id buffer holds the current code-0 columns
+            h=z(r, d, dt=dtype), code0=z(r), pos=z(r), ntok=z(r), seen=z(r, n_valid, dt=torch.bool),
+            trail=z(r, 8, d, dt=dtype), trail_len=z(r), seed_lo=z(r), seed_hi=z(r), penalty=z(r, dt=f32),
+            greedy=z(r, dt=torch.bool), temperature=z(r, dt=f32), top_k=z(r), top_p=z(r, dt=f32),
+            sub_greedy=z(r, dt=torch.bool), sub_temperature=z(r, dt=f32), sub_top_k=z(r), sub_top_p=z(r, dt=f32))
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(r, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
-        self._rows: list[_Utterance] = []
+        self._host_flip = 0
+        self._utts: dict[int, _Utterance] = {}  # row -> utterance
+        self._prefill_queue: list[_Utterance] = []  # admission order
         self._pending: list[_HostIds] = []
         self._last_batch_rows = 0
-        self._any_sampled = False
-        self._any_top_p = False
+        self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
+        self.admission_waits = 0  # ticks in which a free row waited for KV blocks
+        # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
+        self.step_runner = None
+        self.buffers_version = 0  # bumped when a per-row buffer is reallocated (graphs must recapture)
+        self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
+        self._admissions = 0
         self._pad_part: torch.Tensor | None = None  # live text: the tts_pad text part
 
     @classmethod
-    def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 2048) -> "TalkerSource":
+    def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,
+                    kv_cache_gb: float | None = None, **kwargs) -> "TalkerSource":
         return cls(bundle.talker, bundle.predictor, bundle.prompt, bundle.generation, bundle.device, bundle.dtype,
-                   max_slots=max_slots, max_seq_len=max_seq_len)
+                   max_slots=max_slots, max_seq_len=max_seq_len, kv_cache_gb=kv_cache_gb, **kwargs)
 
     # ---------------------------------------------------------------- introspection
 
@@ -178,24 +261,64 @@ class TalkerSource:
     def languages(self) -> list[str]:
         return self.prompt.languages()
 
+    def free_rows(self) -> int:
+        return self.max_slots - len(self._utts)
+
     def free_slots(self) -> int:
-        return self.max_slots - len(self._rows)
+        """Rows that may be filled now: free rows, as many as the KV pool can give the longest
+        waiting prompt plus one block of growth each, after one block of growth per row
+        already decoding (the other requests wait in the engine's queue)."""
+        rows = self.free_rows()
+        if not rows or not self._waiting_prompt_blocks:
+            return rows
+        spare = self.cache.free_blocks - self._growth_reserve()
+        return max(0, min(rows, spare // (self._waiting_prompt_blocks + 1)))
+
+    def check_fits(self, prompt_positions: int) -> None:
+        """ValueError for a prompt this source could never admit (longer than the per-stream
+        position limit, or more blocks than the whole pool): it must fail, not wait forever."""
+        if prompt_positions >= self.max_seq_len:
+            raise ValueError(f"prompt of {prompt_positions} positions does not fit max_seq_len {self.max_seq_len}")
+        need = self.cache.blocks_for(prompt_positions + 1) + 1
+        if need > self.cache.capacity_blocks:
+            raise ValueError(f"prompt of {prompt_positions} positions needs {need} KV cache blocks; the pool has "
+                             f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
+
+    def wait_for(self, prompt_positions: int) -> None:
+        """The longest prompt waiting for a row, in positions (``free_slots`` keeps room for it)."""
+        self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
+
+    def _growth_reserve(self) -> int:
+        return sum(1 for u in self._utts.values() if u.decoding)
 
     @property
     def active_slots(self) -> int:
-        return len(self._rows)
+        return len(self._utts)
 
     @property
     def last_batch_rows(self) -> int:
-        """Rows in the last tick's talker forward (= active utterances then)."""
+        """Rows in the last tick's decode step."""
         return self._last_batch_rows
 
     @property
     def rows(self) -> list[str]:
-        """Active row -> request id (the compact batch order of the next tick)."""
-        return [u.request_id for u in self._rows]
+        """Occupied rows' request ids, by row."""
+        return [self._utts[r].request_id for r in sorted(self._utts)]
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        c = self.cache
+        return {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
+                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
 
     # ---------------------------------------------------------------- admission
+
+    def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
+                         instruct: str | None = None) -> int:
+        """Positions the request's prompt takes (tokenizes; no device work). A live utterance's
+        prompt holds its first text id only (streaming-text mode), as an empty text's does."""
+        if request.text_feed is not None:
+            non_streaming_mode = False
+        return len(self.prompt.for_request(request, non_streaming_mode, instruct).text_ids)
 
     def _ensure_trail(self, length: int) -> None:
         s = self.state
@@ -205,80 +328,81 @@ class TalkerSource:
                              dtype=s.trail.dtype, device=s.trail.device)
         bigger[:, : s.trail.shape[1]] = s.trail
         s.trail = bigger
+        self.buffers_version += 1
 
     @torch.no_grad()
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
               non_streaming_mode: bool | None = None, instruct: str | None = None,
               live: LiveText | None = None) -> None:
-        """Tokenize, build the prompt, prefill (K/V for every prompt position, the head only
-        for the last) and sample code 0. ValueError for an unknown voice/language or a
-        prompt that does not fit; RuntimeError when no slot is free."""
-        if any(u.request_id == request.id for u in self._rows):
+        """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
+        prefill (done in the next ticks). ValueError for an unknown voice/language or a prompt
+        that does not fit; RuntimeError when no row is free; KVPoolExhausted when the pool
+        cannot hold the prompt."""
+        if any(u.request_id == request.id for u in self._utts.values()):
             raise ValueError(f"request {request.id!r} is already active")
-        if not self.free_slots():
+        if not self.free_rows():
             raise RuntimeError("no free talker slot")
-        gen = self.generation
+        if max_new_tokens is not None:
+            request = replace(request, max_new_tokens=max_new_tokens)
+        settings = resolve_settings(self.generation, request)
         if live is not None:  # --- live text (issue 16): the prompt of the text committed so far
             prompt = live.prompt(request, instruct=instruct)
         else:
             prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
-        n_max = gen.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        # Frame k's input sits at position s_len + k; the cache bounds k.
-        n_max = min(n_max, self.max_seq_len - s_len + 1)
+        # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
+        n_max = min(settings.max_new_tokens, self.max_seq_len - s_len + 1)
         if n_max < 1:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
-        r = len(self._rows)
+        row = min(set(range(self.max_slots)) - set(self._utts))
+        self.cache.reserve(row, s_len)  # raises before anything changes
         st = self.state
-        h = self.talker(x[None], torch.arange(s_len, device=self.device)[None], self.cache, row0=r,
-                        attend_len=s_len)  # [1, D]
-        st.h[r] = h[0]
         t = trailing.shape[0]
         self._ensure_trail(t + 1)
-        st.trail[r, :t] = trailing
-        st.trail[r, t] = pad
-        st.trail_len[r] = t
+        st.trail[row, :t] = trailing
+        st.trail[row, t] = pad
+        st.trail_len[row] = t
         lo, hi = split_seed(request.seed)
-        talker_greedy = request.greedy or not gen.do_sample
-        st.seed_lo[r], st.seed_hi[r] = lo, hi
-        st.greedy[r] = talker_greedy
-        st.temperature[r], st.top_k[r], st.top_p[r] = request.temperature, request.top_k, request.top_p
-        sub_greedy = request.greedy or not gen.subtalker_dosample
-        st.sub_greedy[r] = sub_greedy
-        st.sub_temperature[r], st.sub_top_k[r] = gen.subtalker_temperature, gen.subtalker_top_k
-        st.sub_top_p[r] = gen.subtalker_top_p
-        st.pos[r] = s_len
-        st.ntok[r] = 0
-        st.seen[r] = False
-        self._any_sampled |= not talker_greedy or not sub_greedy
-        self._any_top_p |= request.top_p < 1.0 or gen.subtalker_top_p < 1.0
-        cols = self._sample(h, slice(r, r + 1))  # code 0 of frame 0
-        st.ids[self._flip][r] = cols[0]
-        st.ntok[r] = 1
-        self._rows.append(_Utterance(request, s_len, max_frames=n_max - 1, next_pos=s_len, live=live))
-        self._pending.append(self._copy_to_host(cols, [request.id], buffer=None))
+        st.seed_lo[row], st.seed_hi[row] = lo, hi
+        st.penalty[row] = settings.repetition_penalty
+        a, b = settings.talker, settings.predictor
+        st.greedy[row], st.temperature[row], st.top_k[row], st.top_p[row] = a.greedy, a.temperature, a.top_k, a.top_p
+        st.sub_greedy[row], st.sub_temperature[row] = b.greedy, b.temperature
+        st.sub_top_k[row], st.sub_top_p[row] = b.top_k, b.top_p
+        st.pos[row] = s_len
+        st.ntok[row] = 0
+        st.seen[row] = False
+        self._admissions += 1
+        u = _Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, next_pos=s_len,
+                       admitted=self._admissions, live=live)
+        self._utts[row] = u
+        self._prefill_queue.append(u)
 
-    # ---------------------------------------------------------------- steps
+    # ---------------------------------------------------------------- sampling
 
-    def _sampling(self, rows: slice, sub: bool, frame: torch.Tensor) -> FrameSampling:
+    def _sampling(self, idx: torch.Tensor, sub: bool, frame: torch.Tensor, all_greedy: bool,
+                  any_top_p: bool) -> FrameSampling:
         st = self.state
         if sub:
             greedy, temp, top_k, top_p = st.sub_greedy, st.sub_temperature, st.sub_top_k, st.sub_top_p
         else:
             greedy, temp, top_k, top_p = st.greedy, st.temperature, st.top_k, st.top_p
-        return FrameSampling(st.seed_lo[rows], st.seed_hi[rows], frame, greedy[rows], temp[rows], top_k[rows],
-                             top_p[rows], all_greedy=not self._any_sampled, any_top_p=self._any_top_p)
+        return FrameSampling(st.seed_lo[idx], st.seed_hi[idx], frame, greedy[idx], temp[idx], top_k[idx], top_p[idx],
+                             all_greedy=all_greedy, any_top_p=any_top_p)
 
-    def _sample(self, h: torch.Tensor, rows: slice) -> torch.Tensor:
-        """Code-0 columns [B] for hidden h [B, D] of rows ``rows``; updates the penalty set."""
+    def _sample(self, h: torch.Tensor, idx: torch.Tensor, all_greedy: bool, any_top_p: bool) -> torch.Tensor:
+        """Code-0 columns [B] for hidden h [B, D] of rows ``idx``; updates the penalty sets."""
         st = self.state
         logits = self.talker.valid_logits(h)  # [B, n_valid]
-        ntok = st.ntok[rows]
-        scores = apply_talker_processors(logits, st.seen[rows], self.generation.repetition_penalty, self.eos_col,
+        ntok = st.ntok[idx]
+        scores = apply_talker_processors(logits, st.seen[idx], st.penalty[idx], self.eos_col,
                                          ntok < self.generation.min_new_tokens)
-        cols = sample_code0(scores, self.valid_ids, self._sampling(rows, sub=False, frame=ntok))
-        st.seen[rows].scatter_(1, cols[:, None], True)
+        sampling = self._sampling(idx, sub=False, frame=ntok, all_greedy=all_greedy, any_top_p=any_top_p)
+        cols = sample_code0(scores, self.valid_ids, sampling)
+        st.seen[idx, cols] = True
+        st.code0.index_copy_(0, idx, cols)  # index_copy_: the same ops at every batch size
+        st.ntok.index_copy_(0, idx, ntok + 1)
         return cols
 
     def _copy_to_host(self, cols: torch.Tensor, request_ids: list[str], buffer: int | None) -> _HostIds:
@@ -295,90 +419,61 @@ class TalkerSource:
             host[:n].copy_(ids)
         return _HostIds(request_ids, host, event)
 
-    @torch.no_grad()
-    def tick(self) -> list[TalkerFrames]:
-        """One talker step (and the code predictor for its frames) for all active utterances."""
-        out: list[TalkerFrames] = []
-        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute.
-        empty = [i for i, u in enumerate(self._rows) if u.max_frames <= 0]
-        if empty:
-            out += [self._final(self._rows[i]) for i in empty]
-            self._remove(empty)
-        b = len(self._rows)
-        # --- live text (issue 16): new text parts into ``trail``; rows still waiting for
-        # their next text id sit this step out (masked below: no state change, no frame).
+    # ---------------------------------------------------------------- prefill
+
+    def _prefill(self) -> None:
+        """Chunks of queued prompts, at most ``prefill_token_budget`` positions in all, in one
+        padded talker forward (padding writes into the null block); completed prompts sample
+        their code 0 and start decoding."""
+        budget, work = self.prefill_token_budget, []
+        for u in self._prefill_queue:
+            take = min(u.prompt_len - u.prefilled, budget)
+            if take <= 0:
+                break
+            work.append((u, u.prefilled, take))
+            budget -= take
+        if not work:
+            return
+        self.cache.flush()  # the prompts' blocks (taken at admission) into the device table
+        dev = self.device
+        x = pad_sequence([u.prompt[start:start + take] for u, start, take in work], batch_first=True)
+        width = x.shape[1]
+        pos_host = [list(range(start, start + take)) + [0] * (width - take) for _, start, take in work]
+        real_host = [[True] * take + [False] * (width - take) for _, _, take in work]
+        rows = upload([u.row for u, _, _ in work], torch.int64, dev)
+        positions = upload(pos_host, torch.int64, dev)
+        slots = torch.where(upload(real_host, torch.bool, dev), self.cache.slots(rows, positions), 0)
+        last = upload([take - 1 for _, _, take in work], torch.int64, dev)
+        n_blocks = max(self.cache.blocks_for(start + take) for _, start, take in work)
+        h = self.talker.forward_paged(x, positions, self.cache, rows, n_blocks, self.rope, last=last,
+                                      write_slots=slots)
+        done = []
+        for i, (u, start, take) in enumerate(work):
+            u.prefilled = start + take
+            if u.prefilled == u.prompt_len:
+                done.append(i)
+        if not done:
+            return
+        keep = upload(done, torch.int64, dev)
+        utts = [work[i][0] for i in done]
+        idx = rows[keep]
+        self.state.h.index_copy_(0, idx, h[keep])
+        cols = self._sample(h[keep], idx, all_greedy=not any(u.settings.sampled for u in utts),
+                            any_top_p=any(u.settings.any_top_p for u in utts))  # code 0 of frame 0
+        self._pending.append(self._copy_to_host(cols, [u.request_id for u in utts], buffer=None))
+        for u in utts:
+            u.prompt = None
+            u.decoding = True
+        self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
+
+    # ---------------------------------------------------------------- decode step
+
+    def _rows_to_step(self) -> list[_Utterance]:
+        """The utterances that take a decode step this tick, by row. A row left out keeps its
+        state untouched and steps again in a later tick: a live row whose next text id has
+        not arrived yet (issue 16) sits out until it does."""
         waiting = self._feed_live_text()
-        self._last_batch_rows = b - len(waiting)
-        if b == 0 or len(waiting) == b:
-            return out
-        step_mask = None
-        if waiting:
-            step_mask = upload([i not in waiting for i in range(b)], torch.bool, self.device)
-            seen_before = self.state.seen[:b].clone()
-        # --- end live text
-        st, rows = self.state, slice(0, b)
-        cur, nxt = self._flip, 1 - self._flip
-
-        # 1. codes 1..G-1 of frame k for every row (k = ntok - 1).
-        cols = st.ids[cur][:b]
-        code0 = self.valid_ids[cols]  # [B]
-        frame_idx = st.ntok[:b] - 1
-        rest = self.predictor.predict(st.h[:b], self.talker.codec_part(code0),
-                                      self._sampling(rows, sub=True, frame=frame_idx))
-        codes = torch.cat([code0[:, None], rest], dim=1)  # [B, G]
-        # 2. talker step at each row's own position.
-        text = st.trail[torch.arange(b, device=self.device), torch.minimum(frame_idx, st.trail_len[:b])]
-        x = frame_embedding(self.talker, self.predictor, codes) + text  # [B, D]
-        attend = max(u.next_pos for u in self._rows) + 1
-        h = self.talker(x[:, None], st.pos[:b, None], self.cache, row0=0, attend_len=attend)
-        # 3. code 0 of frame k+1 into the other buffer; its host copy starts now.
-        new_cols = self._sample(h, rows)
-        if step_mask is not None:  # live text: waiting rows keep their state (their K/V write at
-            # ``pos`` is overwritten when they really take this step)
-            h = torch.where(step_mask[:, None], h, st.h[:b])
-            new_cols = torch.where(step_mask, new_cols, cols)
-            st.seen[:b] = torch.where(step_mask[:, None], st.seen[:b], seen_before)
-            st.pos[:b] += step_mask
-            st.ntok[:b] += step_mask
-        else:
-            st.pos[:b] += 1
-            st.ntok[:b] += 1
-        st.h[:b] = h
-        for i, u in enumerate(self._rows):
-            if i not in waiting:
-                u.next_pos += 1
-        st.ids[nxt][:b] = new_cols
-        self._flip = nxt
-        in_flight = self._copy_to_host(new_cols, self.rows, buffer=nxt)
-
-        # 4. host: the previous step's ids (admission or last tick) decide who ends.
-        by_id = {u.request_id: u for u in self._rows}
-        for record in self._pending:
-            for rid, value in zip(record.request_ids, record.resolve()):
-                if rid in by_id:
-                    by_id[rid].code0 = value
-        self._pending = [in_flight]
-        eos = self.talker.cfg.codec_eos_token_id
-        done: list[int] = []
-        for i, u in enumerate(self._rows):
-            if u.code0 is None:
-                raise RuntimeError(f"talker: code 0 of {u.request_id!r} never reached the host")
-            if u.code0 == eos:
-                out.append(self._final(u))
-                done.append(i)
-                continue
-            if i in waiting:  # live text: frame k is emitted when the row takes its step
-                continue
-            last = u.frames + 1 >= u.max_frames
-            out.append(TalkerFrames(u.request_id, codes[i:i + 1], u.frames, last))
-            u.frames += 1
-            if last:
-                done.append(i)
-        for u in self._rows:
-            u.code0 = None  # the value for the next step arrives with ``in_flight``
-        if done:
-            self._remove(done)
-        return out
+        return [self._utts[r] for r in sorted(self._utts) if self._utts[r].decoding and r not in waiting]
 
     # ---------------------------------------------------------------- live text (issue 16)
 
@@ -394,7 +489,7 @@ class TalkerSource:
         next decode step needs a text id that has not arrived yet."""
         waiting: set[int] = set()
         st = self.state
-        for i, u in enumerate(self._rows):
+        for row, u in self._utts.items():
             if u.live is None:
                 continue
             u.live.pull()
@@ -402,52 +497,158 @@ class TalkerSource:
             if len(ids) > u.fed:
                 new = torch.tensor(ids[u.fed:], dtype=torch.long).to(self.device, non_blocking=True)
                 self._ensure_trail(len(ids) + 1)
-                st.trail[i, u.fed:len(ids)] = self.talker.text_part(new)
+                st.trail[row, u.fed:len(ids)] = self.talker.text_part(new)
                 u.fed = len(ids)
-                st.trail_len[i] = u.fed
+                st.trail_len[row] = u.fed
                 if u.live.done:
-                    st.trail[i, u.fed] = self.pad_part
+                    st.trail[row, u.fed] = self.pad_part
             steps = u.next_pos - u.prompt_len  # decode step k of the row's next tick
             if not u.live.done and steps >= u.fed:
-                waiting.add(i)
+                waiting.add(row)
         return waiting
+
+    def _text_inputs(self, idx: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        """The text part of each stepping row's next talker input [B, D]: THE place where the
+        per-step text embedding is chosen (trailing text part k, then tts_pad)."""
+        st = self.state
+        return st.trail[idx, torch.minimum(frame_idx, st.trail_len[idx])]
+
+    def _grow(self, utts: list[_Utterance]) -> tuple[list[_Utterance], list[TalkerFrames]]:
+        """Blocks for each stepping row's next position. A row the pool cannot serve now sits
+        this step out (its state is untouched; blocks free up as other streams end). Only when
+        no row at all could step (every one waits for blocks, so none would ever free any) the
+        youngest waiting stream ends with ``kv_cache_exhausted``: it has outgrown the pool."""
+        ok, blocked, failed = [], [], []
+        for u in utts:
+            try:
+                self.cache.reserve(u.row, u.next_pos + 1)
+                ok.append(u)
+            except KVPoolExhausted as exc:
+                blocked.append((u, exc))
+        self.kv_stalls += len(blocked)
+        if blocked and not ok and not self._prefill_queue:
+            u, exc = max(blocked, key=lambda item: item[0].admitted)
+            self._release(u)
+            failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
+        return ok, failed
+
+    def decode_step(self, idx: torch.Tensor, n_blocks: int, all_greedy: bool,
+                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-3 for rows ``idx`` [B] (device), all on the device, no host read: the static
+        unit a CUDA graph replays (engines/runtime/graphed_talker.py). ``n_blocks`` (host) KV
+        blocks are read per row; ``all_greedy`` / ``any_top_p`` pick the sampling ops. Rows may
+        repeat the scratch row (padding to a bucket): it writes only into its own state and the
+        null block. -> codes of frame k [B, G], code-0 columns of frame k+1 [B]."""
+        st = self.state
+        # 1. codes 1..G-1 of frame k for every row (k = ntok - 1).
+        code0 = self.valid_ids[st.code0[idx]]  # [B]
+        frame_idx = st.ntok[idx] - 1
+        sub = self._sampling(idx, sub=True, frame=frame_idx, all_greedy=all_greedy, any_top_p=any_top_p)
+        rest = self.predictor.predict(st.h[idx], self.talker.codec_part(code0), sub)
+        codes = torch.cat([code0[:, None], rest], dim=1)  # [B, G]
+        # 2. talker step at each row's own position, over the paged cache (the clamp only ever
+        # holds the scratch row inside the rotary table: real rows end before max_seq_len).
+        x = frame_embedding(self.talker, self.predictor, codes) + self._text_inputs(idx, frame_idx)  # [B, D]
+        pos = st.pos[idx].clamp_max(self.max_seq_len - 1)
+        h = self.talker.forward_paged(x[:, None], pos[:, None], self.cache, idx, n_blocks, self.rope)
+        st.h.index_copy_(0, idx, h)
+        st.pos.index_copy_(0, idx, pos + 1)
+        # 3. code 0 of frame k+1.
+        return codes, self._sample(h, idx, all_greedy=all_greedy, any_top_p=any_top_p)
+
+    def _eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
+                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = upload(rows, torch.int64, self.device)  # no stream sync for the upload
+        return self.decode_step(idx, n_blocks, all_greedy, any_top_p)
+
+    def _decode(self, utts: list[_Utterance]) -> list[TalkerFrames]:
+        """One decode step of ``utts`` (steps 1-4 of the module docstring)."""
+        n_blocks = max(self.cache.row_blocks(u.row) for u in utts)
+        run = self.step_runner or self._eager_step
+        codes, new_cols = run([u.row for u in utts], n_blocks, not any(u.settings.sampled for u in utts),
+                              any(u.settings.any_top_p for u in utts))
+        for u in utts:
+            u.next_pos += 1
+        self._host_flip = 1 - self._host_flip  # the new ids' host copy starts now
+        in_flight = self._copy_to_host(new_cols, [u.request_id for u in utts], buffer=self._host_flip)
+
+        # 4. host: the previous ids (admission or an earlier step) decide who ends.
+        by_id = {u.request_id: u for u in self._utts.values()}
+        for record in self._pending:
+            for rid, value in zip(record.request_ids, record.resolve()):
+                if rid in by_id:
+                    by_id[rid].code0 = value
+        self._pending = [in_flight]
+        eos = self.talker.cfg.codec_eos_token_id
+        out: list[TalkerFrames] = []
+        frames = codes.split(1)  # one op for every row's [1, G] view
+        for i, u in enumerate(utts):
+            if u.code0 is None:
+                raise RuntimeError(f"talker: code 0 of {u.request_id!r} never reached the host")
+            if u.code0 == eos:
+                out.append(self._final(u))
+                self._release(u)
+                continue
+            last = u.frames + 1 >= u.max_frames
+            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last))
+            u.frames += 1
+            u.code0 = None  # the value for the next step arrives with ``in_flight``
+            if last:
+                self._release(u)
+        return out
+
+    @torch.no_grad()
+    def tick(self) -> list[TalkerFrames]:
+        """Prefill under the token budget, then one decode step of the rows that step."""
+        out: list[TalkerFrames] = []
+        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute.
+        for u in [u for u in self._utts.values() if u.max_frames <= 0]:
+            out.append(self._final(u))
+            self._release(u)
+        if self.free_rows() and self._waiting_prompt_blocks and not self.free_slots():
+            self.admission_waits += 1
+        self._prefill()
+        utts, failed = self._grow(self._rows_to_step())
+        self.cache.flush()
+        out += failed
+        self._last_batch_rows = len(utts)
+        if utts:
+            out += self._decode(utts)
+        return out
 
     def _final(self, u: _Utterance) -> TalkerFrames:
         empty = torch.zeros(0, self.num_code_groups, dtype=torch.int64, device=self.device)
         return TalkerFrames(u.request_id, empty, u.frames, True)
 
-    # ---------------------------------------------------------------- removal / compaction
+    # ---------------------------------------------------------------- removal
 
     def cancel(self, request_id: str) -> bool:
-        for i, u in enumerate(self._rows):
+        for u in list(self._utts.values()):
             if u.request_id == request_id:
-                self._remove([i])
+                self._release(u)
                 return True
         return False
 
-    def _remove(self, indices: list[int]) -> None:
-        """Drop rows; the last surviving rows move into the holes (state, ids and KV cache)."""
-        n = len(self._rows)
-        gone = set(indices)
-        n_new = n - len(gone)
-        holes = sorted(i for i in gone if i < n_new)
-        movers = sorted(i for i in range(n_new, n) if i not in gone)
-        if movers:
-            src = upload(movers, torch.int64, self.device)  # no stream sync for the upload
-            dst = upload(holes, torch.int64, self.device)
-            length = max(self._rows[i].next_pos for i in movers)
-            self.cache.move_rows(src, dst, length)
-            st = self.state
-            for name in st.per_row:
-                t = getattr(st, name)
-                t[dst] = t[src]
-            for buf in st.ids:
-                buf[dst] = buf[src]
-            for m, h in zip(movers, holes):
-                self._rows[h] = self._rows[m]
-        del self._rows[n_new:]
-        if not self._rows:
-            self._any_sampled = self._any_top_p = False
+    def _release(self, u: _Utterance) -> None:
+        """The row and its KV blocks are free again; nothing else moves."""
+        if self._utts.get(u.row) is u:
+            del self._utts[u.row]
+            self.cache.release(u.row)
+            if u in self._prefill_queue:
+                self._prefill_queue.remove(u)
 
 
-__all__ = ["TalkerFrames", "TalkerSource"]
+def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
+    """The pool's size: ``kv_cache_gb`` GiB, or by default a fixed size on CPU and a fraction of
+    the free device memory on CUDA."""
+    if kv_cache_gb is not None:
+        if not kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
+        return kv_cache_gb * 2**30
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return DEFAULT_KV_FRACTION_CUDA * free
+    return DEFAULT_KV_CACHE_GB_CPU * 2**30
+
+
+__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]

@@ -1,0 +1,153 @@
+"""A paged key/value cache: fixed-size blocks from one pool, a block table per row.
+
+    cache = PagedKVCache.for_budget(layers, kv_heads, head_dim, bytes_budget, block_size=16,
+                                    rows=64, max_positions=4096, device, dtype)
+    cache.reserve(row, positions)         # host: blocks for positions [0, positions) of a row
+    slots = cache.slots(rows, positions)  # device: flat slot ids to write K/V at
+    k, v = cache.gather(layer, rows, n_blocks)   # [B, KVH, n_blocks * block_size, hd]
+    cache.release(row)                    # the row's blocks go back to the pool
+
+Memory is proportional to the tokens in use (rounded up to blocks), not rows x the longest
+utterance. Rows are stable: a finished row frees its blocks and nothing is copied.
+
+Block 0 is the *null block*: never handed out, every unused block-table entry points at it
+and padded positions (prefill padding, idle rows of a static batch) write into it. Reads of
+it are always masked out, so what lands there never matters.
+
+The pool, the block tables and the slot arithmetic are device tensors; which blocks a row owns
+is decided on the host (a free list), and new blocks reach the device table in one batched write per step
+(:meth:`flush`, no host read). :class:`KVPoolExhausted` says when the pool cannot hold what a row asks for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engines.devices import upload
+
+
+class KVPoolExhausted(RuntimeError):
+    """The pool has too few free blocks for a row's next positions."""
+
+
+class PagedKVCache:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int, rows: int,
+                 max_positions: int, device, dtype: torch.dtype):
+        if num_blocks < 2:
+            raise ValueError(f"a paged KV cache needs at least 2 blocks (one is the null block), got {num_blocks}")
+        if block_size <= 0 or rows <= 0 or max_positions <= 0:
+            raise ValueError("block_size, rows and max_positions must be > 0")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_blocks_per_row = math.ceil(max_positions / block_size)
+        slots = num_blocks * block_size
+        # flat [slots, KVH, hd]: a write is one index_copy_, a read one gather
+        self.k = [torch.zeros(slots, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(slots, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(layers)]
+        self.table = torch.zeros(rows, self.max_blocks_per_row, dtype=torch.int64, device=device)
+        self._owned: list[list[int]] = [[] for _ in range(rows)]
+        self._free = list(range(num_blocks - 1, 0, -1))  # pop() hands out low ids first; 0 is the null block
+        self._table_writes: list[tuple[int, int, int]] = []  # (row, column, block) not yet on the device
+        self._offsets = torch.arange(block_size, device=device, dtype=torch.int64)
+
+    @classmethod
+    def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: float, block_size: int, rows: int,
+                   max_positions: int, device, dtype: torch.dtype) -> "PagedKVCache":
+        """As many blocks as ``budget_bytes`` holds (K and V of every layer), never more than
+        every row at ``max_positions`` could use (plus the null block)."""
+        per_block = 2 * layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        useful = rows * math.ceil(max_positions / block_size) + 1
+        return cls(layers, kv_heads, head_dim, max(2, min(useful, int(budget_bytes // per_block))), block_size, rows,
+                   max_positions, device, dtype)
+
+    # ---------------------------------------------------------------- host: ownership
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Blocks a row can ever be given (the pool minus the null block)."""
+        return self.num_blocks - 1
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.capacity_blocks - len(self._free)
+
+    def blocks_for(self, positions: int) -> int:
+        return math.ceil(positions / self.block_size)
+
+    def row_blocks(self, row: int) -> int:
+        return len(self._owned[row])
+
+    def reserve(self, row: int, positions: int) -> None:
+        """Make sure ``row`` owns blocks for positions [0, positions). KVPoolExhausted (nothing
+        taken) when the pool has too few free blocks or the row would pass its table width."""
+        need = self.blocks_for(positions) - len(self._owned[row])
+        if need <= 0:
+            return
+        if self.blocks_for(positions) > self.max_blocks_per_row:
+            raise KVPoolExhausted(f"{positions} positions pass the cache's {self.max_blocks_per_row * self.block_size}"
+                                  f"-position limit per stream")
+        if need > len(self._free):
+            raise KVPoolExhausted(f"the KV cache pool has {len(self._free)} free blocks of {self.block_size} "
+                                  f"positions, {need} more needed (pool: {self.capacity_blocks} blocks; raise "
+                                  f"--kv-cache-gb)")
+        owned = self._owned[row]
+        for _ in range(need):
+            block = self._free.pop()
+            self._table_writes.append((row, len(owned), block))
+            owned.append(block)
+
+    def flush(self) -> None:
+        """The block-table entries handed out since the last flush reach the device: one upload
+        and one scatter whatever their number (zero included), so a step's op count is fixed."""
+        rows, cols, blocks = zip(*self._table_writes) if self._table_writes else ((), (), ())
+        dev = self.table.device
+        self.table.index_put_((upload(list(rows), torch.int64, dev), upload(list(cols), torch.int64, dev)),
+                              upload(list(blocks), torch.int64, dev))
+        self._table_writes.clear()
+
+    def release(self, row: int) -> None:
+        """The row's blocks go back to the pool; its table points at the null block again."""
+        owned = self._owned[row]
+        if owned:
+            self.flush()  # entries still queued for this row land before they are cleared
+            self.table[row, : len(owned)] = 0
+            self._free.extend(reversed(owned))
+            owned.clear()
+
+    # ---------------------------------------------------------------- device: addressing
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """rows [B], positions [B, S] (int64, device) -> flat slot ids [B, S]."""
+        blocks = self.table[rows[:, None], positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k/v [B, KVH, S, hd] into flat ``slots`` [B, S]."""
+        flat = slots.reshape(-1)
+        b, kvh, s, hd = k.shape
+        self.k[layer].index_copy_(0, flat, k.transpose(1, 2).reshape(b * s, kvh, hd))
+        self.v[layer].index_copy_(0, flat, v.transpose(1, 2).reshape(b * s, kvh, hd))
+
+    def read_slots(self, rows: torch.Tensor, n_blocks: int) -> torch.Tensor:
+        """Flat slot ids [B, n_blocks * block_size] of positions 0.. of ``rows`` (computed once per
+        forward, shared by every layer)."""
+        blocks = self.table[rows, :n_blocks]  # [B, nb]
+        return (blocks[:, :, None] * self.block_size + self._offsets).reshape(rows.shape[0], -1)
+
+    def gather(self, layer: int, read_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V [B, KVH, L, hd] at ``read_slots`` [B, L] (``read_slots``'s layout: position order)."""
+        k = self.k[layer][read_slots]  # [B, L, KVH, hd]
+        v = self.v[layer][read_slots]
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+
+__all__ = ["KVPoolExhausted", "PagedKVCache"]

@@ -1,0 +1,108 @@
+"""The talker's whole decode step behind static buffers, one CUDA graph per bucket.
+
+    source.step_runner = GraphedTalkerStep(source)    # engines/pipelines/talker/source.py
+    codes, cols = source.step_runner(rows, n_blocks, all_greedy, any_top_p)
+
+``TalkerSource.decode_step(idx, n_blocks, all_greedy, any_top_p)`` is the whole step on the
+device - code predictor (15 steps), frame embedding + text part, talker forward over the
+paged KV cache, code-0 logits processing and sampling, state updates - with no host read.
+This wrapper runs it over a STATIC row-index buffer per (rows bucket, KV-blocks bucket,
+sampling mode): the rows are copied into the smallest rows bucket that fits (1, 2, 4, ...,
+the slot count), the rest of the bucket is the source's scratch row (its own state, a null
+block table), and ``n_blocks`` is rounded up to a power of two. Every per-row tensor the step
+touches has a fixed address for the source's lifetime (state rows, block table, KV pool,
+rotary table), except the trailing-text buffer, which grows: ``source.buffers_version``
+changes then and every graph is dropped and recaptured.
+
+On CUDA a (bucket, blocks, mode) is captured the first time it is needed (``capture_all``
+captures the small-block ones at start): warm-up and capture run with the index buffer full
+of the scratch row, so they never advance a real stream. A replay is: copy the rows in,
+``replay()``, read the first B rows of the outputs. On CPU exactly the same padded path runs
+eagerly: that is what the CPU tests check against the plain step (tests/test_talker_paged.py).
+The code predictor runs raw inside the graph (a graph cannot replay another graph), so the
+engine uses this instead of ``GraphedCodePredictor`` (opt-in: STREAMVOX_TALKER_STEP_GRAPHS=1
+until scripts/gpu-verify.sh has measured it on an H100).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engines.devices import upload
+from engines.runtime.cuda_graphs import capture
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+WARMUP_ITERS = 2
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class GraphedTalkerStep:
+    def __init__(self, source, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS):
+        self.source = source
+        slots = source.max_slots
+        self.buckets = buckets or tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        self.device = source.device
+        self.cuda = self.device.type == "cuda"
+        self.warmup_iters = warmup_iters
+        self._idx = {b: torch.full((b,), source.scratch_row, dtype=torch.int64, device=self.device)
+                     for b in self.buckets}
+        self._graphs: dict[tuple[int, int, bool, bool], tuple[object, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._version = source.buffers_version
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.captures = 0
+
+    def shape(self, rows: int, n_blocks: int) -> tuple[int, int]:
+        """The static (rows bucket, KV blocks) a step of ``rows`` rows over ``n_blocks`` runs at."""
+        bucket = next((b for b in self.buckets if b >= rows), None)
+        if bucket is None:
+            raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
+        return bucket, min(_pow2_at_least(n_blocks), self.source.cache.max_blocks_per_row)
+
+    def __call__(self, rows: list[int], n_blocks: int, all_greedy: bool,
+                 any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(rows)
+        bucket, blocks = self.shape(n, n_blocks)
+        idx = self._idx[bucket]
+        padded = rows + [self.source.scratch_row] * (bucket - n)
+        if not self.cuda:
+            idx.copy_(upload(padded, torch.int64, self.device))
+            codes, cols = self.source.decode_step(idx, blocks, all_greedy, any_top_p)
+        else:
+            graph, (codes, cols) = self._graph(bucket, blocks, all_greedy, any_top_p)
+            idx.copy_(upload(padded, torch.int64, self.device))
+            graph.replay()
+        return codes[:n], cols[:n]
+
+    def _graph(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool):
+        if self._version != self.source.buffers_version:  # a state buffer moved: every graph is stale
+            self._graphs.clear()
+            self._version = self.source.buffers_version
+        key = (bucket, blocks, all_greedy, any_top_p)
+        if key not in self._graphs:
+            idx = self._idx[bucket]
+            idx.fill_(self.source.scratch_row)  # warm-up and capture step only the scratch row
+            self.source.predictor.ensure_cache(self.buckets[-1], self.device, self.source.dtype)
+            with torch.no_grad():
+                self._graphs[key] = capture(lambda: self.source.decode_step(idx, blocks, all_greedy, any_top_p),
+                                            self.device, self.stream, self.pool, self.warmup_iters)
+            self.captures += 1
+        return self._graphs[key]
+
+    def capture_all(self, max_blocks: int = 8) -> None:
+        """Capture every rows bucket at KV-block buckets up to ``max_blocks`` (greedy and sampled):
+        the shapes of the first seconds of serving. Longer streams capture their bucket on first use."""
+        if not self.cuda:
+            return
+        blocks = 1
+        while blocks <= min(max_blocks, self.source.cache.max_blocks_per_row):
+            for bucket in self.buckets:
+                for all_greedy, any_top_p in ((True, False), (False, False)):
+                    self._graph(bucket, blocks, all_greedy, any_top_p)
+            blocks *= 2
+
+
+__all__ = ["GraphedTalkerStep"]
