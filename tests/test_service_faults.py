@@ -31,7 +31,7 @@ def faulty_engine():
 
 
 async def speak(http, url, request_id):
-    async with http.post(url + "/v1/audio/speech", json={"input": "Fault tolerance.", "response_format": "pcm"},
+    async with http.post(url + "/v1/audio/speech", json={"input": "Fault tolerance.", "response_format": "pcm", "stream": False},
                          headers={"X-Request-Id": request_id}) as response:
         return response.status, response.headers.get("X-Request-Id"), await response.read()
 
