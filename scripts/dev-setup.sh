@@ -15,7 +15,9 @@ fi
 # build and pulls GBs of nvidia-* wheels. (A local wheel folder in pip's config still wins.)
 export STREAMVOX_TORCH_INDEX=${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 echo "dev-setup: torch ${STREAMVOX_TORCH_VERSION:-2.13.0} (CPU build) from $STREAMVOX_TORCH_INDEX"
-.venv/bin/python -m pip install -q "torch==${STREAMVOX_TORCH_VERSION:-2.13.0}" --index-url "$STREAMVOX_TORCH_INDEX"
+# --no-deps: only torch comes from that index (one query); its plain-Python dependencies come
+# from PyPI with the project below (an unreachable index is then asked once, not per package).
+.venv/bin/python -m pip install -q "torch==${STREAMVOX_TORCH_VERSION:-2.13.0}" --no-deps --index-url "$STREAMVOX_TORCH_INDEX"
 echo "dev-setup: streamvox with the test and onnx extras"
 .venv/bin/python -m pip install -q -e '.[test,onnx]'
 

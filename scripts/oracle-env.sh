@@ -42,7 +42,8 @@ EOF
 then
   echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, librosa 0.11.0, qwen-tts 0.1.1 --no-deps (about 2 minutes)"
   # Pinned torch first, the CPU build (PyTorch's CPU index; a local wheel folder still wins); never a bare `torch`.
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION" --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+  # --no-deps: torch's own dependencies come from PyPI with the next line.
+  "$OPY" -m pip install -q "torch==$TORCH_VERSION" --no-deps --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
   "$OPY" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
   # The official code itself, without its declared (heavy) dependencies.
   "$OPY" -m pip install -q --no-deps "qwen-tts==0.1.1"

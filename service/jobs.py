@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Callable
 
 from aiohttp import web
 
@@ -25,6 +26,7 @@ from engines.contract import (
     EngineUnavailable,
     InvalidRequest,
     Priority,
+    VoiceClone,
 )
 
 from .audio import CONTENT_TYPES
@@ -38,6 +40,7 @@ from .schema import FieldError
 from .speech import read_work_request
 from .spool import AudioSpool
 from .state import REQUEST_ID, STATE_KEY, AppState
+from .voices import saved_clone
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -47,9 +50,11 @@ QUEUE_FULL_RETRY_SECONDS = 5  # Retry-After when the job queue (total or this ke
 
 
 class JobRunner:
-    def __init__(self, state: AppState, store: JobStore):
+    def __init__(self, state: AppState, store: JobStore,
+                 voice_clone: Callable[[str], VoiceClone | None] | None = None):
         self.state = state
         self.store = store
+        self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices.py), else None
         self.running: dict[str, ChunkStream] = {}
         self.cancelled: set[str] = set()
         self._wake = asyncio.Event()
@@ -111,7 +116,9 @@ class JobRunner:
             # One engine request id per attempt: a job re-run after a restart (or on a shared
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
-            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, tenant=job.owner or "jobs")
+            clone = self.voice_clone(params.voice) if self.voice_clone is not None else None
+            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, clone=clone,
+                                      tenant=job.owner or "jobs")
             stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
             stream.start()
         except (EngineOverloaded, EngineUnavailable):
@@ -210,6 +217,9 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and _runner(request).store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
+    if getattr(state.engine, "task_type", None) == "Base" and saved_clone(request.app, body.voice) is None:
+        raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
+                                             "(POST /v1/audio/voices), named by voice")
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request)
@@ -273,7 +283,7 @@ async def delete_job(request: web.Request) -> web.Response:
 
 async def _start_runner(app: web.Application) -> None:
     state = app[STATE_KEY]
-    state.jobs = JobRunner(state, JobStore(state.settings.data_dir))
+    state.jobs = JobRunner(state, JobStore(state.settings.data_dir), voice_clone=lambda voice: saved_clone(app, voice))
     state.jobs.start()
 
 

@@ -11,6 +11,7 @@ exactly at T_ref * 1920, so the comparison aligns the ends.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -251,5 +252,41 @@ async def test_speed_stretches_talker_audio_keeping_its_pitch(base_engine, tmp_p
             assert abs(lengths[2.0] / lengths[1.0] - 0.5) < 0.05
             assert abs(lengths[0.5] / lengths[1.0] - 2.0) < 0.1
             assert abs(pitch[2.0] - pitch[1.0]) <= 0.1 * pitch[1.0] + 10
+    finally:
+        await server.stop()
+
+
+async def test_a_job_clones_a_saved_voice(base_engine, tmp_path):
+    """REST jobs name a saved voice (the features stored at upload; nothing to re-send): the
+    job's WAV equals the official generate_voice_clone within int16 rounding. A Base job naming
+    no saved voice is a 400 at submission, not a failed job later."""
+    refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
+    server = await start_server(base_engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            form = aiohttp.FormData()
+            form.add_field("name", "dora")
+            form.add_field("ref_text", c["ref_text"])
+            form.add_field("audio_sample", wav_bytes(refs["ref/a/wav"].numpy()), filename="a.wav")
+            async with http.post(server.url + "/v1/audio/voices", data=form) as r:
+                assert r.status == 201, await r.text()
+            async with http.post(server.url + "/v1/jobs", json={"input": "Hi.", "voice": "nobody"}) as r:
+                assert r.status == 400 and (await r.json())["error"]["message"].startswith("voice:")
+            body = {"input": c["text"], "voice": "dora", "language": c["language"], "temperature": 0,
+                    "response_format": "wav"}
+            async with http.post(server.url + "/v1/jobs", json=body) as r:
+                assert r.status == 202, await r.text()
+                job = await r.json()
+            for _ in range(600):
+                async with http.get(server.url + f"/v1/jobs/{job['id']}") as r:
+                    job = await r.json()
+                if job["status"] not in ("queued", "running"):
+                    break
+                await asyncio.sleep(0.05)
+            assert job["status"] == "succeeded", job
+            async with http.get(server.url + job["audio_url"]) as r:
+                audio, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
+        assert rate == 24000
+        assert_matches_official(audio, refs["case/icl_a_stream/wav"].numpy())
     finally:
         await server.stop()

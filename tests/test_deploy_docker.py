@@ -145,7 +145,7 @@ def test_image_runtime_contract(name):
 def test_torch_is_pinned_to_the_right_build():
     cpu = DOCKERFILES["cpu"].read_text()
     cuda = DOCKERFILES["cuda"].read_text()
-    assert re.search(r"pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu", cpu)
+    assert re.search(r"pip install torch==2\.13\.0 --no-deps --index-url https://download\.pytorch\.org/whl/cpu", cpu)
     assert re.search(r"^RUN pip install torch==2\.13\.0$", cuda, re.M)  # PyPI's default = CUDA build
     assert re.search(r"^FROM nvidia/cuda:\d+\.\d+\.\d+-runtime-", cuda, re.M)
     assert "[tensorrt]" in cuda and "[tensorrt]" not in cpu
