@@ -34,10 +34,14 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     stats = state.engine.stats()
-    ready = state.ready()
+    # issue 17: not ready while the job store is unreachable, unless the caller asks about
+    # streaming only (?jobs=optional: the Kubernetes readiness probe, so that a database outage
+    # does not take streaming out of the Service)
+    jobs_db = await jobs.store_health(state)
+    ready = state.ready() and (jobs_db["reachable"] or request.query.get("jobs") == "optional")
     state.metrics.ready.set(1 if ready else 0)
     body = {"ready": ready, "draining": state.draining, "engine": {"alive": stats.alive, "ready": stats.ready,
-                                                                    "error": stats.error}}
+                                                                    "error": stats.error}, "jobs_db": jobs_db}
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -1,42 +1,37 @@
-"""Durable job records (SQLite in WAL mode) and job audio files in the data directory.
+"""The job store: job records, their leases, and their audio. One async interface, two backends.
 
-Audio is written to a temporary file, flushed and renamed, so a crash never leaves a
-half-written file under a finished job. Jobs found ``running`` at start-up were
-interrupted (crash, ``kill -9``, shutdown) and go back to ``queued``.
+* :class:`service.job_store_sqlite.SqliteJobStore` (the default): SQLite + audio files under
+  ``--data-dir``, no server needed; one replica owns the directory. Its blocking calls run on
+  one thread of their own, never on the event loop.
+* :class:`service.job_store_pg.PostgresJobStore` (``--jobs-db postgresql://...``): every
+  replica talks to the same database, so any replica lists, serves and cancels any job.
+
+A runner *claims* queued jobs into a lease (its replica id, a fresh token, an expiry) and
+renews the lease while the job runs. Every write a runner makes about a job (progress, audio,
+completion, release) names the lease token and is ignored once the token is no longer the
+job's: a replica that lost its lease (it stalled, its node died and came back) can never
+overwrite the work of the replica that took the job over, and a job is recorded
+``succeeded`` exactly once. A job whose lease expired is claimable again by anyone.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import abc
 import re
-import sqlite3
-import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
+from typing import AsyncIterator, Callable
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 UNFINISHED = ("queued", "running")
 JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would accept a trailing newline
+AUDIO_READ_CHUNKS = 16  # audio chunks fetched per round trip when a download is served
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    params TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    error TEXT,
-    frames_done INTEGER NOT NULL DEFAULT 0,
-    frames_total INTEGER NOT NULL DEFAULT 0,
-    audio_file TEXT,
-    owner TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
-"""
+
+class StoreUnavailable(Exception):
+    """The job database cannot be reached (down, restarting, network). Job endpoints answer
+    503 with Retry-After; the runner keeps its queue and tries again."""
 
 
 @dataclass
@@ -50,8 +45,11 @@ class Job:
     error: str | None = None
     frames_done: int = 0
     frames_total: int = 0
-    audio_file: str | None = None
-    owner: str | None = None  # digest of the API key that made it; None with auth off
+    owner: str | None = None  # digest of the API key that made it (the address with auth off)
+    audio_size: int | None = None  # bytes of the finished audio
+    attempts: int = 0  # how many times a runner claimed it
+    lease_owner: str | None = None  # the replica running it
+    lease_token: str | None = None  # this attempt's fence
 
     @property
     def response_format(self) -> str:
@@ -75,134 +73,144 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-class JobStore:
-    def __init__(self, data_dir: Path):
-        self.data_dir = Path(data_dir)
-        self.audio_dir = self.data_dir / "audio"
-        self.audio_dir.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.data_dir / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        if "owner" not in columns:  # a database made before jobs had owners
-            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+def new_lease_token() -> str:
+    return uuid.uuid4().hex
 
-    def close(self) -> None:
-        self._db.close()
 
-    # -- records -----------------------------------------------------------------
-    def _job(self, row: sqlite3.Row) -> Job:
-        return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
-                   started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
-                   frames_done=row["frames_done"], frames_total=row["frames_total"], audio_file=row["audio_file"],
-                   owner=row["owner"])
+# What a renewal finds: the lease is still ours, the job was cancelled, or the lease is gone
+# (expired and taken by another replica, or the job deleted by retention).
+RENEWED, CANCELLED, LOST = "renewed", "cancelled", "lost"
 
-    def create(self, params: dict, owner: str | None = None) -> Job:
-        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time(), owner=owner)
-        self._db.execute("INSERT INTO jobs (id, status, params, created_at, owner) VALUES (?, ?, ?, ?, ?)",
-                         (job.id, job.status, json.dumps(params), job.created_at, owner))
-        return job
+# Wake-up events a store delivers to its listener: ("queued", None) when work may be
+# claimable, ("cancelled", job_id) when a job was cancelled (on any replica).
+Listener = Callable[[str, "str | None"], None]
 
-    def get(self, job_id: str) -> Job | None:
-        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return self._job(row) if row else None
 
-    def list(self, status: str | None = None, limit: int = 100, owner: str | None = None,
-             any_owner: bool = True) -> list[Job]:
+class JobStore(abc.ABC):
+    kind: str  # "sqlite" | "postgresql"
+    shared: bool  # other replicas use the same store (claims may race; leases can expire under us)
+
+    def __init__(self) -> None:
+        self._listener: Listener | None = None
+
+    def set_listener(self, listener: Listener) -> None:
+        self._listener = listener
+
+    def _notify(self, event: str, job_id: str | None = None) -> None:
+        if self._listener is not None:
+            self._listener(event, job_id)
+
+    # -- lifecycle --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect, create or migrate the schema. Raises StoreUnavailable when unreachable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers now."""
+
+    async def maintain(self) -> None:
+        """Called by the runner every poll: reconnect what dropped (a shared store's listening
+        connection, the leader lock). Raises StoreUnavailable while unreachable."""
+        return None
+
+    @property
+    def leader(self) -> bool:
+        """This replica exports the shared queue depth (one replica per store does)."""
+        return True
+
+    # -- records ----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def create(self, params: dict, owner: str | None = None) -> Job: ...
+
+    @abc.abstractmethod
+    async def get(self, job_id: str) -> Job | None: ...
+
+    @abc.abstractmethod
+    async def list(self, status: str | None = None, limit: int = 100, owner: str | None = None,
+                   any_owner: bool = True) -> list[Job]:
         """Newest first; with ``any_owner=False`` only the jobs of ``owner``."""
-        where, args = [], []
-        if status:
-            where.append("status = ?")
-            args.append(status)
-        if not any_owner:
-            where.append("owner IS ?")
-            args.append(owner)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
-        rows = self._db.execute(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ?", (*args, limit))
-        return [self._job(row) for row in rows]
 
-    def unfinished(self, owner: str | None = None, any_owner: bool = True) -> int:
+    @abc.abstractmethod
+    async def unfinished(self, owner: str | None = None, any_owner: bool = True) -> int:
         """How many jobs are queued or running (those of ``owner`` with ``any_owner=False``)."""
-        if any_owner:
-            row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')").fetchone()
-        else:
-            row = self._db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running') AND owner IS ?",
-                                   (owner,)).fetchone()
-        return row[0]
 
-    def oldest_queued(self, limit: int) -> list[Job]:
-        rows = self._db.execute("SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at LIMIT ?", (limit,))
-        return [self._job(row) for row in rows]
+    @abc.abstractmethod
+    async def queued(self) -> int:
+        """Jobs waiting for a runner (the shared queue depth)."""
 
-    # Every status change is one conditional UPDATE, so it is atomic with any other: a job
-    # moves only from the status the caller saw, and the loser of a race learns it lost.
-    def mark_running(self, job_id: str) -> bool:
-        cursor = self._db.execute("UPDATE jobs SET status = 'running', started_at = ?, error = NULL "
-                                  "WHERE id = ? AND status = 'queued'", (time.time(), job_id))
-        return cursor.rowcount == 1
+    # -- runner side: claims and leases -------------------------------------------------
+    @abc.abstractmethod
+    async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
+        """Take up to ``limit`` jobs, oldest first, that are queued or whose lease expired:
+        each becomes ``running`` under a new lease (``job.lease_token``), its old audio gone."""
 
-    def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
-        self._db.execute("UPDATE jobs SET frames_done = ?, frames_total = ? WHERE id = ?",
-                         (frames_done, frames_total, job_id))
+    @abc.abstractmethod
+    async def renew(self, job_id: str, token: str, lease_seconds: float, frames_done: int,
+                    frames_total: int) -> str:
+        """Extend the lease and record progress: RENEWED, CANCELLED or LOST."""
 
-    def finish(self, job_id: str, status: str, error: str | None = None, audio_file: str | None = None,
-               from_statuses: tuple[str, ...] = ("running",)) -> bool:
-        """Record the end of a job that is still in one of ``from_statuses``; False (nothing
-        written) when it has already ended, e.g. cancelled while its audio was being written."""
-        assert status in FINISHED
-        marks = ", ".join("?" for _ in from_statuses)
-        cursor = self._db.execute(f"UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ? "
-                                  f"WHERE id = ? AND status IN ({marks})",
-                                  (status, time.time(), error, audio_file, job_id, *from_statuses))
-        return cursor.rowcount == 1
+    @abc.abstractmethod
+    async def put_audio(self, job_id: str, token: str, offset: int, data: bytes) -> bool:
+        """Store ``data`` at ``offset`` of the job's audio (a rewrite of an earlier chunk
+        replaces it); False when the lease is no longer ours."""
 
-    def cancel(self, job_id: str, error: str = "cancelled by the client") -> bool:
-        """queued/running -> cancelled, atomically; False when the job had already ended."""
-        return self.finish(job_id, "cancelled", error=error, from_statuses=UNFINISHED)
+    @abc.abstractmethod
+    async def finish(self, job_id: str, token: str, status: str, error: str | None = None,
+                     audio_size: int | None = None) -> bool:
+        """Record the end of the attempt holding ``token``; False (nothing written) when the
+        job is no longer that attempt's: cancelled, or taken over after the lease expired."""
 
-    def requeue(self, job_id: str) -> bool:
-        cursor = self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 "
-                                  "WHERE id = ? AND status = 'running'", (job_id,))
-        return cursor.rowcount == 1
+    @abc.abstractmethod
+    async def release(self, job_id: str, token: str) -> bool:
+        """Give the job back to the queue (shutdown): running -> queued, lease cleared."""
 
-    def requeue_interrupted(self) -> int:
-        cursor = self._db.execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0 "
-                                  "WHERE status = 'running'")
-        return cursor.rowcount
+    @abc.abstractmethod
+    async def fail_queued(self, job_id: str, error: str) -> bool:
+        """queued -> failed (the stored request no longer validates)."""
 
-    def delete_finished_before(self, cutoff: float) -> int:
+    @abc.abstractmethod
+    async def cancel(self, job_id: str, error: str = "cancelled by the client") -> bool:
+        """queued/running -> cancelled, atomically, wherever it runs; False when it had ended."""
+
+    async def requeue_interrupted(self) -> int:
+        """Start-up: jobs this store's only replica left running go back to queued. A shared
+        store does nothing here: the leases of a dead replica expire instead."""
+        return 0
+
+    # -- retention, quota, download -------------------------------------------------------
+    @abc.abstractmethod
+    async def delete_finished_before(self, cutoff: float) -> int:
         """Retention: drop finished jobs (records and audio) that finished before ``cutoff``."""
-        rows = self._db.execute("SELECT id, audio_file FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
-                                "AND finished_at < ?", (cutoff,)).fetchall()
-        for row in rows:
-            if row["audio_file"]:
-                (self.audio_dir / row["audio_file"]).unlink(missing_ok=True)
-            self._db.execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
-        return len(rows)
 
-    # -- audio files ---------------------------------------------------------------
-    def audio_bytes(self) -> int:
-        return sum(entry.stat().st_size for entry in os.scandir(self.audio_dir) if entry.is_file())
+    @abc.abstractmethod
+    async def audio_bytes(self) -> int:
+        """Bytes of job audio stored (for the disk quota)."""
 
-    def audio_path(self, job: Job) -> Path | None:
-        return self.audio_dir / job.audio_file if job.audio_file else None
+    @abc.abstractmethod
+    def read_audio(self, job: Job) -> AsyncIterator[bytes]:
+        """The finished audio of a succeeded job, in order; nothing when it is gone."""
 
-    def write_audio(self, job_id: str, extension: str, data: bytes) -> str:
-        """Write atomically (temp file, fsync, rename); returns the file name. Blocking."""
-        name = f"{job_id}.{extension}"
-        final = self.audio_dir / name
-        temp = self.audio_dir / f".{name}.tmp"
-        try:
-            with open(temp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
-        finally:
-            temp.unlink(missing_ok=True)
-        return name
+    # -- saved voices (issue 15) ------------------------------------------------------------
+    # The PostgreSQL schema has a ``voices`` table (name, meta jsonb, tensors bytea) ready for
+    # a database-backed service.voice_store.VoiceStore; voices stay in --data-dir until then.
 
-    def discard_audio(self, name: str) -> None:
-        (self.audio_dir / name).unlink(missing_ok=True)
+
+def redact_url(url: str) -> str:
+    """A database URL fit for a log line: the password replaced."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def make_job_store(settings) -> JobStore:
+    """The store ``settings`` ask for, not yet opened."""
+    if settings.jobs_db:
+        from .job_store_pg import PostgresJobStore
+
+        return PostgresJobStore(settings.jobs_db, pool_size=settings.jobs_db_pool_size,
+                                password=settings.jobs_db_password())
+    from .job_store_sqlite import SqliteJobStore
+
+    return SqliteJobStore(settings.data_dir)

@@ -25,8 +25,18 @@ class Metrics:
     def __init__(self, engine: SynthesisEngine):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.queue_depth = Gauge("streamvox_queue_depth", "Requests waiting for an engine slot", registry=r)
-        self.queue_depth.set_function(lambda: engine.stats().queue_depth)
+        # Issue 17: the HPA's metric counts the shared job queue too. Jobs wait in the job store,
+        # not the engine queue; the leader replica (one per store) adds the store's queued jobs,
+        # the others 0, so the average over pods is (engine queues + shared queue) / pods.
+        self.job_backlog = 0  # set by the job runner (service/job_runner.py)
+        self.queue_depth = Gauge("streamvox_queue_depth", "Requests waiting for an engine slot, plus the shared "
+                                 "job queue on the leader replica", registry=r)
+        self.queue_depth.set_function(lambda: engine.stats().queue_depth + self.job_backlog)
+        self.jobs_queued = Gauge("streamvox_jobs_queued", "Jobs waiting in the shared job store (exported by "
+                                 "the leader replica; 0 on the others)", registry=r)
+        self.jobs_queued.set_function(lambda: self.job_backlog)
+        self.jobs_succeeded = Counter("streamvox_jobs_succeeded_total", "Jobs whose audio this replica stored "
+                                      "and recorded succeeded", registry=r)
         self.active_slots = Gauge("streamvox_active_slots", "Engine slots in use", registry=r)
         self.active_slots.set_function(lambda: engine.stats().active_slots)
         self.active_requests = Gauge("streamvox_active_requests", "Requests admitted and not finished", registry=r)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -74,6 +74,18 @@ class Settings:
     # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
     # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
     whole_file_memory_bytes: int = 8 << 20
+    # --- shared jobs (issue 17): None = the embedded store (SQLite + files under data_dir)
+    jobs_db: str | None = field(default=None, repr=False)  # never in a repr (a password may be in it); postgresql://user@host:5432/db (password: URL, PGPASSWORD or the file below)
+    jobs_db_password_file: str | None = None
+    jobs_db_pool_size: int = 8  # connections per replica
+    job_lease_seconds: float = 30.0  # a running job's lease; another replica takes it this long after its runner died
+    # --- end shared jobs
+
+    def jobs_db_password(self) -> str | None:
+        """The database password from --jobs-db-password-file (None: the URL or PGPASSWORD)."""
+        if not self.jobs_db_password_file:
+            return None
+        return Path(self.jobs_db_password_file).read_text(encoding="utf-8").strip()
 
     def stream_cap(self, engine_slots: int | None) -> int:
         """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2):
@@ -133,6 +145,15 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "the slots, at least 2); 0 = unlimited"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
+    # shared jobs (issue 17)
+    ("--jobs-db", "STREAMVOX_JOBS_DB", "jobs_db",
+     "PostgreSQL URL (postgresql://user@host:port/db) shared by every replica; unset: SQLite under --data-dir"),
+    ("--jobs-db-password-file", "STREAMVOX_JOBS_DB_PASSWORD_FILE", "jobs_db_password_file",
+     "file holding the job database password (else the URL's or PGPASSWORD)"),
+    ("--jobs-db-pool-size", "STREAMVOX_JOBS_DB_POOL_SIZE", "jobs_db_pool_size",
+     "job database connections per replica"),
+    ("--job-lease-seconds", "STREAMVOX_JOB_LEASE_SECONDS", "job_lease_seconds",
+     "lease of a running job: another replica takes it over this long after its runner stopped renewing"),
     # live text (issue 16)
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
@@ -247,6 +268,19 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("ws_live_utterance_chars", int, 1)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
+    # shared jobs (issue 17)
+    if raw.get("jobs_db"):
+        if not raw["jobs_db"].startswith(("postgresql://", "postgres://")):
+            raise ValueError("--jobs-db: expected a postgresql:// URL")
+        values["jobs_db"] = raw["jobs_db"]
+    if raw.get("jobs_db_password_file"):
+        if not Path(raw["jobs_db_password_file"]).is_file():
+            raise ValueError(f"--jobs-db-password-file: no such file: {raw['jobs_db_password_file']}")
+        values["jobs_db_password_file"] = raw["jobs_db_password_file"]
+    if "jobs_db_pool_size" in raw:
+        values["jobs_db_pool_size"] = number("jobs_db_pool_size", int, 1)
+    if "job_lease_seconds" in raw:
+        values["job_lease_seconds"] = number("job_lease_seconds", float, 1.0)
     if "ws_idle_timeout_s" in raw:
         values["ws_idle_timeout_s"] = number("ws_idle_timeout_s", float, 0.0, flag="--ws-idle-seconds", exclusive=True)
     if "metrics_auth" in raw:

@@ -158,3 +158,21 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.lines)
+
+
+# -- PostgreSQL (issue 17): one real server per test session, a fresh database per test --------
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server started from the installed binaries (tests/pg_helpers.py)."""
+    from pg_helpers import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def pg_url(postgres) -> str:
+    """The URL of a new, empty database on the session's server."""
+    return postgres.create_database()

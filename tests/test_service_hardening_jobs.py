@@ -23,33 +23,35 @@ TEXT = " ".join(f"Paragraph sentence {i} is read aloud by the batch queue." for 
 
 # -- item 4: DELETE racing the end of a job ------------------------------------------------------
 
-async def test_delete_as_the_audio_is_written_never_ends_succeeded(engine, tmp_path):
-    """Drive the race deterministically: the runner has the final chunk and is writing the
-    audio; DELETE lands right then. Run 20 times; every job must stay cancelled, with no
-    audio left on disk."""
-    live = await start_server(engine, tmp_path / "data")
+@pytest.mark.parametrize("jobs_db", ["sqlite", "postgresql"])
+async def test_delete_as_the_audio_is_written_never_ends_succeeded(engine, tmp_path, request, jobs_db):
+    """Drive the race deterministically: the runner has stored the audio and is recording
+    the success; DELETE lands right then. Run 20 times (10 on PostgreSQL); every job must
+    stay cancelled, with no audio left behind."""
+    overrides = {"jobs_db": request.getfixturevalue("pg_url")} if jobs_db == "postgresql" else {}
+    live = await start_server(engine, tmp_path / "data", **overrides)
     runner = live.state.jobs
     store = runner.store
-    real_write = store.write_audio
-    loop = asyncio.get_running_loop()
-    writing = asyncio.Event()
-    release = threading.Event()
+    real_finish = store.finish
+    finishing = asyncio.Event()
+    release = asyncio.Event()
 
-    def write_when_released(job_id, extension, data):  # runs in the runner's worker thread
-        loop.call_soon_threadsafe(writing.set)
-        assert release.wait(30), "the test never released the audio write"
-        return real_write(job_id, extension, data)
+    async def finish_when_released(job_id, token, status, **kwargs):
+        if status == "succeeded":
+            finishing.set()
+            await asyncio.wait_for(release.wait(), 30)
+        return await real_finish(job_id, token, status, **kwargs)
 
-    store.write_audio = write_when_released
+    store.finish = finish_when_released
     try:
         async with aiohttp.ClientSession() as http:
-            for attempt in range(20):
-                writing.clear()
+            for attempt in range(20 if jobs_db == "sqlite" else 10):
+                finishing.clear()
                 release.clear()
                 async with http.post(live.url + "/v1/jobs", json={"input": SHORT, "seed": attempt}) as response:
                     assert response.status == 202
                     job_id = (await response.json())["id"]
-                await asyncio.wait_for(writing.wait(), 60)
+                await asyncio.wait_for(finishing.wait(), 60)
                 async with http.delete(f"{live.url}/v1/jobs/{job_id}") as response:
                     assert response.status == 200
                     assert (await response.json())["status"] == "cancelled"
@@ -65,10 +67,14 @@ async def test_delete_as_the_audio_is_written_never_ends_succeeded(engine, tmp_p
                 assert "audio_url" not in job
                 async with http.get(f"{live.url}/v1/jobs/{job_id}/audio") as response:
                     assert response.status == 409
-                assert not [name for name in os.listdir(store.audio_dir) if name.startswith(job_id)]
+                if jobs_db == "sqlite":
+                    assert not [name for name in os.listdir(store.audio_dir) if job_id in name]
+                else:
+                    assert not await store.put_audio(job_id, "any", 0, b"")
+                    assert [b async for b in store.read_audio(await store.get(job_id))] == []
     finally:
         release.set()
-        store.write_audio = real_write
+        store.finish = real_finish
         await live.stop()
 
 

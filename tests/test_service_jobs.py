@@ -86,15 +86,16 @@ async def test_jobs_persist_and_interrupted_ones_are_requeued(engine, tmp_path):
         async with StreamvoxClient(first.url) as client:
             done = await client.wait_job((await client.submit_job("Kept across restarts.", response_format="flac"))["id"])
             assert done["status"] == "succeeded"
-            # A job the next start must pick up: marked running as if the process had died.
-            interrupted = await client.submit_job("Interrupted work.")
     finally:
         await first.stop()
-    from service.job_store import JobStore
+    from service.job_store_sqlite import SqliteJobStore
 
-    store = JobStore(data_dir)
-    store.mark_running(interrupted["id"])
-    store.close()
+    # A job the next start must pick up: claimed by a runner that died with it (long lease).
+    store = SqliteJobStore(data_dir)
+    await store.open()
+    interrupted = (await store.create({"input": "Interrupted work.", "response_format": "wav"})).to_json()
+    assert [job.id for job in await store.claim("dead-replica", 1, 3600.0)] == [interrupted["id"]]
+    await store.close()
 
     second = await start_server(engine, data_dir)
     try:

@@ -1,0 +1,327 @@
+"""The job runner: claims queued jobs from the store and feeds them to the engine at batch
+priority, under a lease it renews while they run.
+
+Jobs use the capacity real-time streams leave (the engine serves ``Priority.REALTIME``
+first); at most ``settings.job_workers`` jobs run at once on a replica. The runner wakes on
+the store's events (a new or released job; a cancel, from any replica) and otherwise polls
+every few seconds, for the leases of replicas that died. While a job runs:
+
+* its audio is encoded into a spool (service/spool.py) and copied into the store in chunks as
+  it grows (:class:`AudioUpload`), so any replica can serve the download once it succeeds;
+* its lease is renewed every third of ``--job-lease-seconds``, with its progress. A renewal
+  that finds the job cancelled (DELETE on any replica) or its lease gone stops the engine work;
+* its completion is fenced by the lease token: it is recorded once, by the attempt that holds
+  the lease, whatever happened to other attempts.
+
+The store may be unreachable for a while (a database restart): the runner keeps the audio it
+has and retries; when the store is back, the job carries on under the same lease unless
+another replica took it over meanwhile. On shutdown running jobs go back to ``queued``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Awaitable, Callable
+
+from engines.contract import (
+    EngineOverloaded,
+    EngineUnavailable,
+    InvalidRequest,
+    Priority,
+    VoiceClone,
+)
+
+from .chunks import ChunkStream
+from .job_store import CANCELLED, LOST, Job, JobStore, StoreUnavailable
+from .params import SynthesisParams, build_request
+from .schema import FieldError
+from .spool import AudioSpool
+from .state import AppState
+
+log = logging.getLogger("streamvox.jobs")
+
+RETRY_SECONDS = 0.5  # how long the runner waits when the engine queue is full
+STORE_RETRY_SECONDS = 1.0  # between tries while the store is unreachable
+MAX_POLL_SECONDS = 5.0  # the dispatcher looks for expired leases at least this often
+RETENTION_EVERY_SECONDS = 60.0
+UPLOAD_CHUNK_BYTES = 256 * 1024  # audio copied into the store in pieces of about this size
+
+
+class LeaseLost(Exception):
+    """This attempt no longer holds its job (cancelled, or taken over by another replica)."""
+
+
+class AudioUpload:
+    """Copies a growing :class:`AudioSpool` into the store, chunk by chunk, at fixed offsets.
+
+    Encoders rewrite a file's start when it ends (WAV sizes, FLAC's STREAMINFO), so ``flush``
+    at the end re-reads every chunk already stored and stores again those whose bytes changed.
+    """
+
+    def __init__(self, store: JobStore, job_id: str, token: str, spool: AudioSpool):
+        self.store, self.job_id, self.token, self.spool = store, job_id, token, spool
+        self.stored = 0  # bytes of the spool already in the store
+        self._chunks: list[tuple[int, int, bytes]] = []  # (offset, length, digest) as stored
+
+    def pending(self) -> int:
+        return self.spool.file.tell() - self.stored if not self.spool.file.closed else 0
+
+    def _read(self, offset: int, length: int) -> bytes:
+        """Blocking: bytes of the spool, leaving its position where it was (the encoder's)."""
+        handle = self.spool.file
+        here = handle.tell()
+        try:
+            handle.seek(offset)
+            return handle.read(length)
+        finally:
+            handle.seek(here)
+
+    async def flush(self, final: bool = False) -> None:
+        """Store what the spool has gained (all of it when ``final``; whole chunks otherwise).
+        Raises LeaseLost, or StoreUnavailable with nothing lost (the next flush resumes)."""
+        if final:
+            for offset, length, digest in list(self._chunks):
+                data = await asyncio.to_thread(self._read, offset, length)
+                if hashlib.blake2b(data, digest_size=16).digest() != digest:
+                    await self._put(offset, data, replace=True)
+        end = self.spool.size if final else self.spool.file.tell()
+        while end - self.stored >= (1 if final else UPLOAD_CHUNK_BYTES):
+            length = min(UPLOAD_CHUNK_BYTES, end - self.stored)
+            await self._put(self.stored, await asyncio.to_thread(self._read, self.stored, length))
+
+    async def _put(self, offset: int, data: bytes, replace: bool = False) -> None:
+        if not await self.store.put_audio(self.job_id, self.token, offset, data):
+            raise LeaseLost(self.job_id)
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        if replace:
+            self._chunks = [(o, n, digest if o == offset else d) for o, n, d in self._chunks]
+        else:
+            self._chunks.append((offset, len(data), digest))
+            self.stored = offset + len(data)
+
+
+class JobRunner:
+    def __init__(self, state: AppState, store: JobStore,
+                 voice_clone: Callable[[str], VoiceClone | None] | None = None):
+        self.state = state
+        self.store = store
+        self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices.py), else None
+        self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
+        self.lease_seconds = state.settings.job_lease_seconds
+        self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
+        self.running: dict[str, ChunkStream] = {}
+        self.stopped: dict[str, str] = {}  # job id -> why its engine work was stopped (cancelled | lost)
+        self.store_error: str | None = None  # set while the store is unreachable
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._dispatcher: asyncio.Task | None = None
+        self._stopping = False
+        self._last_retention = float("-inf")
+        store.set_listener(self._on_store_event)
+
+    async def start(self) -> None:
+        try:
+            requeued = await self.store.requeue_interrupted()
+            if requeued:
+                log.info("re-queued %d interrupted job(s)", requeued)
+        except StoreUnavailable as exc:
+            self._store_down(exc)
+        self._dispatcher = asyncio.create_task(self._dispatch())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop taking jobs; running ones are cancelled in the engine and given back (``queued``)."""
+        self._stopping = True
+        if self._dispatcher:
+            self._dispatcher.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *(t for t in [self._dispatcher] if t), return_exceptions=True)
+
+    # -- events and the store's health ---------------------------------------------------
+    def _on_store_event(self, event: str, job_id: str | None) -> None:
+        if event == "cancelled" and job_id in self.running:
+            self._stop_work(job_id, CANCELLED)
+        self.wake()
+
+    def _stop_work(self, job_id: str, why: str) -> None:
+        self.stopped.setdefault(job_id, why)
+        self.running[job_id].cancel()
+
+    def _store_down(self, exc: Exception) -> None:
+        if self.store_error is None:
+            log.warning("job store unreachable (%s); job endpoints answer 503, queued jobs wait", exc)
+        self.store_error = str(exc)
+
+    def _store_up(self) -> None:
+        if self.store_error is not None:
+            log.info("job store reachable again")
+        self.store_error = None
+
+    async def _until_stored(self, call: Callable[[], Awaitable]):
+        """Run a store call, retrying while the store is unreachable (a running job keeps its
+        audio meanwhile; the runner's shutdown cancels the wait)."""
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable as exc:
+                self._store_down(exc)
+                await asyncio.sleep(STORE_RETRY_SECONDS)
+
+    # -- the dispatcher ---------------------------------------------------------------------
+    async def _apply_retention(self) -> None:
+        ttl_hours = self.state.settings.job_ttl_hours
+        now = time.monotonic()
+        every = min(RETENTION_EVERY_SECONDS, ttl_hours * 3600)  # a short TTL is checked more often
+        if ttl_hours <= 0 or now - self._last_retention < every:
+            return
+        self._last_retention = now
+        removed = await self.store.delete_finished_before(time.time() - ttl_hours * 3600)
+        if removed:
+            log.info("retention: deleted %d finished job(s) older than %g h", removed, ttl_hours)
+
+    async def _dispatch(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            timeout = self.poll_seconds
+            try:
+                await self.store.maintain()
+                await self._apply_retention()
+                # The leader exports the shared queue (service/metrics.py, docs/DEPLOY.md).
+                self.state.metrics.job_backlog = await self.store.queued() if self.store.leader else 0
+                free = self.state.settings.job_workers - len(self.running)
+                if free > 0 and not self.state.draining:
+                    for job in await self.store.claim(self.worker, free, self.lease_seconds):
+                        if not await self._start(job):
+                            timeout = RETRY_SECONDS  # the engine is full: try again soon
+                self._store_up()
+            except StoreUnavailable as exc:
+                self._store_down(exc)
+                timeout = STORE_RETRY_SECONDS
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _start(self, job: Job) -> bool:
+        """Start a claimed job in the engine; False (the job given back) when the engine is full."""
+        token = job.lease_token
+        try:
+            # Stored when the job was created, after validation; a job stored by an older
+            # version lacks the newer fields, which take their defaults.
+            params = SynthesisParams().update(job.params)
+            # One engine request id per attempt: a job re-run after a restart (or on a shared
+            # engine) must not collide with its cancelled predecessor still draining.
+            attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
+            clone = self.voice_clone(params.voice) if self.voice_clone is not None else None
+            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, clone=clone,
+                                      tenant=job.owner or "jobs")
+            stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
+            stream.start()
+        except (EngineOverloaded, EngineUnavailable):
+            await self._until_stored(lambda: self.store.release(job.id, token))
+            return False
+        except (InvalidRequest, FieldError) as exc:
+            error = str(exc)
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
+            return True
+        self.running[job.id] = stream
+        task = asyncio.create_task(self._run(job, stream))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    # -- one running job ------------------------------------------------------------------
+    async def _keep_lease(self, job: Job, stream: ChunkStream, progress: list[int]) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                outcome = await self.store.renew(job.id, job.lease_token, self.lease_seconds, *progress)
+            except StoreUnavailable as exc:
+                self._store_down(exc)
+                continue
+            if outcome in (CANCELLED, LOST):
+                if outcome == LOST:
+                    log.warning("job %s: lease lost (another replica has it); stopping here", job.id)
+                self._stop_work(job.id, outcome)
+                return
+
+    async def _run(self, job: Job, stream: ChunkStream) -> None:
+        token = job.lease_token
+        # Encoded as it arrives (service/spool.py): the float32 signal is never held whole.
+        spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
+        upload = AudioUpload(self.store, job.id, token, spool)
+        progress = [0, 0]
+        keeper = asyncio.create_task(self._keep_lease(job, stream, progress))
+        try:
+            while True:
+                chunk = await stream.next_chunk()
+                if chunk.pcm.size:
+                    await asyncio.to_thread(spool.write, chunk.pcm)
+                progress[:] = [chunk.frames_done, chunk.frames_total]
+                if upload.pending() >= UPLOAD_CHUNK_BYTES:
+                    try:
+                        await upload.flush()
+                    except StoreUnavailable as exc:  # kept in the spool; the next flush resumes
+                        self._store_down(exc)
+                if chunk.is_final:
+                    break
+            if job.id in self.stopped:
+                return  # cancelled (recorded by whoever cancelled) or taken over elsewhere
+            if chunk.error:
+                await self._until_stored(lambda: self.store.finish(job.id, token, "failed",
+                                                                   error=f"synthesis failed: {chunk.error}"))
+                return
+            size = await asyncio.to_thread(spool.finish)
+            await self._until_stored(lambda: upload.flush(final=True))
+            await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, *progress))
+            if not await self._until_stored(lambda: self.store.finish(job.id, token, "succeeded", audio_size=size)):
+                # DELETE (or a takeover) won the race while the audio was stored
+                log.info("job %s was cancelled as it finished; audio discarded", job.id)
+                return
+            self.state.metrics.jobs_succeeded.inc()
+            log.info("job %s succeeded (%.2f s audio, %d bytes, attempt %d)", job.id,
+                     spool.samples / chunk.sample_rate, size, job.attempts)
+        except OSError as exc:  # disk full, permissions (spool, audio files): this job fails, with the reason
+            stream.cancel()
+            error = f"could not write audio: {exc.strerror or exc}"
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
+        except LeaseLost:
+            stream.cancel()
+            log.info("job %s: no longer this replica's (cancelled or taken over)", job.id)
+        except asyncio.CancelledError:
+            stream.cancel()
+            if job.id not in self.stopped:  # shutdown: run it again after the restart (or elsewhere)
+                try:
+                    await asyncio.wait_for(self.store.release(job.id, token), STORE_RETRY_SECONDS * 5)
+                except (StoreUnavailable, asyncio.TimeoutError):
+                    pass  # its lease expires instead (or the next start re-queues it)
+            raise
+        except Exception:  # a bug here must fail this job only, visibly
+            log.exception("job %s failed", job.id)
+            try:
+                await self.store.finish(job.id, token, "failed", error="internal error while finishing the job")
+            except StoreUnavailable:
+                pass
+        finally:
+            keeper.cancel()
+            self.running.pop(job.id, None)
+            self.stopped.pop(job.id, None)
+            self.wake()
+            spool.close()  # quick: frees memory or unlinks a temp file
+
+    async def cancel(self, job: Job) -> bool:
+        """queued/running -> cancelled, atomically, wherever it runs; False when it had ended."""
+        if not await self.store.cancel(job.id):
+            return False
+        if job.id in self.running:  # the store's event does it too; here at once
+            self._stop_work(job.id, CANCELLED)
+        return True

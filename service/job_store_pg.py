@@ -1,0 +1,361 @@
+"""The shared job store: PostgreSQL through asyncpg, so any replica serves any job.
+
+* Schema: versioned in ``streamvox_schema``; :data:`MIGRATIONS` are applied at start-up under
+  an advisory lock, so replicas starting together migrate once.
+* Jobs are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claims never wait
+  on each other and never take the same job. A claim sets a lease (replica, token, expiry
+  on the database's clock, so replicas' clocks do not matter).
+* Audio is stored as ``bytea`` chunks (``job_audio``) while the job runs. A chunk write locks
+  the job row ``FOR SHARE`` and checks the lease token, so it serialises with a claim (which
+  deletes the old attempt's chunks): a stale replica's chunk can never land in a new attempt.
+* Wake-ups: ``NOTIFY streamvox_jobs`` on a new or released job (``queued``) and on a cancel
+  (``cancelled:<id>``), heard by one ``LISTEN`` connection per replica. The replica whose
+  listening connection holds the advisory lock :data:`LEADER_LOCK` is the leader: it exports
+  the shared queue depth (docs/DEPLOY.md says why one replica and not all).
+* The password comes from the URL, ``PGPASSWORD`` / ``PGPASSFILE`` (libpq's variables, which
+  asyncpg reads) or ``--jobs-db-password-file``; log lines show the URL redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import asyncpg
+
+from .job_store import (
+    AUDIO_READ_CHUNKS,
+    CANCELLED,
+    FINISHED,
+    LOST,
+    RENEWED,
+    Job,
+    JobStore,
+    StoreUnavailable,
+    new_job_id,
+    redact_url,
+)
+
+log = logging.getLogger("streamvox.jobs")
+
+CHANNEL = "streamvox_jobs"
+MIGRATION_LOCK = 0x5754_0017  # pg_advisory_xact_lock key while the schema is migrated
+LEADER_LOCK = 0x5754_0018  # pg_try_advisory_lock key held by the leader's listening connection
+CONNECT_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_S = 30.0
+PING_TIMEOUT_S = 2.0
+_NOW = "extract(epoch from clock_timestamp())"
+
+# (version, statements). Append a new entry to change the schema; never edit an applied one.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, """
+CREATE TABLE jobs (
+    id text PRIMARY KEY,
+    status text NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+    params jsonb NOT NULL,
+    owner text,
+    created_at double precision NOT NULL,
+    started_at double precision,
+    finished_at double precision,
+    error text,
+    frames_done integer NOT NULL DEFAULT 0,
+    frames_total integer NOT NULL DEFAULT 0,
+    audio_size bigint,
+    attempts integer NOT NULL DEFAULT 0,
+    lease_owner text,
+    lease_token text,
+    lease_expires timestamptz
+);
+CREATE INDEX jobs_queued ON jobs (created_at) WHERE status = 'queued';
+CREATE INDEX jobs_leased ON jobs (lease_expires) WHERE status = 'running';
+CREATE INDEX jobs_created ON jobs (created_at DESC);
+CREATE INDEX jobs_unfinished_owner ON jobs (owner) WHERE status IN ('queued', 'running');
+CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status IN ('succeeded', 'failed', 'cancelled');
+CREATE TABLE job_audio (
+    job_id text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    pos bigint NOT NULL,
+    token text NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (job_id, pos)
+);
+-- Saved voices (issue 15): the slot for a database-backed VoiceStore; unused so far.
+CREATE TABLE voices (
+    name text PRIMARY KEY,
+    meta jsonb NOT NULL,
+    tensors bytea NOT NULL,
+    created_at double precision NOT NULL
+);
+"""),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+# What a lost or refused connection raises; anything else is a bug and propagates.
+_UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError)
+
+
+def _job(row: asyncpg.Record) -> Job:
+    return Job(id=row["id"], status=row["status"], params=row["params"], created_at=row["created_at"],
+               started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
+               frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
+               audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
+               lease_token=row["lease_token"])
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+class PostgresJobStore(JobStore):
+    kind = "postgresql"
+    shared = True
+
+    def __init__(self, url: str, pool_size: int = 8, password: str | None = None):
+        super().__init__()
+        self.url = url
+        self.pool_size = pool_size
+        self._password = password  # None: from the URL or libpq's environment variables
+        self._pool: asyncpg.Pool | None = None
+        self._listen: asyncpg.Connection | None = None
+        self._leader = False
+        self._opening = asyncio.Lock()
+        self._expiring: asyncio.Task | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresJobStore({redact_url(self.url)})"
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def open(self) -> None:
+        async with self._opening:
+            if self._pool is not None:
+                return
+            try:
+                pool = await asyncpg.create_pool(self.url, password=self._password, min_size=1,
+                                                 max_size=self.pool_size, timeout=CONNECT_TIMEOUT_S,
+                                                 command_timeout=COMMAND_TIMEOUT_S, init=_init_connection)
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(f"job database {redact_url(self.url)} unreachable: {exc}") from None
+            try:
+                async with pool.acquire() as conn:
+                    await self._migrate(conn)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            log.info("job store: %s (schema v%d, pool %d)", redact_url(self.url), SCHEMA_VERSION, self.pool_size)
+        await self.maintain()
+
+    @staticmethod
+    async def _migrate(conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version integer NOT NULL)")
+            version = await conn.fetchval("SELECT max(version) FROM streamvox_schema") or 0
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"the job database has schema v{version}, newer than this streamvox "
+                                   f"(v{SCHEMA_VERSION}); upgrade streamvox")
+            for number, statements in MIGRATIONS:
+                if number > version:
+                    await conn.execute(statements)
+                    await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", number)
+                    log.info("job store: schema migrated to v%d", number)
+
+    async def close(self) -> None:
+        if self._listen is not None:
+            self._listen.remove_termination_listener(self._on_listen_lost)
+            await self._listen.close()  # also releases the leader lock
+            self._listen = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @asynccontextmanager
+    async def _conn(self):
+        if self._pool is None:
+            await self.open()
+        try:
+            async with self._pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn:
+                yield conn
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(f"job database unreachable: {exc.__class__.__name__}: {exc}") from None
+
+    async def ping(self) -> None:
+        async with self._conn() as conn:
+            await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
+
+    @property
+    def leader(self) -> bool:
+        return self._leader and self._listen is not None and not self._listen.is_closed()
+
+    async def maintain(self) -> None:
+        """(Re)open the listening connection and try for the leader lock; the runner calls this
+        every poll. A listening connection that dies wakes the runner (it may have missed
+        notifications) and drops the pool's other connections, which died with it."""
+        if self._pool is None:
+            await self.open()
+            return
+        if self._listen is None or self._listen.is_closed():
+            self._leader = False
+            try:
+                conn = await asyncpg.connect(self.url, password=self._password, timeout=CONNECT_TIMEOUT_S)
+                await conn.add_listener(CHANNEL, self._on_notification)
+                conn.add_termination_listener(self._on_listen_lost)
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(f"job database unreachable: {exc}") from None
+            self._listen = conn
+            self._notify("queued")  # anything queued while we were not listening
+        if not self._leader:
+            try:
+                self._leader = await self._listen.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK)
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(f"job database unreachable: {exc}") from None
+
+    def _on_notification(self, conn, pid, channel, payload: str) -> None:
+        event, _, job_id = payload.partition(":")
+        self._notify(event, job_id or None)
+
+    def _on_listen_lost(self, conn) -> None:
+        self._leader = False
+        if self._pool is not None:  # they died with it; new ones are made on the next acquire
+            self._expiring = asyncio.get_running_loop().create_task(self._pool.expire_connections())
+        self._notify("queued")
+
+    # -- records ----------------------------------------------------------------------
+    async def create(self, params: dict, owner: str | None = None) -> Job:
+        async with self._conn() as conn, conn.transaction():
+            row = await conn.fetchrow(f"INSERT INTO jobs (id, status, params, owner, created_at) "
+                                      f"VALUES ($1, 'queued', $2, $3, {_NOW}) RETURNING *", new_job_id(), params, owner)
+            await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
+        return _job(row)
+
+    async def get(self, job_id: str) -> Job | None:
+        async with self._conn() as conn:
+            row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+        return _job(row) if row else None
+
+    async def list(self, status=None, limit=100, owner=None, any_owner=True) -> list[Job]:
+        where, args = [], []
+        if status:
+            args.append(status)
+            where.append(f"status = ${len(args)}")
+        if not any_owner:
+            args.append(owner)
+            where.append(f"owner IS NOT DISTINCT FROM ${len(args)}")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        args.append(limit)
+        async with self._conn() as conn:
+            rows = await conn.fetch(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ${len(args)}", *args)
+        return [_job(row) for row in rows]
+
+    async def unfinished(self, owner=None, any_owner=True) -> int:
+        async with self._conn() as conn:
+            if any_owner:
+                return await conn.fetchval("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')")
+            return await conn.fetchval("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running') "
+                                       "AND owner IS NOT DISTINCT FROM $1", owner)
+
+    async def queued(self) -> int:
+        async with self._conn() as conn:
+            return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
+
+    # -- claims and leases -------------------------------------------------------------------
+    async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
+        async with self._conn() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "WITH picked AS (SELECT id FROM jobs WHERE status = 'queued' "
+                "    OR (status = 'running' AND lease_expires < clock_timestamp()) "
+                "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) "
+                f"UPDATE jobs SET status = 'running', started_at = {_NOW}, error = NULL, frames_done = 0, "
+                "    attempts = attempts + 1, lease_owner = $1, lease_token = md5(gen_random_uuid()::text), "
+                "    lease_expires = clock_timestamp() + make_interval(secs => $3) "
+                "FROM picked WHERE jobs.id = picked.id RETURNING jobs.*", worker, limit, float(lease_seconds))
+            if rows:  # an earlier attempt's chunks (its replica died mid-job) are not this one's
+                await conn.execute("DELETE FROM job_audio WHERE job_id = ANY($1::text[])", [row["id"] for row in rows])
+        return sorted((_job(row) for row in rows), key=lambda job: job.created_at)
+
+    async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
+        async with self._conn() as conn:
+            renewed = await conn.fetchval(
+                "UPDATE jobs SET lease_expires = clock_timestamp() + make_interval(secs => $3), frames_done = $4, "
+                "frames_total = $5 WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true",
+                job_id, token, float(lease_seconds), frames_done, frames_total)
+            if renewed:
+                return RENEWED
+            status = await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)
+        return CANCELLED if status == "cancelled" else LOST
+
+    async def put_audio(self, job_id, token, offset, data) -> bool:
+        async with self._conn() as conn, conn.transaction():
+            held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
+                                       "AND status = 'running' FOR SHARE", job_id, token)
+            if not held:
+                return False
+            await conn.execute("INSERT INTO job_audio (job_id, pos, token, data) VALUES ($1, $2, $3, $4) "
+                               "ON CONFLICT (job_id, pos) DO UPDATE SET token = EXCLUDED.token, data = EXCLUDED.data",
+                               job_id, offset, token, data)
+        return True
+
+    async def finish(self, job_id, token, status, error=None, audio_size=None) -> bool:
+        assert status in FINISHED
+        async with self._conn() as conn, conn.transaction():
+            done = await conn.fetchval(
+                f"UPDATE jobs SET status = $3, finished_at = {_NOW}, error = $4, audio_size = $5, "
+                "lease_owner = NULL, lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
+                "RETURNING true", job_id, token, status, error, audio_size)
+            if done and status != "succeeded":
+                await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
+        return bool(done)
+
+    async def release(self, job_id, token) -> bool:
+        async with self._conn() as conn, conn.transaction():
+            released = await conn.fetchval(
+                "UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0, lease_owner = NULL, "
+                "lease_token = NULL, lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
+                "RETURNING true", job_id, token)
+            if released:
+                await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
+                await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
+        return bool(released)
+
+    async def fail_queued(self, job_id, error) -> bool:
+        async with self._conn() as conn:
+            return bool(await conn.fetchval(f"UPDATE jobs SET status = 'failed', finished_at = {_NOW}, error = $2 "
+                                            "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, error))
+
+    async def cancel(self, job_id, error="cancelled by the client") -> bool:
+        async with self._conn() as conn, conn.transaction():
+            cancelled = await conn.fetchval(
+                f"UPDATE jobs SET status = 'cancelled', finished_at = {_NOW}, error = $2, lease_owner = NULL, "
+                "lease_expires = NULL WHERE id = $1 AND status IN ('queued', 'running') RETURNING true", job_id, error)
+            if cancelled:
+                await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"cancelled:{job_id}")
+        return bool(cancelled)
+
+    # -- retention, quota, download ---------------------------------------------------------
+    async def delete_finished_before(self, cutoff: float) -> int:
+        async with self._conn() as conn:
+            result = await conn.execute("DELETE FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+                                        "AND finished_at < $1", cutoff)
+        return int(result.split()[-1])
+
+    async def audio_bytes(self) -> int:
+        async with self._conn() as conn:  # octet_length reads a TOASTed value's size, not the value
+            return await conn.fetchval("SELECT coalesce(sum(octet_length(data)), 0) FROM job_audio")
+
+    async def read_audio(self, job: Job) -> AsyncIterator[bytes]:
+        position = 0
+        while True:  # a page of chunks per round trip; no connection is held between pages
+            async with self._conn() as conn:
+                rows = await conn.fetch("SELECT pos, data FROM job_audio WHERE job_id = $1 AND pos >= $2 "
+                                        "ORDER BY pos LIMIT $3", job.id, position, AUDIO_READ_CHUNKS)
+            for row in rows:
+                if row["pos"] != position:  # a gap: never serve a file with a hole in it
+                    raise StoreUnavailable(f"job {job.id}: audio chunk at {position} missing")
+                yield bytes(row["data"])
+                position += len(row["data"])
+            if len(rows) < AUDIO_READ_CHUNKS:
+                return

@@ -1,0 +1,300 @@
+"""The embedded job store: SQLite (WAL) and audio files under ``--data-dir``.
+
+One replica owns the directory. Every database and file call runs on one thread of its own
+(``_call``), so the event loop never waits on the disk and the SQLite connection is used by
+one thread only. An attempt's audio grows in ``audio/.<id>.<token>.part`` and is fsynced and
+renamed to ``audio/<id>.<ext>`` when the attempt's completion is recorded, so a crash never
+leaves a half-written file under a finished job. Jobs found ``running`` at start-up were
+interrupted (crash, ``kill -9``, shutdown) and go back to ``queued``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import AsyncIterator
+
+from .job_store import (
+    CANCELLED,
+    FINISHED,
+    LOST,
+    RENEWED,
+    Job,
+    JobStore,
+    new_job_id,
+    new_lease_token,
+)
+
+READ_BLOCK = 256 * 1024
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    params TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    error TEXT,
+    frames_done INTEGER NOT NULL DEFAULT 0,
+    frames_total INTEGER NOT NULL DEFAULT 0,
+    audio_file TEXT,
+    owner TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+"""
+# Columns added after the first release: (name, type); added when an older database lacks them.
+_ADDED_COLUMNS = (("owner", "TEXT"), ("audio_size", "INTEGER"), ("attempts", "INTEGER NOT NULL DEFAULT 0"),
+                  ("lease_owner", "TEXT"), ("lease_token", "TEXT"), ("lease_expires", "REAL"))
+
+
+class SqliteJobStore(JobStore):
+    kind = "sqlite"
+    shared = False
+
+    def __init__(self, data_dir: Path):
+        super().__init__()
+        self.data_dir = Path(data_dir)
+        self.audio_dir = self.data_dir / "audio"
+        self._db: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-store")
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def open(self) -> None:
+        await self._call(self._open)
+
+    def _open(self) -> None:
+        self.audio_dir.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.data_dir / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+        for name, kind in _ADDED_COLUMNS:
+            if name not in columns:  # a database made by an older version
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._call(self._db.close)
+            self._db = None
+        self._thread.shutdown(wait=True)
+
+    async def ping(self) -> None:
+        return None  # a local file: reachable while the process runs
+
+    # -- records ----------------------------------------------------------------------
+    def _job(self, row: sqlite3.Row) -> Job:
+        return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
+                   started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
+                   frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
+                   audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
+                   lease_token=row["lease_token"])
+
+    def _execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        return self._db.execute(sql, args)
+
+    async def create(self, params: dict, owner: str | None = None) -> Job:
+        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time(), owner=owner)
+        await self._call(self._execute, "INSERT INTO jobs (id, status, params, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+                         (job.id, job.status, json.dumps(params), job.created_at, owner))
+        self._notify("queued")
+        return job
+
+    async def get(self, job_id: str) -> Job | None:
+        def get():
+            row = self._execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return self._job(row) if row else None
+        return await self._call(get)
+
+    async def list(self, status=None, limit=100, owner=None, any_owner=True) -> list[Job]:
+        where, args = [], []
+        if status:
+            where.append("status = ?")
+            args.append(status)
+        if not any_owner:
+            where.append("owner IS ?")
+            args.append(owner)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+
+        def rows():
+            return [self._job(row) for row in
+                    self._execute(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ?", (*args, limit))]
+        return await self._call(rows)
+
+    async def unfinished(self, owner=None, any_owner=True) -> int:
+        if any_owner:
+            sql, args = "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')", ()
+        else:
+            sql, args = "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running') AND owner IS ?", (owner,)
+        return await self._call(lambda: self._execute(sql, args).fetchone()[0])
+
+    async def queued(self) -> int:
+        return await self._call(lambda: self._execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0])
+
+    # -- claims and leases -------------------------------------------------------------------
+    # Each change is one conditional statement on the store's only connection (one thread), so
+    # it is atomic with any other: a job moves only from the state the caller saw.
+    async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
+        def claim():
+            now = time.time()
+            rows = self._execute("SELECT id FROM jobs WHERE status = 'queued' OR (status = 'running' AND "
+                                 "lease_expires < ?) ORDER BY created_at LIMIT ?", (now, limit)).fetchall()
+            claimed = []
+            for row in rows:
+                token = new_lease_token()
+                cursor = self._execute(
+                    "UPDATE jobs SET status = 'running', started_at = ?, error = NULL, frames_done = 0, "
+                    "attempts = attempts + 1, lease_owner = ?, lease_token = ?, lease_expires = ? "
+                    "WHERE id = ? AND (status = 'queued' OR (status = 'running' AND lease_expires < ?))",
+                    (now, worker, token, now + lease_seconds, row["id"], now))
+                if cursor.rowcount == 1:
+                    self._remove_parts(row["id"])
+                    claimed.append(self._job(self._execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()))
+            return claimed
+        return await self._call(claim)
+
+    async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
+        def renew():
+            cursor = self._execute("UPDATE jobs SET lease_expires = ?, frames_done = ?, frames_total = ? "
+                                   "WHERE id = ? AND lease_token = ? AND status = 'running'",
+                                   (time.time() + lease_seconds, frames_done, frames_total, job_id, token))
+            if cursor.rowcount == 1:
+                return RENEWED
+            row = self._execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            return CANCELLED if row is not None and row["status"] == "cancelled" else LOST
+        return await self._call(renew)
+
+    def _holds(self, job_id: str, token: str) -> bool:
+        row = self._execute("SELECT 1 FROM jobs WHERE id = ? AND lease_token = ? AND status = 'running'",
+                            (job_id, token)).fetchone()
+        return row is not None
+
+    def _part(self, job_id: str, token: str) -> Path:
+        return self.audio_dir / f".{job_id}.{token}.part"
+
+    def _remove_part(self, job_id: str, token: str) -> None:
+        with contextlib.suppress(OSError):  # the directory itself may be what failed
+            self._remove_part(job_id, token)
+
+    def _remove_parts(self, job_id: str) -> None:
+        for path in self.audio_dir.glob(f".{job_id}.*.part"):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+    async def put_audio(self, job_id, token, offset, data) -> bool:
+        def put():
+            if not self._holds(job_id, token):
+                return False
+            part = self._part(job_id, token)
+            with open(part, "r+b" if part.exists() else "wb") as handle:
+                handle.seek(offset)
+                handle.write(data)
+            return True
+        return await self._call(put)
+
+    async def finish(self, job_id, token, status, error=None, audio_size=None) -> bool:
+        assert status in FINISHED
+
+        def finish():
+            if not self._holds(job_id, token):
+                self._remove_part(job_id, token)
+                return False
+            name = None
+            if status == "succeeded":
+                job = self._job(self._execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+                name = f"{job_id}.{job.response_format}"
+                part = self._part(job_id, token)
+                with open(part, "r+b" if part.exists() else "wb") as handle:
+                    handle.truncate(audio_size or 0)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(part, self.audio_dir / name)
+            else:
+                self._remove_part(job_id, token)
+            cursor = self._execute("UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ?, "
+                                   "audio_size = ?, lease_owner = NULL, lease_expires = NULL "
+                                   "WHERE id = ? AND lease_token = ? AND status = 'running'",
+                                   (status, time.time(), error, name, audio_size, job_id, token))
+            return cursor.rowcount == 1
+        return await self._call(finish)
+
+    async def release(self, job_id, token) -> bool:
+        def release():
+            self._remove_part(job_id, token)
+            cursor = self._execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0, "
+                                   "lease_owner = NULL, lease_token = NULL, lease_expires = NULL "
+                                   "WHERE id = ? AND lease_token = ? AND status = 'running'", (job_id, token))
+            return cursor.rowcount == 1
+        released = await self._call(release)
+        if released:
+            self._notify("queued")
+        return released
+
+    async def fail_queued(self, job_id, error) -> bool:
+        cursor = await self._call(self._execute, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
+                                  "WHERE id = ? AND status = 'queued'", (time.time(), error, job_id))
+        return cursor.rowcount == 1
+
+    async def cancel(self, job_id, error="cancelled by the client") -> bool:
+        def cancel():
+            cursor = self._execute("UPDATE jobs SET status = 'cancelled', finished_at = ?, error = ?, "
+                                   "lease_owner = NULL, lease_expires = NULL "
+                                   "WHERE id = ? AND status IN ('queued', 'running')", (time.time(), error, job_id))
+            if cursor.rowcount == 1:
+                self._remove_parts(job_id)
+            return cursor.rowcount == 1
+        cancelled = await self._call(cancel)
+        if cancelled:
+            self._notify("cancelled", job_id)
+        return cancelled
+
+    async def requeue_interrupted(self) -> int:
+        cursor = await self._call(self._execute, "UPDATE jobs SET status = 'queued', started_at = NULL, "
+                                  "frames_done = 0, lease_owner = NULL, lease_token = NULL, lease_expires = NULL "
+                                  "WHERE status = 'running'")
+        await self._call(lambda: [p.unlink(missing_ok=True) for p in self.audio_dir.glob(".*.part")])
+        return cursor.rowcount
+
+    # -- retention, quota, download ---------------------------------------------------------
+    async def delete_finished_before(self, cutoff: float) -> int:
+        def delete():
+            rows = self._execute("SELECT id, audio_file FROM jobs WHERE status IN ('succeeded', 'failed', "
+                                 "'cancelled') AND finished_at < ?", (cutoff,)).fetchall()
+            for row in rows:
+                if row["audio_file"]:
+                    (self.audio_dir / row["audio_file"]).unlink(missing_ok=True)
+                self._execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
+            return len(rows)
+        return await self._call(delete)
+
+    async def audio_bytes(self) -> int:
+        def size():
+            return sum(entry.stat().st_size for entry in os.scandir(self.audio_dir) if entry.is_file())
+        return await self._call(size)
+
+    def audio_path(self, job: Job) -> Path | None:
+        return self.audio_dir / f"{job.id}.{job.response_format}" if job.status == "succeeded" else None
+
+    async def read_audio(self, job: Job) -> AsyncIterator[bytes]:
+        path = self.audio_path(job)
+        try:
+            handle = await self._call(open, path, "rb")
+        except (OSError, TypeError):
+            return
+        try:
+            while block := await self._call(handle.read, READ_BLOCK):
+                yield block
+        finally:
+            await self._call(handle.close)

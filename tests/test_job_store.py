@@ -1,0 +1,235 @@
+"""The job store, run against both implementations: SQLite + files, and a real PostgreSQL.
+
+Claims, leases, fencing, chunked audio, cancel events, retention, quota. The PostgreSQL-only
+part: the versioned schema, concurrent claims from many connections, the leader lock, the
+password kept out of messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import asyncpg
+import pytest
+
+from service.job_store import CANCELLED, LOST, RENEWED, StoreUnavailable
+from service.job_store_pg import SCHEMA_VERSION, PostgresJobStore
+from service.job_store_sqlite import SqliteJobStore
+
+LEASE = 30.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request, tmp_path):
+    if request.param == "sqlite":
+        opened = SqliteJobStore(tmp_path / "data")
+    else:
+        opened = PostgresJobStore(request.getfixturevalue("pg_url"), pool_size=4)
+    events: list[tuple[str, str | None]] = []
+    opened.set_listener(lambda event, job_id: events.append((event, job_id)))
+    await opened.open()
+    opened.events = events
+    yield opened
+    await opened.close()
+
+
+async def eventually(predicate, timeout_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_records_list_and_counts(store):
+    first = await store.create({"input": "one"}, owner="alice")
+    second = await store.create({"input": "two", "response_format": "flac"}, owner="bob")
+    got = await store.get(first.id)
+    assert (got.id, got.status, got.params, got.owner) == (first.id, "queued", {"input": "one"}, "alice")
+    assert await store.get("0" * 32) is None
+    assert [job.id for job in await store.list()] == [second.id, first.id]  # newest first
+    assert [job.id for job in await store.list(owner="alice", any_owner=False)] == [first.id]
+    assert [job.id for job in await store.list(status="queued", limit=1)] == [second.id]
+    assert (await store.get(second.id)).response_format == "flac"
+    assert await store.unfinished() == 2 and await store.unfinished("bob", any_owner=False) == 1
+    assert await store.queued() == 2
+
+
+async def test_claim_takes_the_oldest_once_under_a_lease(store):
+    jobs = [await store.create({"input": f"job {i}"}) for i in range(3)]
+    claimed = await store.claim("replica-a", 2, LEASE)
+    assert [job.id for job in claimed] == [jobs[0].id, jobs[1].id]
+    assert all(job.status == "running" and job.lease_owner == "replica-a" and job.attempts == 1 for job in claimed)
+    assert len({job.lease_token for job in claimed}) == 2
+    rest = await store.claim("replica-b", 5, LEASE)
+    assert [job.id for job in rest] == [jobs[2].id]  # a leased job is not claimable again
+    assert await store.claim("replica-b", 5, LEASE) == []
+    assert await store.queued() == 0 and await store.unfinished() == 3
+
+
+async def test_audio_is_stored_in_chunks_and_completion_is_fenced(store):
+    job = await store.create({"input": "x", "response_format": "wav"})
+    [claimed] = await store.claim("a", 1, LEASE)
+    token = claimed.lease_token
+    assert await store.put_audio(job.id, token, 0, b"HEAD" + b"a" * 6)
+    assert await store.put_audio(job.id, token, 10, b"b" * 10)
+    assert await store.put_audio(job.id, token, 0, b"head" + b"a" * 6)  # a rewrite of the first chunk
+    assert await store.renew(job.id, token, LEASE, 5, 10) == RENEWED
+    assert not await store.finish(job.id, "not-the-token", "succeeded", audio_size=20)
+    assert await store.finish(job.id, token, "succeeded", audio_size=20)
+    assert not await store.finish(job.id, token, "succeeded", audio_size=20)  # once
+    done = await store.get(job.id)
+    assert (done.status, done.audio_size, done.frames_done, done.frames_total) == ("succeeded", 20, 5, 10)
+    assert done.created_at <= done.started_at <= done.finished_at
+    audio = b"".join([block async for block in store.read_audio(done)])
+    assert audio == b"head" + b"a" * 6 + b"b" * 10
+    assert await store.audio_bytes() >= 20
+    assert not await store.put_audio(job.id, token, 20, b"late")  # finished: no more writes
+
+
+async def test_an_expired_lease_is_taken_over_and_the_old_attempt_is_fenced_out(store):
+    job = await store.create({"input": "x"})
+    [old] = await store.claim("dead-replica", 1, 0.2)
+    assert await store.put_audio(job.id, old.lease_token, 0, b"stale-bytes-from-the-first-attempt")
+    assert await store.claim("b", 1, LEASE) == []  # not expired yet
+    await asyncio.sleep(0.4)
+    [new] = await store.claim("b", 1, LEASE)
+    assert (new.id, new.attempts, new.lease_owner) == (job.id, 2, "b") and new.lease_token != old.lease_token
+    # the first attempt wakes up: every write it tries is refused
+    assert await store.renew(job.id, old.lease_token, LEASE, 1, 1) == LOST
+    assert not await store.put_audio(job.id, old.lease_token, 0, b"zz")
+    assert not await store.finish(job.id, old.lease_token, "succeeded", audio_size=2)
+    assert not await store.release(job.id, old.lease_token)
+    assert await store.put_audio(job.id, new.lease_token, 0, b"new")
+    assert await store.finish(job.id, new.lease_token, "succeeded", audio_size=3)
+    done = await store.get(job.id)
+    assert b"".join([b async for b in store.read_audio(done)]) == b"new"  # nothing of the old attempt
+
+
+async def test_cancel_reaches_the_runner_and_the_renewal(store):
+    queued = await store.create({"input": "q"})
+    running = await store.create({"input": "r"})
+    await store.claim("a", 1, LEASE)  # takes `queued` (the older)
+    [claimed] = await store.claim("a", 1, LEASE)
+    assert claimed.id == running.id
+    assert await store.cancel(queued.id)
+    assert await store.cancel(running.id)
+    assert not await store.cancel(running.id)  # already ended
+    await eventually(lambda: ("cancelled", running.id) in store.events)
+    assert await store.renew(running.id, claimed.lease_token, LEASE, 1, 2) == CANCELLED
+    assert not await store.put_audio(running.id, claimed.lease_token, 0, b"x")
+    assert not await store.finish(running.id, claimed.lease_token, "succeeded", audio_size=1)
+    assert (await store.get(running.id)).status == "cancelled"
+
+
+async def test_release_requeues_and_wakes(store):
+    job = await store.create({"input": "x"})
+    await eventually(lambda: ("queued", None) in store.events)
+    store.events.clear()
+    [claimed] = await store.claim("a", 1, LEASE)
+    assert await store.release(job.id, claimed.lease_token)
+    assert (await store.get(job.id)).status == "queued"
+    await eventually(lambda: ("queued", None) in store.events)
+    [again] = await store.claim("b", 1, LEASE)
+    assert again.attempts == 2
+
+
+async def test_failures_and_retention(store):
+    bad = await store.create({"input": "bad"})
+    assert await store.fail_queued(bad.id, "no longer valid")
+    assert not await store.fail_queued(bad.id, "twice")
+    kept = await store.create({"input": "kept"})
+    [claimed] = await store.claim("a", 1, LEASE)
+    await store.put_audio(kept.id, claimed.lease_token, 0, b"abc")
+    await store.finish(kept.id, claimed.lease_token, "succeeded", audio_size=3)
+    assert await store.delete_finished_before(time.time() - 3600) == 0
+    assert await store.delete_finished_before(time.time() + 1) == 2
+    assert await store.get(kept.id) is None and await store.get(bad.id) is None
+    assert await store.audio_bytes() == 0
+
+
+# -- PostgreSQL only --------------------------------------------------------------------
+
+async def test_schema_is_versioned_and_migrated_once(pg_url):
+    stores = [PostgresJobStore(pg_url, pool_size=2) for _ in range(3)]
+    await asyncio.gather(*(s.open() for s in stores))  # replicas starting together
+    try:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            assert await conn.fetch("SELECT version FROM streamvox_schema") == [(SCHEMA_VERSION,)]
+            tables = {r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            assert {"jobs", "job_audio", "voices", "streamvox_schema"} <= tables
+            await conn.execute("INSERT INTO streamvox_schema VALUES ($1)", SCHEMA_VERSION + 1)
+        finally:
+            await conn.close()
+        newer = PostgresJobStore(pg_url)
+        with pytest.raises(RuntimeError, match="newer than this streamvox"):
+            await newer.open()
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_concurrent_claims_from_many_replicas_take_each_job_once(pg_url):
+    stores = [PostgresJobStore(pg_url, pool_size=4) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    try:
+        created = [await stores[0].create({"input": f"{i}"}) for i in range(60)]
+
+        async def drain(s: PostgresJobStore, worker: str) -> list[str]:
+            taken = []
+            while batch := await s.claim(worker, 2, LEASE):
+                taken += [job.id for job in batch]
+            return taken
+
+        results = await asyncio.gather(*(drain(s, f"r{i}-{k}") for i, s in enumerate(stores) for k in range(3)))
+        taken = [job_id for result in results for job_id in result]
+        assert sorted(taken) == sorted(job.id for job in created)  # every job, none twice
+        assert sum(1 for result in results if result) > 1  # really concurrent
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_one_leader_and_a_successor(pg_url):
+    first, second = PostgresJobStore(pg_url), PostgresJobStore(pg_url)
+    await first.open()
+    await second.open()
+    try:
+        assert [first.leader, second.leader] == [True, False]
+        await first.close()  # its listening connection, and the lock, go
+        await second.maintain()
+        assert second.leader
+    finally:
+        await second.close()
+
+
+async def test_cancel_on_one_replica_is_heard_by_another(pg_url):
+    here, there = PostgresJobStore(pg_url), PostgresJobStore(pg_url)
+    heard = []
+    there.set_listener(lambda event, job_id: heard.append((event, job_id)))
+    await here.open()
+    await there.open()
+    try:
+        job = await here.create({"input": "x"})
+        await eventually(lambda: ("queued", None) in heard)
+        await there.claim("there", 1, LEASE)
+        await here.cancel(job.id)
+        await eventually(lambda: ("cancelled", job.id) in heard)
+    finally:
+        await here.close()
+        await there.close()
+
+
+async def test_an_unreachable_database_is_store_unavailable_without_the_password(postgres, caplog):
+    caplog.set_level(logging.DEBUG)
+    url = f"postgresql://streamvox:s3cr3t-pw@127.0.0.1:{postgres.port + 1}/postgres"  # nothing listens there
+    store = PostgresJobStore(url)
+    assert "s3cr3t-pw" not in repr(store)
+    with pytest.raises(StoreUnavailable) as raised:
+        await store.open()
+    assert "s3cr3t-pw" not in str(raised.value) and "***" in str(raised.value)
+    with pytest.raises(StoreUnavailable):
+        await store.get("0" * 32)
+    assert "s3cr3t-pw" not in caplog.text
