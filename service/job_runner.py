@@ -282,6 +282,7 @@ class JobRunner:
                 return
             size = await asyncio.to_thread(spool.finish)
             await self._until_stored(lambda: upload.flush(final=True))
+            self.state.metrics.job_audio_stored.inc()
             await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, *progress))
             if not await self._until_stored(lambda: self.store.finish(job.id, token, "succeeded", audio_size=size)):
                 # DELETE (or a takeover) won the race while the audio was stored

@@ -303,7 +303,7 @@ class PostgresJobStore(JobStore):
         async with self._conn() as conn, conn.transaction():
             done = await conn.fetchval(
                 f"UPDATE jobs SET status = $3, finished_at = {_NOW}, error = $4, audio_size = $5, "
-                "lease_owner = NULL, lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
+                "lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
                 "RETURNING true", job_id, token, status, error, audio_size)
             if done and status != "succeeded":
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)

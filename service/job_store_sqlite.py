@@ -186,7 +186,7 @@ class SqliteJobStore(JobStore):
 
     def _remove_part(self, job_id: str, token: str) -> None:
         with contextlib.suppress(OSError):  # the directory itself may be what failed
-            self._remove_part(job_id, token)
+            self._part(job_id, token).unlink(missing_ok=True)
 
     def _remove_parts(self, job_id: str) -> None:
         for path in self.audio_dir.glob(f".{job_id}.*.part"):
@@ -224,7 +224,7 @@ class SqliteJobStore(JobStore):
             else:
                 self._remove_part(job_id, token)
             cursor = self._execute("UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ?, "
-                                   "audio_size = ?, lease_owner = NULL, lease_expires = NULL "
+                                   "audio_size = ?, lease_expires = NULL "
                                    "WHERE id = ? AND lease_token = ? AND status = 'running'",
                                    (status, time.time(), error, name, audio_size, job_id, token))
             return cursor.rowcount == 1

@@ -37,6 +37,10 @@ class Metrics:
         self.jobs_queued.set_function(lambda: self.job_backlog)
         self.jobs_succeeded = Counter("streamvox_jobs_succeeded_total", "Jobs whose audio this replica stored "
                                       "and recorded succeeded", registry=r)
+        # Counted when a job's whole audio is in the store, before its completion is recorded: summed over
+        # replicas it says how often audio was produced, so a job run to the end twice would show.
+        self.job_audio_stored = Counter("streamvox_job_audio_stored_total", "Jobs whose whole audio this replica "
+                                        "wrote into the job store", registry=r)
         self.active_slots = Gauge("streamvox_active_slots", "Engine slots in use", registry=r)
         self.active_slots.set_function(lambda: engine.stats().active_slots)
         self.active_requests = Gauge("streamvox_active_requests", "Requests admitted and not finished", registry=r)
