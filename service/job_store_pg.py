@@ -133,7 +133,8 @@ class PostgresJobStore(JobStore):
             if self._pool is not None:
                 return
             try:
-                pool = await asyncpg.create_pool(self.url, password=self._password, min_size=1,
+                # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
+                pool = await asyncpg.create_pool(self.url, password=self._password, min_size=0,
                                                  max_size=self.pool_size, timeout=CONNECT_TIMEOUT_S,
                                                  command_timeout=COMMAND_TIMEOUT_S, init=_init_connection)
             except _UNREACHABLE as exc:
