@@ -12,6 +12,7 @@ from engines.contract import SynthesisEngine
 
 from . import jobs, omni_stream, playground, speech, ws
 from . import voices as saved_voices
+from .job_store import make_job_store
 from .metrics import CONTENT_TYPE
 from .middleware import (
     access_log_middleware,
@@ -24,7 +25,6 @@ from .middleware import (
 from .params import served_model_names
 from .settings import Settings
 from .state import STATE_KEY, AppState
-from .voice_store import VoiceStore
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -94,6 +94,7 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_get("/v1/stream", ws.stream_session)
     app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
     playground.add_routes(app)
-    jobs.add_routes(app)
-    saved_voices.add_routes(app, VoiceStore(settings.data_dir / "voices"))  # saved voices (issue 15)
+    job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
+    jobs.add_routes(app, job_store)
+    saved_voices.add_routes(app, job_store.voice_store(settings.data_dir))  # saved voices (issue 15), same store
     return app

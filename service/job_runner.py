@@ -108,7 +108,7 @@ class AudioUpload:
 
 class JobRunner:
     def __init__(self, state: AppState, store: JobStore,
-                 voice_clone: Callable[[str], VoiceClone | None] | None = None):
+                 voice_clone: Callable[[str], Awaitable[VoiceClone | None]] | None = None):
         self.state = state
         self.store = store
         self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices.py), else None
@@ -221,7 +221,7 @@ class JobRunner:
             # One engine request id per attempt: a job re-run after a restart (or on a shared
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
-            clone = self.voice_clone(params.voice) if self.voice_clone is not None else None
+            clone = await self.voice_clone(params.voice) if self.voice_clone is not None else None
             synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, clone=clone,
                                       tenant=job.owner or "jobs")
             stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)

@@ -20,7 +20,10 @@ import abc
 import re
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Callable
+
+from .voice_store import FileVoiceStore, VoiceStore
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
@@ -195,8 +198,10 @@ class JobStore(abc.ABC):
         """The finished audio of a succeeded job, in order; nothing when it is gone."""
 
     # -- saved voices (issue 15) ------------------------------------------------------------
-    # The PostgreSQL schema has a ``voices`` table (name, meta jsonb, tensors bytea) ready for
-    # a database-backed service.voice_store.VoiceStore; voices stay in --data-dir until then.
+    def voice_store(self, data_dir: Path) -> VoiceStore:
+        """Where this store's replicas keep saved voices: files under ``data_dir`` (one replica),
+        or the shared database's ``voices`` table."""
+        return FileVoiceStore(data_dir / "voices")
 
 
 def redact_url(url: str) -> str:

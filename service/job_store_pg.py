@@ -25,6 +25,8 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import asyncpg
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
 
 from .job_store import (
     AUDIO_READ_CHUNKS,
@@ -38,6 +40,7 @@ from .job_store import (
     new_job_id,
     redact_url,
 )
+from .voice_store import SavedVoice, VoiceExists, VoiceStore, voice_meta, voice_tensors
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -81,7 +84,7 @@ CREATE TABLE job_audio (
     data bytea NOT NULL,
     PRIMARY KEY (job_id, pos)
 );
--- Saved voices (issue 15): the slot for a database-backed VoiceStore; unused so far.
+-- Saved voices (issue 15): PostgresVoiceStore; tensors are a safetensors blob.
 CREATE TABLE voices (
     name text PRIMARY KEY,
     meta jsonb NOT NULL,
@@ -132,18 +135,18 @@ class PostgresJobStore(JobStore):
         async with self._opening:
             if self._pool is not None:
                 return
+            # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
+            pool = asyncpg.create_pool(self.url, password=self._password, min_size=0, max_size=self.pool_size,
+                                       timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
+                                       init=_init_connection)
             try:
-                # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
-                pool = await asyncpg.create_pool(self.url, password=self._password, min_size=0,
-                                                 max_size=self.pool_size, timeout=CONNECT_TIMEOUT_S,
-                                                 command_timeout=COMMAND_TIMEOUT_S, init=_init_connection)
-            except _UNREACHABLE as exc:
-                raise StoreUnavailable(f"job database {redact_url(self.url)} unreachable: {exc}") from None
-            try:
-                async with pool.acquire() as conn:
+                await pool
+                async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn:
                     await self._migrate(conn)
-            except BaseException:
+            except BaseException as exc:
                 await pool.close()
+                if isinstance(exc, _UNREACHABLE):
+                    raise StoreUnavailable(f"job database {redact_url(self.url)} unreachable: {exc}") from None
                 raise
             self._pool = pool
             log.info("job store: %s (schema v%d, pool %d)", redact_url(self.url), SCHEMA_VERSION, self.pool_size)
@@ -182,6 +185,9 @@ class PostgresJobStore(JobStore):
                 yield conn
         except _UNREACHABLE as exc:
             raise StoreUnavailable(f"job database unreachable: {exc.__class__.__name__}: {exc}") from None
+
+    def voice_store(self, data_dir) -> VoiceStore:
+        return PostgresVoiceStore(self)
 
     async def ping(self) -> None:
         async with self._conn() as conn:
@@ -360,3 +366,41 @@ class PostgresJobStore(JobStore):
                 position += len(row["data"])
             if len(rows) < AUDIO_READ_CHUNKS:
                 return
+
+
+class PostgresVoiceStore(VoiceStore):
+    """Saved voices in the jobs' database (same pool), so a voice uploaded through one replica
+    clones on every other at once. Raises StoreUnavailable while the database is down."""
+
+    def __init__(self, jobs: PostgresJobStore):
+        self._jobs = jobs
+
+    @staticmethod
+    def _voice(row: asyncpg.Record) -> SavedVoice:
+        arrays = load_tensors(bytes(row["tensors"]))
+        return SavedVoice(xvector=arrays["xvector"], codes=arrays["codes"], **row["meta"])
+
+    async def get(self, name: str) -> SavedVoice | None:
+        if not self.valid_name(name):
+            return None
+        async with self._jobs._conn() as conn:
+            row = await conn.fetchrow("SELECT meta, tensors FROM voices WHERE name = $1", name)
+        return self._voice(row) if row else None
+
+    async def list(self) -> list[SavedVoice]:
+        async with self._jobs._conn() as conn:
+            rows = await conn.fetch("SELECT meta, tensors FROM voices ORDER BY name")
+        return [self._voice(row) for row in rows]
+
+    async def add(self, voice: SavedVoice) -> SavedVoice:
+        async with self._jobs._conn() as conn:
+            added = await conn.fetchval("INSERT INTO voices (name, meta, tensors, created_at) VALUES ($1, $2, $3, $4) "
+                                        "ON CONFLICT (name) DO NOTHING RETURNING true", voice.name, voice_meta(voice),
+                                        save_tensors(voice_tensors(voice)), voice.created_at)
+        if not added:
+            raise VoiceExists(voice.name)
+        return voice
+
+    async def delete(self, name: str) -> bool:
+        async with self._jobs._conn() as conn:
+            return bool(await conn.fetchval("DELETE FROM voices WHERE name = $1 RETURNING true", name))

@@ -6,13 +6,12 @@ change is a conditional update in the store, so cancel is atomic with completion
 DELETE has cancelled never turns ``succeeded``. With API keys on, a job belongs to the key
 that made it: other keys get 404, admin keys (``admin.``) see all. With auth off everyone sees
 every job, and a job is recorded as the client address's (for the per-key cap on unfinished
-jobs). While the store is unreachable every job endpoint answers 503 ``jobs_unavailable``
-with Retry-After; streaming does not depend on it.
+jobs). While the store is unreachable every job endpoint answers 503 ``database_unavailable``
+with Retry-After (service/middleware.py); streaming does not depend on it.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from aiohttp import web
@@ -28,7 +27,6 @@ from .job_store import (
     Job,
     JobStore,
     StoreUnavailable,
-    make_job_store,
 )
 from .limits import client_identity
 from .params import JobBody
@@ -38,7 +36,6 @@ from .voices import saved_clone
 
 log = logging.getLogger("streamvox.jobs")
 
-STORE_RETRY_AFTER_SECONDS = 5  # Retry-After while the job store is unreachable
 QUEUE_FULL_RETRY_SECONDS = 5  # Retry-After when the job queue (total or this key's) is full
 
 
@@ -54,21 +51,6 @@ def _owner(request: web.Request) -> tuple[str | None, bool]:
 
 def _store(request: web.Request) -> JobStore:
     return _runner(request).store
-
-
-def store_route(handler):
-    """503 ``jobs_unavailable`` with Retry-After (a JSON body, like every error) while the
-    job store cannot be reached, instead of a 500."""
-    @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except StoreUnavailable as exc:
-            log.warning("%s %s: %s", request.method, request.path, exc)
-            raise ApiError(503, "jobs_unavailable", "the job database is unreachable; retry later (streaming "
-                                                    "is unaffected)",
-                           headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}) from None
-    return wrapped
 
 
 async def _job_or_404(request: web.Request) -> Job:
@@ -89,7 +71,7 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    if getattr(state.engine, "task_type", None) == "Base" and saved_clone(request.app, body.voice) is None:
+    if getattr(state.engine, "task_type", None) == "Base" and await saved_clone(request.app, body.voice) is None:
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
     owner, _ = _owner(request)
@@ -177,9 +159,12 @@ async def store_health(state) -> dict:
     return {"kind": runner.store.kind, "reachable": True, "leader": runner.store.leader}
 
 
+JOB_STORE_KEY: web.AppKey[JobStore] = web.AppKey("job_store", JobStore)
+
+
 async def _start_runner(app: web.Application) -> None:
     state = app[STATE_KEY]
-    store = make_job_store(state.settings)
+    store = app[JOB_STORE_KEY]
     try:
         await store.open()
     except StoreUnavailable as exc:  # the runner keeps trying; job endpoints answer 503 until then
@@ -195,11 +180,13 @@ async def _stop_runner(app: web.Application) -> None:
         await runner.store.close()
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/jobs", store_route(create_job))
-    app.router.add_get("/v1/jobs", store_route(list_jobs))
-    app.router.add_get("/v1/jobs/{job_id}", store_route(get_job))
-    app.router.add_get("/v1/jobs/{job_id}/audio", store_route(get_job_audio))
-    app.router.add_delete("/v1/jobs/{job_id}", store_route(delete_job))
+def add_routes(app: web.Application, store: JobStore) -> None:
+    """The job routes over ``store`` (opened at start-up: service.job_store.make_job_store)."""
+    app[JOB_STORE_KEY] = store
+    app.router.add_post("/v1/jobs", create_job)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{job_id}", get_job)
+    app.router.add_get("/v1/jobs/{job_id}/audio", get_job_audio)
+    app.router.add_delete("/v1/jobs/{job_id}", delete_job)
     app.on_startup.append(_start_runner)
     app.on_shutdown.append(_stop_runner)

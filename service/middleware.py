@@ -11,6 +11,7 @@ from aiohttp import web
 
 from .auth import bearer_key
 from .errors import HTTP_STATUS_CODES, ApiError, error_response
+from .job_store import StoreUnavailable
 from .state import COUNTED, REQUEST_ID, STATE_KEY
 
 log = logging.getLogger("streamvox.http")
@@ -64,6 +65,9 @@ def undecodable_header(request: web.Request) -> str | None:
 CLIENT_GONE = (ConnectionError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
+STORE_RETRY_AFTER_SECONDS = 5  # Retry-After while the job/voice database is unreachable
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     metrics = request.app[STATE_KEY].metrics
@@ -82,6 +86,12 @@ async def error_middleware(request: web.Request, handler):
         metrics.count(endpoint, code)
         message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         return error_response(exc.status, code, message or exc.reason)
+    except StoreUnavailable as exc:  # the jobs' and voices' database is down: retry later, not a 500
+        log.warning("request %s: %s", request.get(REQUEST_ID), exc)
+        metrics.count(endpoint, "database_unavailable")
+        return error_response(503, "database_unavailable", "the job and voice database is unreachable; retry later "
+                              "(streaming without saved voices is unaffected)",
+                              {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)})
     except CLIENT_GONE as exc:  # the client went away: not our error, no traceback
         log.info("request %s: the client went away (%s)", request.get(REQUEST_ID), type(exc).__name__)
         metrics.count(endpoint, "client_closed")

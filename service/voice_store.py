@@ -1,19 +1,21 @@
 """Saved voices: a reference voice's features, persisted so requests clone it with no upload.
 
-    store = VoiceStore(settings.data_dir / "voices")
-    saved = store.add(SavedVoice(name="alice", xvector=..., codes=..., ref_text="...", ...))  # VoiceExists on a clash
-    store.get("alice"); store.list(); store.delete("alice")
+    store = FileVoiceStore(settings.data_dir / "voices")   # or the jobs' PostgreSQL (service/job_store_pg.py)
+    saved = await store.add(SavedVoice(name="alice", xvector=..., codes=..., ref_text="..."))  # VoiceExists on a clash
+    await store.get("alice"); await store.list(); await store.delete("alice")
 
 What is stored is what the prompt needs (the x-vector and the reference codes, computed once at
 upload), never only the audio: a restart serves the voice without running an encoder. One
 directory, two files per voice: ``<name>.safetensors`` (tensors) and ``<name>.json`` (the rest),
 each written to a temporary name and renamed into place, the JSON last (a voice exists once its
-JSON does). The interface is small on purpose: a database-backed store (the jobs' PostgreSQL)
-can replace this one without touching the routes.
+JSON does). With ``--jobs-db`` voices live in the jobs' PostgreSQL instead
+(:class:`service.job_store_pg.PostgresVoiceStore`), so every replica serves every voice.
 """
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import json
 import os
 import re
@@ -53,21 +55,54 @@ class SavedVoice:
                 "in_context": bool(self.ref_text), "created_at": self.created_at}
 
 
-class VoiceStore:
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self._lock = threading.Lock()
+class VoiceStore(abc.ABC):
+    """Where saved voices live: files under ``--data-dir`` or the jobs' PostgreSQL. Async, so
+    neither blocks the event loop; a shared store raises ``StoreUnavailable`` while down."""
 
     @staticmethod
     def valid_name(name: str) -> bool:
         return bool(NAME_PATTERN.match(name or ""))
+
+    @abc.abstractmethod
+    async def get(self, name: str) -> SavedVoice | None: ...
+
+    @abc.abstractmethod
+    async def list(self) -> list[SavedVoice]: ...
+
+    @abc.abstractmethod
+    async def add(self, voice: SavedVoice) -> SavedVoice:
+        """Store a new voice; VoiceExists when the name is taken."""
+
+    @abc.abstractmethod
+    async def delete(self, name: str) -> bool: ...
+
+
+def voice_tensors(voice: SavedVoice) -> dict[str, np.ndarray]:
+    return {"xvector": np.ascontiguousarray(voice.xvector, dtype=np.float32),
+            "codes": np.ascontiguousarray(voice.codes, dtype=np.int64)}
+
+
+def voice_meta(voice: SavedVoice) -> dict:
+    """Everything but the tensors (JSON)."""
+    return {k: v for k, v in asdict(voice).items() if k not in ("xvector", "codes")}
+
+
+class FileVoiceStore(VoiceStore):
+    """One directory, two files per voice (see the module's docstring); file work on a thread."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
 
     def _paths(self, name: str) -> tuple[Path, Path]:
         if not self.valid_name(name):
             raise ValueError(f"voice name: {NAME_RULE}")
         return self.directory / f"{name}.safetensors", self.directory / f"{name}.json"
 
-    def get(self, name: str) -> SavedVoice | None:
+    async def get(self, name: str) -> SavedVoice | None:
+        return await asyncio.to_thread(self._get, name)
+
+    def _get(self, name: str) -> SavedVoice | None:
         if not self.valid_name(name):
             return None
         tensors, meta = self._paths(name)
@@ -78,29 +113,35 @@ class VoiceStore:
             return None
         return SavedVoice(xvector=arrays["xvector"], codes=arrays["codes"], **info)
 
-    def list(self) -> list[SavedVoice]:
-        if not self.directory.is_dir():
-            return []
-        names = sorted(p.stem for p in self.directory.glob("*.json"))
-        return [v for v in (self.get(n) for n in names) if v is not None]
+    async def list(self) -> list[SavedVoice]:
+        def voices():
+            if not self.directory.is_dir():
+                return []
+            names = sorted(p.stem for p in self.directory.glob("*.json"))
+            return [v for v in (self._get(n) for n in names) if v is not None]
+        return await asyncio.to_thread(voices)
 
-    def add(self, voice: SavedVoice) -> SavedVoice:
+    async def add(self, voice: SavedVoice) -> SavedVoice:
+        return await asyncio.to_thread(self._add, voice)
+
+    def _add(self, voice: SavedVoice) -> SavedVoice:
         tensors, meta = self._paths(voice.name)
         with self._lock:
             if meta.exists():
                 raise VoiceExists(voice.name)
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = tensors.with_suffix(".safetensors.tmp")
-            save_file({"xvector": np.ascontiguousarray(voice.xvector, dtype=np.float32),
-                       "codes": np.ascontiguousarray(voice.codes, dtype=np.int64)}, str(tmp))
+            save_file(voice_tensors(voice), str(tmp))
             os.replace(tmp, tensors)
-            info = {k: v for k, v in asdict(voice).items() if k not in ("xvector", "codes")}
             tmp = meta.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(info, ensure_ascii=False), encoding="utf-8")
+            tmp.write_text(json.dumps(voice_meta(voice), ensure_ascii=False), encoding="utf-8")
             os.replace(tmp, meta)
         return voice
 
-    def delete(self, name: str) -> bool:
+    async def delete(self, name: str) -> bool:
+        return await asyncio.to_thread(self._delete, name)
+
+    def _delete(self, name: str) -> bool:
         if not self.valid_name(name):
             return False
         tensors, meta = self._paths(name)
@@ -112,4 +153,4 @@ class VoiceStore:
         return True
 
 
-__all__ = ["NAME_RULE", "SavedVoice", "VoiceExists", "VoiceStore"]
+__all__ = ["NAME_RULE", "FileVoiceStore", "SavedVoice", "VoiceExists", "VoiceStore", "voice_meta", "voice_tensors"]

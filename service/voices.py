@@ -12,7 +12,8 @@ the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 * ``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
   ``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
   ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices;
-  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voice_store` under ``--data-dir``.
+  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voice_store` (``--data-dir``, or the
+  jobs' PostgreSQL with ``--jobs-db``).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ async def clone_for(request: web.Request, body) -> VoiceClone | None:
         if x_only:
             return VoiceClone(features.xvector, key=_content_key(audio))
         return VoiceClone(features.xvector, features.codes, body.ref_text, key=_content_key(audio))
-    clone = saved_clone(request.app, body.voice)
+    clone = await saved_clone(request.app, body.voice)
     if clone is None:
         if _task_type(state.engine) == "Base" and body.voice.strip().lower() != "default":
             raise ApiError(400, "invalid_field", f"voice: no saved voice named {body.voice[:64]!r}; upload one "
@@ -160,10 +161,11 @@ async def clone_for(request: web.Request, body) -> VoiceClone | None:
     return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
 
 
-def saved_clone(app: web.Application, voice: str) -> VoiceClone | None:
-    """The clone of a saved voice named ``voice`` (WebSocket sessions: ``session.config`` voice), else None."""
+async def saved_clone(app: web.Application, voice: str) -> VoiceClone | None:
+    """The clone of a saved voice named ``voice`` (WebSocket sessions: ``session.config`` voice), else None.
+    Raises StoreUnavailable while a shared store's database is down."""
     store = app.get(VOICE_STORE_KEY)
-    saved = store.get(voice) if store is not None else None
+    saved = await store.get(voice) if store is not None else None
     if saved is None:
         return None
     if not saved.ref_text:
@@ -221,7 +223,7 @@ async def create_voice(request: web.Request) -> web.Response:
     if data is None:
         raise ApiError(400, "invalid_field", "audio_sample: missing (a multipart file field)")
     builtin = {v.lower() for v in state.engine.info.voices} | {a.lower() for a in state.engine.info.voice_aliases}
-    if name.lower() in builtin or store.get(name) is not None:
+    if name.lower() in builtin or await store.get(name) is not None:
         raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already")
     audio = reference_audio(data, settings.max_ref_audio_seconds, field="audio_sample")
     features = await features_of(state.engine, audio, field="audio_sample")
@@ -231,7 +233,7 @@ async def create_voice(request: web.Request) -> web.Response:
                        speaker_description=fields.get("speaker_description") or None,
                        audio_sha256=_content_key(audio), seconds=audio.size / SAMPLE_RATE)
     try:
-        await asyncio.to_thread(store.add, voice)
+        await store.add(voice)
     except VoiceExists:
         raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already") from None
     log.info("voice %r saved: %.1f s, %d reference frames, in-context=%s", name, voice.seconds,
@@ -242,13 +244,13 @@ async def create_voice(request: web.Request) -> web.Response:
 async def list_voices(request: web.Request) -> web.Response:
     engine = request.app[STATE_KEY].engine
     builtin = [] if _task_type(engine) in ("Base", "VoiceDesign") else list(engine.info.voices)
-    uploaded = await asyncio.to_thread(request.app[VOICE_STORE_KEY].list)
+    uploaded = await request.app[VOICE_STORE_KEY].list()
     return web.json_response({"voices": builtin, "uploaded_voices": [v.describe() for v in uploaded]})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not await asyncio.to_thread(request.app[VOICE_STORE_KEY].delete, name):
+    if not await request.app[VOICE_STORE_KEY].delete(name):
         raise ApiError(404, "voice_not_found", f"no saved voice named {name[:64]!r}")
     return web.json_response({"success": True, "name": name, "deleted": True})
 

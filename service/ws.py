@@ -21,13 +21,20 @@ from dataclasses import dataclass
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from engines.contract import EngineError, EngineOverloaded, EngineUnavailable, Priority
+from engines.contract import (
+    EngineError,
+    EngineOverloaded,
+    EngineUnavailable,
+    Priority,
+    VoiceClone,
+)
 from engines.models.text import split_sentences
 
 from .audio import to_pcm16
 from .auth import WS_SUBPROTOCOL, websocket_key
 from .chunks import ChunkStream
 from .errors import ApiError
+from .job_store import StoreUnavailable
 from .limits import client_identity
 from .live_input import LiveInput, LiveUtterance
 from .params import SynthesisParams, build_request, check_work, parse, update_params
@@ -114,11 +121,11 @@ class StreamSession:
         # --- live text (issue 16): on a talker checkpoint deltas feed a live utterance at once
         self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
         self.live = LiveInput(state.settings.ws_live_utterance_chars)
+        self.clone: VoiceClone | None = None  # the saved voice session.config named (issue 15)
 
     @property
     def live_mode(self) -> bool:
-        clone = saved_clone(self.request.app, self.params.voice)
-        if clone is not None and clone.in_context:
+        if self.clone is not None and self.clone.in_context:
             return False  # an in-context clone's prompt interleaves the reference with the whole text
         if self.text_streaming is not None:
             return self.text_streaming
@@ -272,10 +279,16 @@ class StreamSession:
     async def on_config(self, message: dict) -> None:
         try:
             streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
-            self.params = update_params(self.params, message, self.state.engine)
+            params = update_params(self.params, message, self.state.engine)
+            clone = await saved_clone(self.request.app, params.voice)  # once per config, not per utterance
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return
+        except StoreUnavailable:
+            await self.error("database_unavailable", "voice: saved voices are unreachable now (the database is "
+                                                     "down); retry, or use a built-in voice")
+            return
+        self.params, self.clone = params, clone
         if streaming is not None and streaming != self.live_mode:
             if streaming and getattr(self.state.engine.info, "source", "dit") != "talker":
                 await self.error("invalid_field", "text_streaming: live text needs a talker checkpoint")
@@ -398,7 +411,7 @@ class StreamSession:
         tempo = tempo_for(self.state.engine, self.params.speed)  # issue 15: talker speed, stretched here
         params = self.params if tempo is None else self.params.model_copy(update={"speed": 1.0})
         synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
-                                  clone=saved_clone(self.request.app, self.params.voice),  # issue 15: saved voices
+                                  clone=self.clone,  # issue 15: a saved voice, looked up at session.config
                                   tenant=client_identity(self.request, websocket=True))
         if utterance.live is not None:
             synthesis = dataclasses.replace(synthesis, text_feed=utterance.live.feed)

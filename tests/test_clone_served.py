@@ -290,3 +290,35 @@ async def test_a_job_clones_a_saved_voice(base_engine, tmp_path):
         assert_matches_official(audio, refs["case/icl_a_stream/wav"].numpy())
     finally:
         await server.stop()
+
+
+async def test_a_voice_saved_through_one_replica_clones_on_another_with_postgres(base_engine, tmp_path, pg_url):
+    """Issue 17: with --jobs-db saved voices live in the shared database: uploaded through
+    replica A (its own data dir), spoken through replica B identically to the official
+    clone, listed by both, deleted through B and gone for A. Nothing lands in either data dir."""
+    refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
+    form = aiohttp.FormData()
+    form.add_field("name", "shared-alice")
+    form.add_field("ref_text", c["ref_text"])
+    form.add_field("audio_sample", wav_bytes(refs["ref/a/wav"].numpy()), filename="ref.wav", content_type="audio/wav")
+    a = await start_server(base_engine, tmp_path / "a", jobs_db=pg_url)
+    b = await start_server(base_engine, tmp_path / "b", jobs_db=pg_url)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(a.url + "/v1/audio/voices", data=form) as r:
+                assert r.status == 201, await r.text()
+            for replica in (a, b):
+                async with http.get(replica.url + "/v1/audio/voices") as r:
+                    assert [v["name"] for v in (await r.json())["uploaded_voices"]] == ["shared-alice"]
+            status, on_b = await speak(http, b.url, {"input": c["text"], "voice": "shared-alice",
+                                                     "language": c["language"]})
+            assert status == 200, on_b[:300]
+            assert_matches_official(pcm16(on_b), refs["case/icl_a_stream/wav"].numpy())
+            async with http.delete(b.url + "/v1/audio/voices/shared-alice") as r:
+                assert r.status == 200
+            status, raw = await speak(http, a.url, {"input": "Hi.", "voice": "shared-alice"})
+            assert status == 400 and json.loads(raw)["error"]["message"].startswith("voice:")
+        assert not (tmp_path / "a" / "voices").exists() and not (tmp_path / "b" / "voices").exists()
+    finally:
+        await a.stop()
+        await b.stop()

@@ -76,7 +76,7 @@ async def test_database_outage_streams_keep_working_jobs_503_then_resume(own_pos
                 async with http.request(method, url + path, json=body) as response:
                     assert response.status == 503, (method, path, response.status)
                     assert int(response.headers["Retry-After"]) > 0
-                    assert (await response.json())["error"]["code"] == "jobs_unavailable"
+                    assert (await response.json())["error"]["code"] == "database_unavailable"
             async with http.get(url + "/readyz") as response:
                 assert response.status == 503
                 assert (await response.json())["jobs_db"]["reachable"] is False
