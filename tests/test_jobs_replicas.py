@@ -181,3 +181,36 @@ async def test_kill_9_of_the_replica_running_a_job_hands_it_to_the_other(replica
         await conn.close()
     assert attempts == 2
     print(f"taken over {takeover_s:.1f} s after kill -9 (lease {LEASE_SECONDS} s)")
+
+
+async def test_one_leader_exports_the_shared_queue_and_a_successor_takes_over(engine, tmp_path, pg_url):
+    """The autoscaler averages streamvox_queue_depth over pods: the shared job queue must be
+    counted once, by one replica. Replicas with no job workers leave 3 jobs queued."""
+    from conftest import start_server
+
+    servers = [await start_server(engine, tmp_path / name, jobs_db=pg_url, job_workers=0) for name in "ab"]
+    try:
+        async with StreamvoxClient(servers[0].url) as client:
+            for i in range(3):
+                await client.submit_job(f"Waiting job {i}.")
+
+        async def exported() -> list[float]:
+            return [await metric_value(s.url, "streamvox_jobs_queued") for s in servers]
+
+        async def one_leader():
+            return sorted(await exported()) == [0, 3]
+
+        await wait_until(one_leader, timeout_s=15)
+        leader = next(s for s, value in zip(servers, await exported()) if value == 3)
+        assert await metric_value(leader.url, "streamvox_queue_depth") == 3  # the HPA's metric includes it
+        follower = next(s for s in servers if s is not leader)
+        await leader.stop()
+        servers.remove(leader)
+
+        async def successor():
+            return await metric_value(follower.url, "streamvox_jobs_queued") == 3
+
+        await wait_until(successor, timeout_s=15)
+    finally:
+        for server in servers:
+            await server.stop()
