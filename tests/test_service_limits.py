@@ -60,8 +60,11 @@ async def test_concurrent_sessions_per_key(engine, tmp_path):
         await live.stop()
 
 
-async def test_job_disk_quota_and_retention(engine, tmp_path):
-    live = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=0.001, job_ttl_hours=0.5 / 3600)
+@pytest.mark.parametrize("jobs_db", ["sqlite", "postgresql"])
+async def test_job_disk_quota_and_retention(engine, tmp_path, request, jobs_db):
+    """The quota counts job audio where it is stored (files, or the database's chunks)."""
+    shared = {"jobs_db": request.getfixturevalue("pg_url")} if jobs_db == "postgresql" else {}
+    live = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=0.001, job_ttl_hours=0.5 / 3600, **shared)
     try:
         async with StreamvoxClient(live.url) as client:
             job = await client.wait_job((await client.submit_job("Fills the quota."))["id"])
@@ -76,7 +79,9 @@ async def test_job_disk_quota_and_retention(engine, tmp_path):
                         return response.status == 404
 
                 await wait_until(expired)  # retention removed the record and its audio
-            assert not list((tmp_path / "data" / "audio").iterdir())
+            assert await live.state.jobs.store.audio_bytes() == 0
+            if jobs_db == "sqlite":
+                assert not list((tmp_path / "data" / "audio").iterdir())
             assert (await client.submit_job("Room again."))["status"] == "queued"
     finally:
         await live.stop()
