@@ -3,6 +3,7 @@
 #   .venv         the project (CPU torch 2.13.0 first, so nothing pulls a CUDA build)
 #   .venv-oracle  the official qwen-tts code, kept apart (see scripts/oracle-env.sh)
 #   chromium      Debian's browser for the playground test (tests/test_playground.py), via apt as root
+#   postgresql    server binaries for the shared job store's tests, via apt as root when missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,6 +29,17 @@ if ! command -v chromium >/dev/null; then
     apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
   else
     echo "dev-setup: chromium is missing: sudo apt-get install -y chromium chromium-driver (tests/test_playground.py needs it)"
+  fi
+fi
+
+# PostgreSQL server binaries: the shared job store's tests start a real server from them
+# (tests/pg_helpers.py: initdb in a temp dir, loopback port). Debian's package is enough.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "dev-setup: installing postgresql (apt)"
+    apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (tests/test_job*.py need initdb)"
   fi
 fi
 
