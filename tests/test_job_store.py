@@ -233,3 +233,26 @@ async def test_an_unreachable_database_is_store_unavailable_without_the_password
     with pytest.raises(StoreUnavailable):
         await store.get("0" * 32)
     assert "s3cr3t-pw" not in caplog.text
+
+
+async def test_saved_voices_live_in_the_same_store(store, tmp_path):
+    """Both backends keep a voice's tensors exactly and refuse a second voice of a name."""
+    import numpy as np
+
+    from service.voice_store import SavedVoice, VoiceExists
+
+    voices = store.voice_store(tmp_path / "data")
+    rng = np.random.default_rng(0)
+    alice = SavedVoice(name="alice", xvector=rng.standard_normal(192).astype(np.float32),
+                       codes=rng.integers(0, 2048, (22, 16)), ref_text="Hello there.", consent="yes", seconds=1.75)
+    await voices.add(alice)
+    with pytest.raises(VoiceExists):
+        await voices.add(alice)
+    got = await voices.get("alice")
+    np.testing.assert_array_equal(got.xvector, alice.xvector)
+    np.testing.assert_array_equal(got.codes, alice.codes)
+    assert got.codes.dtype == np.int64 and got.describe() == alice.describe()
+    assert [v.name for v in await voices.list()] == ["alice"]
+    assert await voices.get("nobody") is None and await voices.get("../etc") is None
+    assert await voices.delete("alice") and not await voices.delete("alice")
+    assert await voices.list() == []
