@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.loadgen import Server  # noqa: E402
 from pg_helpers import start_postgres  # noqa: E402
+
+from benchmarks.loadgen import Server  # noqa: E402
 
 TEXT = "Job number {i} is read by whichever replica claims it first."
 
