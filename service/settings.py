@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -272,6 +273,10 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     if raw.get("jobs_db"):
         if not raw["jobs_db"].startswith(("postgresql://", "postgres://")):
             raise ValueError("--jobs-db: expected a postgresql:// URL")
+        if getattr(args, "jobs_db", None) and re.match(r"^[a-z]+://[^/@]*:[^/@]*@", raw["jobs_db"]):
+            # a flag is visible to every local user (ps, /proc); the environment and files are not
+            raise ValueError("--jobs-db: no password on the command line; use STREAMVOX_JOBS_DB, PGPASSWORD "
+                             "or --jobs-db-password-file")
         values["jobs_db"] = raw["jobs_db"]
     if raw.get("jobs_db_password_file"):
         if not Path(raw["jobs_db_password_file"]).is_file():

@@ -74,3 +74,21 @@ def test_non_finite_and_huge_numbers_name_the_flag(env, flag):
     # nan compares False with every bound, so it would slip past a plain minimum check
     with pytest.raises(ValueError, match=flag):
         from_args(None, env=env)
+
+
+def test_jobs_db_settings_keep_the_password_off_the_command_line(tmp_path):
+    url = "postgresql://streamvox@db.example:5432/streamvox"
+    settings = parse(["--jobs-db", url, "--jobs-db-pool-size", "3", "--job-lease-seconds", "12"], env={})
+    assert (settings.jobs_db, settings.jobs_db_pool_size, settings.job_lease_seconds) == (url, 3, 12.0)
+    assert "db.example" not in repr(settings)  # the URL is never in a repr (logs)
+    with pytest.raises(ValueError, match="no password on the command line"):
+        parse(["--jobs-db", "postgresql://streamvox:hunter2@db.example/streamvox"], env={})
+    with_password = "postgresql://streamvox:hunter2@db.example/streamvox"
+    assert parse([], env={"STREAMVOX_JOBS_DB": with_password}).jobs_db == with_password  # the environment is fine
+    with pytest.raises(ValueError, match="expected a postgresql:// URL"):
+        parse(["--jobs-db", "mysql://x/y"], env={})
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    assert parse(["--jobs-db", url, "--jobs-db-password-file", str(secret)], env={}).jobs_db_password() == "s3cret"
+    with pytest.raises(ValueError, match="no such file"):
+        parse(["--jobs-db-password-file", str(tmp_path / "missing")], env={})
