@@ -253,7 +253,7 @@ def test_healthcheck_command_reports_health(name):
 
 def test_compose_file_builds_both_images():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
-    services = compose["services"]
+    services = {name: service for name, service in compose["services"].items() if "build" in service}
     dockerfiles = {}
     for name, service in services.items():
         build = service["build"]
@@ -275,6 +275,22 @@ def test_compose_file_builds_both_images():
     data_volumes = [v.split(":")[0] for s in services.values() for v in s["volumes"]]
     assert len(set(data_volumes)) == len(data_volumes), "two servers must not share one job store"
     assert set(data_volumes) <= set(compose["volumes"])
+
+
+def test_compose_servers_share_the_postgres_service():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    database = compose["services"]["postgres"]
+    assert database["image"].startswith("postgres:15")
+    assert "pg_isready" in database["healthcheck"]["test"]
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in database["volumes"])
+    env = database["environment"]
+    for name, service in compose["services"].items():
+        if "build" not in service:
+            continue
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy", name
+        url = service["environment"]["STREAMVOX_JOBS_DB"]
+        assert url == f"postgresql://{env['POSTGRES_USER']}@postgres:5432/{env['POSTGRES_DB']}", name
+        assert service["environment"]["PGPASSWORD"] == env["POSTGRES_PASSWORD"], name  # the same default
 
 
 def compose_binary() -> list[str] | None:

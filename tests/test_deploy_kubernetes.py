@@ -9,6 +9,7 @@ tests/test_deploy_metrics_live.py.
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 import subprocess
@@ -162,6 +163,48 @@ def test_durable_jobs_overlay_keeps_one_volume():
     assert not any(kind == "HorizontalPodAutoscaler" for kind, _ in rendered)
 
 
+def test_postgres_overlay_shares_one_database_and_keeps_autoscaling():
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(K8S / "overlays" / "postgres")}
+    database = rendered[("StatefulSet", "streamvox-postgres")]["spec"]
+    pod = database["template"]["spec"]
+    [postgres] = pod["containers"]
+    assert postgres["image"].startswith("postgres:15")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert postgres[probe]["exec"]["command"][0] == "pg_isready"
+    assert postgres["resources"]["requests"] and postgres["resources"]["limits"]["memory"]
+    [claim] = database["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    assert {m["name"]: m["mountPath"] for m in postgres["volumeMounts"]}[claim["metadata"]["name"]] == \
+        "/var/lib/postgresql/data"
+    service = rendered[("Service", database["serviceName"])]
+    assert service["spec"]["selector"].items() <= database["template"]["metadata"]["labels"].items()
+    # streamvox reads the URL and the password from the Secret this overlay makes, and the URL
+    # names the database's Service and the user and database the image creates.
+    secret = rendered[("Secret", "streamvox-jobs-db")]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    server = rendered[("Deployment", "streamvox")]["spec"]["template"]["spec"]["containers"][0]
+    server_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in server["env"] if "valueFrom" in e}
+    assert server_env["STREAMVOX_JOBS_DB"]["name"] == server_env["PGPASSWORD"]["name"] == "streamvox-jobs-db"
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "streamvox-jobs-db", "key": "password"}
+    url = base64.b64decode(secret["data"][server_env["STREAMVOX_JOBS_DB"]["key"]]).decode()
+    user, db = env["POSTGRES_USER"]["value"], env["POSTGRES_DB"]["value"]
+    assert url == f"postgresql://{user}@{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/{db}"
+    assert server_env["PGPASSWORD"]["key"] in secret["data"]
+    # shared jobs keep the autoscaler, and no affinity is needed to find a job's replica
+    assert ("HorizontalPodAutoscaler", "streamvox") in rendered
+    assert "replicas" not in rendered[("Deployment", "streamvox")]["spec"]
+    annotations = rendered[("Ingress", "streamvox")]["metadata"]["annotations"]
+    assert not any("affinity" in key or "session-cookie" in key for key in annotations)
+
+
+def test_base_reads_the_job_database_from_an_optional_secret(base):
+    env = {e["name"]: e for e in server_container(base)["env"]}
+    for name, key in (("STREAMVOX_JOBS_DB", "url"), ("PGPASSWORD", "password")):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        # optional: without the Secret the server runs on its embedded per-pod store
+        assert (ref["name"], ref["key"], ref["optional"]) == ("streamvox-jobs-db", key, True)
+
+
 # --- the pieces agree ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -188,7 +231,9 @@ def test_gpu_deployment(base):
 
 def test_probes_point_at_the_right_endpoints(base):
     container = server_container(base)
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # jobs=optional: a job-database outage must not pull streaming out of the Service; the
+    # server's answer to exactly this path is checked in tests/test_jobs_db_outage.py.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz?jobs=optional"
     # Liveness must not use /readyz: warm-up and drain would get the container killed.
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["startupProbe"]["httpGet"]["path"] in ("/healthz", "/readyz")
