@@ -129,6 +129,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--max-sessions-per-key", "STREAMVOX_MAX_SESSIONS_PER_KEY", "max_sessions_per_key",
      "concurrent WebSocket sessions per API key (0 = unlimited)"),
     ("--job-ttl-hours", "STREAMVOX_JOB_TTL_HOURS", "job_ttl_hours", "delete finished jobs after this (0 = keep)"),
+    ("--job-workers", "STREAMVOX_JOB_WORKERS", "job_workers",
+     "REST jobs this replica runs at once, after real-time streams (0 = none: it only serves the job API)"),
     ("--jobs-disk-quota-mb", "STREAMVOX_JOBS_DISK_QUOTA_MB", "jobs_disk_quota_mb",
      "disk space for job audio (0 = unlimited)"),
     ("--http-idle-seconds", "STREAMVOX_HTTP_IDLE_SECONDS", "http_idle_seconds",
@@ -262,7 +264,7 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     if "max_input_chars" in raw:
         values["max_input_chars"] = number("max_input_chars", int, 1)
     for dest, kind, minimum in (("rate_limit", float, 0.0), ("rate_burst", int, 1), ("max_sessions_per_key", int, 0),
-                                ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0),
+                                ("job_ttl_hours", float, 0.0), ("jobs_disk_quota_mb", float, 0.0), ("job_workers", int, 0),
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
                                 ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0),
                                 ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01),

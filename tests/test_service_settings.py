@@ -78,8 +78,12 @@ def test_non_finite_and_huge_numbers_name_the_flag(env, flag):
 
 def test_jobs_db_settings_keep_the_password_off_the_command_line(tmp_path):
     url = "postgresql://streamvox@db.example:5432/streamvox"
-    settings = parse(["--jobs-db", url, "--jobs-db-pool-size", "3", "--job-lease-seconds", "12"], env={})
+    settings = parse(["--jobs-db", url, "--jobs-db-pool-size", "3", "--job-lease-seconds", "12"],
+                     env={"STREAMVOX_JOB_WORKERS": "0"})
     assert (settings.jobs_db, settings.jobs_db_pool_size, settings.job_lease_seconds) == (url, 3, 12.0)
+    assert settings.job_workers == 0  # an API-only replica
+    with pytest.raises(ValueError, match="--job-workers"):
+        parse(["--job-workers", "-1"], env={})
     assert "db.example" not in repr(settings)  # the URL is never in a repr (logs)
     with pytest.raises(ValueError, match="no password on the command line"):
         parse(["--jobs-db", "postgresql://streamvox:hunter2@db.example/streamvox"], env={})
