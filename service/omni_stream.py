@@ -6,7 +6,7 @@ limits, drain); this module is the dialect: what a ``session.config`` may carry 
 our events are named and shaped on the wire.
 
 Client: ``session.config`` (REST fields: voice, language, instructions, response_format,
-sample_rate, stream_audio, model, sampling), ``input.text``, ``input.done`` (a flush; the
+sample_rate, stream_audio, model, sampling, ref_audio / ref_text / x_vector_only_mode), ``input.text``, ``input.done`` (a flush; the
 connection stays open), ``session.close``. Server: ``audio.start {utterance_index,
 sentence_index, sentence_text, format, sample_rate, channels}``, binary audio,
 ``audio.done {utterance_index, sentence_index, total_bytes, error}``, ``session.done
@@ -31,9 +31,10 @@ from .schema import SPEECH_FORMATS, Strict
 from .ws import StreamSession, stream_session
 
 ENDPOINT = "/v1/audio/speech/stream"
-# vllm-omni's voice-cloning fields: not served by this endpoint yet, refused rather than ignored
-# (ignoring them would answer with another voice than the client asked for)
-CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode", "speaker_embedding")
+# vllm-omni fields this endpoint does not serve: refused rather than ignored (ignoring them would
+# answer with another voice than the client asked for). ref_audio / ref_text / x_vector_only_mode
+# clone as on HTTP speech (service/ws.py StreamSession.clone_for).
+UNSERVED_FIELDS = ("speaker_embedding",)
 
 
 class OmniConfig(Strict):
@@ -57,9 +58,10 @@ class OmniSession(StreamSession):
         self.text_streaming = False  # vllm-omni's protocol speaks sentences (audio.start names each one)
 
     async def on_config(self, message: dict) -> None:
-        refused = [name for name in CLONING_FIELDS if message.get(name) is not None]
+        refused = [name for name in UNSERVED_FIELDS if message.get(name) is not None]
         if refused:
-            await self.error("unsupported_field", f"{refused[0]}: voice cloning is not served on this endpoint")
+            await self.error("unsupported_field", f"{refused[0]}: not served on this endpoint; send ref_audio "
+                                                  "(+ ref_text) or a saved voice's name")
             return
         try:
             config = parse(OmniConfig, {**self.config.model_dump(), **message})

@@ -134,7 +134,21 @@ class _Input(Strict):
         return value
 
 
-class SpeechBody(SynthesisParams, _Input):
+class CloneFields(Strict):
+    """Voice cloning from a reference (issue 15, vllm-omni's names): on speech bodies and on
+    WebSocket ``session.config`` (service/voices.py decodes and checks the audio)."""
+
+    ref_audio: str | None = None  # base64 audio or a data: URL
+    ref_text: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
+    x_vector_only_mode: bool | None = None
+
+    MESSAGES: ClassVar[dict[str, str]] = {"ref_audio": "must be base64 audio or a data: URL",
+                                          "ref_text": f"must be a string of at most {MAX_INSTRUCTION_CHARS} "
+                                                      "characters",
+                                          "x_vector_only_mode": "must be true or false"}
+
+
+class SpeechBody(SynthesisParams, CloneFields, _Input):
     """``POST /v1/audio/speech``."""
 
     model: str = "streamvox"  # MODEL_NAMES, a Qwen3-TTS release name or the served checkpoint's (service/params.py)
@@ -144,15 +158,9 @@ class SpeechBody(SynthesisParams, _Input):
     # false = one whole file; absent = OpenAI's default (streamed bytes where the format allows)
     stream: bool | None = None
     sample_rate: int | None = Field(None, ge=8000, le=48000)  # resampled with soxr
-    # Voice cloning (issue 15): reference audio as base64 or a data URL (service/voices.py decodes it)
-    ref_audio: str | None = None
-    ref_text: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
-    x_vector_only_mode: bool | None = None
 
-    MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, "input": "must be a non-empty string",
-                                          "ref_audio": "must be base64 audio or a data: URL",
-                                          "ref_text": f"must be a string of at most {MAX_INSTRUCTION_CHARS} "
-                                                      "characters"}
+    MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, **CloneFields.MESSAGES,
+                                          "input": "must be a non-empty string"}
 
     @property
     def params(self) -> SynthesisParams:

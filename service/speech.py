@@ -122,7 +122,7 @@ def delivery(body: SpeechBody) -> str | None:
 async def create_speech(request: web.Request) -> web.StreamResponse:
     state, body = await read_work_request(request, SpeechBody)
     check_model(body.model, state.settings.checkpoint)
-    clone = await voices.clone_for(request, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
+    clone = await voices.clone_for(request, body.voice, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH

@@ -35,6 +35,7 @@ from aiohttp import web
 from engines.contract import SAMPLE_RATE, InvalidRequest, VoiceClone
 
 from .errors import ApiError
+from .schema import CloneFields
 from .state import STATE_KEY
 from .voice_store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
 
@@ -137,25 +138,27 @@ def _content_key(audio: np.ndarray) -> str:
     return hashlib.sha256(audio.tobytes()).hexdigest()
 
 
-async def clone_for(request: web.Request, body) -> VoiceClone | None:
-    """The ``clone`` of a speech body (see the module docstring); None when it names none."""
+async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> VoiceClone | None:
+    """The ``clone`` a speech body or WebSocket ``session.config`` asks for (see the module
+    docstring): inline ``fields.ref_audio``, else the saved voice named ``voice``; None when
+    neither names one."""
     state = request.app[STATE_KEY]
     settings = state.settings
-    x_only = bool(body.x_vector_only_mode)
-    if body.ref_audio is not None:
-        data = decode_base64_audio(body.ref_audio, int(settings.max_ref_audio_mb * (1 << 20)))
+    x_only = bool(fields.x_vector_only_mode)
+    if fields.ref_audio is not None:
+        data = decode_base64_audio(fields.ref_audio, int(settings.max_ref_audio_mb * (1 << 20)))
         audio = reference_audio(data, settings.max_ref_audio_seconds)
-        if not x_only and not (body.ref_text or "").strip():
+        if not x_only and not (fields.ref_text or "").strip():
             raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
                                                  "(or x_vector_only_mode: true)")
         features = await features_of(state.engine, audio)
         if x_only:
             return VoiceClone(features.xvector, key=_content_key(audio))
-        return VoiceClone(features.xvector, features.codes, body.ref_text, key=_content_key(audio))
-    clone = await saved_clone(request.app, body.voice)
+        return VoiceClone(features.xvector, features.codes, fields.ref_text, key=_content_key(audio))
+    clone = await saved_clone(request.app, voice)
     if clone is None:
-        if _task_type(state.engine) == "Base" and body.voice.strip().lower() != "default":
-            raise ApiError(400, "invalid_field", f"voice: no saved voice named {body.voice[:64]!r}; upload one "
+        if _task_type(state.engine) == "Base" and voice.strip().lower() != "default":
+            raise ApiError(400, "invalid_field", f"voice: no saved voice named {voice[:64]!r}; upload one "
                                                  "with POST /v1/audio/voices or send ref_audio")
         return None
     return VoiceClone(clone.xvector, key=clone.key) if x_only else clone

@@ -38,10 +38,10 @@ from .job_store import StoreUnavailable
 from .limits import client_identity
 from .live_input import LiveInput, LiveUtterance
 from .params import SynthesisParams, build_request, check_work, parse, update_params
-from .schema import InputText, LiveTextConfig, parse_json
+from .schema import CloneFields, InputText, LiveTextConfig, parse_json
 from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from .tempo import tempo_for
-from .voices import saved_clone
+from .voices import clone_for, saved_clone
 
 log = logging.getLogger("streamvox.ws")
 
@@ -280,7 +280,7 @@ class StreamSession:
         try:
             streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
             params = update_params(self.params, message, self.state.engine)
-            clone = await saved_clone(self.request.app, params.voice)  # once per config, not per utterance
+            clone = await self.clone_for(message, params)
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return
@@ -296,6 +296,16 @@ class StreamSession:
             self.live.finish()  # the open live utterance (if any) ends where the mode changes
             self.text_streaming = streaming
         self.drop_prefetch()  # it was submitted with the old parameters
+
+    async def clone_for(self, message: dict, params: SynthesisParams) -> VoiceClone | None:
+        """The voice prompt after this ``session.config``: inline ``ref_audio`` (+ ``ref_text``,
+        ``x_vector_only_mode``) as on HTTP speech, else the saved voice a new ``voice`` names;
+        a config naming neither keeps the session's. Looked up here, once, not per utterance."""
+        if any(message.get(name) is not None for name in CloneFields.model_fields):
+            return await clone_for(self.request, params.voice, parse(CloneFields, message))
+        if message.get("voice") is not None:
+            return await saved_clone(self.request.app, params.voice)
+        return self.clone
 
     async def on_input_text(self, message: dict) -> None:
         try:

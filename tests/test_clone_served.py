@@ -322,3 +322,55 @@ async def test_a_voice_saved_through_one_replica_clones_on_another_with_postgres
     finally:
         await a.stop()
         await b.stop()
+
+
+async def ws_speak(url: str, path: str, configs: list[dict], text: str) -> tuple[list[dict], bytes]:
+    """``session.config`` messages, then one utterance over a WebSocket dialect: the JSON
+    events and the PCM16 bytes."""
+    events, pcm = [], bytearray()
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url + path, max_msg_size=0) as ws:
+            if path == "/v1/stream":
+                assert (await ws.receive_json(timeout=30))["type"] == "session.created"
+            for config in configs:
+                await ws.send_json({"type": "session.config", **config})
+            await ws.send_json({"type": "input.text", "text": text})
+            await ws.send_json({"type": "input.done"})
+            while not events or events[-1]["type"] != "session.done":  # errors here are not fatal
+                message = await ws.receive(timeout=120)
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    pcm += message.data
+                else:
+                    assert message.type == aiohttp.WSMsgType.TEXT, message
+                    events.append(json.loads(message.data))
+    return events, bytes(pcm)
+
+
+@pytest.mark.parametrize("path", ["/v1/stream", "/v1/audio/speech/stream"])
+async def test_websocket_session_config_clones_inline_ref_audio_like_the_official_code(base_engine, tmp_path, path):
+    """Both WebSocket dialects take vllm-omni's ref_audio / ref_text / x_vector_only_mode in
+    session.config (the reference is decoded and encoded once per config) and speak as the
+    official clone: in-context (sentence mode) and x-vector-only (live text on /v1/stream).
+    The official references are float WAV, larger than the default 128 KiB message: the
+    server here allows 1 MiB messages."""
+    refs, cases = fx.references("base"), fx.info("base")["cases"]
+    server = await start_server(base_engine, tmp_path / "data", max_ws_message_bytes=1 << 20)
+    try:
+        url = server.url.replace("http", "ws")
+        for case in ("icl_a_stream", "xvec_a_stream"):
+            c = cases[case]
+            config = {"ref_audio": data_url(refs[f"ref/{c['ref']}/wav"].numpy()), "ref_text": c["ref_text"],
+                      "x_vector_only_mode": c["x_vector_only_mode"], "language": c["language"], "temperature": 0}
+            if path != "/v1/stream":
+                config["stream_audio"] = True  # vllm-omni: raw PCM as generated
+            events, pcm = await ws_speak(url, path, [config], c["text"])
+            assert not [e for e in events if e["type"] == "error"], events
+            assert_matches_official(pcm16(pcm), refs[f"case/{case}/wav"].numpy())
+        # a bad reference is a non-fatal error naming the field; the session goes on with the next config
+        silent = {"ref_audio": data_url(np.zeros(48000, dtype=np.float32)), "x_vector_only_mode": True}
+        events, pcm = await ws_speak(url, path, [silent, config], c["text"])
+        assert events[0]["type"] == "error" and events[0]["message"].startswith("ref_audio:"), events
+        assert [e for e in events if e["type"] == "error"] == events[:1]
+        assert_matches_official(pcm16(pcm), refs[f"case/{case}/wav"].numpy())
+    finally:
+        await server.stop()
