@@ -55,6 +55,7 @@ class Settings:
     # Voice cloning (issue 15): reference audio limits, inline ref_audio and uploads alike
     max_ref_audio_seconds: float = 30.0
     max_ref_audio_mb: float = 10.0
+    ref_audio_url_prefixes: tuple[str, ...] = ()  # ref_audio URLs fetched only under these (service/ref_fetch.py)
     # Limits without a flag of their own (issue 7 defaults); tests may override them.
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
@@ -143,6 +144,8 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)"),
     ("--max-ref-audio-mb", "STREAMVOX_MAX_REF_AUDIO_MB", "max_ref_audio_mb",
      "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)"),
+    ("--ref-audio-url-prefixes", "STREAMVOX_REF_AUDIO_URL_PREFIXES", "ref_audio_url_prefixes",
+     "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched (empty: none)"),
     ("--max-streams-per-key", "STREAMVOX_MAX_STREAMS_PER_KEY", "max_streams_per_key",
      "concurrent streamed speech responses per API key (per address with auth off; default: an eighth of "
      "the slots, at least 2); 0 = unlimited"),
@@ -292,6 +295,13 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         values["ws_idle_timeout_s"] = number("ws_idle_timeout_s", float, 0.0, flag="--ws-idle-seconds", exclusive=True)
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
+    if raw.get("ref_audio_url_prefixes"):
+        from .ref_fetch import check_prefix  # the rule lives with the fetching
+
+        try:
+            values["ref_audio_url_prefixes"] = tuple(check_prefix(p) for p in _split_list(raw["ref_audio_url_prefixes"]))
+        except ValueError as exc:
+            raise ValueError(f"--ref-audio-url-prefixes: {exc}") from None
     if "cors_origins" in raw:
         values["cors_origins"] = _split_list(raw["cors_origins"])
     if "log_level" in raw:

@@ -1,9 +1,9 @@
 """Voice cloning at the service boundary: reference audio in, a request's ``clone`` out, and
 the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 
-* :func:`reference_audio` - ``ref_audio`` (base64 or a ``data:`` URL; remote URLs are never
-  fetched) -> float32 mono 24 kHz, refused with a 4xx naming the problem when it is not
-  decodable, empty, silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger
+* :func:`reference_audio` - ``ref_audio`` (base64, a ``data:`` URL, or an ``http(s)://`` /
+  ``file://`` URL under ``--ref-audio-url-prefixes``: service/ref_fetch.py) -> float32 mono
+  24 kHz, refused with a 4xx naming the problem when it is not decodable, empty, silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger
   than ``--max-ref-audio-mb``.
 * :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
   ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
@@ -35,6 +35,7 @@ from aiohttp import web
 from engines.contract import SAMPLE_RATE, InvalidRequest, VoiceClone
 
 from .errors import ApiError
+from .ref_fetch import fetch_reference, is_url
 from .schema import CloneFields
 from .state import STATE_KEY
 from .voice_store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
@@ -52,14 +53,9 @@ def _bad(field: str, message: str, code: str = "invalid_audio", status: int = 40
 
 
 def decode_base64_audio(value: str, max_bytes: int, field: str = "ref_audio") -> bytes:
-    """Base64 or a ``data:[mime];base64,`` URL -> bytes. URLs of any other kind are refused
-    (no fetching on the server's behalf)."""
+    """Base64 or a ``data:[mime];base64,`` URL -> bytes (other URLs: service/ref_fetch.py)."""
     text = value.strip()
-    lowered = text[:16].lower()
-    if lowered.startswith(("http://", "https://", "file:", "ftp://")):
-        raise _bad(field, "remote and file URLs are not fetched; send the audio as base64 or a data: URL, "
-                          "or upload it once with POST /v1/audio/voices", code="invalid_field")
-    if lowered.startswith("data:"):
+    if text[:5].lower() == "data:":
         header, sep, text = text.partition(",")
         if not sep or ";base64" not in header.lower():
             raise _bad(field, "a data: URL must be base64 encoded (data:audio/wav;base64,...)", code="invalid_field")
@@ -146,7 +142,11 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
     settings = state.settings
     x_only = bool(fields.x_vector_only_mode)
     if fields.ref_audio is not None:
-        data = decode_base64_audio(fields.ref_audio, int(settings.max_ref_audio_mb * (1 << 20)))
+        max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
+        if is_url(fields.ref_audio):  # only under the operator's prefixes (--ref-audio-url-prefixes)
+            data = await fetch_reference(fields.ref_audio, settings.ref_audio_url_prefixes, max_bytes)
+        else:
+            data = decode_base64_audio(fields.ref_audio, max_bytes)
         audio = reference_audio(data, settings.max_ref_audio_seconds)
         if not x_only and not (fields.ref_text or "").strip():
             raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "

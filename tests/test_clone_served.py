@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
+from aiohttp import web
 from conftest import start_server
 
 from engines.build import build_engine
@@ -374,3 +375,67 @@ async def test_websocket_session_config_clones_inline_ref_audio_like_the_officia
         assert_matches_official(pcm16(pcm), refs[f"case/{case}/wav"].numpy())
     finally:
         await server.stop()
+
+
+async def test_ref_audio_urls_are_fetched_only_under_the_allowed_prefixes(base_engine, tmp_path):
+    """vllm-omni's URL references: http(s):// and file:// under --ref-audio-url-prefixes give
+    the same voice as the same audio inline; everything else is a 4xx naming ref_audio, and
+    nothing outside the prefixes is ever requested."""
+    refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
+    ref_wav = wav_bytes(refs["ref/a/wav"].numpy())
+    requested: list[str] = []
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        requested.append(request.path)
+        name = request.match_info["name"]
+        if name == "a.wav":
+            return web.Response(body=ref_wav, content_type="audio/wav")
+        if name == "big.wav":
+            return web.Response(body=b"\0" * (2 << 20), content_type="audio/wav")
+        if name == "moved.wav":
+            raise web.HTTPFound("/voices/a.wav")
+        raise web.HTTPNotFound()
+
+    files = web.Application()
+    files.router.add_get("/{folder}/{name}", serve)
+    runner = web.AppRunner(files)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    origin = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    refs_dir = tmp_path / "refs"
+    refs_dir.mkdir()
+    (refs_dir / "a.wav").write_bytes(ref_wav)
+    (refs_dir / "escape.wav").symlink_to("/etc/hostname")
+    server = await start_server(base_engine, tmp_path / "data", max_ref_audio_mb=1.0,
+                                ref_audio_url_prefixes=(f"{origin}/voices/", f"file://{refs_dir}/"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = {"input": c["text"], "language": c["language"], "ref_text": c["ref_text"]}
+            status, inline = await speak(http, server.url, {**base, "ref_audio": data_url(refs["ref/a/wav"].numpy())})
+            assert status == 200
+            for url in (f"{origin}/voices/a.wav", f"file://{refs_dir}/a.wav"):
+                status, fetched = await speak(http, server.url, {**base, "ref_audio": url})
+                assert status == 200, fetched[:300]
+                assert fetched == inline  # the same reference, the same (greedy) audio
+            assert_matches_official(pcm16(inline), refs["case/icl_a_stream/wav"].numpy())
+            requested.clear()
+            for url, code, words in ((f"{origin}/secret/a.wav", 400, "outside the allowed prefixes"),
+                                     (f"{origin}/voices/../secret/a.wav", 400, "outside the allowed prefixes"),
+                                     (f"{origin.replace('127.0.0.1', 'user:pw@127.0.0.1')}/voices/a.wav", 400,
+                                      "credentials"),
+                                     (f"{origin}/voices/moved.wav", 400, "redirect"),
+                                     (f"{origin}/voices/missing.wav", 400, "HTTP 404"),
+                                     (f"{origin}/voices/big.wav", 413, "MiB"),
+                                     ("file:///etc/passwd", 400, "outside the allowed prefixes"),
+                                     (f"file://{refs_dir}/escape.wav", 400, "outside the allowed directories"),
+                                     ("ftp://127.0.0.1/voices/a.wav", 400, "outside the allowed prefixes")):
+                status, raw = await speak(http, server.url, {**base, "ref_audio": url})
+                error = json.loads(raw)["error"]
+                assert status == code and error["message"].startswith("ref_audio:") and words in error["message"], \
+                    (url, status, error)
+            assert "/secret/a.wav" not in requested and "/voices/a.wav" not in requested  # refused before any request
+            assert sorted(requested) == ["/voices/big.wav", "/voices/missing.wav", "/voices/moved.wav"]
+    finally:
+        await server.stop()
+        await runner.cleanup()

@@ -96,3 +96,12 @@ def test_jobs_db_settings_keep_the_password_off_the_command_line(tmp_path):
     assert parse(["--jobs-db", url, "--jobs-db-password-file", str(secret)], env={}).jobs_db_password() == "s3cret"
     with pytest.raises(ValueError, match="no such file"):
         parse(["--jobs-db-password-file", str(tmp_path / "missing")], env={})
+
+
+def test_ref_audio_url_prefixes_must_be_directories():
+    settings = parse(["--ref-audio-url-prefixes", "https://media.example.com/voices/, file:///srv/refs/"], env={})
+    assert settings.ref_audio_url_prefixes == ("https://media.example.com/voices/", "file:///srv/refs/")
+    for bad in ("https://media.example.com", "https://media.example.com/voices", "ftp://x/y/", "/srv/refs/"):
+        with pytest.raises(ValueError, match="--ref-audio-url-prefixes"):
+            parse(["--ref-audio-url-prefixes", bad], env={})
+    assert parse([], env={}).ref_audio_url_prefixes == ()  # the default: nothing is fetched

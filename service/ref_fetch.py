@@ -1,0 +1,106 @@
+"""``ref_audio`` given as a URL (vllm-omni's ``http(s)://`` and ``file://`` references), read
+only from the prefixes an operator allows with ``--ref-audio-url-prefixes``.
+
+Fetching on a client's behalf is a server-side request forgery risk, so by default nothing is
+fetched. An allowed prefix is a whole directory: ``https://host[:port]/path/`` or
+``file:///dir/``, always ending in ``/`` (``https://media.example.com`` would also match
+``https://media.example.com.evil.org``). A URL is normalised (``..`` resolved) before it is
+compared, redirects are not followed (they could leave the prefix), the body is read up to
+``--max-ref-audio-mb`` and the whole fetch is bounded in time. A ``file://`` path is resolved
+(symlinks too) and must stay inside the allowed directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+from yarl import URL
+
+from .errors import ApiError
+
+FETCH_TIMEOUT_S = 10.0
+URL_SCHEMES = ("http://", "https://", "file:")
+
+
+def is_url(value: str) -> bool:
+    return value.lstrip()[:8].lower().startswith(URL_SCHEMES) or value.lstrip()[:6].lower() == "ftp://"
+
+
+def check_prefix(prefix: str) -> str:
+    """A ``--ref-audio-url-prefixes`` entry, or ValueError saying what is wrong with it."""
+    url = URL(prefix)
+    if url.scheme not in ("http", "https", "file") or (url.scheme != "file" and not url.host):
+        raise ValueError(f"{prefix!r}: expected https://host/path/ or file:///dir/")
+    normalised = str(url)
+    if not prefix.endswith("/") or not normalised.endswith("/"):
+        raise ValueError(f"{prefix!r}: must end with '/' (a directory, so that no longer name matches)")
+    return normalised
+
+
+def _refused(message: str, status: int = 400, code: str = "invalid_field") -> ApiError:
+    return ApiError(status, code, f"ref_audio: {message}")
+
+
+def _allowed(value: str, prefixes: tuple[str, ...]) -> URL:
+    if not prefixes:
+        raise _refused("URLs are not fetched on this server (the operator allows none: --ref-audio-url-prefixes); "
+                       "send the audio as base64 or a data: URL, or upload it once with POST /v1/audio/voices")
+    try:
+        url = URL(value.strip())
+    except (ValueError, TypeError):
+        raise _refused("not a valid URL") from None
+    if url.user is not None or url.password is not None:
+        raise _refused("URLs with credentials are not fetched")
+    if not any(str(url).startswith(prefix) for prefix in prefixes):
+        raise _refused("this URL is outside the allowed prefixes (--ref-audio-url-prefixes)")
+    return url
+
+
+async def fetch_reference(value: str, prefixes: tuple[str, ...], max_bytes: int) -> bytes:
+    """The bytes behind an allowed ``ref_audio`` URL; a 4xx ApiError naming ``ref_audio`` otherwise."""
+    url = _allowed(value, prefixes)
+    if url.scheme == "file":
+        return await asyncio.to_thread(_read_file, url, prefixes, max_bytes)
+    return await _fetch_http(url, max_bytes)
+
+
+def _read_file(url: URL, prefixes: tuple[str, ...], max_bytes: int) -> bytes:
+    path = Path(url.path).resolve()
+    roots = [Path(URL(p).path).resolve() for p in prefixes if p.startswith("file:")]
+    if not any(path.is_relative_to(root) for root in roots):  # a symlink out of the directory
+        raise _refused("this path is outside the allowed directories (--ref-audio-url-prefixes)")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError:
+        raise _refused("no readable file at this path") from None
+    if len(data) > max_bytes:
+        raise _too_large(max_bytes)
+    return data
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return _refused(f"more than {max_bytes / (1 << 20):g} MiB of audio", status=413, code="ref_audio_too_large")
+
+
+async def _fetch_http(url: URL, max_bytes: int) -> bytes:
+    timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.get(url, allow_redirects=False) as response:
+                if 300 <= response.status < 400:
+                    raise _refused(f"the URL answered a redirect ({response.status}); redirects are not followed")
+                if response.status != 200:
+                    raise _refused(f"fetching the URL answered HTTP {response.status}")
+                if response.content_length is not None and response.content_length > max_bytes:
+                    raise _too_large(max_bytes)
+                data = bytearray()
+                async for block in response.content.iter_chunked(64 * 1024):
+                    data += block
+                    if len(data) > max_bytes:
+                        raise _too_large(max_bytes)
+                return bytes(data)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise _refused(f"could not fetch the URL ({type(exc).__name__})") from None
