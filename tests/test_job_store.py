@@ -256,3 +256,36 @@ async def test_saved_voices_live_in_the_same_store(store, tmp_path):
     assert await voices.get("nobody") is None and await voices.get("../etc") is None
     assert await voices.delete("alice") and not await voices.delete("alice")
     assert await voices.list() == []
+
+
+async def test_a_sqlite_store_from_before_leases_opens_with_its_jobs_and_audio(tmp_path):
+    """An upgrade: the database and audio files of the previous release (no lease or size
+    columns; a succeeded job's audio at audio/<id>.wav; a job left running by a crash)."""
+    import sqlite3
+
+    data = tmp_path / "data"
+    (data / "audio").mkdir(parents=True)
+    old = sqlite3.connect(data / "jobs.sqlite3")
+    old.executescript("""
+        CREATE TABLE jobs (id TEXT PRIMARY KEY, status TEXT NOT NULL, params TEXT NOT NULL, created_at REAL NOT NULL,
+            started_at REAL, finished_at REAL, error TEXT, frames_done INTEGER NOT NULL DEFAULT 0,
+            frames_total INTEGER NOT NULL DEFAULT 0, audio_file TEXT, owner TEXT);
+        INSERT INTO jobs (id, status, params, created_at, finished_at, audio_file)
+            VALUES ('aa' || printf('%030d', 0), 'succeeded', '{"input": "old"}', 1, 2, 'aa000000000000000000000000000000.wav');
+        INSERT INTO jobs (id, status, params, created_at, started_at)
+            VALUES ('bb' || printf('%030d', 0), 'running', '{"input": "crashed"}', 3, 4);
+    """)
+    old.commit()
+    old.close()
+    (data / "audio" / "aa000000000000000000000000000000.wav").write_bytes(b"RIFF-old-audio")
+    store = SqliteJobStore(data)
+    await store.open()
+    try:
+        assert await store.requeue_interrupted() == 1
+        done = await store.get("aa" + "0" * 30)
+        assert done.status == "succeeded"
+        assert b"".join([block async for block in store.read_audio(done)]) == b"RIFF-old-audio"
+        [claimed] = await store.claim("new-replica", 5, LEASE)
+        assert (claimed.id, claimed.attempts) == ("bb" + "0" * 30, 1)
+    finally:
+        await store.close()
