@@ -123,6 +123,7 @@ class JobRunner:
         self._dispatcher: asyncio.Task | None = None
         self._stopping = False
         self._last_retention = float("-inf")
+        self._claim_after = 0.0  # monotonic time before which the engine is not offered jobs
         store.set_listener(self._on_store_event)
 
     async def start(self) -> None:
@@ -198,9 +199,12 @@ class JobRunner:
                 # The leader exports the shared queue (service/metrics.py, docs/DEPLOY.md).
                 self.state.metrics.job_backlog = await self.store.queued() if self.store.leader else 0
                 free = self.state.settings.job_workers - len(self.running)
-                if free > 0 and not self.state.draining:
+                # After the engine refused a job, no claim for RETRY_SECONDS: the release's own
+                # NOTIFY wakes this loop at once, which would otherwise claim and release in a spin.
+                if free > 0 and not self.state.draining and time.monotonic() >= self._claim_after:
                     for job in await self.store.claim(self.worker, free, self.lease_seconds):
                         if not await self._start(job):
+                            self._claim_after = time.monotonic() + RETRY_SECONDS
                             timeout = RETRY_SECONDS  # the engine is full: try again soon
                 self._store_up()
             except StoreUnavailable as exc:

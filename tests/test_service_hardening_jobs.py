@@ -8,13 +8,12 @@ import asyncio
 import base64
 import json
 import os
-import threading
 from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 import websockets
-from conftest import start_server, wait_until
+from conftest import make_engine, start_server, wait_until
 from yarl import URL
 
 SHORT = "Hello there."
@@ -380,5 +379,24 @@ async def test_with_auth_off_unfinished_jobs_are_capped_per_address(engine, tmp_
             assert (await submit(second, "fake0"))[0] == 202  # another address has its own cap
             async with first.get(live.url + "/v1/jobs") as response:  # everyone still sees every job
                 assert len((await response.json())["data"]) == 3
+    finally:
+        await live.stop()
+
+
+async def test_a_refusing_engine_is_not_offered_the_same_job_in_a_spin(tmp_path):
+    """The engine refuses work (here: never started, EngineUnavailable; under load: a full
+    queue, EngineOverloaded): the runner gives the job back and waits before claiming again.
+    Giving it back wakes the runner at once (the store's "queued" event), so without the wait
+    it would claim and release the job hundreds of times a second."""
+    idle = make_engine()  # built, not started: every submit is refused
+    live = await start_server(idle, tmp_path / "data")
+    try:
+        store = live.state.jobs.store
+        job = await store.create({"input": "Nobody can take this yet.", "response_format": "wav"})
+        live.state.jobs.wake()
+        await asyncio.sleep(2.0)
+        again = await store.get(job.id)
+        assert again.status == "queued"
+        assert 1 <= again.attempts <= 10, f"{again.attempts} claims in 2 s"  # one per 0.5 s wait
     finally:
         await live.stop()
