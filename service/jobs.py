@@ -12,6 +12,7 @@ with Retry-After (service/middleware.py); streaming does not depend on it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from .voices import saved_clone
 
 log = logging.getLogger("streamvox.jobs")
 
+HEALTH_TIMEOUT_S = 1.0  # /readyz waits this long for the job store (probes time out at 3 s)
 QUEUE_FULL_RETRY_SECONDS = 5  # Retry-After when the job queue (total or this key's) is full
 
 
@@ -152,10 +154,12 @@ async def store_health(state) -> dict:
     runner = state.jobs
     if runner is None:
         return {"kind": None, "reachable": False, "error": "not started"}
-    try:
-        await runner.store.ping()
+    try:  # bounded: a database that does not answer (not even a refusal) must not stall the probe
+        await asyncio.wait_for(runner.store.ping(), HEALTH_TIMEOUT_S)
     except StoreUnavailable as exc:
         return {"kind": runner.store.kind, "reachable": False, "error": str(exc)}
+    except asyncio.TimeoutError:
+        return {"kind": runner.store.kind, "reachable": False, "error": f"no answer within {HEALTH_TIMEOUT_S:g} s"}
     return {"kind": runner.store.kind, "reachable": True, "leader": runner.store.leader}
 
 

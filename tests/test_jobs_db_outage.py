@@ -98,3 +98,34 @@ async def test_database_outage_streams_keep_working_jobs_503_then_resume(own_pos
         assert "Traceback" not in replica.log
     finally:
         replica.kill()
+
+
+async def test_a_database_that_never_answers_does_not_stall_the_probe(engine, tmp_path):
+    """A blackholed database (TCP connects, nothing ever answers): the readiness probe's path
+    still answers within its 3 s timeout, plain /readyz says the store is unreachable, and a
+    job request gets a 503 with Retry-After once the connect timeout passes, never a hang."""
+    import socket
+    import time
+
+    from conftest import start_server
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes handshakes into the backlog; nobody reads or answers
+    url_db = f"postgresql://streamvox@127.0.0.1:{silent.getsockname()[1]}/streamvox"
+    live = await start_server(engine, tmp_path / "data", jobs_db=url_db)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path, status in (("/readyz?jobs=optional", 200), ("/readyz", 503)):
+                started = time.monotonic()
+                async with http.get(live.url + path) as response:
+                    assert response.status == status
+                    body = await response.json()
+                assert time.monotonic() - started < 3.0, path  # the kubelet's probe timeout
+                assert body["jobs_db"]["reachable"] is False
+            async with http.get(live.url + "/v1/jobs", timeout=aiohttp.ClientTimeout(total=30)) as response:
+                assert response.status == 503 and response.headers["Retry-After"]
+                assert (await response.json())["error"]["code"] == "database_unavailable"
+    finally:
+        await live.stop()
+        silent.close()
