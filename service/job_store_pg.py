@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -50,6 +51,7 @@ LEADER_LOCK = 0x5754_0018  # pg_try_advisory_lock key held by the leader's liste
 CONNECT_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 30.0
 PING_TIMEOUT_S = 2.0
+REOPEN_AFTER_S = 1.0  # after a failed open, callers fail at once for this long
 _NOW = "extract(epoch from clock_timestamp())"
 
 # (version, statements). Append a new entry to change the schema; never edit an applied one.
@@ -126,6 +128,7 @@ class PostgresJobStore(JobStore):
         self._leader = False
         self._opening = asyncio.Lock()
         self._expiring: asyncio.Task | None = None
+        self._open_failure: tuple[float, str] | None = None  # (monotonic time, message) of the last failed open
 
     def __repr__(self) -> str:
         return f"PostgresJobStore({redact_url(self.url)})"
@@ -135,6 +138,10 @@ class PostgresJobStore(JobStore):
         async with self._opening:
             if self._pool is not None:
                 return
+            # Callers queued on the lock behind a failed try fail at once rather than each
+            # waiting out its own connect timeout (a blackholed database: 5 s per caller).
+            if self._open_failure is not None and time.monotonic() - self._open_failure[0] < REOPEN_AFTER_S:
+                raise StoreUnavailable(self._open_failure[1])
             # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
             pool = asyncpg.create_pool(self.url, password=self._password, min_size=0, max_size=self.pool_size,
                                        timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
@@ -146,9 +153,11 @@ class PostgresJobStore(JobStore):
             except BaseException as exc:
                 await pool.close()
                 if isinstance(exc, _UNREACHABLE):
-                    raise StoreUnavailable(f"job database {redact_url(self.url)} unreachable: {exc}") from None
+                    message = f"job database {redact_url(self.url)} unreachable: {type(exc).__name__}: {exc}"
+                    self._open_failure = (time.monotonic(), message)
+                    raise StoreUnavailable(message) from None
                 raise
-            self._pool = pool
+            self._pool, self._open_failure = pool, None
             log.info("job store: %s (schema v%d, pool %d)", redact_url(self.url), SCHEMA_VERSION, self.pool_size)
         await self.maintain()
 
