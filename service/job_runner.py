@@ -158,11 +158,13 @@ class JobRunner:
         self.running[job_id].cancel()
 
     def _store_down(self, exc: Exception) -> None:
+        self.state.metrics.job_store_up.set(0)
         if self.store_error is None:
             log.warning("job store unreachable (%s); job endpoints answer 503, queued jobs wait", exc)
         self.store_error = str(exc)
 
     def _store_up(self) -> None:
+        self.state.metrics.job_store_up.set(1)
         if self.store_error is not None:
             log.info("job store reachable again")
         self.store_error = None
@@ -203,6 +205,7 @@ class JobRunner:
                 # NOTIFY wakes this loop at once, which would otherwise claim and release in a spin.
                 if free > 0 and not self.state.draining and time.monotonic() >= self._claim_after:
                     for job in await self.store.claim(self.worker, free, self.lease_seconds):
+                        self.state.metrics.job_claims.labels("takeover" if job.taken_over else "first").inc()
                         if not await self._start(job):
                             self._claim_after = time.monotonic() + RETRY_SECONDS
                             timeout = RETRY_SECONDS  # the engine is full: try again soon
@@ -254,6 +257,7 @@ class JobRunner:
                 continue
             if outcome in (CANCELLED, LOST):
                 if outcome == LOST:
+                    self.state.metrics.job_leases_lost.inc()
                     log.warning("job %s: lease lost (another replica has it); stopping here", job.id)
                 self._stop_work(job.id, outcome)
                 return
@@ -300,6 +304,7 @@ class JobRunner:
             error = f"could not write audio: {exc.strerror or exc}"
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
         except LeaseLost:
+            self.state.metrics.job_leases_lost.inc()
             stream.cancel()
             log.info("job %s: no longer this replica's (cancelled or taken over)", job.id)
         except asyncio.CancelledError:

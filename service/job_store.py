@@ -51,6 +51,7 @@ class Job:
     owner: str | None = None  # digest of the API key that made it (the address with auth off)
     audio_size: int | None = None  # bytes of the finished audio
     attempts: int = 0  # how many times a runner claimed it
+    taken_over: bool = False  # this claim took it from a runner whose lease expired (not stored)
     lease_owner: str | None = None  # the replica running it
     lease_token: str | None = None  # this attempt's fence
 

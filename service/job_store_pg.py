@@ -107,7 +107,7 @@ def _job(row: asyncpg.Record) -> Job:
                started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
                frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
                audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
-               lease_token=row["lease_token"])
+               lease_token=row["lease_token"], taken_over=bool(row.get("taken_over")))
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -281,13 +281,14 @@ class PostgresJobStore(JobStore):
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
         async with self._conn() as conn, conn.transaction():
             rows = await conn.fetch(
-                "WITH picked AS (SELECT id FROM jobs WHERE status = 'queued' "
+                "WITH picked AS (SELECT id, status AS was FROM jobs WHERE status = 'queued' "
                 "    OR (status = 'running' AND lease_expires < clock_timestamp()) "
                 "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) "
                 f"UPDATE jobs SET status = 'running', started_at = {_NOW}, error = NULL, frames_done = 0, "
                 "    attempts = attempts + 1, lease_owner = $1, lease_token = md5(gen_random_uuid()::text), "
                 "    lease_expires = clock_timestamp() + make_interval(secs => $3) "
-                "FROM picked WHERE jobs.id = picked.id RETURNING jobs.*", worker, limit, float(lease_seconds))
+                "FROM picked WHERE jobs.id = picked.id RETURNING jobs.*, picked.was = 'running' AS taken_over",
+                worker, limit, float(lease_seconds))
             if rows:  # an earlier attempt's chunks (its replica died mid-job) are not this one's
                 await conn.execute("DELETE FROM job_audio WHERE job_id = ANY($1::text[])", [row["id"] for row in rows])
         return sorted((_job(row) for row in rows), key=lambda job: job.created_at)

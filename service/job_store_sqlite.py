@@ -149,7 +149,7 @@ class SqliteJobStore(JobStore):
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
         def claim():
             now = time.time()
-            rows = self._execute("SELECT id FROM jobs WHERE status = 'queued' OR (status = 'running' AND "
+            rows = self._execute("SELECT id, status FROM jobs WHERE status = 'queued' OR (status = 'running' AND "
                                  "lease_expires < ?) ORDER BY created_at LIMIT ?", (now, limit)).fetchall()
             claimed = []
             for row in rows:
@@ -161,7 +161,9 @@ class SqliteJobStore(JobStore):
                     (now, worker, token, now + lease_seconds, row["id"], now))
                 if cursor.rowcount == 1:
                     self._remove_parts(row["id"])
-                    claimed.append(self._job(self._execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()))
+                    job = self._job(self._execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone())
+                    job.taken_over = row["status"] == "running"
+                    claimed.append(job)
             return claimed
         return await self._call(claim)
 

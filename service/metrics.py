@@ -41,6 +41,16 @@ class Metrics:
         # replicas it says how often audio was produced, so a job run to the end twice would show.
         self.job_audio_stored = Counter("streamvox_job_audio_stored_total", "Jobs whose whole audio this replica "
                                         "wrote into the job store", registry=r)
+        # Leases (issue 17): claims by whether the job was new (first) or taken over from a replica
+        # that stopped renewing (takeover), attempts this replica gave up (lost: cancelled elsewhere
+        # or taken over), and whether the store answered the runner's last call.
+        self.job_claims = Counter("streamvox_job_claims_total", "Jobs this replica claimed, by kind", ["kind"],
+                                  registry=r)
+        self.job_leases_lost = Counter("streamvox_job_leases_lost_total", "Running jobs this replica stopped "
+                                       "because their lease was no longer its own", registry=r)
+        self.job_store_up = Gauge("streamvox_job_store_up", "1 while the job store answers the job runner",
+                                  registry=r)
+        self.job_store_up.set(1)
         self.active_slots = Gauge("streamvox_active_slots", "Engine slots in use", registry=r)
         self.active_slots.set_function(lambda: engine.stats().active_slots)
         self.active_requests = Gauge("streamvox_active_requests", "Requests admitted and not finished", registry=r)

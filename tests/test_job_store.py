@@ -60,7 +60,8 @@ async def test_claim_takes_the_oldest_once_under_a_lease(store):
     jobs = [await store.create({"input": f"job {i}"}) for i in range(3)]
     claimed = await store.claim("replica-a", 2, LEASE)
     assert [job.id for job in claimed] == [jobs[0].id, jobs[1].id]
-    assert all(job.status == "running" and job.lease_owner == "replica-a" and job.attempts == 1 for job in claimed)
+    assert all(job.status == "running" and job.lease_owner == "replica-a" and job.attempts == 1 and not job.taken_over
+               for job in claimed)
     assert len({job.lease_token for job in claimed}) == 2
     rest = await store.claim("replica-b", 5, LEASE)
     assert [job.id for job in rest] == [jobs[2].id]  # a leased job is not claimable again
@@ -96,6 +97,7 @@ async def test_an_expired_lease_is_taken_over_and_the_old_attempt_is_fenced_out(
     await asyncio.sleep(0.4)
     [new] = await store.claim("b", 1, LEASE)
     assert (new.id, new.attempts, new.lease_owner) == (job.id, 2, "b") and new.lease_token != old.lease_token
+    assert new.taken_over and not old.taken_over
     # the first attempt wakes up: every write it tries is refused
     assert await store.renew(job.id, old.lease_token, LEASE, 1, 1) == LOST
     assert not await store.put_audio(job.id, old.lease_token, 0, b"zz")
@@ -132,7 +134,7 @@ async def test_release_requeues_and_wakes(store):
     assert (await store.get(job.id)).status == "queued"
     await eventually(lambda: ("queued", None) in store.events)
     [again] = await store.claim("b", 1, LEASE)
-    assert again.attempts == 2
+    assert again.attempts == 2 and not again.taken_over  # given back, not taken over
 
 
 async def test_failures_and_retention(store):

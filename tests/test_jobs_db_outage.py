@@ -86,6 +86,11 @@ async def test_database_outage_streams_keep_working_jobs_503_then_resume(own_pos
             async with http.get(url + "/healthz") as response:
                 assert response.status == 200
 
+            async def runner_noticed():
+                return await metric_value(url, "streamvox_job_store_up") == 0
+
+            await wait_until(runner_noticed, timeout_s=15)
+
             own_postgres.start()  # the same cluster, the same port
             finished = [await client.wait_job(job["id"]) for job in jobs]
             assert [job["status"] for job in finished] == ["succeeded"] * JOBS, finished
@@ -96,6 +101,7 @@ async def test_database_outage_streams_keep_working_jobs_503_then_resume(own_pos
                 assert response.status == 200
                 assert (await response.json())["jobs_db"]["reachable"] is True
         assert await metric_value(url, "streamvox_job_audio_stored_total") == JOBS  # each job's audio once
+        assert await metric_value(url, "streamvox_job_store_up") == 1
         assert "Traceback" not in replica.log
     finally:
         replica.kill()

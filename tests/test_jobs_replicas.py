@@ -180,6 +180,7 @@ async def test_kill_9_of_the_replica_running_a_job_hands_it_to_the_other(replica
     finally:
         await conn.close()
     assert attempts == 2
+    assert await metric_value(survivor.url, "streamvox_job_claims_total", '{kind="takeover"}') == 1
     print(f"taken over {takeover_s:.1f} s after kill -9 (lease {LEASE_SECONDS} s)")
 
 
