@@ -2,7 +2,9 @@
 
     python benchmarks/bench_jobs_replicas.py [--jobs 24] [--singles 10] [--preset tiny]
 
-For each replica count: a fresh database on a PostgreSQL started from the installed binaries
+Variants, side by side: 1 replica with the default 2 job workers, 1 replica with 4 (as many
+jobs in flight as two replicas: separates more jobs in flight from more replicas), 2 replicas
+with 2 each. For each: a fresh database on a PostgreSQL started from the installed binaries
 (tests/pg_helpers.py), that many real ``streamvox serve`` processes with ``--jobs-db``, the
 machine's cores split evenly between them (OMP threads), then
 
@@ -100,14 +102,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=24)
     parser.add_argument("--singles", type=int, default=10)
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--variants", nargs="+", default=["1x2", "1x4", "2x2"],
+                        help="REPLICASxJOB_WORKERS each")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     postgres = start_postgres()
     results = {}
     try:
         rtt = asyncio.run(round_trip_ms(postgres.url()))
-        for count in args.replicas:
+        for variant in args.variants:
+            count, workers = (int(n) for n in variant.split("x"))
             db = postgres.create_database()
             threads = max(1, cores // count)
             os.environ.update(STREAMVOX_JOBS_DB=db, OMP_NUM_THREADS=str(threads))
@@ -115,24 +119,25 @@ def main() -> None:
             try:
                 with tempfile.TemporaryDirectory() as tmp:
                     for r in range(count):
-                        servers.append(Server.start(args.preset, "cpu", f"{tmp}/replica-{r}"))
-                    results[count] = asyncio.run(measure([s.url for s in servers], args.jobs, args.singles))
-                    results[count]["threads"] = threads
+                        servers.append(Server.start(args.preset, "cpu", f"{tmp}/replica-{r}",
+                                                    ["--job-workers", str(workers)]))
+                    results[variant] = asyncio.run(measure([s.url for s in servers], args.jobs, args.singles))
+                    results[variant].update(threads=threads, replicas=count, workers=workers)
             finally:
                 for server in servers:
                     server.stop()
     finally:
         postgres.cleanup()
-    base = results[args.replicas[0]]["throughput"]
+    base = results[args.variants[0]]["throughput"]
     print(f"device: CPU ({platform.processor() or platform.machine()}, {cores} cores), preset {args.preset}, "
           f"{args.jobs} jobs at once + {args.singles} single jobs, PostgreSQL on 127.0.0.1")
     print(f"floor: claim latency >= one database round trip ({rtt:.2f} ms); "
-          f"throughput <= {base:.2f} jobs/s x replicas")
-    print(f"{'replicas':>8} {'threads each':>12} {'jobs/s':>8} {'vs 1':>6} {'span s':>7} "
+          f"throughput <= {base:.2f} jobs/s x replicas (the first row's)")
+    print(f"{'replicas':>8} {'job workers':>11} {'threads each':>12} {'jobs/s':>8} {'vs first':>8} {'span s':>7} "
           f"{'claim p50 ms':>13} {'claim p95 ms':>13}")
-    for count, r in results.items():
-        print(f"{count:>8} {r['threads']:>12} {r['throughput']:>8.2f} {r['throughput'] / base:>5.2f}x "
-              f"{r['span']:>7.1f} {r['claim_p50']:>13.1f} {r['claim_p95']:>13.1f}")
+    for r in results.values():
+        print(f"{r['replicas']:>8} {r['workers']:>11} {r['threads']:>12} {r['throughput']:>8.2f} "
+              f"{r['throughput'] / base:>7.2f}x {r['span']:>7.1f} {r['claim_p50']:>13.1f} {r['claim_p95']:>13.1f}")
 
 
 if __name__ == "__main__":

@@ -47,18 +47,29 @@ def db_url(postgres) -> str:
     return postgres.create_database()
 
 
+def start_replica(db_url: str, data_dir) -> Replica:
+    process = ServerProcess(data_dir, "--job-lease-seconds", str(LEASE_SECONDS), "--drain-seconds", "1",
+                            env={"STREAMVOX_JOBS_DB": db_url})
+    try:
+        process.wait_listening()
+    except BaseException:
+        process.kill()
+        raise
+    return Replica(process)
+
+
 @pytest.fixture(scope="module")
 def replicas(db_url, tmp_path_factory):
-    """Replicas A and B, each with its own data directory (nothing shared but the database)."""
-    processes = [ServerProcess(tmp_path_factory.mktemp(f"replica-{name}"), "--job-lease-seconds", str(LEASE_SECONDS),
-                               env={"STREAMVOX_JOBS_DB": db_url}) for name in "ab"]
+    """Replicas A and B, each with its own data directory (nothing shared but the database).
+    A test may replace one (the list is the fixture's); every process in it is killed at the end."""
+    started: list[Replica] = []
     try:
-        for process in processes:
-            process.wait_listening()
-        yield [Replica(process) for process in processes]
+        for name in "ab":
+            started.append(start_replica(db_url, tmp_path_factory.mktemp(f"replica-{name}")))
+        yield started
     finally:
-        for process in processes:
-            process.kill()
+        for replica in started:
+            replica.process.kill()
 
 
 def assert_valid_wav(data: bytes) -> np.ndarray:
@@ -142,6 +153,28 @@ async def test_delete_through_one_replica_cancels_the_job_running_on_the_other(r
 
 async def _active(replica: Replica, count: int) -> bool:
     return await replica.metric("streamvox_active_requests") == count
+
+
+async def test_a_replica_shutting_down_gives_its_job_back_at_once(replicas, db_url, tmp_path):
+    """SIGTERM (a rolling update, a scale-down): after its drain the replica releases the job it
+    was running, and the other claims it as a queued job, with no lease to wait out."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(replicas[0].url + "/v1/jobs", json={"input": LONG}) as response:
+            job_id = (await response.json())["id"]
+        leaving, staying = await running_on(db_url, replicas, job_id)
+        first = await metric_value(staying.url, "streamvox_job_claims_total", '{kind="first"}')
+        leaving.process.terminate()
+        assert await asyncio.to_thread(leaving.process.wait_exit) == 0
+
+        async def reclaimed():
+            return await lease_owner_pid(db_url, job_id) == staying.pid
+
+        await wait_until(reclaimed, timeout_s=30)
+        assert await metric_value(staying.url, "streamvox_job_claims_total", '{kind="first"}') == first + 1
+        assert await metric_value(staying.url, "streamvox_job_claims_total", '{kind="takeover"}') == 0
+        async with http.delete(f"{staying.url}/v1/jobs/{job_id}") as response:
+            assert response.status == 200  # no need to spend CPU finishing it
+    replicas[replicas.index(leaving)] = start_replica(db_url, tmp_path / "replacement")
 
 
 async def test_kill_9_of_the_replica_running_a_job_hands_it_to_the_other(replicas, db_url):
