@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "clients.commands.synthesize",
     "clients.commands.say",
     "clients.commands.jobs",
+    "clients.commands.migrate_store",
     "clients.commands.export",
     "clients.commands.build_engines",
 )

@@ -352,6 +352,32 @@ class PostgresJobStore(JobStore):
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"cancelled:{job_id}")
         return bool(cancelled)
 
+    # -- moving in from the embedded store (service/store_copy.py) -----------------------------
+    async def import_job(self, job: Job, audio: AsyncIterator[bytes]) -> bool:
+        """Insert a job made elsewhere, with its id, times and (succeeded) audio, in one
+        transaction; False, nothing written, when a job with that id exists. One that was
+        running is queued again (its runner is gone)."""
+        status = "queued" if job.status == "running" else job.status
+        async with self._conn() as conn, conn.transaction():
+            added = await conn.fetchval(
+                "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
+                "frames_total, audio_size, attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
+                "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, job.params, job.owner, job.created_at,
+                None if status == "queued" else job.started_at, job.finished_at, job.error,
+                0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts)
+            if not added:
+                return False
+            position = 0
+            async for block in audio:
+                await conn.execute("INSERT INTO job_audio (job_id, pos, token, data) VALUES ($1, $2, 'imported', $3)",
+                                   job.id, position, block)
+                position += len(block)
+            if status == "succeeded" and job.audio_size is None:  # recorded before sizes were
+                await conn.execute("UPDATE jobs SET audio_size = $2 WHERE id = $1", job.id, position)
+            if status == "queued":
+                await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
+        return True
+
     # -- retention, quota, download ---------------------------------------------------------
     async def delete_finished_before(self, cutoff: float) -> int:
         async with self._conn() as conn:
