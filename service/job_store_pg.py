@@ -98,8 +98,11 @@ CREATE TABLE voices (
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 # What a lost or refused connection raises; anything else is a bug and propagates.
+# A refused login (wrong or rotated password, unknown database) is the same to a client: the
+# store cannot be used now (503 + Retry-After), and the log line says why.
 _UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError)
+                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError,
+                asyncpg.exceptions.InvalidAuthorizationSpecificationError, asyncpg.exceptions.InvalidCatalogNameError)
 
 
 def _job(row: asyncpg.Record) -> Job:

@@ -54,8 +54,17 @@ class PostgresServer:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=120)
 
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-sync")
+    def init(self, password: str | None = None) -> None:
+        """``password``: the superuser's, and every connection must give it (scram-sha-256);
+        None: trust (no password)."""
+        auth = ["-A", "trust"]
+        if password is not None:
+            pwfile = self.root / "pwfile"
+            pwfile.write_text(password + "\n")
+            if self.as_root:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = ["-A", "scram-sha-256", "--pwfile", str(pwfile)]
+        self._run("initdb", "-D", str(self.data), *auth, "-U", SUPERUSER, "-E", "UTF8", "--no-sync")
 
     def start(self) -> None:
         # -l: the server's output goes to a file, so pg_ctl returns instead of holding our pipes.
@@ -90,13 +99,13 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_postgres() -> PostgresServer:
+def start_postgres(password: str | None = None) -> PostgresServer:
     bin_dir = find_pg_bin()
     if bin_dir is None:
         raise RuntimeError("PostgreSQL binaries not found (set STREAMVOX_PG_BIN); scripts/dev-setup.sh installs them")
     server = PostgresServer(bin_dir)
     try:
-        server.init()
+        server.init(password)
         server.start()
     except BaseException:
         shutil.rmtree(server.root, ignore_errors=True)

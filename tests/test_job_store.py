@@ -291,3 +291,45 @@ async def test_a_sqlite_store_from_before_leases_opens_with_its_jobs_and_audio(t
         assert (claimed.id, claimed.attempts) == ("bb" + "0" * 30, 1)
     finally:
         await store.close()
+
+
+async def test_passwords_come_from_a_file_or_the_environment_and_a_wrong_one_is_a_503(engine, tmp_path, monkeypatch,
+                                                                                      caplog):
+    """A server that requires a password (scram-sha-256): the store logs in with the password
+    given apart from the URL (--jobs-db-password-file, or libpq's PGPASSWORD); a wrong one makes
+    the store unavailable - job requests a 503, never a 500 - and no message holds a password."""
+    import aiohttp
+    from conftest import start_server
+    from pg_helpers import start_postgres
+
+    caplog.set_level(logging.DEBUG)
+    server = start_postgres(password="right-pw-123")
+    try:
+        url = server.url()  # no password in it
+        from_file = PostgresJobStore(url, password="right-pw-123")
+        await from_file.open()
+        assert (await from_file.create({"input": "x"})).status == "queued"
+        await from_file.close()
+        monkeypatch.setenv("PGPASSWORD", "right-pw-123")
+        from_env = PostgresJobStore(url)
+        await from_env.open()
+        assert await from_env.queued() == 1
+        await from_env.close()
+
+        monkeypatch.setenv("PGPASSWORD", "wrong-pw-456")
+        with pytest.raises(StoreUnavailable, match="password authentication failed"):
+            await PostgresJobStore(url).open()
+        live = await start_server(engine, tmp_path / "data", jobs_db=url)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(live.url + "/v1/jobs") as response:
+                    assert response.status == 503 and response.headers["Retry-After"]
+                    assert (await response.json())["error"]["code"] == "database_unavailable"
+                async with http.get(live.url + "/readyz") as response:
+                    assert response.status == 503
+                    assert "password authentication failed" in (await response.json())["jobs_db"]["error"]
+        finally:
+            await live.stop()
+        assert "wrong-pw-456" not in caplog.text and "right-pw-123" not in caplog.text
+    finally:
+        server.cleanup()
