@@ -60,7 +60,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
 CREATE TABLE jobs (
     id text PRIMARY KEY,
     status text NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-    params jsonb NOT NULL,
+    params text NOT NULL,  -- JSON, kept as text: jsonb cannot hold a NUL character, which a request text may
     owner text,
     created_at double precision NOT NULL,
     started_at double precision,
@@ -89,7 +89,7 @@ CREATE TABLE job_audio (
 -- Saved voices (issue 15): PostgresVoiceStore; tensors are a safetensors blob.
 CREATE TABLE voices (
     name text PRIMARY KEY,
-    meta jsonb NOT NULL,
+    meta text NOT NULL,  -- JSON (as params)
     tensors bytea NOT NULL,
     created_at double precision NOT NULL
 );
@@ -105,16 +105,17 @@ _UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, 
                 asyncpg.exceptions.InvalidAuthorizationSpecificationError, asyncpg.exceptions.InvalidCatalogNameError)
 
 
+def _text(value: str | None) -> str | None:
+    """A message fit for a text column: PostgreSQL text cannot hold NUL (an error may quote input)."""
+    return value.replace("\x00", "\ufffd") if value else value
+
+
 def _job(row: asyncpg.Record) -> Job:
-    return Job(id=row["id"], status=row["status"], params=row["params"], created_at=row["created_at"],
+    return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
                started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
                frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
                audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
                lease_token=row["lease_token"], taken_over=bool(row.get("taken_over")))
-
-
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
 class PostgresJobStore(JobStore):
@@ -147,8 +148,7 @@ class PostgresJobStore(JobStore):
                 raise StoreUnavailable(self._open_failure[1])
             # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
             pool = asyncpg.create_pool(self.url, password=self._password, min_size=0, max_size=self.pool_size,
-                                       timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
-                                       init=_init_connection)
+                                       timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S)
             try:
                 await pool
                 async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn:
@@ -246,7 +246,7 @@ class PostgresJobStore(JobStore):
     async def create(self, params: dict, owner: str | None = None) -> Job:
         async with self._conn() as conn, conn.transaction():
             row = await conn.fetchrow(f"INSERT INTO jobs (id, status, params, owner, created_at) "
-                                      f"VALUES ($1, 'queued', $2, $3, {_NOW}) RETURNING *", new_job_id(), params, owner)
+                                      f"VALUES ($1, 'queued', $2, $3, {_NOW}) RETURNING *", new_job_id(), json.dumps(params), owner)
             await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
         return _job(row)
 
@@ -324,7 +324,7 @@ class PostgresJobStore(JobStore):
             done = await conn.fetchval(
                 f"UPDATE jobs SET status = $3, finished_at = {_NOW}, error = $4, audio_size = $5, "
                 "lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
-                "RETURNING true", job_id, token, status, error, audio_size)
+                "RETURNING true", job_id, token, status, _text(error), audio_size)
             if done and status != "succeeded":
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
         return bool(done)
@@ -343,13 +343,13 @@ class PostgresJobStore(JobStore):
     async def fail_queued(self, job_id, error) -> bool:
         async with self._conn() as conn:
             return bool(await conn.fetchval(f"UPDATE jobs SET status = 'failed', finished_at = {_NOW}, error = $2 "
-                                            "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, error))
+                                            "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, _text(error)))
 
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
         async with self._conn() as conn, conn.transaction():
             cancelled = await conn.fetchval(
                 f"UPDATE jobs SET status = 'cancelled', finished_at = {_NOW}, error = $2, lease_owner = NULL, "
-                "lease_expires = NULL WHERE id = $1 AND status IN ('queued', 'running') RETURNING true", job_id, error)
+                "lease_expires = NULL WHERE id = $1 AND status IN ('queued', 'running') RETURNING true", job_id, _text(error))
             if cancelled:
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"cancelled:{job_id}")
@@ -365,8 +365,8 @@ class PostgresJobStore(JobStore):
             added = await conn.fetchval(
                 "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
                 "frames_total, audio_size, attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
-                "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, job.params, job.owner, job.created_at,
-                None if status == "queued" else job.started_at, job.finished_at, job.error,
+                "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, json.dumps(job.params), job.owner, job.created_at,
+                None if status == "queued" else job.started_at, job.finished_at, _text(job.error),
                 0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts)
             if not added:
                 return False
@@ -417,7 +417,7 @@ class PostgresVoiceStore(VoiceStore):
     @staticmethod
     def _voice(row: asyncpg.Record) -> SavedVoice:
         arrays = load_tensors(bytes(row["tensors"]))
-        return SavedVoice(xvector=arrays["xvector"], codes=arrays["codes"], **row["meta"])
+        return SavedVoice(xvector=arrays["xvector"], codes=arrays["codes"], **json.loads(row["meta"]))
 
     async def get(self, name: str) -> SavedVoice | None:
         if not self.valid_name(name):
@@ -434,7 +434,7 @@ class PostgresVoiceStore(VoiceStore):
     async def add(self, voice: SavedVoice) -> SavedVoice:
         async with self._jobs._conn() as conn:
             added = await conn.fetchval("INSERT INTO voices (name, meta, tensors, created_at) VALUES ($1, $2, $3, $4) "
-                                        "ON CONFLICT (name) DO NOTHING RETURNING true", voice.name, voice_meta(voice),
+                                        "ON CONFLICT (name) DO NOTHING RETURNING true", voice.name, json.dumps(voice_meta(voice)),
                                         save_tensors(voice_tensors(voice)), voice.created_at)
         if not added:
             raise VoiceExists(voice.name)

@@ -56,6 +56,17 @@ async def test_records_list_and_counts(store):
     assert await store.queued() == 2
 
 
+async def test_any_text_a_request_can_hold_is_stored(store):
+    """NUL and other control characters, astral-plane characters: a JSON text column holds what
+    a jsonb one refuses (\u0000), and an error message quoting them is stored too."""
+    text = "a\x00b \x01\x1f \U0001F600 \u202e end"
+    job = await store.create({"input": text, "voice": "v\x00"}, owner="addr:127.0.0.1")
+    assert (await store.get(job.id)).params == {"input": text, "voice": "v\x00"}
+    [claimed] = await store.claim("a", 1, LEASE)
+    assert await store.finish(job.id, claimed.lease_token, "failed", error=f"bad input {text!s}")
+    assert (await store.get(job.id)).error.startswith("bad input a")
+
+
 async def test_claim_takes_the_oldest_once_under_a_lease(store):
     jobs = [await store.create({"input": f"job {i}"}) for i in range(3)]
     claimed = await store.claim("replica-a", 2, LEASE)
@@ -246,7 +257,7 @@ async def test_saved_voices_live_in_the_same_store(store, tmp_path):
     voices = store.voice_store(tmp_path / "data")
     rng = np.random.default_rng(0)
     alice = SavedVoice(name="alice", xvector=rng.standard_normal(192).astype(np.float32),
-                       codes=rng.integers(0, 2048, (22, 16)), ref_text="Hello there.", consent="yes", seconds=1.75)
+                       codes=rng.integers(0, 2048, (22, 16)), ref_text="Hello\x00 there.", consent="yes", seconds=1.75)
     await voices.add(alice)
     with pytest.raises(VoiceExists):
         await voices.add(alice)
