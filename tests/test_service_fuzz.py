@@ -22,9 +22,14 @@ MAX_CHARS = 60
 SESSION_TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="module")
-def live_url(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("fuzz"), "--max-input-chars", str(MAX_CHARS))
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live_url(request, tmp_path_factory):
+    """The server under fuzz, on each job store (issue 17: a hostile job must not break either).
+    No job workers: accepted jobs are stored, never run (the fuzz is about what gets in)."""
+    env = {"STREAMVOX_JOBS_DB": request.getfixturevalue("postgres").create_database()} \
+        if request.param == "postgresql" else {}
+    server = ServerProcess(tmp_path_factory.mktemp("fuzz"), "--max-input-chars", str(MAX_CHARS), "--job-workers", "0",
+                           env=env)
     try:
         yield server.wait_listening()
         assert server.proc.poll() is None, "the server died during fuzzing:\n" + server.log[-4000:]
@@ -89,6 +94,26 @@ def test_fuzz_speech_bodies(live_url, body):
     status, payload, headers = post(live_url + "/v1/audio/speech", raw)
     event(f"HTTP {status}")  # shown by --hypothesis-show-statistics
     check_http_answer(status, payload, headers, body)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=speech_bodies)
+def test_fuzz_job_bodies(live_url, body):
+    """Speech-shaped bodies as jobs: stored (202, readable back as the same job) or a 4xx."""
+    try:
+        raw = json.dumps(body, allow_nan=True).encode()
+    except (TypeError, ValueError):
+        return
+    status, payload, headers = post(live_url + "/v1/jobs", raw)
+    event(f"HTTP {status}")
+    assert status < 500, payload[:300]
+    answer = json.loads(payload)
+    if status >= 400:
+        assert answer["error"]["code"] and answer["error"]["message"]
+        return
+    assert status == 202
+    with urllib.request.urlopen(f"{live_url}/v1/jobs/{answer['id']}", timeout=30) as response:
+        assert json.loads(response.read())["id"] == answer["id"]
 
 
 @settings(max_examples=30, deadline=None)
