@@ -32,6 +32,7 @@ NOT_OBJECTS = {"kustomization.yaml", "helm-values.yaml"}
 
 
 OVERLAYS = sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+COMPONENTS = sorted(p.parent for p in (K8S / "components").glob("*/kustomization.yaml"))
 
 
 def patch_files() -> set[Path]:
@@ -102,12 +103,14 @@ def test_validator_rejects_a_broken_manifest():
         kv.validate(broken, VERSIONS[-1], strict=True)
 
 
-@pytest.mark.parametrize("directory", [BASE, ADAPTER, *OVERLAYS], ids=lambda p: p.name)
+@pytest.mark.parametrize("directory", [BASE, ADAPTER, *OVERLAYS, *COMPONENTS], ids=lambda p: p.name)
 def test_kustomization_references_exist(directory):
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["kind"] == ("Component" if directory in COMPONENTS else "Kustomization")
     for rel in kustomization.get("resources", []):
         assert (directory / rel).exists(), f"{directory.name}: missing resource {rel}"
+    for rel in kustomization.get("components", []):
+        assert (directory / rel / "kustomization.yaml").is_file(), f"{directory.name}: missing component {rel}"
     for patch in kustomization.get("patches", []):
         if "path" in patch:
             assert (directory / patch["path"]).is_file()
@@ -163,8 +166,9 @@ def test_durable_jobs_overlay_keeps_one_volume():
     assert not any(kind == "HorizontalPodAutoscaler" for kind, _ in rendered)
 
 
-def test_postgres_overlay_shares_one_database_and_keeps_autoscaling():
-    rendered = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(K8S / "overlays" / "postgres")}
+@pytest.mark.parametrize("overlay", ["postgres", "cpu-postgres"])
+def test_postgres_overlays_share_one_database_and_keep_autoscaling(overlay):
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(K8S / "overlays" / overlay)}
     database = rendered[("StatefulSet", "streamvox-postgres")]["spec"]
     pod = database["template"]["spec"]
     [postgres] = pod["containers"]
@@ -195,6 +199,8 @@ def test_postgres_overlay_shares_one_database_and_keeps_autoscaling():
     assert "replicas" not in rendered[("Deployment", "streamvox")]["spec"]
     annotations = rendered[("Ingress", "streamvox")]["metadata"]["annotations"]
     assert not any("affinity" in key or "session-cookie" in key for key in annotations)
+    limits = server["resources"].get("limits", {})
+    assert ("nvidia.com/gpu" in limits) == (overlay == "postgres")  # the CPU variant keeps the CPU overlay's pods
 
 
 def test_base_reads_the_job_database_from_an_optional_secret(base):
