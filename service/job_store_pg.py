@@ -189,7 +189,8 @@ class PostgresJobStore(JobStore):
             self._pool = None
 
     @asynccontextmanager
-    async def _conn(self):
+    async def connection(self):
+        """A pooled connection (opening the store if needed); StoreUnavailable while unreachable."""
         if self._pool is None:
             await self.open()
         try:
@@ -202,7 +203,7 @@ class PostgresJobStore(JobStore):
         return PostgresVoiceStore(self)
 
     async def ping(self) -> None:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
 
     @property
@@ -244,14 +245,14 @@ class PostgresJobStore(JobStore):
 
     # -- records ----------------------------------------------------------------------
     async def create(self, params: dict, owner: str | None = None) -> Job:
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             row = await conn.fetchrow(f"INSERT INTO jobs (id, status, params, owner, created_at) "
                                       f"VALUES ($1, 'queued', $2, $3, {_NOW}) RETURNING *", new_job_id(), json.dumps(params), owner)
             await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
         return _job(row)
 
     async def get(self, job_id: str) -> Job | None:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
         return _job(row) if row else None
 
@@ -265,24 +266,24 @@ class PostgresJobStore(JobStore):
             where.append(f"owner IS NOT DISTINCT FROM ${len(args)}")
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         args.append(limit)
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ${len(args)}", *args)
         return [_job(row) for row in rows]
 
     async def unfinished(self, owner=None, any_owner=True) -> int:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             if any_owner:
                 return await conn.fetchval("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')")
             return await conn.fetchval("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running') "
                                        "AND owner IS NOT DISTINCT FROM $1", owner)
 
     async def queued(self) -> int:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
 
     # -- claims and leases -------------------------------------------------------------------
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             rows = await conn.fetch(
                 "WITH picked AS (SELECT id, status AS was FROM jobs WHERE status = 'queued' "
                 "    OR (status = 'running' AND lease_expires < clock_timestamp()) "
@@ -297,7 +298,7 @@ class PostgresJobStore(JobStore):
         return sorted((_job(row) for row in rows), key=lambda job: job.created_at)
 
     async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             renewed = await conn.fetchval(
                 "UPDATE jobs SET lease_expires = clock_timestamp() + make_interval(secs => $3), frames_done = $4, "
                 "frames_total = $5 WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true",
@@ -308,7 +309,7 @@ class PostgresJobStore(JobStore):
         return CANCELLED if status == "cancelled" else LOST
 
     async def put_audio(self, job_id, token, offset, data) -> bool:
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
                                        "AND status = 'running' FOR SHARE", job_id, token)
             if not held:
@@ -320,7 +321,7 @@ class PostgresJobStore(JobStore):
 
     async def finish(self, job_id, token, status, error=None, audio_size=None) -> bool:
         assert status in FINISHED
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             done = await conn.fetchval(
                 f"UPDATE jobs SET status = $3, finished_at = {_NOW}, error = $4, audio_size = $5, "
                 "lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
@@ -330,7 +331,7 @@ class PostgresJobStore(JobStore):
         return bool(done)
 
     async def release(self, job_id, token) -> bool:
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             released = await conn.fetchval(
                 "UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0, lease_owner = NULL, "
                 "lease_token = NULL, lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
@@ -341,12 +342,12 @@ class PostgresJobStore(JobStore):
         return bool(released)
 
     async def fail_queued(self, job_id, error) -> bool:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             return bool(await conn.fetchval(f"UPDATE jobs SET status = 'failed', finished_at = {_NOW}, error = $2 "
                                             "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, _text(error)))
 
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             cancelled = await conn.fetchval(
                 f"UPDATE jobs SET status = 'cancelled', finished_at = {_NOW}, error = $2, lease_owner = NULL, "
                 "lease_expires = NULL WHERE id = $1 AND status IN ('queued', 'running') RETURNING true", job_id, _text(error))
@@ -361,7 +362,7 @@ class PostgresJobStore(JobStore):
         transaction; False, nothing written, when a job with that id exists. One that was
         running is queued again (its runner is gone)."""
         status = "queued" if job.status == "running" else job.status
-        async with self._conn() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             added = await conn.fetchval(
                 "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
                 "frames_total, audio_size, attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
@@ -383,19 +384,19 @@ class PostgresJobStore(JobStore):
 
     # -- retention, quota, download ---------------------------------------------------------
     async def delete_finished_before(self, cutoff: float) -> int:
-        async with self._conn() as conn:
+        async with self.connection() as conn:
             result = await conn.execute("DELETE FROM jobs WHERE status IN ('succeeded', 'failed', 'cancelled') "
                                         "AND finished_at < $1", cutoff)
         return int(result.split()[-1])
 
     async def audio_bytes(self) -> int:
-        async with self._conn() as conn:  # octet_length reads a TOASTed value's size, not the value
+        async with self.connection() as conn:  # octet_length reads a TOASTed value's size, not the value
             return await conn.fetchval("SELECT coalesce(sum(octet_length(data)), 0) FROM job_audio")
 
     async def read_audio(self, job: Job) -> AsyncIterator[bytes]:
         position = 0
         while True:  # a page of chunks per round trip; no connection is held between pages
-            async with self._conn() as conn:
+            async with self.connection() as conn:
                 rows = await conn.fetch("SELECT pos, data FROM job_audio WHERE job_id = $1 AND pos >= $2 "
                                         "ORDER BY pos LIMIT $3", job.id, position, AUDIO_READ_CHUNKS)
             for row in rows:
@@ -422,17 +423,17 @@ class PostgresVoiceStore(VoiceStore):
     async def get(self, name: str) -> SavedVoice | None:
         if not self.valid_name(name):
             return None
-        async with self._jobs._conn() as conn:
+        async with self._jobs.connection() as conn:
             row = await conn.fetchrow("SELECT meta, tensors FROM voices WHERE name = $1", name)
         return self._voice(row) if row else None
 
     async def list(self) -> list[SavedVoice]:
-        async with self._jobs._conn() as conn:
+        async with self._jobs.connection() as conn:
             rows = await conn.fetch("SELECT meta, tensors FROM voices ORDER BY name")
         return [self._voice(row) for row in rows]
 
     async def add(self, voice: SavedVoice) -> SavedVoice:
-        async with self._jobs._conn() as conn:
+        async with self._jobs.connection() as conn:
             added = await conn.fetchval("INSERT INTO voices (name, meta, tensors, created_at) VALUES ($1, $2, $3, $4) "
                                         "ON CONFLICT (name) DO NOTHING RETURNING true", voice.name, json.dumps(voice_meta(voice)),
                                         save_tensors(voice_tensors(voice)), voice.created_at)
@@ -441,5 +442,5 @@ class PostgresVoiceStore(VoiceStore):
         return voice
 
     async def delete(self, name: str) -> bool:
-        async with self._jobs._conn() as conn:
+        async with self._jobs.connection() as conn:
             return bool(await conn.fetchval("DELETE FROM voices WHERE name = $1 RETURNING true", name))

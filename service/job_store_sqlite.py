@@ -291,9 +291,11 @@ class SqliteJobStore(JobStore):
 
     async def read_audio(self, job: Job) -> AsyncIterator[bytes]:
         path = self.audio_path(job)
+        if path is None:  # not succeeded: no audio
+            return
         try:
             handle = await self._call(open, path, "rb")
-        except (OSError, TypeError):
+        except OSError:
             return
         try:
             while block := await self._call(handle.read, READ_BLOCK):

@@ -33,7 +33,7 @@ from .ws import StreamSession, stream_session
 ENDPOINT = "/v1/audio/speech/stream"
 # vllm-omni fields this endpoint does not serve: refused rather than ignored (ignoring them would
 # answer with another voice than the client asked for). ref_audio / ref_text / x_vector_only_mode
-# clone as on HTTP speech (service/ws.py StreamSession.clone_for).
+# clone as on HTTP speech (service/ws.py StreamSession.voice_after).
 UNSERVED_FIELDS = ("speaker_embedding",)
 
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from .errors import ApiError
+from .errors import ApiError, invalid_field
 
 FETCH_TIMEOUT_S = 10.0
-URL_SCHEMES = ("http://", "https://", "file:")
+URL_SCHEMES = ("http://", "https://", "file:", "ftp://")  # ftp: recognised, to be refused as a URL
 
 
 def is_url(value: str) -> bool:
-    return value.lstrip()[:8].lower().startswith(URL_SCHEMES) or value.lstrip()[:6].lower() == "ftp://"
+    return value.lstrip()[:8].lower().startswith(URL_SCHEMES)
 
 
 def check_prefix(prefix: str) -> str:
@@ -37,10 +37,6 @@ def check_prefix(prefix: str) -> str:
     if not prefix.endswith("/") or not normalised.endswith("/"):
         raise ValueError(f"{prefix!r}: must end with '/' (a directory, so that no longer name matches)")
     return normalised
-
-
-def _refused(message: str, status: int = 400, code: str = "invalid_field") -> ApiError:
-    return ApiError(status, code, f"ref_audio: {message}")
 
 
 def _allowed(value: str, prefixes: tuple[str, ...]) -> URL:
@@ -67,7 +63,10 @@ async def fetch_reference(value: str, prefixes: tuple[str, ...], max_bytes: int)
 
 
 def _read_file(url: URL, prefixes: tuple[str, ...], max_bytes: int) -> bytes:
-    path = Path(url.path).resolve()
+    try:
+        path = Path(url.path).resolve()
+    except (OSError, ValueError):  # ValueError: a NUL byte (%00) in the path
+        raise _refused("not a usable file path") from None
     roots = [Path(URL(p).path).resolve() for p in prefixes if p.startswith("file:")]
     if not any(path.is_relative_to(root) for root in roots):  # a symlink out of the directory
         raise _refused("this path is outside the allowed directories (--ref-audio-url-prefixes)")
@@ -81,8 +80,12 @@ def _read_file(url: URL, prefixes: tuple[str, ...], max_bytes: int) -> bytes:
     return data
 
 
+def _refused(message: str) -> ApiError:
+    return invalid_field("ref_audio", message)
+
+
 def _too_large(max_bytes: int) -> ApiError:
-    return _refused(f"more than {max_bytes / (1 << 20):g} MiB of audio", status=413, code="ref_audio_too_large")
+    return ApiError(413, "ref_audio_too_large", f"ref_audio: more than {max_bytes / (1 << 20):g} MiB of audio")
 
 
 async def _fetch_http(url: URL, max_bytes: int) -> bytes:

@@ -33,16 +33,11 @@ class CopyReport:
                 f"{self.audio_bytes / (1 << 20):.1f} MiB of job audio")
 
 
-class _Counted:
+async def _counted(blocks, report: CopyReport):
     """The audio blocks of one job, counted as they pass."""
-
-    def __init__(self, blocks, report: CopyReport):
-        self.blocks, self.report = blocks, report
-
-    async def __aiter__(self):
-        async for block in self.blocks:
-            self.report.audio_bytes += len(block)
-            yield block
+    async for block in blocks:
+        report.audio_bytes += len(block)
+        yield block
 
 
 async def copy_embedded_store(data_dir: Path, url: str, password: str | None = None) -> CopyReport:
@@ -62,8 +57,8 @@ async def copy_embedded_store(data_dir: Path, url: str, password: str | None = N
                 except VoiceExists:
                     report.voices_present += 1
             for job in reversed(await source.list(limit=ALL_JOBS)):  # oldest first
-                audio = source.read_audio(job) if job.status == "succeeded" else _nothing()
-                if await target.import_job(job, _Counted(audio, report)):
+                # read_audio yields nothing for a job that did not succeed
+                if await target.import_job(job, _counted(source.read_audio(job), report)):
                     report.jobs_copied += 1
                 else:
                     report.jobs_present += 1
@@ -72,8 +67,3 @@ async def copy_embedded_store(data_dir: Path, url: str, password: str | None = N
     finally:
         await source.close()
     return report
-
-
-async def _nothing():
-    return
-    yield  # an empty async iterator

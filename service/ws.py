@@ -280,7 +280,7 @@ class StreamSession:
         try:
             streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
             params = update_params(self.params, message, self.state.engine)
-            clone = await self.clone_for(message, params)
+            clone = await self.voice_after(message, params)
         except ApiError as exc:
             await self.error(exc.code, exc.message)
             return
@@ -297,7 +297,7 @@ class StreamSession:
             self.text_streaming = streaming
         self.drop_prefetch()  # it was submitted with the old parameters
 
-    async def clone_for(self, message: dict, params: SynthesisParams) -> VoiceClone | None:
+    async def voice_after(self, message: dict, params: SynthesisParams) -> VoiceClone | None:
         """The voice prompt after this ``session.config``: inline ``ref_audio`` (+ ``ref_text``,
         ``x_vector_only_mode``) as on HTTP speech, else the saved voice a new ``voice`` names;
         a config naming neither keeps the session's. Looked up here, once, not per utterance."""

@@ -429,13 +429,19 @@ async def test_ref_audio_urls_are_fetched_only_under_the_allowed_prefixes(base_e
                                      (f"{origin}/voices/big.wav", 413, "MiB"),
                                      ("file:///etc/passwd", 400, "outside the allowed prefixes"),
                                      (f"file://{refs_dir}/escape.wav", 400, "outside the allowed directories"),
-                                     ("ftp://127.0.0.1/voices/a.wav", 400, "outside the allowed prefixes")):
+                                     ("ftp://127.0.0.1/voices/a.wav", 400, "outside the allowed prefixes"),
+                                     # hostile shapes: malformed, out of range, NUL, huge
+                                     ("http://[", 400, "not a valid URL"),
+                                     ("http://127.0.0.1:99999/voices/a.wav", 400, "not a valid URL"),
+                                     (f"file://{refs_dir}/a%00.wav", 400, "not a usable file path"),
+                                     (f"{origin}/voices/%00", 400, "HTTP 404"),
+                                     (f"{origin}/voices/" + "x" * 200_000, 400, "")):
                 status, raw = await speak(http, server.url, {**base, "ref_audio": url})
                 error = json.loads(raw)["error"]
                 assert status == code and error["message"].startswith("ref_audio:") and words in error["message"], \
                     (url, status, error)
             assert "/secret/a.wav" not in requested and "/voices/a.wav" not in requested  # refused before any request
-            assert sorted(requested) == ["/voices/big.wav", "/voices/missing.wav", "/voices/moved.wav"]
+            assert sorted(requested) == ["/voices/\x00", "/voices/big.wav", "/voices/missing.wav", "/voices/moved.wav"]
     finally:
         await server.stop()
         await runner.cleanup()
