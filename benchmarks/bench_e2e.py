@@ -36,6 +36,8 @@ async def level(url: str, clients: int, api_key: str | None, min_sessions: int =
     ttfa = [s.ttfa_s for s in ok if s.ttfa_s is not None]
     rtf = [s.rtf for s in ok if s.rtf is not None]
     audio = sum(s.audio_s for s in ok)
+    for reason in sorted({s.error or "no audio" for s in stats if s not in ok})[:3]:
+        print(f"  ({clients} clients) failed session: {reason[:300]}")
     return {"clients": clients, "sessions": len(stats), "errors": len(stats) - len(ok),
             "ttfa_p50": percentile(ttfa, 0.5), "ttfa_p95": percentile(ttfa, 0.95),
             "rtf_p50": percentile(rtf, 0.5), "rtf_max": max(rtf) if rtf else None,
@@ -112,6 +114,10 @@ def main() -> int:
             if r["errors"] == 0 and r["underrun_sessions"] == 0:
                 best = c
         print(f"largest concurrency with no underrun and no error: {best}")
+    except Exception:
+        if server:
+            print("server log (last lines):\n" + "".join(server.log[-30:]))
+        raise
     finally:
         if server:
             server.stop()

@@ -209,6 +209,9 @@ class Server:
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession() as s:
             while time.monotonic() < deadline:
+                if self.proc.poll() is not None:  # died while loading or warming up: say why
+                    raise RuntimeError(f"server exited with {self.proc.returncode} before ready:\n"
+                                       + "".join(self.log[-40:]))
                 try:
                     async with s.get(f"{self.url}/readyz") as r:
                         if r.status == 200:
@@ -216,4 +219,4 @@ class Server:
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.2)
-        raise RuntimeError("server not ready in time")
+        raise RuntimeError("server not ready in time:\n" + "".join(self.log[-40:]))

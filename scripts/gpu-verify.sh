@@ -1,119 +1,142 @@
 #!/usr/bin/env bash
-# Issue 6 on a lent GPU machine (the `device` tool): CUDA tests, then the benchmarks,
-# each step bounded so the whole run fits one 10-minute call. Logs go to $OUT (or
-# ./gpu-out). Wheels the device image lacks travel in .whl/ (see docs/GPU.md):
-#   .whl/proj  soundfile cffi pycparser soxr websockets pytest-asyncio  (project side)
-#   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
-#              qwen-tts==0.1.1 accelerate==1.12.0                      (official baseline)
-# Usage: bash scripts/gpu-verify.sh [steps...]
-#   steps: tests cp tick engine talker e2e            (the DiT path and components)
-#          ckpt talker_e2e profile_talker profile_dit  (issue 19: the served talker and the profiles)
-#          clone   (issue 15: cloning served on CUDA and its TTFA; carry tests/fixtures/oracle/clone)
-#   default: all of the first line.
-# TESTS='tests/x.py ...' narrows the test step. SIZES='0.6b 1.7b' picks the talker sizes (random
-# checkpoints in the official layout, written by the `ckpt` step into /tmp/ckpt-SIZE).
+# Measure streamvox on a GPU host in one bounded run; everything is appended to
+# $OUT/gpu-verify.log (default ./gpu-out) as each step finishes, so a run cut short still
+# leaves the figures of the steps it finished.
+#
+#   bash scripts/gpu-verify.sh quick        # the prepared measurement (below), <= QUICK_BUDGET_S
+#   bash scripts/gpu-verify.sh STEP...      # chosen steps (names below)
+#   GPU_VERIFY_DRY=1 bash scripts/gpu-verify.sh quick   # CPU dry run at tiny sizes (tests/test_gpu_verify.py)
+#
+# quick, in this order, each step bounded by its own limit and by what is left of the budget:
+#   env            GPU, torch, commit
+#   ckpt           a random released-size 0.6B CustomVoice checkpoint in the official layout
+#                  (benchmarks/make_checkpoint.py, official code) at /tmp/ckpt-0.6b
+#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs,
+#                  beside the official generate() at bf16, and the memory floor
+#   talker_e2e     the served talker (real server, WebSocket clients) at 1/16/64/256 clients:
+#                  TTFA p50/p95, RTF, underruns, largest clean level, worker stage shares per level
+#   profile_talker torch.profiler over a steady second at 64 streams (top kernels, host gaps)
+#   dit_e2e        the DiT path served (preset base) at 1/64 clients
+#   talker_e2e_graphs  the served talker again with STREAMVOX_TALKER_STEP_GRAPHS=1 at 1/64
+#   tests          the CUDA tests (pytest -m cuda), with whatever time is left
+# Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md).
+#
+# Wheels the GPU host lacks travel in .whl/ (docs/GPU.md says how to download them):
+#   .whl/proj  the project's runtime and test packages missing from the host image
+#   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0 qwen-tts==0.1.1
+#              accelerate==1.12.0 (the official code: checkpoint writer and baseline)
 set -u
+cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-STEPS=${*:-tests cp tick engine talker e2e}
+LOG="$OUT/gpu-verify.log"
+export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
 T0=$(date +%s)
-say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*"; }
+BUDGET_S=${QUICK_BUDGET_S:-480}
+say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-  git log -1 --format='commit %H %s' 2>/dev/null || true
-} | tee "$OUT/device.txt"
+if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny sizes
+  DEVICE=cpu DTYPE=float32 SIZE=tiny DIT_PRESET=tiny
+  TALKER_BATCHES=${TALKER_BATCHES:-1 2} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=3
+  TALKER_LEVELS=${TALKER_LEVELS:-1,2} DIT_LEVELS=${DIT_LEVELS:-1,2} PROFILE_AT=2 TALKER_SLOTS=4
+  PY=${PYTHON:-.venv/bin/python} ORACLE_PY=${ORACLE_PYTHON:-.venv-oracle/bin/python}
+else
+  DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
+  TALKER_BATCHES=${TALKER_BATCHES:-1 8 64 256} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1 8 64} TALKER_TICKS=10
+  TALKER_LEVELS=${TALKER_LEVELS:-1,16,64,256} DIT_LEVELS=${DIT_LEVELS:-1,64} PROFILE_AT=64
+  TALKER_SLOTS=${TALKER_SLOTS:-256}
+  PY=${PYTHON:-python3} ORACLE_PY=python3
+fi
+CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
+CUDA_TESTS="tests/test_graphed_predictor.py tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py
+  tests/test_gpu_engine.py tests/test_talker_paged.py tests/test_talker_source.py"
 
-if [ -d .whl/proj ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/proj/*.whl
+if [ "$DEVICE" = cuda ] && [ -d .whl/proj ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/proj/*.whl 2>&1 | tail -2
   export PYTHONPATH=/tmp/site:$PWD
 fi
-ORACLE_PY=python3
-if [ -d .whl/ref ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ref-site .whl/ref/*.whl
+if [ "$DEVICE" = cuda ] && [ -d .whl/ref ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ref-site \
+    .whl/ref/*.whl 2>&1 | tail -2
   ORACLE_PY=/tmp/oracle-python
-  printf '#!/bin/sh\nPYTHONPATH=/tmp/ref-site:/tmp/site exec python3 "$@"\n' > $ORACLE_PY
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/ref-site:/tmp/site:%s exec python3 "$@"\n' "$PWD" > $ORACLE_PY
   chmod +x $ORACLE_PY
 fi
-say "wheels installed"
 
-for step in $STEPS; do
-  case $step in
-    tests)
-      say "CUDA tests"
-      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 250 ${TESTS:-tests/test_graphed_predictor.py \
-        tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py tests/test_code_predictor.py \
-        tests/test_gpu_engine.py tests/test_talker_paged.py tests/test_talker_source.py} 2>&1 | tee "$OUT/tests.log" ;;
-    engine)
-      say "bench_engine (stage attribution, synced)"
-      STREAMVOX_STAGE_SYNC=1 timeout 200 python3 benchmarks/bench_engine.py --preset base --device cuda \
-        --levels 1,64 --rounds 2 --max-slots 128 2>&1 | tee "$OUT/bench_engine_sync.log"
-      say "bench_engine"
-      timeout 240 python3 benchmarks/bench_engine.py --preset base --device cuda --levels 1,8,32,64,128 \
-        --rounds 2 --max-slots 128 2>&1 | tee "$OUT/bench_engine.log" ;;
-    cp)
-      say "bench_code_predictor"
-      timeout 150 python3 benchmarks/bench_code_predictor.py --preset base --device cuda --dtype bfloat16 \
-        --batches 1 8 64 512 --min-seconds 0.5 --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_cp.log" ;;
-    tick)
-      say "bench_tick"
-      timeout ${TICK_TIMEOUT:-150} python3 benchmarks/bench_tick.py --preset base --device cuda --dtype bfloat16 \
-        --depths ${TICK_DEPTHS:-1,4,8,16,32,64} --steps 8 --ticks 16 --repeats ${TICK_REPEATS:-2} 2>&1 \
-        | tee "$OUT/bench_tick.log" ;;
-    clone)
-      say "clone tests + TTFA (saved voice vs inline ref_audio)"
-      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 250 tests/test_clone_parity.py \
-        2>&1 | tee "$OUT/clone_tests.log"
-      timeout 200 python3 benchmarks/bench_clone_ttfa.py --device cuda --runs 9 \
-        2>&1 | tee "$OUT/bench_clone_ttfa.log" ;;
-    talker)
-      say "bench_talker"
-      timeout 200 python3 benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
-        --ticks 10 --step-graphs --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker.log" ;;
-    e2e)
-      say "bench_e2e"
-      set -o pipefail
-      timeout ${E2E_TIMEOUT:-240} python3 benchmarks/bench_e2e.py --preset base --device cuda \
-        --levels ${E2E_LEVELS:-1,8,32,64,128,256} --serve-arg=--max-queue=1024 --serve-arg=--max-slots=128 \
-        2>&1 | tee "$OUT/bench_e2e.log" \
-      || { say "bench_e2e failed: again without torch.compile"; STREAMVOX_COMPILE=0 timeout 200 python3 \
-           benchmarks/bench_e2e.py --preset base --device cuda --levels 1,8,64,128 --serve-arg=--max-queue=1024 \
-           --serve-arg=--max-slots=128 2>&1 | tee "$OUT/bench_e2e_nocompile.log"; }
-      set +o pipefail ;;
-    ckpt)
-      for size in ${SIZES:-0.6b}; do
-        say "random $size checkpoint"
-        [ -d /tmp/ckpt-$size ] || timeout 300 "$ORACLE_PY" benchmarks/make_checkpoint.py --size $size /tmp/ckpt-$size \
-          2>&1 | grep -v -i "flash-attn\|^\*\*\*\|^ *$" | tee -a "$OUT/ckpt.log"
-      done ;;
-    talker_bench)
-      for size in ${SIZES:-0.6b}; do
-        say "bench_talker $size"
-        timeout 240 python3 benchmarks/bench_talker.py --size $size --device cuda --dtype bfloat16 \
-          --batches ${TALKER_BATCHES:-1 8 64 256} --official-batches ${OFFICIAL_BATCHES:-1 8 64} --ticks 10 --step-graphs \
-          --oracle-python "$ORACLE_PY" 2>&1 | tee "$OUT/bench_talker_$size.log"
-      done ;;
-    talker_e2e)
-      for size in ${SIZES:-0.6b}; do
-        say "bench_e2e talker $size"
-        timeout ${E2E_TIMEOUT:-300} python3 benchmarks/bench_e2e.py --device cuda --checkpoint /tmp/ckpt-$size \
-          --levels ${E2E_LEVELS:-1,8,32,64,128,256} --serve-arg=--max-queue=1024 \
-          --serve-arg=--max-slots=${TALKER_SLOTS:-256} 2>&1 | tee "$OUT/bench_e2e_talker_$size.log"
-      done ;;
-    profile_talker)
-      say "bench_engine talker 0.6b + profile at 64"
-      timeout 300 python3 benchmarks/bench_engine.py --checkpoint /tmp/ckpt-0.6b --device cuda --levels 1,8,64 \
-        --rounds 1 --max-slots ${TALKER_SLOTS:-256} --profile 64 --trace-dir "$OUT" 2>&1 \
-        | tee "$OUT/profile_talker.log"
-      gzip -f "$OUT"/trace_64.json && mv "$OUT"/trace_64.json.gz "$OUT"/trace_talker_64.json.gz ;;
-    profile_dit)
-      say "bench_engine DiT base + profile at 64"
-      timeout 300 python3 benchmarks/bench_engine.py --preset base --device cuda --levels 1,8,64 \
-        --rounds 1 --max-slots 128 --profile 64 --trace-dir "$OUT" 2>&1 | tee "$OUT/profile_dit.log"
-      gzip -f "$OUT"/trace_64.json && mv "$OUT"/trace_64.json.gz "$OUT"/trace_dit_64.json.gz ;;
-    *) echo "unknown step $step" ;;
+# run_step NAME LIMIT_S MIN_S CMD...: runs CMD under min(LIMIT_S, budget left), appending its
+# output to the log; skipped when less than MIN_S of the budget is left.
+run_step() {
+  local name=$1 limit=$2 min=$3; shift 3
+  local left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ "$left" -lt "$min" ]; then say "SKIP $name: ${left}s of the budget left, it needs ${min}s"; return 0; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say "BEGIN $name (limit ${limit}s)"
+  local t=$(date +%s)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  case $rc in
+    0) say "END $name ok in $(( $(date +%s) - t ))s" ;;
+    124|137) say "END $name TIMED OUT after ${limit}s" ;;
+    *) say "END $name FAILED rc=$rc in $(( $(date +%s) - t ))s" ;;
   esac
+}
+
+step() {
+  case $1 in
+    env)
+      run_step env 30 5 bash -c '{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+        || echo "no nvidia-smi"; '"$PY"' -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"threads\", torch.get_num_threads())"; \
+        git log -1 --format="commit %H %s" 2>/dev/null || true; git status --short | head -20; }' ;;
+    ckpt)
+      if [ -f "$CKPT/config.json" ] && [ -f "$CKPT/speech_tokenizer/config.json" ]; then
+        say "checkpoint $CKPT already there"
+      else
+        run_step ckpt 150 30 "$ORACLE_PY" benchmarks/make_checkpoint.py --size "$SIZE" "$CKPT"
+      fi ;;
+    talker_bench)
+      # shellcheck disable=SC2086
+      run_step talker_bench 170 60 "$PY" benchmarks/bench_talker.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
+        --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES --ticks "$TALKER_TICKS" --step-graphs \
+        --oracle-python "$ORACLE_PY" ;;
+    talker_e2e)
+      run_step talker_e2e 200 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
+        --levels "$TALKER_LEVELS" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
+    talker_e2e_graphs)
+      STREAMVOX_TALKER_STEP_GRAPHS=1 run_step talker_e2e_graphs 120 60 "$PY" benchmarks/bench_e2e.py \
+        --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" --serve-arg=--max-queue=1024 \
+        --serve-arg="--max-slots=$TALKER_SLOTS" ;;
+    profile_talker)
+      run_step profile_talker 120 45 "$PY" benchmarks/bench_engine.py --checkpoint "$CKPT" --device "$DEVICE" \
+        --levels "$PROFILE_AT" --rounds 1 --max-slots "$TALKER_SLOTS" --profile "$PROFILE_AT" --trace-dir "$OUT"
+      [ -f "$OUT/trace_$PROFILE_AT.json" ] && gzip -f "$OUT/trace_$PROFILE_AT.json" \
+        && mv "$OUT/trace_$PROFILE_AT.json.gz" "$OUT/trace_talker.json.gz" ;;
+    dit_e2e)
+      run_step dit_e2e 150 60 "$PY" benchmarks/bench_e2e.py --preset "$DIT_PRESET" --device "$DEVICE" \
+        --levels "$DIT_LEVELS" --serve-arg=--max-queue=1024 ;;
+    tests)
+      # shellcheck disable=SC2086
+      run_step tests 300 40 "$PY" -m pytest -q -p no:cacheprovider -rs -m cuda --timeout 200 \
+        --continue-on-collection-errors ${TESTS:-$CUDA_TESTS} ;;
+    cp)
+      run_step cp 150 30 "$PY" benchmarks/bench_code_predictor.py --preset base --device "$DEVICE" --dtype "$DTYPE" \
+        --batches 1 8 64 512 --min-seconds 0.5 --oracle-python "$ORACLE_PY" ;;
+    tick)
+      run_step tick 150 30 "$PY" benchmarks/bench_tick.py --preset base --device "$DEVICE" --dtype "$DTYPE" \
+        --depths 1,4,8,16,32,64 --steps 8 --ticks 16 --repeats 2 ;;
+    engine)
+      run_step engine 240 30 "$PY" benchmarks/bench_engine.py --preset base --device "$DEVICE" \
+        --levels 1,8,32,64,128 --rounds 2 --max-slots 128 ;;
+    clone)
+      run_step clone 300 60 "$PY" benchmarks/bench_clone_ttfa.py --device "$DEVICE" --runs 9 ;;
+    *) say "unknown step $1" ;;
+  esac
+}
+
+STEPS=${*:-quick}
+[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_graphs tests"
+say "steps: $STEPS; budget ${BUDGET_S}s; device $DEVICE, talker $SIZE, dtype $DTYPE"
+for s in $STEPS; do
+  case " ${SKIP_STEPS:-} " in *" $s "*) say "SKIP $s (SKIP_STEPS)" ;; *) step "$s" ;; esac
 done
 say "done"

@@ -298,11 +298,9 @@ def test_cpu_engine_has_no_graphed_decoder():
 
 # --------------------------------------------------------------------------- CUDA
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
-
 
 @pytest.mark.cuda
-@cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype, monkeypatch):
     # fp32 means fp32: cuDNN convs default to TF32, whose rounding (~1e-3) would swamp the
@@ -342,7 +340,8 @@ def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype, monkeypatch):
 
 
 @pytest.mark.cuda
-@cuda
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 def test_cuda_engine_graphs_the_decoder_before_ready():
     from engines.build import build_engine
 

@@ -220,6 +220,7 @@ def test_predict_has_no_capture_hazards(kind):
 # --------------------------------------------------------------------------- CUDA
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype):
@@ -294,6 +295,7 @@ def test_compiled_layers_trace_whole_and_equal_eager():
     torch._dynamo.reset()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (none visible to torch)")
 def test_cuda_compiled_graphs_match_eager_loop():
     """Inductor-compiled layers inside the CUDA graphs (the engine's configuration): fp32 codes

@@ -1,0 +1,40 @@
+"""The prepared GPU measurement (scripts/gpu-verify.sh quick) dry-run on the CPU at tiny sizes:
+every step runs (checkpoint, talker benchmark beside the official code, served talker, profile,
+served DiT) and prints its table, so the script a GPU session runs once cannot rot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ORACLE = REPO / ".venv-oracle" / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
+    if not ORACLE.is_file():
+        if os.environ.get("CI"):
+            pytest.fail("no .venv-oracle (scripts/oracle-env.sh): the dry run needs the official code")
+        pytest.skip("no .venv-oracle (scripts/oracle-env.sh)")
+    out = tmp_path / "out"
+    env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
+               CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
+               ORACLE_PYTHON=str(ORACLE), SKIP_STEPS="tests")
+    proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=590)
+    log = (out / "gpu-verify.log").read_text()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_graphs"):
+        assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
+    assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
+    # each step's figures, not only its exit status
+    assert "official/ours" in log and "step graphs |" in log  # talker table, both variants beside the official
+    assert "official baseline failed" not in log and "official baseline skipped" not in log
+    assert log.count("largest concurrency with no underrun and no error") == 3  # talker, DiT, talker graphed
+    assert "top kernels by CPU time" in log  # the profile's summary
+    assert (out / "trace_talker.json.gz").is_file()
