@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +78,7 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
     captured on first use: the warm-up ticks) instead of the code predictor's graphs."""
     from engines.contract import SynthesisRequest
     from engines.pipelines.talker.source import TalkerSource
+    from engines.runtime.cuda_graphs import compile_backend
     from tests.talker_helpers import make_bundle
 
     bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
@@ -94,7 +96,8 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
         )
 
         predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(
-            b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),))
+            b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),),
+            compile_backend=compile_backend("predictor"))
         predictor.capture_all()
     for b in batches:
         # The paged pool holds every row at 256 positions (prompt + 200 frames) with room to spare.
@@ -103,7 +106,7 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
         if step_graphs:
             from engines.runtime.graphed_talker import GraphedTalkerStep
 
-            source.step_runner = GraphedTalkerStep(source)
+            source.step_runner = GraphedTalkerStep(source, compile_backend=compile_backend("predictor"))
         serial = 0
 
         def fill():
@@ -142,7 +145,7 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
                 t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
             sync(device)
             step_ms = (time.perf_counter() - t0) * 1e3 / reps
-        rows.append(dict(variant="step graphs" if step_graphs else "ours", batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
+        rows.append(dict(variant="step graphs" if step_graphs else "eager step", batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
                          frame_ms=spent * 1e3 / max(frames, 1), frames=frames,
                          kv_mib=source.cache.used_blocks * source.cache.memory_bytes() / source.cache.num_blocks / 2**20))
     return rows, floor_ms
@@ -216,6 +219,7 @@ def main() -> None:
     ap.add_argument("--official-batches", type=int, nargs="+", default=None,
                     help="batches for the official baseline (default: --batches; it is slow at large ones)")
     ap.add_argument("--eager-predictor", action="store_true", help="CUDA: skip the code predictor's graphs")
+    # both variants compile the code predictor's layers as the engine does (STREAMVOX_COMPILE=0: not)
     ap.add_argument("--step-graphs", action="store_true",
                     help="CUDA: also time the whole decode step replayed as one graph per bucket (same run)")
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
@@ -237,7 +241,11 @@ def main() -> None:
     mine, floor_ms = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks,
                           graphed=not args.eager_predictor)
     if args.step_graphs:
-        mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True)[0]
+        try:
+            mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True)[0]
+        except Exception:  # the other rows still print
+            traceback.print_exc()
+            print("step graphs failed (traceback above)")
     theirs: dict[int, dict] = {}
     oracle = Path(args.oracle_python)
     if not args.no_official and oracle.is_file():

@@ -11,13 +11,13 @@
 #   env            GPU, torch, commit
 #   ckpt           a random released-size 0.6B CustomVoice checkpoint in the official layout
 #                  (benchmarks/make_checkpoint.py, official code) at /tmp/ckpt-0.6b
-#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs,
+#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs (the default),
 #                  beside the official generate() at bf16, and the memory floor
 #   talker_e2e     the served talker (real server, WebSocket clients) at 1/16/64/256 clients:
 #                  TTFA p50/p95, RTF, underruns, largest clean level, worker stage shares per level
 #   profile_talker torch.profiler over a steady second at 64 streams (top kernels, host gaps)
 #   dit_e2e        the DiT path served (preset base) at 1/64 clients
-#   talker_e2e_graphs  the served talker again with STREAMVOX_TALKER_STEP_GRAPHS=1 at 1/64
+#   talker_e2e_eager   the served talker again with its step eager (STREAMVOX_TALKER_STEP_GRAPHS=0) at 1/64
 #   tests          the CUDA tests (pytest -m cuda), with whatever time is left
 # Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md).
 #
@@ -102,8 +102,8 @@ step() {
     talker_e2e)
       run_step talker_e2e 200 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
         --levels "$TALKER_LEVELS" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
-    talker_e2e_graphs)
-      STREAMVOX_TALKER_STEP_GRAPHS=1 run_step talker_e2e_graphs 120 60 "$PY" benchmarks/bench_e2e.py \
+    talker_e2e_eager)
+      STREAMVOX_TALKER_STEP_GRAPHS=0 run_step talker_e2e_eager 120 60 "$PY" benchmarks/bench_e2e.py \
         --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" --serve-arg=--max-queue=1024 \
         --serve-arg="--max-slots=$TALKER_SLOTS" ;;
     profile_talker)
@@ -134,7 +134,7 @@ step() {
 }
 
 STEPS=${*:-quick}
-[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_graphs tests"
+[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_eager tests"
 say "steps: $STEPS; budget ${BUDGET_S}s; device $DEVICE, talker $SIZE, dtype $DTYPE"
 for s in $STEPS; do
   case " ${SKIP_STEPS:-} " in *" $s "*) say "SKIP $s (SKIP_STEPS)" ;; *) step "$s" ;; esac

@@ -109,7 +109,7 @@ class Engine:
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames, coder, graphed=tuple(graphed))
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
-            from engines.pipelines.talker.pipeline import TalkerLatentSource
+            from engines.pipelines.talker.pipeline import FIRST_CHUNK_FRAMES, TalkerLatentSource
             from engines.pipelines.talker.source import TalkerSource
 
             self.task_type = talker.task_type
@@ -130,16 +130,17 @@ class Engine:
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS") == "1"
+            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0"
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
-                # (engines/runtime/graphed_talker.py); opt-in until measured on a GPU.
+                # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
-                talker_source.step_runner = GraphedTalkerStep(talker_source)
+                talker_source.step_runner = GraphedTalkerStep(talker_source,
+                                                              compile_backend=compile_backend("predictor"))
             elif device.type == "cuda":
-                # The talker runs the code predictor for every frame of every step: eager on an
-                # H100 that is ~100 ms per step (slower than real time); graphed ~5 ms.
+                # STREAMVOX_TALKER_STEP_GRAPHS=0: the talker step eager, the code predictor it runs
+                # for every frame graphed (eager on an H100 it is ~100 ms per step).
                 from engines.runtime.graphed_predictor import (
                     DEFAULT_BUCKETS,
                     GraphedCodePredictor,
@@ -148,9 +149,8 @@ class Engine:
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
                     + (talker_slots,), compile_backend=compile_backend("predictor"))
-            self.talker_predictor = talker_source.predictor
             self.source = TalkerLatentSource(talker_source, speakers,
-                                             first_chunk_frames=cfg.stream.first_chunk_frames,
+                                             first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
                                              chunk_frames=cfg.stream.chunk_frames,
                                              graphed=(talker_source.step_runner,) if step_graphs else (
                                                  (talker_source.predictor,) if device.type == "cuda" else ()),

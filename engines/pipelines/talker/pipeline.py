@@ -13,12 +13,18 @@ from engines.pipelines.base import Produced
 from engines.pipelines.talker.live_text import LiveText
 
 
+# Frames before a talker stream's first audio (320 ms). The talker makes one frame per step,
+# so a chunk costs time in proportion to its length: later chunks double (see flush_frames).
+FIRST_CHUNK_FRAMES = 4
+
+
 class TalkerLatentSource:
     """Qwen3-TTS talker utterances with continuous batching (engines/pipelines/talker/source.py)."""
 
     name = "talker"
 
-    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = 4, chunk_frames: int = 12,
+    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = FIRST_CHUNK_FRAMES,
+                 chunk_frames: int = 12,
                  graphed: tuple = (), prime=None):
         self.source = talker_source
         self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
@@ -111,7 +117,13 @@ class TalkerLatentSource:
             graphed.capture_all()
 
     def flush_frames(self, frames_emitted: int) -> int:
-        return self.first_chunk_frames if frames_emitted == 0 else self.chunk_frames
+        """The first chunk small (first audio early), then each chunk as long as all the audio
+        before it, up to ``chunk_frames``: a chunk is generated while the audio already handed
+        over plays, which holds at any load under half real time; a fixed long second chunk
+        after a short first one would underrun far sooner."""
+        if frames_emitted == 0:
+            return self.first_chunk_frames
+        return min(self.chunk_frames, max(self.first_chunk_frames, frames_emitted))
 
     @property
     def active_slots(self) -> int:

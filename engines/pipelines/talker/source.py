@@ -231,6 +231,7 @@ class TalkerSource:
             trail=z(r, 8, d, dt=dtype), trail_len=z(r), seed_lo=z(r), seed_hi=z(r), penalty=z(r, dt=f32),
             greedy=z(r, dt=torch.bool), temperature=z(r, dt=f32), top_k=z(r), top_p=z(r, dt=f32),
             sub_greedy=z(r, dt=torch.bool), sub_temperature=z(r, dt=f32), sub_top_k=z(r), sub_top_p=z(r, dt=f32))
+        self._true = torch.ones((), dtype=torch.bool, device=dev)  # the value the penalty-set update writes
         cuda = self.device.type == "cuda"
         self._host = [torch.zeros(r, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._host_flip = 0
@@ -400,7 +401,7 @@ class TalkerSource:
                                          ntok < self.generation.min_new_tokens)
         sampling = self._sampling(idx, sub=False, frame=ntok, all_greedy=all_greedy, any_top_p=any_top_p)
         cols = sample_code0(scores, self.valid_ids, sampling)
-        st.seen[idx, cols] = True
+        st.seen.index_put_((idx, cols), self._true)  # a device value: no host copy (capture-safe, no sync)
         st.code0.index_copy_(0, idx, cols)  # index_copy_: the same ops at every batch size
         st.ntok.index_copy_(0, idx, ntok + 1)
         return cols
