@@ -17,7 +17,7 @@ changes then and every graph is dropped and recaptured.
 On CUDA a (bucket, blocks, mode) is captured the first time it is needed (``capture_all``
 captures the small-block ones at start): warm-up and capture run with the index buffer full
 of the scratch row, so they never advance a real stream. A replay is: copy the rows in,
-``replay()``, read the first B rows of the outputs. On CPU exactly the same padded path runs
+``replay()``, copy out the first B rows of the outputs. On CPU exactly the same padded path runs
 eagerly: that is what the CPU tests check against the plain step (tests/test_talker_paged.py).
 The code predictor runs inside the graph (a graph cannot replay another graph), its layers
 through ``torch.compile`` when ``compile_backend`` is given (as ``GraphedCodePredictor`` does),
@@ -59,6 +59,7 @@ class GraphedTalkerStep:
         self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.captures = 0
+        self._cpu_static: dict[tuple[int, int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         if self.cuda and compile_backend:
             source.predictor.compile_layers(backend=compile_backend)
 
@@ -77,12 +78,27 @@ class GraphedTalkerStep:
         padded = rows + [self.source.scratch_row] * (bucket - n)
         if not self.cuda:
             idx.copy_(upload(padded, torch.int64, self.device))
-            codes, cols = self.source.decode_step(idx, blocks, all_greedy, any_top_p)
+            codes, cols = self._cpu_outputs(bucket, blocks, all_greedy, any_top_p,
+                                            self.source.decode_step(idx, blocks, all_greedy, any_top_p))
         else:
             graph, (codes, cols) = self._graph(bucket, blocks, all_greedy, any_top_p)
             idx.copy_(upload(padded, torch.int64, self.device))
             graph.replay()
-        return codes[:n], cols[:n]
+        # The outputs are static: the next replay rewrites them, and every graph's scratch shares
+        # one pool, so a replay of another bucket can overwrite them too. The frames outlive this
+        # step (the vocoder reads them ticks later): copy them out now.
+        return codes[:n].clone(), cols[:n].clone()
+
+    def _cpu_outputs(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool,
+                     result: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """CPU: the step's results copied into static buffers per key, as a replay leaves them, so
+        the CPU tests check the same contract (outputs rewritten by the next step)."""
+        key = (bucket, blocks, all_greedy, any_top_p)
+        if key not in self._cpu_static:
+            self._cpu_static[key] = tuple(torch.empty_like(t) for t in result)
+        for static, t in zip(self._cpu_static[key], result):
+            static.copy_(t)
+        return self._cpu_static[key]
 
     def _graph(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool):
         if self._version != self.source.buffers_version:  # a state buffer moved: every graph is stale
