@@ -12,7 +12,7 @@ from released-size configs (REFERENCES.md: talker 28 layers, hidden 1024 (0.6B) 
 window 72, decoder_dim 1536), every talker and decoder parameter fan-in randomised, saved in
 bf16 by ``save_pretrained``, with the test suite's small byte-level BPE as the text tokenizer
 (its ids fit the released vocabulary). Step time does not depend on the weights' values;
-the EOS row of the codec head is scaled down so utterances run to ``max_new_tokens``
+the EOS row of the codec head is zero so utterances run to ``max_new_tokens``
 (set by --max-new-tokens, written to generation_config.json) like a long sentence would.
 """
 
@@ -108,7 +108,10 @@ def write(size: str, directory: Path, max_new_tokens: int, seed: int = 0) -> Non
     model = official.Qwen3TTSForConditionalGeneration(model_config(s, text_ids)).eval()
     randomize_(model.talker, g)
     eos = model.config.talker_config.codec_eos_token_id
-    model.talker.codec_head.weight[eos] *= -4.0  # EOS practically never wins: utterances run to max_new_tokens
+    # EOS never wins, so utterances run to max_new_tokens: its logit is 0 while about half of the
+    # code logits are positive (top-k keeps 50 of them; greedy takes the largest). Scaling the row
+    # keeps its random sign: EOS then won within a few frames about half the time.
+    model.talker.codec_head.weight[eos].zero_()
     model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
     config = json.loads((directory / "config.json").read_text())
     config.get("speaker_encoder_config", {}).pop("model_type", None)
