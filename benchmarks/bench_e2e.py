@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import TEXTS, Server, percentile, run_ws_session  # noqa: E402
+from loadgen import TEXTS, Server, log_tail, percentile, run_ws_session  # noqa: E402
 
 
 async def level(url: str, clients: int, api_key: str | None, min_sessions: int = 1) -> dict:
@@ -116,7 +116,7 @@ def main() -> int:
         print(f"largest concurrency with no underrun and no error: {best}")
     except Exception:
         if server:
-            print("server log (last lines):\n" + "".join(server.log[-30:]))
+            print("server log (last lines):\n" + log_tail(server.log))
         raise
     finally:
         if server:

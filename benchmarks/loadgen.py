@@ -156,6 +156,19 @@ def process_open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def log_tail(lines: list[str], n: int = 40) -> str:
+    """The last ``n`` distinct lines of a server log: a device-side assert prints one line per
+    GPU thread, which would push the traceback out of any fixed window."""
+    out: list[str] = []
+    for line in reversed(lines):
+        if out and line[:60] == out[-1][:60]:
+            continue
+        out.append(line)
+        if len(out) == n:
+            break
+    return "".join(reversed(out))
+
+
 @dataclass
 class Server:
     """A real `streamvox serve` subprocess on 127.0.0.1 with an ephemeral port."""
@@ -177,7 +190,7 @@ class Server:
         while time.monotonic() < deadline:
             line = proc.stderr.readline()
             if not line:
-                raise RuntimeError("server exited before listening:\n" + "".join(log[-20:]))
+                raise RuntimeError("server exited before listening:\n" + log_tail(log))
             log.append(line)
             if "listening on http://" in line:
                 url = line.strip().split("listening on ")[-1].split()[0]
@@ -211,7 +224,7 @@ class Server:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:  # died while loading or warming up: say why
                     raise RuntimeError(f"server exited with {self.proc.returncode} before ready:\n"
-                                       + "".join(self.log[-40:]))
+                                       + log_tail(self.log))
                 try:
                     async with s.get(f"{self.url}/readyz") as r:
                         if r.status == 200:
@@ -219,4 +232,4 @@ class Server:
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.2)
-        raise RuntimeError("server not ready in time:\n" + "".join(self.log[-40:]))
+        raise RuntimeError("server not ready in time:\n" + log_tail(self.log))

@@ -24,12 +24,13 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
                CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
-               ORACLE_PYTHON=str(ORACLE), SKIP_STEPS="tests")
+               ORACLE_PYTHON=str(ORACLE), TESTS="tests/test_talker_paged.py")  # on a CPU: collected, skipped
     proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=590)
     log = (out / "gpu-verify.log").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_eager"):
+    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_eager",
+                 "tests"):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
     # each step's figures, not only its exit status
