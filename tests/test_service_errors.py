@@ -136,7 +136,9 @@ async def test_ws_oversized_message_closes_with_1009(strict_server):
 async def test_overload_answers_429_with_retry_after(tmp_path):
     engine = make_engine(max_queue=1)
     await asyncio.to_thread(engine.start)
-    server = await start_server(engine, tmp_path / "data")
+    # The engine's queue is the limit under test: the per-key cap on streamed responses (a
+    # 429 too_many_streams of its own, tests/test_service_hardening_fair.py) is off here.
+    server = await start_server(engine, tmp_path / "data", max_streams_per_key=0)
     try:
         async with aiohttp.ClientSession() as http:
             async def speak(i):

@@ -23,6 +23,9 @@ from tests.oracle import talker_fixtures as fx
 
 SESSIONS = 64
 TEXT = "Hello there."
+# No sentence end: a live utterance speaks what it has (a frame per text id, so ~40 positions:
+# 3 of the pool's 8 blocks) and then waits for the rest, holding its blocks.
+OPEN_TEXT = "Hello there, and then we talked about the weather, the news, the trains and the long way home and"
 
 
 def settings_from_flags(*flags: str):
@@ -31,12 +34,16 @@ def settings_from_flags(*flags: str):
     return from_args(parser.parse_args(list(flags)), env={})
 
 
-async def one_session(url: str, go: asyncio.Event, created: list) -> dict:
+async def one_session(url: str, go: asyncio.Event, created: list, release: asyncio.Event | None = None) -> dict:
+    """``release``: the text stays open (live text: the utterance keeps its row and KV blocks
+    while it waits for more) until it is set."""
     async with websockets.connect(url.replace("http://", "ws://") + "/v1/stream", max_size=None) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
         created.append(1)
         await go.wait()  # every session submits at once
-        await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+        await ws.send(json.dumps({"type": "input.text", "text": TEXT if release is None else OPEN_TEXT}))
+        if release is not None:
+            await release.wait()
         await ws.send(json.dumps({"type": "input.done"}))
         done, audio_bytes = None, 0
         while True:
@@ -56,9 +63,11 @@ def metric(metrics: str, name: str) -> float:
     return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))
 
 
-async def run_sessions(sessions: int, *flags: str, tmp_path) -> tuple[str, dict]:
+async def run_sessions(sessions: int, *flags: str, tmp_path, hold_until_waits: bool = False) -> tuple[str, dict]:
     """Serve the tiny talker with ``flags``; ``sessions`` WebSocket sessions submit at once and
-    must all finish with audio; -> the /metrics text after, and /v1/models' model."""
+    must all finish with audio; -> the /metrics text after, and /v1/models' model.
+    ``hold_until_waits``: the sessions' text stays open until the KV pool has made a request
+    wait (polled on /metrics), so the pool is full however slowly the machine runs."""
     checkpoint = fx.checkpoint_dir("cv_proj")
     settings = settings_from_flags("--preset", "tiny", "--device", "cpu", "--checkpoint", str(checkpoint),
                                    "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "data"),
@@ -72,13 +81,27 @@ async def run_sessions(sessions: int, *flags: str, tmp_path) -> tuple[str, dict]
             async with http.get(url + "/v1/models") as response:
                 model = (await response.json())["data"][0]
             go, created = asyncio.Event(), []
-            tasks = [asyncio.create_task(one_session(url, go, created)) for _ in range(sessions)]
-            while len(created) < sessions:
-                await asyncio.sleep(0.02)
+            release = asyncio.Event() if hold_until_waits else None
+            tasks = [asyncio.create_task(one_session(url, go, created, release)) for _ in range(sessions)]
+
+            def check_tasks():
                 for task in tasks:
                     if task.done():
-                        task.result()  # a failed connection fails the test now
+                        task.result()  # a failed session fails the test now
+
+            while len(created) < sessions:
+                await asyncio.sleep(0.02)
+                check_tasks()
             go.set()
+            if release is not None:
+                deadline = asyncio.get_running_loop().time() + 120
+                while asyncio.get_running_loop().time() < deadline:
+                    async with http.get(url + "/metrics") as response:
+                        if metric(await response.text(), "streamvox_kv_cache_admission_waits_total") > 0:
+                            break
+                    check_tasks()
+                    await asyncio.sleep(0.1)
+                release.set()
             results = await asyncio.gather(*tasks)
             for result in results:
                 assert result["done"] is not None and "error" not in result["done"]
@@ -112,7 +135,8 @@ async def test_a_full_kv_pool_queues_requests_instead_of_failing_them(tmp_path):
     takes 2-3 blocks plus growth, so 8 rows cannot all run; they wait and all finish."""
     block_bytes = 2 * 2 * 16 * 2 * 16 * 4  # K+V x layers x positions x kv heads x head dim x fp32
     gb = 9 * block_bytes / 2**30
-    metrics, _ = await run_sessions(8, "--max-slots", "8", "--kv-cache-gb", f"{gb:.12f}", tmp_path=tmp_path)
+    metrics, _ = await run_sessions(8, "--max-slots", "8", "--kv-cache-gb", f"{gb:.12f}", tmp_path=tmp_path,
+                                    hold_until_waits=True)
     assert metric(metrics, 'streamvox_kv_cache_blocks{state="total"}') == 8
     assert metric(metrics, "streamvox_kv_cache_admission_waits_total") > 0
     assert metric(metrics, "streamvox_tick_batch_rows_max") < 8, "the pool, not the rows, bounded the batch"
