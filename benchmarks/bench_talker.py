@@ -73,15 +73,18 @@ def frame_weight_bytes(talker, predictor) -> int:
 
 
 def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int,
-         graphed: bool = True, step_graphs: bool = False) -> tuple[list[dict], float | None]:
+         graphed: bool = True, step_graphs: bool = False, compile_talker: bool = False) -> tuple[list[dict], float | None]:
     """``step_graphs``: the whole decode step per static bucket (engines/runtime/graphed_talker.py,
-    captured on first use: the warm-up ticks) instead of the code predictor's graphs."""
+    captured on first use: the warm-up ticks) instead of the code predictor's graphs.
+    ``compile_talker``: the talker's layers through torch.compile too (STREAMVOX_COMPILE_TALKER=1)."""
     from engines.contract import SynthesisRequest
     from engines.pipelines.talker.source import TalkerSource
     from engines.runtime.cuda_graphs import compile_backend
     from tests.talker_helpers import make_bundle
 
     bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
+    if compile_talker and compile_backend("predictor"):  # the same switch as the engine's (STREAMVOX_COMPILE)
+        bundle.talker.compile_layers(compile_backend("predictor"))
     floor_ms = None
     if device.type == "cuda":
         from bench_code_predictor import copy_bandwidth
@@ -145,7 +148,8 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
                 t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
             sync(device)
             step_ms = (time.perf_counter() - t0) * 1e3 / reps
-        rows.append(dict(variant="step graphs" if step_graphs else "eager step", batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
+        variant = ("graphs+ctalk" if compile_talker else "step graphs") if step_graphs else "eager step"
+        rows.append(dict(variant=variant, batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
                          frame_ms=spent * 1e3 / max(frames, 1), frames=frames,
                          kv_mib=source.cache.used_blocks * source.cache.memory_bytes() / source.cache.num_blocks / 2**20))
     return rows, floor_ms
@@ -222,6 +226,8 @@ def main() -> None:
     # both variants compile the code predictor's layers as the engine does (STREAMVOX_COMPILE=0: not)
     ap.add_argument("--step-graphs", action="store_true",
                     help="CUDA: also time the whole decode step replayed as one graph per bucket (same run)")
+    ap.add_argument("--compile-talker", action="store_true",
+                    help="also time the step graphs with the talker's layers compiled (STREAMVOX_COMPILE_TALKER=1)")
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
@@ -240,12 +246,15 @@ def main() -> None:
     print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
     mine, floor_ms = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks,
                           graphed=not args.eager_predictor)
-    if args.step_graphs:
+    for wanted, compile_talker in ((args.step_graphs, False), (args.compile_talker, True)):
+        if not wanted:
+            continue
         try:
-            mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True)[0]
+            mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True,
+                         compile_talker=compile_talker)[0]
         except Exception:  # the other rows still print
             traceback.print_exc()
-            print("step graphs failed (traceback above)")
+            print(f"step graphs{' with the talker compiled' if compile_talker else ''} failed (traceback above)")
     theirs: dict[int, dict] = {}
     oracle = Path(args.oracle_python)
     if not args.no_official and oracle.is_file():
@@ -264,7 +273,7 @@ def main() -> None:
         print("(no .venv-oracle: official baseline skipped; build it with scripts/oracle-env.sh)")
     if floor_ms is not None:
         print(f"memory floor: one frame's weights / measured copy bandwidth = {floor_ms:.3f} ms at batch 1")
-    print(f"{'variant':>11} | {'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'KV MiB used':>11} | "
+    print(f"{'variant':>12} | {'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'KV MiB used':>11} | "
           f"{'floor ms/frame':>14} | {'x floor':>7} || {'official step ms':>16} | {'official ms/frame':>17} | "
           f"{'official/ours':>13}")
     for r in mine:
@@ -273,7 +282,7 @@ def main() -> None:
                else f"{'-':>16} | {'-':>17} | {'-':>13}")
         floor = f"{floor_ms / r['batch']:14.4f} | {r['frame_ms'] / (floor_ms / r['batch']):7.1f}" if floor_ms else (
             f"{'n/a':>14} | {'n/a':>7}")
-        print(f"{r['variant']:>11} | {r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | "
+        print(f"{r['variant']:>12} | {r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | "
               f"{r['kv_mib']:11.1f} | {floor} || {off}")
     skipped = sorted(set(args.batches) - set(theirs)) if theirs else []
     if skipped:

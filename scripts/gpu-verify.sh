@@ -11,12 +11,14 @@
 #   env            GPU, torch, commit
 #   ckpt           a random released-size 0.6B CustomVoice checkpoint in the official layout
 #                  (benchmarks/make_checkpoint.py, official code) at /tmp/ckpt-0.6b
-#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs (the default),
+#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs (the default)
+#                  vs step graphs with the talker's layers compiled (STREAMVOX_COMPILE_TALKER=1),
 #                  beside the official generate() at bf16, and the memory floor
 #   talker_e2e     the served talker (real server, WebSocket clients) at 1/16/64/256 clients:
 #                  TTFA p50/p95, RTF, underruns, largest clean level, worker stage shares per level
 #   profile_talker torch.profiler over a steady second at 64 streams (top kernels, host gaps)
 #   dit_e2e        the DiT path served (preset base) at 1/64 clients
+#   talker_e2e_ctalk   the served talker with its layers compiled too (STREAMVOX_COMPILE_TALKER=1) at 1/64
 #   talker_e2e_eager   the served talker again with its step eager (STREAMVOX_TALKER_STEP_GRAPHS=0) at 1/64
 #   tests          the CUDA tests (pytest -m cuda), with whatever time is left
 # Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md).
@@ -40,12 +42,14 @@ if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny siz
   TALKER_BATCHES=${TALKER_BATCHES:-1 2} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=3
   TALKER_LEVELS=${TALKER_LEVELS:-1,2} DIT_LEVELS=${DIT_LEVELS:-1,2} PROFILE_AT=2 TALKER_SLOTS=4
   PY=${PYTHON:-.venv/bin/python} ORACLE_PY=${ORACLE_PYTHON:-.venv-oracle/bin/python}
+  COMPILE=0  # the compiled variants' plumbing runs; inductor on a 2-core CPU would take minutes
 else
   DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
   TALKER_BATCHES=${TALKER_BATCHES:-1 8 64 256} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1 8 64} TALKER_TICKS=10
   TALKER_LEVELS=${TALKER_LEVELS:-1,16,64,256} DIT_LEVELS=${DIT_LEVELS:-1,64} PROFILE_AT=64
   TALKER_SLOTS=${TALKER_SLOTS:-256}
   PY=${PYTHON:-python3} ORACLE_PY=python3
+  COMPILE=${STREAMVOX_COMPILE:-1}
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 CUDA_TESTS="tests/test_graphed_predictor.py tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py
@@ -96,12 +100,16 @@ step() {
       fi ;;
     talker_bench)
       # shellcheck disable=SC2086
-      run_step talker_bench 170 60 "$PY" benchmarks/bench_talker.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" \
-        --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES --ticks "$TALKER_TICKS" --step-graphs \
-        --oracle-python "$ORACLE_PY" ;;
+      STREAMVOX_COMPILE=$COMPILE run_step talker_bench 200 60 "$PY" benchmarks/bench_talker.py --size "$SIZE" \
+        --device "$DEVICE" --dtype "$DTYPE" --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES \
+        --ticks "$TALKER_TICKS" --step-graphs --compile-talker --oracle-python "$ORACLE_PY" ;;
     talker_e2e)
       run_step talker_e2e 200 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
         --levels "$TALKER_LEVELS" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
+    talker_e2e_ctalk)
+      STREAMVOX_COMPILE=$COMPILE STREAMVOX_COMPILE_TALKER=1 run_step talker_e2e_ctalk 120 60 "$PY" \
+        benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" \
+        --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
     talker_e2e_eager)
       STREAMVOX_TALKER_STEP_GRAPHS=0 run_step talker_e2e_eager 120 60 "$PY" benchmarks/bench_e2e.py \
         --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" --serve-arg=--max-queue=1024 \
@@ -135,7 +143,7 @@ step() {
 }
 
 STEPS=${*:-quick}
-[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_eager tests"
+[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_ctalk talker_e2e_eager tests"
 say "steps: $STEPS; budget ${BUDGET_S}s; device $DEVICE, talker $SIZE, dtype $DTYPE"
 for s in $STEPS; do
   case " ${SKIP_STEPS:-} " in *" $s "*) say "SKIP $s (SKIP_STEPS)" ;; *) step "$s" ;; esac

@@ -29,13 +29,15 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
                           text=True, timeout=590)
     log = (out / "gpu-verify.log").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_eager",
+    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_ctalk",
+                 "talker_e2e_eager",
                  "tests"):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
     # each step's figures, not only its exit status
-    assert "official/ours" in log and "step graphs |" in log  # talker table, both variants beside the official
+    # the talker table: every variant beside the official
+    assert "official/ours" in log and "eager step |" in log and "step graphs |" in log and "graphs+ctalk |" in log
     assert "official baseline failed" not in log and "official baseline skipped" not in log
-    assert log.count("largest concurrency with no underrun and no error") == 3  # talker, DiT, talker eager
+    assert log.count("largest concurrency with no underrun and no error") == 4  # talker, DiT, compiled, eager
     assert "top kernels by CPU time" in log  # the profile's summary
     assert (out / "trace_talker.json.gz").is_file()

@@ -252,3 +252,37 @@ def test_greedy_rows_mixed_with_sampled_rows_keep_their_codes(bundle):
         while alone.active_slots:
             want += [f.codes for f in alone.tick()]
         assert torch.equal(torch.cat(got[f"r{i}"]), torch.cat(want)), i
+
+
+@pytest.mark.timeout(300)
+def test_compiled_talker_layers_equal_the_eager_forward_and_write_the_pool_in_place():
+    """Talker.compile_layers (STREAMVOX_COMPILE_TALKER=1): the paged forward through
+    torch.compile (inductor, on CPU here) gives the eager hidden states and K/V within fp32
+    rounding (1e-5: the same maths in fused kernels); the K/V land in the pool's own storage at
+    the written slots, every other slot untouched."""
+    bundle = make_bundle(seed=4)
+    source = TalkerSource.from_bundle(bundle, max_slots=3, max_seq_len=64, kv_blocks=12)
+    talker = bundle.talker
+    rows = torch.arange(3)
+    for r in rows.tolist():
+        source.cache.reserve(r, 24)
+    source.cache.flush()
+    x = torch.randn(3, 3, talker.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[0, 1, 2], [5, 6, 7], [20, 21, 22]])
+    pools = [t.clone() for t in (*source.cache.k, *source.cache.v)]
+    storage = [t.data_ptr() for t in (*source.cache.k, *source.cache.v)]
+    with torch.no_grad():
+        want = talker.forward_paged(x, positions, source.cache, rows, 2, source.rope)
+        eager_pools = [t.clone() for t in (*source.cache.k, *source.cache.v)]
+        for t, before in zip((*source.cache.k, *source.cache.v), pools):
+            t.copy_(before)
+        talker.compile_layers("inductor")
+        got = talker.forward_paged(x, positions, source.cache, rows, 2, source.rope)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert [t.data_ptr() for t in (*source.cache.k, *source.cache.v)] == storage
+    for t, e in zip((*source.cache.k, *source.cache.v), eager_pools):
+        torch.testing.assert_close(t, e, rtol=0, atol=1e-5)
+    written = source.cache.slots(rows, positions).reshape(-1)
+    untouched = torch.ones(source.cache.k[0].shape[0], dtype=torch.bool)
+    untouched[written] = False
+    assert all(torch.equal(t[untouched], p[untouched]) for t, p in zip((*source.cache.k, *source.cache.v), pools))

@@ -4,7 +4,8 @@
                                     rows=64, max_positions=4096, device, dtype)
     cache.reserve(row, positions)         # host: blocks for positions [0, positions) of a row
     slots = cache.slots(rows, positions)  # device: flat slot ids to write K/V at
-    k, v = cache.gather(layer, rows, n_blocks)   # [B, KVH, n_blocks * block_size, hd]
+    write_pool(cache.k[layer], cache.v[layer], slots, k, v)      # device: one layer's K/V into its slots
+    k, v = gather_pool(cache.k[layer], cache.v[layer], cache.read_slots(rows, n_blocks))  # [B, KVH, L, hd]
     cache.release(row)                    # the row's blocks go back to the pool
 
 Memory is proportional to the tokens in use (rounded up to blocks), not rows x the longest
@@ -26,6 +27,22 @@ import math
 import torch
 
 from engines.devices import upload
+
+
+def write_pool(pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> None:
+    """One layer's k/v [B, KVH, S, hd] into its flat pools [slots, KVH, hd] at ``slots`` [B, S]
+    (an index_put_: in place under torch.compile as well, never a copy of the pool)."""
+    flat = slots.reshape(-1)
+    b, kvh, s, hd = k.shape
+    pool_k.index_put_((flat,), k.transpose(1, 2).reshape(b * s, kvh, hd))
+    pool_v.index_put_((flat,), v.transpose(1, 2).reshape(b * s, kvh, hd))
+
+
+def gather_pool(pool_k: torch.Tensor, pool_v: torch.Tensor,
+                read_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K/V [B, KVH, L, hd] at ``read_slots`` [B, L] (their layout: position order)."""
+    return pool_k[read_slots].transpose(1, 2), pool_v[read_slots].transpose(1, 2)
 
 
 class KVPoolExhausted(RuntimeError):
@@ -127,27 +144,14 @@ class PagedKVCache:
         blocks = self.table[rows[:, None], positions // self.block_size]
         return blocks * self.block_size + positions % self.block_size
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k/v [B, KVH, S, hd] into flat ``slots`` [B, S]."""
-        flat = slots.reshape(-1)
-        b, kvh, s, hd = k.shape
-        self.k[layer].index_copy_(0, flat, k.transpose(1, 2).reshape(b * s, kvh, hd))
-        self.v[layer].index_copy_(0, flat, v.transpose(1, 2).reshape(b * s, kvh, hd))
-
     def read_slots(self, rows: torch.Tensor, n_blocks: int) -> torch.Tensor:
         """Flat slot ids [B, n_blocks * block_size] of positions 0.. of ``rows`` (computed once per
         forward, shared by every layer)."""
         blocks = self.table[rows, :n_blocks]  # [B, nb]
         return (blocks[:, :, None] * self.block_size + self._offsets).reshape(rows.shape[0], -1)
 
-    def gather(self, layer: int, read_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V [B, KVH, L, hd] at ``read_slots`` [B, L] (``read_slots``'s layout: position order)."""
-        k = self.k[layer][read_slots]  # [B, L, KVH, hd]
-        v = self.v[layer][read_slots]
-        return k.transpose(1, 2), v.transpose(1, 2)
-
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
 
-__all__ = ["KVPoolExhausted", "PagedKVCache"]
+__all__ = ["KVPoolExhausted", "PagedKVCache", "gather_pool", "write_pool"]

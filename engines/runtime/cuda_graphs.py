@@ -50,9 +50,12 @@ def compile_backend(part: str) -> str | None:
 
     ``predictor`` (measured on an H100: 11.4 -> 5.2 ms per frame at batch 1): on by default.
     ``dit``: off until measured on a GPU; STREAMVOX_COMPILE_DIT=1 turns it on.
-    STREAMVOX_COMPILE=0 turns both off (e.g. to rule compilation out while debugging)."""
+    ``talker`` (the talker's layers, prefill and decode step): off until measured on a GPU;
+    STREAMVOX_COMPILE_TALKER=1 turns it on.
+    STREAMVOX_COMPILE=0 turns them all off (e.g. to rule compilation out while debugging)."""
     if os.environ.get("STREAMVOX_COMPILE", "1") == "0":
         return None
-    if part == "dit" and os.environ.get("STREAMVOX_COMPILE_DIT", "0") != "1":
+    opt_in = {"dit": "STREAMVOX_COMPILE_DIT", "talker": "STREAMVOX_COMPILE_TALKER"}
+    if part in opt_in and os.environ.get(opt_in[part], "0") != "1":
         return None
     return "inductor"

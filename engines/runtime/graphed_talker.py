@@ -129,11 +129,12 @@ class GraphedTalkerStep:
                         self._graph(bucket, blocks, all_greedy, any_top_p)
                 blocks *= 2
 
-        capture_or_uncompiled(capture_missing, self.source.predictor.layer_step is not None, self._uncompile,
-                              "predictor layers")
+        compiled = self.source.predictor.layer_step is not None or self.source.talker.layer_step is not None
+        capture_or_uncompiled(capture_missing, compiled, self._uncompile, "talker and predictor layers")
 
     def _uncompile(self) -> None:
         self.source.predictor.layer_step = None
+        self.source.talker.layer_step = None
         self._graphs.clear()
 
 
