@@ -155,6 +155,6 @@ def run(args: argparse.Namespace) -> int:
     seconds = len(audio) / info.sample_rate
     wall = time.monotonic() - started
     frames = len(audio) // SAMPLES_PER_FRAME
-    print(f"wrote {args.out}: {frames} frames, {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s "
-          f"({rtf_words(wall, seconds)})", file=sys.stderr)
+    print(f"wrote {args.out}: {frames} frames, {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s; "
+          f"{rtf_words(wall, seconds)}", file=sys.stderr)
     return 0
