@@ -16,7 +16,7 @@ cd "$repo"
 BASE=http://127.0.0.1:8000
 
 command -v curl >/dev/null || { echo "readme-tour: curl is needed (the tour uses it)"; exit 1; }
-if ! curl -fsS -o /dev/null "$BASE/readyz"; then
+if ! curl -fs -o /dev/null "$BASE/readyz"; then
   echo "readme-tour: no ready streamvox server at $BASE: start it as README command 1 does (or run scripts/readme-smoke.sh)"
   exit 1
 fi

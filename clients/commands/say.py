@@ -91,6 +91,8 @@ def connection_problem(exc: OSError) -> str:
     root = getattr(exc, "os_error", None) or exc  # aiohttp.ClientConnectorError keeps the OSError
     if isinstance(root, ConnectionRefusedError) or root.errno == 111:
         return "connection refused (is `streamvox serve` running there?)"
+    if isinstance(root, TimeoutError):  # an OSError too, mostly without an errno or text
+        return "no answer in time"
     if isinstance(root, ssl.SSLCertVerificationError):
         return f"its TLS certificate is not trusted: {root.verify_message or root.reason}"
     if isinstance(root, ssl.SSLError):  # most often https:// or wss:// to a plain-HTTP server
