@@ -68,7 +68,9 @@ class StreamStats:
 
 
 def ws_url(base: str) -> str:
-    return base.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/v1/stream"
+    from clients.address import parse_address  # the CLI's reading of an address, so benchmarks take the same forms
+
+    return parse_address(base).stream_url
 
 
 async def run_ws_session(base_url: str, text: str, seed: int = 0, api_key: str | None = None,

@@ -21,6 +21,8 @@ import aiohttp
 import numpy as np
 import websockets
 
+from .address import parse_address
+
 SUBPROTOCOL = "streamvox"
 
 
@@ -65,7 +67,13 @@ class StreamResult:
 
     @property
     def real_time_factor(self) -> float:
-        """Audio seconds per wall second (above 1 means faster than real time)."""
+        """Wall seconds per audio second, as the speech literature means it: lower is better,
+        below 1 keeps up with playback (``times_real_time`` is its inverse)."""
+        return self.wall_s / self.audio_seconds if self.audio_seconds > 0 else float("inf")
+
+    @property
+    def times_real_time(self) -> float:
+        """Audio seconds per wall second: how many times faster than real time."""
         return self.audio_seconds / self.wall_s if self.wall_s > 0 else float("inf")
 
 
@@ -140,7 +148,10 @@ class StreamSession:
 class StreamvoxClient:
     def __init__(self, url: str = "http://127.0.0.1:8000", api_key: str | None = None,
                  timeout_s: float = 300.0):
-        self.url = url.rstrip("/")
+        """``url``: any form clients/address.py accepts (``http(s)://``, ``ws(s)://``,
+        ``host:port``); a malformed one raises ``AddressError`` here, before any I/O."""
+        self.address = parse_address(url)
+        self.url = self.address.http
         self.api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
@@ -163,7 +174,7 @@ class StreamvoxClient:
 
     @property
     def ws_url(self) -> str:
-        return "ws" + self.url[len("http"):] + "/v1/stream"
+        return self.address.stream_url
 
     # -- REST ----------------------------------------------------------------------
     async def _request(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:

@@ -1,45 +1,62 @@
 #!/usr/bin/env bash
 # The newcomer's path, exactly as the README prints it: run README command 1 (install +
-# `streamvox serve` on the embedded default), wait for /readyz (within a minute of the
-# command starting), then `streamvox say` against it must write a valid WAV, and
-# SIGTERM must stop it with exit code 0. Used by .ci/run.
+# `streamvox serve` on the embedded default, on its default address 127.0.0.1:8000), wait
+# for /readyz (within a minute of the command starting), run the README's tour against it
+# (scripts/readme-tour.sh: every command as printed, every file it writes checked), and
+# SIGTERM must stop the server with exit code 0. Used by .ci/run.
+#
+#   bash scripts/readme-smoke.sh [--serve-only]
+#
+# --serve-only runs only command 1's last step (`.venv/bin/streamvox serve`) for a .venv that
+# is installed already, with this checkout's code first on PYTHONPATH: the full command
+# re-installs the project into .venv (`pip install -e .`), which would re-point a venv that
+# another checkout (a git worktree) shares.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+serve_only=0
+case "${1:-}" in
+  "") ;;
+  --serve-only) serve_only=1 ;;
+  *) echo "usage: bash scripts/readme-smoke.sh [--serve-only]"; exit 2 ;;
+esac
 cmd=$(awk '/^```bash/{f=1; next} f && /^```/{exit} f' README.md | grep -v '^[[:space:]]*#' | grep -v '^[[:space:]]*$' | head -n 1)
 [ -n "$cmd" ] || { echo "readme-smoke: no command 1 in README.md"; exit 1; }
+if [ "$serve_only" = 1 ]; then
+  cmd=${cmd##*&& }
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The tour talks to the README's address, so the server must get it: a port already taken
+# would fail the server's start (or, worse, send the tour to whatever listens there).
+url=http://127.0.0.1:8000
+if ! python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.close()" 2>/dev/null; then
+  echo "readme-smoke: 127.0.0.1:8000, the README's address, is in use: stop what listens there and run again"
+  exit 1
+fi
 work=$(mktemp -d)
 log="$work/serve.log"
 echo "readme-smoke: running README command 1: $cmd"
-# Only the port (ephemeral, logged) and the data dir come from the environment.
-STREAMVOX_PORT=0 STREAMVOX_DATA_DIR="$work/data" setsid bash -c "$cmd" >"$log" 2>&1 &
+# Only the data dir comes from the environment (a scratch one, not ./data).
+STREAMVOX_DATA_DIR="$work/data" setsid bash -c "$cmd" >"$log" 2>&1 &
 pid=$!
 cleanup() { kill -TERM -- -"$pid" 2>/dev/null || true; }
 trap cleanup EXIT
 start=$(date +%s)
-url=""
+ready=0
 while [ $(( $(date +%s) - start )) -lt 60 ]; do
-  url=$(grep -o 'listening on http://[0-9.:]*' "$log" | head -n 1 | sed 's/listening on //') || true
-  if [ -n "$url" ] && .venv/bin/python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('$url/readyz').status != 200)" 2>/dev/null; then
+  if grep -q "listening on $url" "$log" && curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; then
+    ready=1
     break
   fi
-  url=""
+  kill -0 "$pid" 2>/dev/null || break  # command 1 ended: it failed
   sleep 1
 done
-if [ -z "$url" ]; then
-  echo "readme-smoke: /readyz not reached within 60 s of README command 1"; tail -n 30 "$log"; exit 1
+if [ "$ready" = 0 ]; then
+  echo "readme-smoke: $url/readyz not reached within 60 s of README command 1"; tail -n 30 "$log"; exit 1
 fi
 echo "readme-smoke: ready at $url after $(( $(date +%s) - start ))s"
-.venv/bin/streamvox say "Hello from the README. The newcomer path works." --url "$url" --out "$work/say.wav"
-.venv/bin/python - "$work/say.wav" <<'PY'
-import sys
-import numpy as np
-import soundfile as sf
-audio, rate = sf.read(sys.argv[1], dtype="float32")
-assert rate == 24000, rate
-assert len(audio) > 0 and len(audio) % 1920 == 0, len(audio)
-assert np.isfinite(audio).all() and np.abs(audio).max() > 1e-3
-print(f"readme-smoke: valid WAV, {len(audio) / rate:.2f} s at {rate} Hz")
-PY
+tour_start=$(date +%s)
+bash scripts/readme-tour.sh || { echo "readme-smoke: the README tour failed; server log:"; tail -n 20 "$log"; exit 1; }
+echo "readme-smoke: tour took $(( $(date +%s) - tour_start ))s"
 kill -TERM -- -"$pid"
 trap - EXIT
 status=0

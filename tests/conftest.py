@@ -57,12 +57,13 @@ def engine():
 
 
 class LiveServer:
-    def __init__(self, runner: web.AppRunner, app: web.Application):
+    def __init__(self, runner: web.AppRunner, app: web.Application, tls: bool = False):
         self.runner = runner
         self.app = app
         host, port = runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
-        self.ws_url = f"ws://{host}:{port}/v1/stream"
+        self.host, self.port = host, port
+        self.url = f"{'https' if tls else 'http'}://{host}:{port}"
+        self.ws_url = f"{'wss' if tls else 'ws'}://{host}:{port}/v1/stream"
 
     @property
     def state(self):
@@ -74,7 +75,8 @@ class LiveServer:
         await self.runner.cleanup()
 
 
-async def start_server(engine, data_dir: Path, **overrides) -> LiveServer:
+async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) -> LiveServer:
+    """``ssl_context``: serve https / wss with it (TLS terminated by aiohttp, as a proxy would)."""
     from service.app import (
         create_app,  # imported here so other suites never depend on service/
     )
@@ -84,8 +86,8 @@ async def start_server(engine, data_dir: Path, **overrides) -> LiveServer:
     app = create_app(settings, engine)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, 0).start()
-    return LiveServer(runner, app)
+    await web.TCPSite(runner, settings.host, 0, ssl_context=ssl_context).start()
+    return LiveServer(runner, app, tls=ssl_context is not None)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .say import add_connection_arguments, call_server
+from .say import CommandError, add_connection_arguments, call_server
 
 
 def register(subparsers) -> None:
@@ -16,7 +16,10 @@ def register(subparsers) -> None:
     submit.add_argument("--voice", default=None)
     submit.add_argument("--seed", type=int, default=None)
     submit.add_argument("--speed", type=float, default=None)
-    submit.add_argument("--wait", action="store_true", help="poll until the job is finished")
+    submit.add_argument("--wait", action="store_true",
+                        help="poll until the job is finished (exit 1 unless it succeeded)")
+    submit.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the job id (JOB_ID=$(streamvox submit -q ...))")
     add_connection_arguments(submit)
     submit.set_defaults(func=run_submit)
 
@@ -45,7 +48,10 @@ def run_submit(args: argparse.Namespace) -> int:
         job = await client.submit_job(text, response_format=args.response_format, **params)
         if args.wait:
             job = await client.wait_job(job["id"])
-        print(json.dumps(job, indent=2))
+        print(job["id"] if args.quiet else json.dumps(job, indent=2))
+        if args.wait and job["status"] != "succeeded":  # a script's `&& fetch` must not run on a failed job
+            error = job.get("error") or {}
+            raise CommandError(f"job {job['id']} {job['status']}" + (f": {error}" if error else ""))
 
     return _call(args, action)
 

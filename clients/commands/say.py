@@ -11,9 +11,10 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """--url / --api-key, shared with the jobs commands."""
+    """--url / --api-key, shared by every command that talks to a server."""
     parser.add_argument("--url", default=os.environ.get("STREAMVOX_URL", DEFAULT_URL),
-                        help=f"server base URL [env STREAMVOX_URL; default {DEFAULT_URL}]")
+                        help=f"the server: http(s)://HOST:PORT, ws(s)://HOST:PORT or HOST:PORT, with or without a "
+                             f"path [env STREAMVOX_URL; default {DEFAULT_URL}]")
     parser.add_argument("--api-key", default=os.environ.get("STREAMVOX_API_KEY"),
                         help="API key sent as a Bearer token [env STREAMVOX_API_KEY]")
 
@@ -37,30 +38,87 @@ def register(subparsers) -> None:
 
 
 def call_server(args: argparse.Namespace, action):
-    """``await action(client)`` against ``args.url``: (0, its result), or (1, None) after
-    printing why (a server error, or the server cannot be reached)."""
+    """``await action(client)`` against ``args.url``: (0, its result), or (exit code, None)
+    after printing one line saying why: a malformed address (2, before any I/O), a server
+    error, the server cannot be reached, or an action's own ``CommandError`` (1)."""
+    import aiohttp
+    import websockets
+
+    from clients.address import AddressError, parse_address
     from clients.client import StreamvoxClient, StreamvoxError
 
+    try:
+        address = parse_address(args.url)
+    except AddressError as exc:
+        print(f"streamvox {args.command}: --url {exc}", file=sys.stderr)
+        return 2, None
+
     async def go():
-        async with StreamvoxClient(args.url, api_key=args.api_key) as client:
+        async with StreamvoxClient(address.http, api_key=args.api_key) as client:
             return await action(client)
 
+    where = address.http
     try:
         return 0, asyncio.run(go())
+    except CommandError as exc:
+        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+        return exc.code, None
     except StreamvoxError as exc:
         print(f"streamvox {args.command}: {exc}", file=sys.stderr)
     except OSError as exc:
-        print(f"streamvox {args.command}: cannot reach {args.url}: {connection_problem(exc)}", file=sys.stderr)
+        print(f"streamvox {args.command}: cannot reach {where}: {connection_problem(exc)}", file=sys.stderr)
+    except websockets.InvalidStatus as exc:  # e.g. 404: a path prefix the server is not mounted at
+        print(f"streamvox {args.command}: {where} refused the WebSocket: HTTP {exc.response.status_code} "
+              f"(is it a streamvox server, at that path?)", file=sys.stderr)
+    except (websockets.WebSocketException, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        print(f"streamvox {args.command}: talking to {where} failed: {exc or type(exc).__name__}", file=sys.stderr)
     return 1, None
+
+
+class CommandError(Exception):
+    """An action's own failure: one line for stderr and the exit code."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
 
 
 def connection_problem(exc: OSError) -> str:
     """Why a connection failed, in words: the OS error's text (``Connection refused``), not
     aiohttp's wrapper with its ``ssl:default [Connect call failed (...)]`` internals."""
+    import ssl
+
     root = getattr(exc, "os_error", None) or exc  # aiohttp.ClientConnectorError keeps the OSError
     if isinstance(root, ConnectionRefusedError) or root.errno == 111:
         return "connection refused (is `streamvox serve` running there?)"
+    if isinstance(root, TimeoutError):  # an OSError too, mostly without an errno or text
+        return "no answer in time"
+    if isinstance(root, ssl.SSLCertVerificationError):
+        return f"its TLS certificate is not trusted: {root.verify_message or root.reason}"
+    if isinstance(root, ssl.SSLError):  # most often https:// or wss:// to a plain-HTTP server
+        return f"TLS failed: {root.reason or root} (does the server speak https, or plain http://?)"
     return root.strerror or str(root)
+
+
+def synthesis_config(args: argparse.Namespace) -> dict:
+    return {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
+                                          "guidance_scale": args.guidance_scale, "speed": args.speed,
+                                          "temperature": args.temperature}.items()
+            if value is not None}
+
+
+async def random_weights_note(client) -> str | None:
+    """One line for stderr when the server runs untrained components (``GET /v1/models`` ->
+    ``random_components``): without it a user hears noise and blames the audio path."""
+    models = (await client.models()).get("data") or [{}]
+    random_components = models[0].get("random_components") or []
+    if not random_components:
+        return None
+    return (f"note: the server runs random weights ({', '.join(random_components)}): "
+            "the audio is noise, not speech")
+
+
+NO_TEXT = "no text to speak (the input is empty or only whitespace)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,20 +131,34 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     text = sys.stdin.read() if args.text == "-" else args.text
-    config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
-                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
-                                             "temperature": args.temperature}.items()
-              if value is not None}
+    if not text.strip():
+        print(f"streamvox say: {NO_TEXT}", file=sys.stderr)
+        return 2
+    config = synthesis_config(args)
 
-    code, result = call_server(args, lambda client: client.say(text, **config))
+    async def action(client):
+        note = await random_weights_note(client)
+        if note:
+            print(note, file=sys.stderr)
+        return await client.say(text, **config)
+
+    code, result = call_server(args, action)
     if code:
         return code
     sf.write(args.out, result.pcm, result.sample_rate, subtype="PCM_16")
     ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
-          f"time to first audio {ttfa}; real-time factor {1 / max(result.real_time_factor, 1e-9):.2f} "
-          f"({result.real_time_factor:.2f}x faster than real time)")
+          f"time to first audio {ttfa}; {rtf_words(result.wall_s, result.audio_seconds)}")
     return 0
+
+
+def rtf_words(wall_s: float, audio_s: float) -> str:
+    """The real-time factor as the speech literature means it (wall seconds per audio second,
+    lower is better, below 1 keeps up), with its inverse in words beside it."""
+    if audio_s <= 0:
+        return "real-time factor n/a (no audio)"
+    rtf = wall_s / audio_s
+    return f"real-time factor {rtf:.2f} ({1 / max(rtf, 1e-9):.1f}x faster than real time)"
 
 
 async def stdin_text(chunk_bytes: int = 256):
@@ -112,25 +184,28 @@ def run_stdin(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    config = {key: value for key, value in {"voice": args.voice, "seed": args.seed, "steps": args.steps,
-                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
-                                             "temperature": args.temperature}.items()
-              if value is not None}
+    config = synthesis_config(args)
     first_text: list[float] = []
     first_audio: list[float] = []
 
-    async def timed_text():
-        async for piece in stdin_text():
-            if not first_text:
-                first_text.append(time.monotonic())
-            yield piece
-
     async def action(client):
+        note = await random_weights_note(client)  # asked first: an unreachable server fails before stdin is read
+
+        async def timed_text():
+            async for piece in stdin_text():
+                if not first_text and piece.strip():
+                    first_text.append(time.monotonic())
+                    if note:  # said once there is something to speak (an empty pipe gets one error line)
+                        print(note, file=sys.stderr)
+                yield piece
+
         pieces = []
         async for pcm in client.stream_speech(timed_text(), **config):
             if not first_audio:
                 first_audio.append(time.monotonic())
             pieces.append(pcm)
+        if not first_text:  # the pipe closed with nothing to say: no file, not a silent WAV
+            raise CommandError(NO_TEXT, code=2)
         return b"".join(pieces)
 
     code, pcm = call_server(args, action)

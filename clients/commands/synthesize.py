@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from engines.export.base import BackendError
     from service.schema import FieldError, SynthesisParams, validate
 
+    from .say import rtf_words
+
     text = sys.stdin.read() if args.text == "-" else args.text
     try:  # the field ranges the server checks, checked the same way (service/schema.py)
         params = validate(SynthesisParams, {"voice": args.voice, "seed": args.seed, "steps": args.steps,
@@ -153,6 +155,6 @@ def run(args: argparse.Namespace) -> int:
     seconds = len(audio) / info.sample_rate
     wall = time.monotonic() - started
     frames = len(audio) // SAMPLES_PER_FRAME
-    print(f"wrote {args.out}: {frames} frames, {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s "
-          f"(real-time factor {wall / max(seconds, 1e-9):.2f})", file=sys.stderr)
+    print(f"wrote {args.out}: {frames} frames, {seconds:.2f} s of audio at {info.sample_rate} Hz in {wall:.2f} s; "
+          f"{rtf_words(wall, seconds)}", file=sys.stderr)
     return 0
