@@ -532,6 +532,7 @@ async def stream_session(request: web.Request, session_type: type[StreamSession]
     state.check_admission()
     ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
                                heartbeat=30.0)
+    ws.headers.update(state.audio_headers())  # in the handshake too: vllm-omni's dialect has no session.created
     await ws.prepare(request)
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:

@@ -50,6 +50,9 @@ async def test_random_dit_is_named_on_every_audio_response(server):
                 assert response.status == 200 and response.headers[HEADER] == expected
     async with websockets.connect(server.ws_url) as ws:
         assert json.loads(await ws.recv())["random_components"] == expected.split(",")
+        assert ws.response.headers[HEADER] == expected  # the handshake says it too
+    async with websockets.connect(server.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+        assert ws.response.headers[HEADER] == expected  # vllm-omni's dialect sends no session.created
 
 
 async def test_talker_checkpoint_on_cpu_logs_its_speed_and_reports_its_release(tmp_path):
