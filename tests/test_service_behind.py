@@ -101,6 +101,29 @@ async def test_sse_client_is_told_and_raw_audio_is_counted(slow_engine, tmp_path
         await live.stop()
 
 
+async def test_vllm_omni_dialect_passes_it_on_only_to_streamed_audio(slow_engine, tmp_path):
+    live = await start_server(slow_engine, tmp_path / "data")
+    try:
+        url = live.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        kinds = {}
+        for stream_audio in (True, False):
+            async with websockets.connect(url, max_size=None) as ws:
+                await ws.send(json.dumps({"type": "session.config", "response_format": "wav",
+                                          "stream_audio": stream_audio}))
+                await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
+                await ws.send(json.dumps({"type": "input.done"}))
+                seen = []
+                while not seen or seen[-1] != "session.done":
+                    message = await ws.recv()
+                    seen.append("audio" if isinstance(message, bytes) else json.loads(message)["type"])
+                kinds[stream_audio] = seen
+        assert "stream.behind" in kinds[True], kinds[True]
+        # each sentence as one file: nobody plays it as it is generated, so nothing is behind
+        assert kinds[False] == ["audio.start", "audio", "audio.done", "session.done"], kinds[False]
+    finally:
+        await live.stop()
+
+
 def test_playback_clock_on_given_times():
     tenth = 2400  # samples: 0.1 s at 24 kHz
     clock = PlaybackClock(24000)
