@@ -6,6 +6,8 @@ caller has already started (``service.server`` in production, fixtures in tests)
 
 from __future__ import annotations
 
+import os
+
 from aiohttp import web
 
 from engines.contract import SynthesisEngine
@@ -45,9 +47,45 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
+def release_of(info) -> str:
+    """What kind of model is loaded: ``dit`` (a streamvox DiT preset) or the Qwen3-TTS talker
+    release's task type (``CustomVoice``, ``Base``, ``VoiceDesign``)."""
+    task = info.extra.get("task_type")
+    return str(task) if task and info.source == "talker" else "dit"
+
+
+def display_name(info, checkpoint: str | None) -> str:
+    """A person's name for the loaded model: the checkpoint's directory, or the DiT preset."""
+    if info.source == "talker" and checkpoint:
+        return os.path.basename(os.path.normpath(checkpoint))
+    return f"streamvox DiT, preset {info.preset}"
+
+
+def controls(info) -> dict[str, bool]:
+    """Which request fields change this model's output (the playground shows only these)."""
+    talker = info.source == "talker"
+    return {"voice": release_of(info) == "CustomVoice" or not talker,  # Base/VoiceDesign have no presets
+            "instructions": bool(info.extra.get("instructions_apply")),
+            "voice_cloning": bool(info.extra.get("voice_cloning")),
+            "sampling": talker,  # temperature, top_k, top_p, repetition_penalty, greedy
+            "language": talker,  # the DiT's byte frontend reads any language
+            "steps": not talker, "guidance_scale": not talker}
+
+
+def speed_note(rtf: float | None) -> str | None:
+    """The measured real-time factor (wall seconds per audio second) in words."""
+    if not rtf:
+        return None
+    if rtf > 1:
+        return (f"real-time factor {rtf:.2f} (wall s per audio s): about {rtf:.1f}x slower than real time; "
+                "streamed audio will have gaps - use whole-file speech (stream: false) or jobs")
+    return f"real-time factor {rtf:.2f} (wall s per audio s): about {1 / rtf:.1f}x faster than real time"
+
+
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     info = state.engine.info
+    rtf = info.extra.get("warmup_rtf")
     model = {
         "id": "streamvox", "object": "model", "owned_by": "streamvox",
         "engine_model": info.model, "preset": info.preset, "source": info.source, "device": info.device,
@@ -60,6 +98,11 @@ async def models(request: web.Request) -> web.Response:
         "task_types": [info.extra["task_type"]] if info.extra.get("task_type") else [],
         "instructions": bool(info.extra.get("instructions_apply")),
         "voice_cloning": bool(info.extra.get("voice_cloning")),
+        # what the playground shows: the model's name and release, the fields it uses
+        "display_name": display_name(info, state.settings.checkpoint), "release": release_of(info),
+        "controls": controls(info),
+        # measured at start on CPU (one warm-up request alone): wall seconds per audio second
+        "expected_rtf": rtf, "speed": speed_note(rtf),
     }
     return web.json_response({"object": "list", "data": [model]})
 

@@ -26,6 +26,44 @@ from engines.contract import (
 from .metrics import Metrics
 
 LIVENESS_CHECK_SECONDS = 1.0  # how often a waiting reader checks that the worker still runs
+# A listener that runs dry for less than this is not told: a gap that short is within any
+# player's jitter buffer (the playground's worklet holds 50 ms), and reporting it would be noise.
+BEHIND_TOLERANCE_S = 0.05
+
+
+class PlaybackClock:
+    """Where a listener who plays the audio the moment it exists would be: the stream is
+    *behind* when a chunk becomes available after everything before it has been played.
+
+    Times are when the engine's chunks reached the service (not when they were sent), so a
+    client that reads slowly is never reported as the engine's lateness. The clock starts
+    at the first audio; the wait for it is time to first audio, not an underrun."""
+
+    def __init__(self, sample_rate: int, starts_at: float | None = None):
+        self.sample_rate = sample_rate
+        self.starts_at = starts_at  # earliest playback start (the session's previous audio still playing)
+        self.runs_dry_at: float | None = None  # when the listener has played all audio so far
+        self.behind_s = 0.0  # silence the listener heard inside this stream, in all
+        self.underruns = 0
+
+    def add(self, samples: int, available_at: float, count: bool = True) -> float:
+        """``samples`` of audio became available at ``available_at``; returns the gap (s) the
+        listener heard before them (0.0 when none, or below the tolerance). ``count=False``:
+        the gap is not the server's (live text still arriving) - advance the clock only."""
+        if samples <= 0:
+            return 0.0
+        gap = 0.0
+        if self.runs_dry_at is None:
+            start = max(available_at, self.starts_at or available_at)
+        else:
+            start = max(available_at, self.runs_dry_at)
+            late = available_at - self.runs_dry_at
+            if count and late > BEHIND_TOLERANCE_S:
+                gap = late
+                self.behind_s += late
+                self.underruns += 1
+        self.runs_dry_at = start + samples / self.sample_rate
+        return gap
 
 
 class ChunkStream:
@@ -44,7 +82,14 @@ class ChunkStream:
         self.handle: RequestHandle | None = None
         self.finished = False  # the final chunk was read
         self.max_buffered = 0  # largest backlog seen; tests check it stays bounded
-        self.tempo = None  # issue 15: speed on the talker path (service/tempo.py), applied as chunks are read
+        self.tempo = None  # the talker's speed (service/tempo.py), applied as chunks are read
+        self._arrivals: collections.deque[float] = collections.deque()  # loop time each buffered chunk came
+        # Realtime streams keep a playback clock (set by their reader: the WebSocket session
+        # starts it where its previous utterance stops playing); ``last_gap`` is the silence
+        # before the chunk just read, for the reader to tell its client.
+        self.clock: PlaybackClock | None = None
+        self.last_gap = 0.0
+        self.count_gaps = lambda: True  # live text: gaps while the text still arrives are the client's
 
     def start(self) -> "ChunkStream":
         """Submit; raises the engine's InvalidRequest / EngineOverloaded / EngineUnavailable."""
@@ -61,6 +106,7 @@ class ChunkStream:
     # -- loop side ------------------------------------------------------------------
     def _on_chunk(self, chunk: AudioChunk) -> None:
         self._buffer.append(chunk)
+        self._arrivals.append(self._loop.time())
         self.max_buffered = max(self.max_buffered, len(self._buffer))
         if chunk.pcm.size and not self._first_audio_seen:
             self._first_audio_seen = True
@@ -93,8 +139,14 @@ class ChunkStream:
                 if not self._engine.stats().alive:  # a dead worker sends nothing more: end the request here
                     self._on_chunk(self._engine_failure_chunk())
         chunk = self._buffer.popleft()
+        arrived = self._arrivals.popleft()
         if self.tempo is not None:
             chunk = self.tempo.apply(chunk)
+        if self.clock is not None:  # after the tempo: the listener hears the stretched audio
+            self.last_gap = self.clock.add(chunk.pcm.size, arrived, self.count_gaps())
+            if self.last_gap:
+                self._metrics.behind.inc()
+                self._metrics.behind_seconds.inc(self.last_gap)
         self._resume_if_drained()
         if chunk.is_final:
             self.finished = True
@@ -110,6 +162,7 @@ class ChunkStream:
         """Everything received but not read yet (used on cancel)."""
         chunks = list(self._buffer)
         self._buffer.clear()
+        self._arrivals.clear()
         return chunks
 
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
@@ -128,3 +181,12 @@ class ChunkStream:
             self._metrics.paused_streams.dec()
             if self.handle is not None:
                 self.handle.resume()  # let a cancelled request reach its final chunk
+
+
+def behind_event(stream: ChunkStream, **fields) -> dict:
+    """``stream.behind``: the chunk that follows comes after the listener ran out of audio
+    (the engine is slower than real time here); the same event on SSE and WebSocket."""
+    return {"type": "stream.behind", **fields, "gap_s": round(stream.last_gap, 3),
+            "behind_s": round(stream.clock.behind_s, 3),
+            "message": "the audio is arriving slower than real time: the listener hears gaps; "
+                       "use whole-file speech (stream: false) or a job on this server"}

@@ -128,8 +128,10 @@ async def get_job_audio(request: web.Request) -> web.StreamResponse:
     except StopAsyncIteration:
         raise ApiError(410, "audio_gone", f"the audio of job {job.id} is no longer stored") from None
     name = f"{job.id}.{job.response_format}"
+    # the random-weights header names this replica's model (the one that runs its jobs)
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[job.response_format],
-                                           "Content-Disposition": f'attachment; filename="{name}"'})
+                                           "Content-Disposition": f'attachment; filename="{name}"',
+                                           **request.app[STATE_KEY].audio_headers()})
     if job.audio_size is not None:
         response.content_length = job.audio_size
     await response.prepare(request)

@@ -1,7 +1,11 @@
 """Per-key limits: a token-bucket rate limit on requests that start work, and caps on
 concurrent WebSocket sessions and on concurrent streamed speech responses. The key is the
 API key, or the client address when auth is off (never an unchecked token: a client could
-rotate fake ones to dodge every limit). State is in memory, per replica."""
+rotate fake ones to dodge every limit). State is in memory, per replica.
+
+The stream cap is a fairness rule, not a quota: it applies only while another identity has
+speech in flight (a streamed or whole-file speech request, or an open WebSocket session), so
+a lone client may use the whole server (the engine's queue is its limit)."""
 
 from __future__ import annotations
 
@@ -51,14 +55,17 @@ class TokenBucket:
 
 
 class KeyLimits:
-    def __init__(self, rate: float, burst: int, max_sessions: int, max_streams: int = 0):
+    def __init__(self, rate: float, burst: int, max_sessions: int, max_streams: int = 0,
+                 per: str = "per API key"):
         self.rate = rate
         self.burst = burst
         self.max_sessions = max_sessions
         self.max_streams = max_streams
+        self.per = per  # how an identity is named in messages: "per API key" or "per client address"
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, int] = {}
         self._streams: dict[str, int] = {}
+        self._whole: dict[str, int] = {}  # whole-file speech in flight: not capped, but it is contention
 
     def check_rate(self, identity: str) -> None:
         """Raises 429 ``rate_limited`` with Retry-After when the key is over its rate."""
@@ -77,29 +84,57 @@ class KeyLimits:
     def open_session(self, identity: str) -> bool:
         if self.max_sessions and self._sessions.get(identity, 0) >= self.max_sessions:
             return False
-        self._sessions[identity] = self._sessions.get(identity, 0) + 1
+        _inc(self._sessions, identity)
         return True
 
     def close_session(self, identity: str) -> None:
-        left = self._sessions.get(identity, 0) - 1
-        if left > 0:
-            self._sessions[identity] = left
-        else:
-            self._sessions.pop(identity, None)
+        _dec(self._sessions, identity)
+
+    def others_active(self, identity: str) -> bool:
+        """Another identity has speech in flight or a WebSocket session open (it is streaming,
+        or waiting for its first audio). Each dict holds only identities with a count > 0, so
+        this looks at two entries per dict at most."""
+        return any(_has_other(counts, identity) for counts in (self._streams, self._whole, self._sessions))
 
     def open_stream(self, identity: str) -> None:
-        """Count one streamed response of ``identity``; 429 ``too_many_streams`` at the cap
-        (one client's realtime streams cannot fill the device: the scheduler's fairness
-        works on the requests that get in)."""
+        """Count one streamed response of ``identity``; 429 ``too_many_streams`` when it holds
+        the cap already *and* another identity has speech in flight: one client's realtime
+        streams then cannot fill the device under another's first chunk (the scheduler's
+        fairness works on the requests that get in), while a lone client is never refused."""
         held = self._streams.get(identity, 0)
-        if self.max_streams and held >= self.max_streams:
-            raise ApiError(429, "too_many_streams", f"at most {self.max_streams} concurrent streamed responses "
-                                                    "per key; wait for one to finish", headers={"Retry-After": "1"})
-        self._streams[identity] = held + 1
+        if self.max_streams and held >= self.max_streams and self.others_active(identity):
+            raise ApiError(429, "too_many_streams",
+                           f"at most {self.max_streams} concurrent streamed responses {self.per} while other "
+                           "clients are streaming; wait for one of yours to finish, or ask the operator to raise "
+                           "--max-streams-per-key (STREAMVOX_MAX_STREAMS_PER_KEY; 0 = no cap)",
+                           headers={"Retry-After": "1"})
+        _inc(self._streams, identity)
 
     def close_stream(self, identity: str) -> None:
-        left = self._streams.get(identity, 0) - 1
-        if left > 0:
-            self._streams[identity] = left
-        else:
-            self._streams.pop(identity, None)
+        _dec(self._streams, identity)
+
+    def open_whole(self, identity: str) -> None:
+        """A whole-file speech request of ``identity`` is in flight (never refused here)."""
+        _inc(self._whole, identity)
+
+    def close_whole(self, identity: str) -> None:
+        _dec(self._whole, identity)
+
+
+def _inc(counts: dict[str, int], identity: str) -> None:
+    counts[identity] = counts.get(identity, 0) + 1
+
+
+def _dec(counts: dict[str, int], identity: str) -> None:
+    left = counts.get(identity, 0) - 1
+    if left > 0:
+        counts[identity] = left
+    else:
+        counts.pop(identity, None)
+
+
+def _has_other(counts: dict[str, int], identity: str) -> bool:
+    for key in counts:  # at most two iterations: the first key is ours or another's
+        if key != identity:
+            return True
+    return False

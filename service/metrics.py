@@ -67,6 +67,12 @@ class Metrics:
         self.ttfa = Histogram("streamvox_time_to_first_audio_seconds", "Submit to first audio chunk",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("streamvox_audio_seconds_total", "Seconds of audio produced", registry=r)
+        # Streams that fell behind real time (service/chunks.py PlaybackClock): the only notice a
+        # raw audio stream gets, which cannot carry an event (SSE and WebSocket clients are told)
+        self.behind = Counter("streamvox_stream_behind_total", "Chunks of realtime streams that became available "
+                              "after their listener had played everything before them", registry=r)
+        self.behind_seconds = Counter("streamvox_stream_behind_seconds_total", "Silence listeners of realtime "
+                                      "streams heard because the audio came later than real time", registry=r)
         self.requests = Counter("streamvox_requests_total", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
         if callable(getattr(engine, "stage_seconds", None)):

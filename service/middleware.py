@@ -35,7 +35,8 @@ async def on_response_prepare(request: web.Request, response: web.StreamResponse
     origin = request.get(CORS_ORIGIN)
     if origin:
         response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Expose-Headers"] = "X-Request-Id, Location, Retry-After"
+        response.headers["Access-Control-Expose-Headers"] = ("X-Request-Id, Location, Retry-After, "
+                                                             "X-Streamvox-Random-Weights")
         response.headers["Vary"] = "Origin"
 
 

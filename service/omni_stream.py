@@ -88,6 +88,8 @@ class OmniSession(StreamSession):
         kind = message.get("type")
         if kind == "session.created":
             return  # vllm-omni sends nothing on connect
+        if kind == "stream.behind" and not self.config.stream_audio:
+            return  # each sentence goes as one file: nobody plays it as it is generated
         if kind == "audio.start":
             stream = self.config.stream_audio
             self.encoder = StreamEncoder("pcm", self.config.sample_rate) if stream else None

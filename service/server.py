@@ -17,7 +17,7 @@ import sys
 
 from aiohttp import web
 
-from .app import create_app
+from .app import create_app, speed_note
 from .errors import error_body
 from .settings import Settings
 from .state import STATE_KEY, drain
@@ -156,6 +156,9 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     info = engine.info
     log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
              ", ".join(info.random_components) or "none")
+    speed = speed_note(info.extra.get("warmup_rtf"))
+    if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
+        log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

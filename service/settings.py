@@ -69,9 +69,10 @@ class Settings:
     max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
-    # Issue 20 fairness: concurrent streamed /v1/audio/speech responses per key (per address
-    # with auth off); more get 429 too_many_streams (0 = unlimited; None: an eighth of the
-    # engine's slots, at least 2 - see stream_cap)
+    # Fairness: concurrent streamed /v1/audio/speech responses per key (per address with auth
+    # off) while another key has speech in flight; more get 429 too_many_streams. A lone
+    # client is never capped. 0 = no cap; None: an eighth of the engine's slots, at least 2
+    # (see stream_cap)
     max_streams_per_key: int | None = None
     # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
     # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
@@ -90,9 +91,11 @@ class Settings:
         return Path(self.jobs_db_password_file).read_text(encoding="utf-8").strip()
 
     def stream_cap(self, engine_slots: int | None) -> int:
-        """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2):
-        one key's realtime streams then add few rows to the ticks another key's first chunk
-        shares (tests/test_service_hardening_fair.py)."""
+        """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2).
+        It binds only while another key has speech in flight (service/limits.py): then one
+        key's realtime streams add few rows to the ticks another key's first chunk shares (4
+        left a light key's time to first audio at 2.4-3.6x idle on a busy 2-core box, 2 at
+        1.1-2.1x: tests/test_service_hardening_fair.py)."""
         if self.max_streams_per_key is not None:
             return self.max_streams_per_key
         return max(2, (engine_slots or 0) // 8)
@@ -147,8 +150,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--ref-audio-url-prefixes", "STREAMVOX_REF_AUDIO_URL_PREFIXES", "ref_audio_url_prefixes",
      "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched (empty: none)"),
     ("--max-streams-per-key", "STREAMVOX_MAX_STREAMS_PER_KEY", "max_streams_per_key",
-     "concurrent streamed speech responses per API key (per address with auth off; default: an eighth of "
-     "the slots, at least 2); 0 = unlimited"),
+     "concurrent streamed speech responses per API key (per client address with auth off) while other "
+     "keys/addresses have speech in flight; more get 429 too_many_streams. A lone client is never capped "
+     "(default: an eighth of the slots, at least 2; 0 = no cap)"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
     # shared jobs (issue 17)

@@ -15,7 +15,7 @@ from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
 
 from . import voices
 from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
-from .chunks import ChunkStream
+from .chunks import ChunkStream, PlaybackClock, behind_event
 from .errors import ApiError
 from .limits import client_identity
 from .params import SpeechBody, build_request, check_model, check_work, parse_body
@@ -132,13 +132,17 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     synthesis = build_request(request_id, text, params, priority, clone=clone, tenant=identity)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
     stream.tempo = tempo
-    if stream_format is not None:
-        state.limits.open_stream(identity)  # 429 too_many_streams at the per-key cap
+    if stream_format is not None:  # a listener plays it as it comes: notice when it falls behind real time
+        stream.clock = PlaybackClock(state.engine.info.sample_rate)
+    # Streamed responses count toward the per-key cap (429 too_many_streams while others stream);
+    # whole-file ones are never capped here but count as another client's speech in flight.
+    open_, close = ((state.limits.open_stream, state.limits.close_stream) if stream_format is not None
+                    else (state.limits.open_whole, state.limits.close_whole))
+    open_(identity)
     try:
         stream.start()
     except EngineError as exc:
-        if stream_format is not None:
-            state.limits.close_stream(identity)
+        close(identity)
         raise engine_error(exc) from None
     log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
     work = _SpeechWork(stream)
@@ -150,8 +154,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     finally:
         state.streams.discard(work)
         stream.cancel()  # no-op once finished; frees the slot if the client went away
-        if stream_format is not None:
-            state.limits.close_stream(identity)
+        close(identity)
 
 
 def _raise_failure(request: web.Request, chunk) -> None:
@@ -180,7 +183,8 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str,
                 raise ApiError(499, "client_closed", "the client went away")
         _raise_failure(request, chunk)
         size = await asyncio.to_thread(spool.finish)
-        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size)})
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size),
+                                               **request.app[STATE_KEY].audio_headers()})
         try:
             await response.prepare(request)
             while block := await asyncio.to_thread(spool.read):
@@ -210,7 +214,7 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
     if chunk.is_final and not chunk.pcm.size:
         _raise_failure(request, chunk)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else CONTENT_TYPES[fmt],
-                                           "Cache-Control": "no-cache"})
+                                           "Cache-Control": "no-cache", **state.audio_headers()})
     encoder = StreamEncoder(fmt, body.sample_rate)
     samples = 0
 
@@ -224,6 +228,8 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
         await response.prepare(request)
         await send(encoder.header())
         while True:
+            if sse and stream.last_gap:  # (raw audio cannot carry it: /metrics counts it for every stream)
+                await response.write(_sse(behind_event(stream)))
             samples += chunk.pcm.size
             await send(encoder.encode(chunk.pcm))
             if chunk.is_final:
@@ -235,8 +241,10 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
         elif not chunk.error:
             await send(await asyncio.to_thread(encoder.finish))
             if sse:
-                await response.write(_sse({"type": "speech.audio.done",
-                                           "usage": usage(body.input, samples, state.engine.info.sample_rate)}))
+                done = {"type": "speech.audio.done", "usage": usage(body.input, samples, state.engine.info.sample_rate)}
+                if stream.clock.underruns:
+                    done["behind_s"] = round(stream.clock.behind_s, 3)
+                await response.write(_sse(done))
         await response.write_eof()
     except (ConnectionResetError, ConnectionError):
         log.info("speech %s: client went away", request[REQUEST_ID])

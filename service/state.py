@@ -21,6 +21,9 @@ from .metrics import Metrics
 from .settings import Settings
 
 
+RANDOM_WEIGHTS_HEADER = "X-Streamvox-Random-Weights"
+
+
 class Abortable(Protocol):
     busy: bool  # has work in flight (an idle WebSocket session is not busy)
 
@@ -34,10 +37,18 @@ class AppState:
         self.metrics = Metrics(engine)
         self.api_keys = ApiKeys(settings.api_keys)
         self.limits = KeyLimits(settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key,
-                                settings.stream_cap(getattr(engine.info, "slots", None)))
+                                settings.stream_cap(getattr(engine.info, "slots", None)),
+                                per="per API key" if self.api_keys.enabled else "per client address (auth is off)")
         self.draining = False
         self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
         self.jobs = None  # service.jobs.JobRunner, set by the app on startup
+
+    def audio_headers(self) -> dict[str, str]:
+        """Headers of every response carrying audio: ``X-Streamvox-Random-Weights`` names the
+        loaded model's components that run on random (untrained) weights, when there are any,
+        so that a client saving the file learns it is noise, not speech."""
+        random = self.engine.info.random_components
+        return {RANDOM_WEIGHTS_HEADER: ",".join(random)} if random else {}
 
     def ready(self) -> bool:
         stats = self.engine.stats()

@@ -32,7 +32,7 @@ from engines.models.text import split_sentences
 
 from .audio import to_pcm16
 from .auth import WS_SUBPROTOCOL, websocket_key
-from .chunks import ChunkStream
+from .chunks import ChunkStream, PlaybackClock, behind_event
 from .errors import ApiError
 from .job_store import StoreUnavailable
 from .limits import client_identity
@@ -121,7 +121,11 @@ class StreamSession:
         # --- live text (issue 16): on a talker checkpoint deltas feed a live utterance at once
         self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
         self.live = LiveInput(state.settings.ws_live_utterance_chars)
-        self.clone: VoiceClone | None = None  # the saved voice session.config named (issue 15)
+        self.clone: VoiceClone | None = None  # the saved voice session.config named
+        # When the listener finishes playing the audio sent so far (loop time; None: nothing
+        # playing): the next utterance's playback clock starts there, so audio prefetched
+        # while this one speaks is not taken for audio that came late.
+        self.plays_until: float | None = None
 
     @property
     def live_mode(self) -> bool:
@@ -469,6 +473,9 @@ class StreamSession:
         self.cancelling = False
         samples = 0
         last_sample = 0.0
+        stream.clock = PlaybackClock(self.state.engine.info.sample_rate, starts_at=self.plays_until)
+        if utterance.live is not None:  # silence while its text still arrives is the client's, not ours
+            stream.count_gaps = lambda feed=utterance.live.feed: feed.finished
         try:
             start = {"type": "audio.start", "utterance": index, "text": utterance.text}
             if utterance.live is not None:  # its text is still arriving: audio.done says what it was
@@ -477,6 +484,8 @@ class StreamSession:
             while True:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size and not self.cancelling and not chunk.error:
+                    if stream.last_gap:
+                        await self.send_json(behind_event(stream, utterance=index))
                     samples += await self.send_pcm(chunk.pcm)
                     last_sample = float(chunk.pcm[-1])
                 if chunk.is_final:
@@ -494,6 +503,10 @@ class StreamSession:
                 log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
                 done["error"] = "synthesis_failed"
             done["duration_s"] = round(samples / self.state.engine.info.sample_rate, 4)
+            if stream.clock.underruns:
+                done.update(behind_s=round(stream.clock.behind_s, 3), underruns=stream.clock.underruns)
+            cancelled = done.get("cancelled", False)
+            self.plays_until = None if cancelled else stream.clock.runs_dry_at
             if utterance.live is not None:
                 u = utterance.live
                 done.update(text=u.text, text_start=u.text_start, text_end=u.text_start + len(u.text))
@@ -519,6 +532,7 @@ async def stream_session(request: web.Request, session_type: type[StreamSession]
     state.check_admission()
     ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
                                heartbeat=30.0)
+    ws.headers.update(state.audio_headers())  # in the handshake too: vllm-omni's dialect has no session.created
     await ws.prepare(request)
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:
@@ -551,7 +565,9 @@ async def stream_session(request: web.Request, session_type: type[StreamSession]
     try:
         await session.send_json({"type": "session.created", "session_id": session.session_id,
                                  "protocol": PROTOCOL_VERSION, "sample_rate": state.engine.info.sample_rate,
-                                 "format": "pcm_s16le", "channels": 1})
+                                 "format": "pcm_s16le", "channels": 1,
+                                 # as the speech header X-Streamvox-Random-Weights: noise, not speech
+                                 "random_components": list(state.engine.info.random_components)})
         await asyncio.wait({speaker, reader}, return_when=asyncio.FIRST_COMPLETED)
         for task in (speaker, reader):
             if task.done() and not task.cancelled() and task.exception() is not None:

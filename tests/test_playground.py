@@ -67,7 +67,13 @@ async def test_speak_streams_plays_and_stops(server, browser):
     assert played["receivedSamples"] == played["scheduledSamples"] > 4800  # every sample received went to the worklet
     ttfa = await page.text_content("#ttfa")
     assert re.fullmatch(r"\d+", ttfa) and 0 < int(ttfa) < 120_000, ttfa
-    assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))
+    assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))  # wall s per audio s
+    # beside it, the same measurement as a speed (which way it goes: the slow-server test below)
+    speedup = await page.text_content("#speedup")
+    assert re.fullmatch(r"\d+\.\d× (faster|slower) than real time", speedup), speedup
+    assert await page.evaluate("""() => { const r = window.playground.rtf;
+        return document.querySelector('#rtf').value === r.toFixed(2) && document.querySelector('#speedup').value
+          === (r <= 1 ? (1 / r).toFixed(1) + '× faster' : r.toFixed(1) + '× slower') + ' than real time'; }""")
     await page.wait_for_function("window.playground.playedSamples > 0", timeout=30_000)  # the worklet played audio
     assert await page.is_enabled("#download")
     async with page.expect_download() as download_info:
@@ -161,3 +167,99 @@ async def test_voice_upload_on_a_cloning_checkpoint_then_speak_with_it(tmp_path,
     finally:
         await live.stop()
         engine.stop()
+
+
+async def visible(page, selector: str) -> bool:
+    return await page.is_visible(selector)
+
+
+async def test_random_weights_banner_and_the_dit_fields_on_the_default_model(server, browser):
+    page, problems = await open_page(browser, server.url + "/")
+    await page.wait_for_function("window.playground.model !== null")
+    banner = await page.text_content("#random-banner")
+    assert await visible(page, "#random-banner")
+    assert "random weights: this is noise, not speech" in " ".join(banner.split()).lower()
+    assert "--model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice" in banner
+    assert "dit" in await page.text_content("#random-components")
+    assert await page.text_content("#model-name") == "streamvox DiT, preset tiny"
+    assert "DiT preset" in await page.text_content("#model-release")
+    # the DiT's own fields: steps and guidance; no sampling, instructions, language or cloning
+    assert await visible(page, "#steps") and await visible(page, "#guidance")
+    for hidden in ("#temperature", "#greedy", "#instructions", "#language", "#clone"):
+        assert not await visible(page, hidden), hidden
+    voices = await page.eval_on_selector_all("#voice option", "options => options.map((o) => o.value)")
+    assert voices == list(server.state.engine.info.voices)
+    assert problems == []
+
+
+async def test_a_talker_checkpoint_shows_its_own_speakers_and_sampling(tmp_path, browser):
+    import json
+
+    from engines.build import build_engine
+    from tests.oracle import talker_fixtures as fx
+
+    checkpoint = fx.checkpoint_dir("cv_proj")  # missing fixtures: fail under CI=true, else skip
+    speakers = json.loads((checkpoint / "config.json").read_text())["talker_config"]["spk_id"]
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(checkpoint), talker_slots=2)
+    engine.start()
+    live = await start_server(engine, tmp_path / "data", checkpoint=str(checkpoint))
+    try:
+        page, problems = await open_page(browser, live.url + "/")
+        await page.wait_for_function("window.playground.model !== null")
+        await page.wait_for_function(f"document.querySelectorAll('#voice option').length === {len(speakers)}")
+        voices = await page.eval_on_selector_all("#voice option", "options => options.map((o) => o.value)")
+        assert sorted(voices) == sorted(speakers)  # the checkpoint's speakers, not the DiT's voice table
+        assert not set(voices) & {"aria", "blaze", "cedar"}
+        assert await page.text_content("#model-name") == "cv_proj"
+        assert "CustomVoice" in await page.text_content("#model-release")
+        assert not await visible(page, "#random-banner")
+        assert await visible(page, "#temperature") and await visible(page, "#greedy") and await visible(page, "#language")
+        assert not await visible(page, "#steps") and not await visible(page, "#clone")
+        instructions = bool(engine.info.extra.get("instructions_apply"))
+        assert await visible(page, "#instructions") == instructions
+
+        await page.select_option("#voice", sorted(speakers)[-1])
+        await page.fill("#text", "Hello from a checkpoint speaker.")
+        await page.click("#speak")
+        await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
+        assert await page.evaluate("window.playground.receivedSamples") > 0
+        assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))
+        assert problems == []
+    finally:
+        await live.stop()
+        engine.stop()
+
+
+async def test_a_server_slower_than_real_time_says_so_and_suggests_whole_files(tmp_path, browser):
+    """The engine's fault hook sleeps 1.2 s before each vocoder piece (at most 0.96 s of audio
+    after the first), warm-up included: slower than real time by construction."""
+    import time
+
+    from engines.build import build_engine
+
+    def slow_vocoder(request_id: str, stage: str) -> None:
+        if stage == "vocalize":
+            time.sleep(1.2)
+
+    engine = build_engine(preset="tiny", device="cpu", fault_hook=slow_vocoder)
+    engine.start()
+    live = await start_server(engine, tmp_path / "data")
+    try:
+        page, problems = await open_page(browser, live.url + "/")
+        await page.wait_for_function("window.playground.model !== null")
+        assert await visible(page, "#speed-hint")
+        hint = " ".join((await page.text_content("#speed-hint")).split())
+        assert "slower than real time" in hint and '"stream": false' in hint and "/v1/jobs" in hint
+        assert float(await page.text_content("#speed-slower")) > 1
+
+        await page.fill("#text", "Hello there, this stream is slower than real time.")
+        await page.click("#speak")
+        await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
+        assert await visible(page, "#behind-note")
+        assert "slower than real time" in await page.text_content("#behind-note")
+        assert "slower than real time" in await page.text_content("#speedup")
+        assert problems == []
+    finally:
+        await live.stop()
+        engine.stop()
+

@@ -116,7 +116,7 @@ async def test_ws_bad_messages_are_recoverable(strict_server):
         kinds = []
         while not kinds or kinds[-1] != "session.done":
             message = await ws.recv()
-            if isinstance(message, str):
+            if isinstance(message, str) and json.loads(message)["type"] != "stream.behind":  # (a slow machine)
                 kinds.append(json.loads(message)["type"])
         assert kinds == ["audio.start", "audio.done", "session.done"]
     await assert_ready_and_serving(strict_server)
@@ -194,7 +194,7 @@ async def test_ws_config_and_idle_timeouts(engine, tmp_path):
             with pytest.raises(websockets.ConnectionClosedOK):
                 while True:
                     message = await ws.recv()
-                    if isinstance(message, str):
+                    if isinstance(message, str) and json.loads(message)["type"] != "stream.behind":
                         codes.append(json.loads(message).get("code") or json.loads(message)["type"])
             assert codes == ["audio.start", "audio.done", "session.done", "idle_timeout"]
     finally:

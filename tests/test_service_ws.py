@@ -34,6 +34,9 @@ async def read_round(ws) -> tuple[list[dict], list[tuple[int, int]]]:
             frames.append((current, len(message)))
             continue
         event = json.loads(message)
+        if event["type"] == "stream.behind":  # informational (a slow machine): inside its utterance, not counted
+            assert current is not None and event["utterance"] == current, event
+            continue
         events.append(event)
         if event["type"] == "audio.start":
             assert current is None, "utterances interleave"

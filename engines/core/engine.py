@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
@@ -341,11 +342,14 @@ class Engine:
         rounds = [list(texts)] + ([[texts[1]]] if self.device.type == "cuda" else [])
         for batch in rounds:
             events, errors = [], []
+            samples = [0]
+            t0 = time.perf_counter()
             for text in batch:
                 done = threading.Event()
                 events.append(done)
 
                 def deliver(chunk: AudioChunk, done=done) -> None:
+                    samples[0] += chunk.pcm.size  # (worker thread only)
                     if chunk.is_final:
                         if chunk.error:
                             errors.append(chunk.error)
@@ -357,3 +361,9 @@ class Engine:
                 raise RuntimeError("engine warm-up did not finish within 300 s")
             if errors:
                 raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+            wall = time.perf_counter() - t0
+        if self.device.type != "cuda" and samples[0]:
+            # One request alone, first-run costs included: what a single stream can expect here
+            # (wall seconds per audio second, > 1 = slower than real time). On CUDA the warm-up
+            # is a crowd of requests, which says nothing about one stream, so it is not reported.
+            self.info.extra["warmup_rtf"] = round(wall / (samples[0] / SAMPLE_RATE), 3)
