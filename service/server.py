@@ -18,10 +18,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from .app import create_app
 from .errors import error_body
 from .settings import Settings
-from .state import STATE_KEY, drain
 
 log = logging.getLogger("streamvox.server")
 
@@ -161,6 +159,11 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     handlers) and a ``listening`` future that receives the bound URL; ``sock`` is the
     address :func:`run` reserved already.
     """
+    # the application (and torch, under it) only once there is something to serve: a busy port or
+    # an unknown model fails in a fraction of a second
+    from .app import create_app
+    from .state import STATE_KEY, drain
+
     loop = asyncio.get_running_loop()
     if sock is None:
         sock = reserve_address(settings.host, settings.port)  # PortUnavailable before any model loads

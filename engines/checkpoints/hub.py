@@ -346,11 +346,11 @@ def _log_progress():
     from tqdm.auto import tqdm  # a dependency of huggingface_hub
 
     class LogProgress(tqdm):
-        """A tqdm that draws nothing and logs its byte count every EVERY_S seconds and at the end.
+        """A tqdm that draws nothing and logs its byte count every EVERY_S seconds and once done.
 
-        huggingface_hub creates a files counter and byte counters from this class; the one
-        counting bytes received ("Downloading bytes", beside the bytes written) is skipped, as
-        it would repeat the other.
+        huggingface_hub creates a files counter and byte counters from this class; only the
+        bytes-written counter is logged (the files counter and the bytes-received one, which
+        repeats it, are not).
         """
 
         label = "model"
@@ -359,15 +359,13 @@ def _log_progress():
         def __init__(self, *args, **kwargs):
             kwargs.pop("name", None)
             kwargs["file"] = _Discard()
-            self._last_log = 0.0
+            self._last_log = time.monotonic()  # the first line after EVERY_S: totals grow as files start
             self._done_logged = False
+            self._logs = kwargs.get("unit") == "B" and not str(kwargs.get("desc") or "").startswith("Downloading bytes")
             super().__init__(*args, **kwargs)
 
-        def _counts_bytes(self) -> bool:
-            return self.unit == "B" and not str(self.desc or "").startswith("Downloading bytes")
-
         def display(self, msg=None, pos=None):  # tqdm's only drawing hook
-            if not self._counts_bytes() or self.n <= 0:
+            if not self._logs or self.n <= 0:
                 return True
             now = time.monotonic()
             finished = bool(self.total) and self.n >= self.total
