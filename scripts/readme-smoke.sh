@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The newcomer's path, exactly as the README prints it: run README command 1 (install +
-# `streamvox serve` on the embedded default), wait for /readyz (within a minute of the
+# `streamvox serve` on the embedded default: random weights offline), wait for /readyz (within a minute of the
 # command starting), then `streamvox say` against it must write a valid WAV, and
 # SIGTERM must stop it with exit code 0. Used by .ci/run.
 set -euo pipefail
@@ -10,8 +10,14 @@ cmd=$(awk '/^```bash/{f=1; next} f && /^```/{exit} f' README.md | grep -v '^[[:s
 work=$(mktemp -d)
 log="$work/serve.log"
 echo "readme-smoke: running README command 1: $cmd"
-# Only the port (ephemeral, logged) and the data dir come from the environment.
-STREAMVOX_PORT=0 STREAMVOX_DATA_DIR="$work/data" setsid bash -c "$cmd" >"$log" 2>&1 &
+# Only the port (ephemeral, logged), the data dir and the model cache come from the environment.
+# With no model named, serve looks for the default Qwen3-TTS release (cache, then the hub) and
+# otherwise starts on the built-in random preset in one log line. The smoke pins that fallback:
+# HF_HUB_OFFLINE=1 and an empty HF_HOME, so a CI machine that can reach huggingface.co (or has
+# the model cached) does not spend the minute fetching and loading ~2 GB. The hub path itself is
+# tested against a local hub by tests/test_model_hub.py.
+HF_HUB_OFFLINE=1 HF_HOME="$work/hf" STREAMVOX_PORT=0 STREAMVOX_DATA_DIR="$work/data" \
+  setsid bash -c "$cmd" >"$log" 2>&1 &
 pid=$!
 cleanup() { kill -TERM -- -"$pid" 2>/dev/null || true; }
 trap cleanup EXIT
