@@ -332,3 +332,26 @@ def test_the_allowed_files_are_all_the_loaders_need(kind, tmp_path):
     if kind == "base":  # voice cloning: the speaker encoder and the speech tokenizer's encoder too
         features = load_voice_encoders(copy).features(np.zeros(24000, np.float32))
         assert features.xvector.size and features.codes.size
+
+
+# --------------------------------------------------------------------------- names
+
+def test_model_names_parse_and_serve_under_their_id(tmp_path):
+    from engines.checkpoints.hub import ModelId, ModelUnavailable, parse_model_id, resolve_model, served_name
+    from service.params import served_model_names
+
+    assert parse_model_id("Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign") == ModelId("Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign")
+    assert parse_model_id("Qwen/Qwen3-TTS-12Hz-0.6B-Base@v1.0") == ModelId("Qwen/Qwen3-TTS-12Hz-0.6B-Base", "v1.0")
+    for not_an_id in ("/models/x", "x", "a/b/c", "a/b@", "a/b@c@d", "", "a b/c"):
+        assert parse_model_id(not_an_id) is None, not_an_id
+    assert served_name("Org/Name@abc") == "Org/Name" and served_name(None) is None
+    local = tmp_path / "Org" / "Name@v2"
+    local.mkdir(parents=True)
+    assert resolve_model(str(local)) == local  # an existing path always wins over the id reading
+    names = served_model_names("Org/Qwen3-TTS-12Hz-0.6B-Base")
+    assert {"Org/Qwen3-TTS-12Hz-0.6B-Base", "Qwen3-TTS-12Hz-0.6B-Base", "Qwen/Qwen3-TTS-12Hz-0.6B-Base"} <= set(names)
+    assert "/ckpt/dir" not in served_model_names("/ckpt/dir") and "dir" in served_model_names("/ckpt/dir")
+    with pytest.raises(ModelUnavailable, match=r"^/no/such/dir: no such file or directory$"):
+        resolve_model("/no/such/dir")
+    with pytest.raises(ModelUnavailable, match=r"not a valid Hugging Face model id"):
+        resolve_model("a--b/c")  # the hub's own rule, checked before any request
