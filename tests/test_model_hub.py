@@ -197,6 +197,11 @@ def test_a_revision_pins_a_commit(release, tmp_path):
         head = repo.add_commit(newer, "main")
         env = hub_env(home, hub.url)
         results = {rev: streamvox("download", f"{REPO_ID}@{rev}", env=env) for rev in ("v1", "main", tagged, "v9")}
+        gets = len([r for r in hub.log(REPO_ID) if r["kind"] == "file" and r["method"] == "GET"])
+        again = streamvox("download", f"{REPO_ID}@v1", env=env)  # all there: asks, fetches nothing
+        assert len([r for r in hub.log(REPO_ID) if r["kind"] == "file" and r["method"] == "GET"]) == gets
+    assert again.returncode == 0 and f"{REPO_ID}@v1: up to date in the cache" in again.stderr, again.stderr
+    assert "fetching" not in again.stderr
     for rev, sha in (("v1", tagged), ("main", head), (tagged, tagged)):
         assert results[rev].returncode == 0, results[rev].stderr
         assert Path(results[rev].stdout.strip()).name == sha

@@ -142,7 +142,7 @@ def resolve_model(name: str) -> Path:
                                    f"streamvox download {model}")
         log.info("%s: from the cache (HF_HUB_OFFLINE): %s", model, path)
         return path
-    error = _ask_hub(model, float(constants.HF_HUB_ETAG_TIMEOUT))
+    commit, error = _ask_hub(model, float(constants.HF_HUB_ETAG_TIMEOUT))
     if error is not None:
         if not _is_network(error):
             raise ModelUnavailable(_explain(model, error))
@@ -152,7 +152,7 @@ def resolve_model(name: str) -> Path:
         log.warning("%s: the hub at %s did not answer (%s); using the cached copy %s",
                     model, constants.ENDPOINT, _short(error), path)
         return path
-    return _download(model)
+    return _download(model, commit)
 
 
 def resolve_default(model_name: str = DEFAULT_MODEL) -> Path | None:
@@ -170,10 +170,10 @@ def resolve_default(model_name: str = DEFAULT_MODEL) -> Path | None:
     if _offline():
         log.warning("no model named, HF_HUB_OFFLINE is set and the default %s is not cached: %s", model, fallback)
         return None
-    error = _ask_hub(model, DEFAULT_PROBE_SECONDS)
+    commit, error = _ask_hub(model, DEFAULT_PROBE_SECONDS)
     if error is None:
         try:
-            return _download(model)
+            return _download(model, commit)
         except ModelUnavailable as exc:
             log.warning("no model named and the default %s could not be fetched (%s): %s", model,
                         str(exc).removeprefix(f"{model}: "), fallback)
@@ -201,26 +201,25 @@ def _check_id(model: ModelId) -> None:
         raise ModelUnavailable(f"{model}: not a valid Hugging Face model id ({_short(exc)})") from None
 
 
-def _ask_hub(model: ModelId, timeout: float) -> BaseException | None:
-    """None when the hub knows the model at that revision; else the error. Bounded by
-    ``timeout`` in total: name resolution can hang far past any socket timeout, so the call
-    runs in a daemon thread that is abandoned when it overstays."""
+def _ask_hub(model: ModelId, timeout: float) -> tuple[str | None, BaseException | None]:
+    """(the commit the revision points at, None), or (None, why not). Bounded by ``timeout``
+    in total: name resolution can hang far past any socket timeout, so the call runs in a
+    daemon thread that is abandoned when it overstays."""
     from huggingface_hub import HfApi
 
-    outcome: list[BaseException | None] = []
+    outcome: list[tuple[str | None, BaseException | None]] = []
 
     def ask() -> None:
         try:
-            HfApi().model_info(model.repo_id, revision=model.revision, timeout=timeout)
-            outcome.append(None)
+            outcome.append((HfApi().model_info(model.repo_id, revision=model.revision, timeout=timeout).sha, None))
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, whatever it is
-            outcome.append(exc)
+            outcome.append((None, exc))
 
     thread = threading.Thread(target=ask, name="streamvox-hub-probe", daemon=True)
     thread.start()
     thread.join(timeout)
     if not outcome:
-        return TimeoutError(f"no answer within {timeout:g} s")
+        return None, TimeoutError(f"no answer within {timeout:g} s")
     return outcome[0]
 
 
@@ -248,11 +247,16 @@ def _missing(path: Path) -> list[str]:
     return [name for name in _REQUIRED if not (path / name).is_file()]
 
 
-def _download(model: ModelId) -> Path:
+def _download(model: ModelId, commit: str | None = None) -> Path:
+    """Fetch what is missing of ``model`` (``commit``: where the hub says its revision is)."""
     from huggingface_hub import constants, snapshot_download
 
-    log.info("%s: fetching from %s into %s (only the files streamvox loads)", model, constants.ENDPOINT,
-             constants.HF_HUB_CACHE)
+    cached = _cached(ModelId(model.repo_id, commit)) if commit else None
+    if cached is not None:  # still through snapshot_download below: it records the revision -> commit ref
+        log.info("%s: up to date in the cache (%s)", model, cached)
+    else:
+        log.info("%s: fetching from %s into %s (only the files streamvox loads)", model, constants.ENDPOINT,
+                 constants.HF_HUB_CACHE)
     started = time.monotonic()
     try:
         path = Path(snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(ALLOW_PATTERNS),
@@ -263,7 +267,8 @@ def _download(model: ModelId) -> Path:
     if missing:
         raise ModelUnavailable(f"{model}: not a Qwen3-TTS 12 Hz release (no {', '.join(missing)}); the "
                                "Qwen/Qwen3-TTS-12Hz-* models are")
-    log.info("%s: ready in %.1f s at %s", model, time.monotonic() - started, path)
+    if cached is None:
+        log.info("%s: ready in %.1f s at %s", model, time.monotonic() - started, path)
     return path
 
 
