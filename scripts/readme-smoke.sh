@@ -14,7 +14,7 @@ echo "readme-smoke: running README command 1: $cmd"
 # With no model named, serve looks for the default Qwen3-TTS release (cache, then the hub) and
 # otherwise starts on the built-in random preset in one log line. The smoke pins that fallback:
 # HF_HUB_OFFLINE=1 and an empty HF_HOME, so a CI machine that can reach huggingface.co (or has
-# the model cached) does not spend the minute fetching and loading ~2 GB. The hub path itself is
+# the model cached) does not spend the minute fetching and loading gigabytes. The hub path itself is
 # tested against a local hub by tests/test_model_hub.py.
 HF_HUB_OFFLINE=1 HF_HOME="$work/hf" STREAMVOX_PORT=0 STREAMVOX_DATA_DIR="$work/data" \
   setsid bash -c "$cmd" >"$log" 2>&1 &
