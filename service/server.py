@@ -230,8 +230,8 @@ def run(settings: Settings) -> int:
         print(f"streamvox serve: {exc}", file=sys.stderr)  # one line, no traceback
         return 2
     try:
-        # Before the event loop, in the main thread: a download can take minutes, and Ctrl-C
-        # or SIGTERM must be able to end it (signal handlers come with the server).
+        # Before the event loop, in the main thread: a download can take minutes, and SIGTERM
+        # must end it at once (the graceful-drain handler is installed only once serving).
         settings = resolve_model(settings)
     except ModelUnavailable as exc:
         sock.close()
