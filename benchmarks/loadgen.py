@@ -184,6 +184,10 @@ class Server:
               timeout_s: float = 300.0) -> "Server":
         cmd = [sys.executable, "-m", "clients.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                "--preset", preset, "--device", device, "--data-dir", data_dir, *(extra or [])]
+        if not any(arg.startswith(("--model", "--checkpoint")) for arg in extra or []):
+            # the preset is what is measured: without a model named, serve would load the default
+            # Qwen3-TTS release (from the cache or the hub) instead
+            cmd += ["--model", "random"]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                 cwd=Path(__file__).resolve().parents[1])
         deadline = time.monotonic() + timeout_s

@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "clients.commands.serve",
     "clients.commands.synthesize",
+    "clients.commands.download",
     "clients.commands.say",
     "clients.commands.jobs",
     "clients.commands.migrate_store",

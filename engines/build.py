@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from engines.checkpoints.hub import resolve_model
 from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import get_preset
 from engines.core.engine import Engine
@@ -64,7 +65,11 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
     ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
     ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
-    (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``)."""
+    (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
+    ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
+    cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be)."""
+    if checkpoint and not Path(checkpoint).exists():
+        checkpoint = str(resolve_model(checkpoint))
     dev = resolve_device(device)
     config = get_preset(preset or default_preset(dev))
     if source is None:
@@ -72,7 +77,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     if source == "talker" and not checkpoint:
-        raise ValueError("--source talker needs --checkpoint DIR (a Qwen3-TTS custom-voice checkpoint)")
+        raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
     dtype = dtype or default_dtype(dev)
     if max_slots is not None:
         if max_slots < 1:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The newcomer's path, exactly as the README prints it: run README command 1 (install +
-# `streamvox serve` on the embedded default, on its default address 127.0.0.1:8000), wait
+# `streamvox serve` on the embedded default (random weights offline), on its default address 127.0.0.1:8000), wait
 # for /readyz (within a minute of the command starting), run the README's tour against it
 # (scripts/readme-tour.sh: every command as printed, every file it writes checked), and
 # SIGTERM must stop the server with exit code 0. Used by .ci/run.
@@ -35,7 +35,13 @@ fi
 work=$(mktemp -d)
 log="$work/serve.log"
 echo "readme-smoke: running README command 1: $cmd"
-# Only the data dir comes from the environment (a scratch one, not ./data).
+# Only the data dir and the model cache come from the environment. With no model named, serve
+# looks for the default Qwen3-TTS release (cache, then the hub) and otherwise starts on the
+# built-in random preset in one log line. The smoke pins that fallback: HF_HUB_OFFLINE=1 and an
+# empty HF_HOME, so a CI machine that can reach huggingface.co (or has the model cached) does not
+# spend the minute fetching and loading gigabytes. The hub path itself is tested against a local
+# hub by tests/test_model_hub.py.
+export HF_HUB_OFFLINE=1 HF_HOME="$work/hf"  # the tour's in-process commands too
 STREAMVOX_DATA_DIR="$work/data" setsid bash -c "$cmd" >"$log" 2>&1 &
 pid=$!
 cleanup() { kill -TERM -- -"$pid" 2>/dev/null || true; }

@@ -8,6 +8,7 @@ import math
 import os
 from typing import Any, Mapping, TypeVar
 
+from engines.checkpoints.hub import parse_model_id
 from engines.contract import (
     InvalidRequest,
     Priority,
@@ -74,13 +75,16 @@ def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine,
 
 
 def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
-    """The ``model`` names a speech request may give: OpenAI's, ``streamvox``, and the served
-    checkpoint's directory name with and without the ``Qwen/`` organisation (what clients
-    written for vllm-omni send, e.g. ``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``)."""
+    """The ``model`` names a speech request may give: OpenAI's, ``streamvox``, the served
+    checkpoint's directory (or repo) name with and without the ``Qwen/`` organisation (what
+    clients written for vllm-omni send, e.g. ``Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice``), and the
+    Hugging Face id it was fetched by, when it was."""
     names = list(MODEL_NAMES)
     if checkpoint:
         base = os.path.basename(os.path.normpath(checkpoint))
         names += [base, f"Qwen/{base}"]
+        if parse_model_id(checkpoint) and not os.path.isabs(checkpoint):
+            names.append(checkpoint)
     return tuple(dict.fromkeys(names))
 
 

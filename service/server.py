@@ -14,13 +14,12 @@ import logging
 import signal
 import socket
 import sys
+from dataclasses import replace
 
 from aiohttp import web
 
-from .app import create_app, speed_note
 from .errors import error_body
 from .settings import Settings
-from .state import STATE_KEY, drain
 
 log = logging.getLogger("streamvox.server")
 
@@ -130,10 +129,22 @@ async def start_http(app: web.Application, settings: Settings, port: int | None 
     return runner
 
 
+def resolve_model(settings: Settings) -> Settings:
+    """``settings`` with ``--model`` resolved (engines/checkpoints/hub.py): ``checkpoint_dir``
+    is the local directory to load (None: random weights) and ``checkpoint`` the name clients
+    see (the default model's id when it was picked). May download; raises ModelUnavailable."""
+    from engines.checkpoints.hub import resolve, served_name
+
+    served = resolve(settings.checkpoint)
+    return replace(settings, checkpoint=served_name(served.name), checkpoint_dir=served.path)
+
+
 def build_engine_for(settings: Settings):
     from engines.build import DTYPES, build_engine
 
-    return build_engine(preset=settings.preset, device=settings.device, checkpoint=settings.checkpoint,
+    checkpoint = settings.checkpoint_dir or settings.checkpoint
+    return build_engine(preset=settings.preset, device=settings.device,
+                        checkpoint=str(checkpoint) if checkpoint else None,
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
                         backend=settings.backend, artifacts_dir=settings.artifacts_dir,
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
@@ -141,14 +152,21 @@ def build_engine_for(settings: Settings):
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
-                listening: asyncio.Future | None = None) -> int:
+                listening: asyncio.Future | None = None, sock: socket.socket | None = None) -> int:
     """Serve until a signal (returns 0) or until the engine's worker dies (returns 1).
 
     Tests may pass their own started ``engine``, a ``stop`` event (instead of signal
-    handlers) and a ``listening`` future that receives the bound URL.
+    handlers) and a ``listening`` future that receives the bound URL; ``sock`` is the
+    address :func:`run` reserved already.
     """
+    # the application (and torch, under it) only once there is something to serve: a busy port or
+    # an unknown model fails in a fraction of a second
+    from .app import create_app, speed_note
+    from .state import STATE_KEY, drain
+
     loop = asyncio.get_running_loop()
-    sock = reserve_address(settings.host, settings.port)  # PortUnavailable before any model loads
+    if sock is None:
+        sock = reserve_address(settings.host, settings.port)  # PortUnavailable before any model loads
     if engine is None:
         log.info("loading the models (preset %s, device %s)", settings.preset or "auto", settings.device)
         engine = await asyncio.to_thread(build_engine_for, settings)
@@ -205,10 +223,21 @@ def raise_open_file_limit() -> None:
 
 
 def run(settings: Settings) -> int:
+    from engines.checkpoints.hub import ModelUnavailable
+
     configure_logging(settings.log_level)
     raise_open_file_limit()
     try:
-        return asyncio.run(serve(settings))
+        sock = reserve_address(settings.host, settings.port)  # a busy port fails before any download
     except PortUnavailable as exc:
         print(f"streamvox serve: {exc}", file=sys.stderr)  # one line, no traceback
         return 2
+    try:
+        # Before the event loop, in the main thread: a download can take minutes, and SIGTERM
+        # must end it at once (the graceful-drain handler is installed only once serving).
+        settings = resolve_model(settings)
+    except ModelUnavailable as exc:
+        sock.close()
+        print(f"streamvox serve: {exc}", file=sys.stderr)  # one line: unknown id, gated, offline...
+        return 2
+    return asyncio.run(serve(settings, sock=sock))

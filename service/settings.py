@@ -24,7 +24,10 @@ class Settings:
     preset: str | None = None  # None: "small" on CPU, "base" on CUDA (decided when the device is known)
     device: str = "auto"
     data_dir: Path = Path("./data")
+    # --model as named: a local directory / weights file, a Hugging Face id ORG/NAME[@REVISION],
+    # "random", or None (the default model, else random weights; engines/checkpoints/hub.py)
     checkpoint: str | None = None
+    checkpoint_dir: Path | None = None  # where --model resolved to (set by the server, not a flag)
     source: str | None = None  # None: talker when the checkpoint has trained talker weights, else dit
     backend: str = "torch"
     artifacts_dir: str | None = None
@@ -113,7 +116,10 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--preset", "STREAMVOX_PRESET", "preset", "model size (default: small on CPU, base on CUDA)"),
     ("--device", "STREAMVOX_DEVICE", "device", "auto|cpu|cuda"),
     ("--data-dir", "STREAMVOX_DATA_DIR", "data_dir", "where the job database and audio live"),
-    ("--checkpoint", "STREAMVOX_CHECKPOINT", "checkpoint", "Qwen3-TTS / streamvox checkpoint directory"),
+    ("--model", "STREAMVOX_MODEL", "checkpoint",
+     "Qwen3-TTS model: a Hugging Face id ORG/NAME[@REVISION] (fetched into the HF_HOME cache), a local "
+     "directory, or `random` (default: Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, else random weights when the "
+     "hub cannot be reached)"),
     ("--source", "STREAMVOX_SOURCE", "source", "latent source (default: talker if the checkpoint has one)"),
     ("--backend", "STREAMVOX_BACKEND", "backend", "DiT/decoder runtime"),
     ("--artifacts-dir", "STREAMVOX_ARTIFACTS_DIR", "artifacts_dir", "ONNX files / TensorRT engines for --backend"),
@@ -170,6 +176,11 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
+# Older names that keep working: the flag is an argparse alias, the env var is read when the
+# primary one is unset.
+FLAG_ALIASES = {"checkpoint": ("--checkpoint",)}
+ENV_ALIASES = {"checkpoint": ("STREAMVOX_CHECKPOINT",)}
+METAVARS = {"checkpoint": "MODEL"}
 # The values a flag takes, shown in --help (from_args checks them, for flags and env vars alike).
 CHOICES = {"preset": ("tiny", "small", "base"), "source": ("dit", "talker"),
            "backend": ("torch", "onnxruntime", "tensorrt"), "dtype": ("auto", "float32", "bfloat16"),
@@ -186,8 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = getattr(Settings, dest, None)
         shown = f" [env {env}; default {_shown_default(default)}]" if default not in (None, ()) else f" [env {env}]"
         choices = CHOICES.get(dest)
-        parser.add_argument(flag, dest=dest, default=None, help=help_text + shown,
-                            metavar="{" + ",".join(choices) + "}" if choices else None)
+        parser.add_argument(flag, *FLAG_ALIASES.get(dest, ()), dest=dest, default=None, help=help_text + shown,
+                            metavar="{" + ",".join(choices) + "}" if choices else METAVARS.get(dest))
     parser.add_argument("--api-key", dest="api_key", action="append", default=None,
                         help=f"accepted API key, repeatable [env {ENV_API_KEYS}, comma separated]")
 
@@ -221,6 +232,9 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         value = getattr(args, dest, None) if args is not None else None
         if value is None:
             value = env.get(env_name)
+            for alias in ENV_ALIASES.get(dest, ()):
+                if not value:  # unset or empty: an image's empty STREAMVOX_MODEL must not hide the old name
+                    value = env.get(alias) or value
         if value is not None:
             raw[dest] = value
 
@@ -237,9 +251,11 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
         return value
 
     values: dict[str, object] = {}
-    for dest in ("host", "device", "checkpoint", "artifacts_dir"):
+    for dest in ("host", "device", "artifacts_dir"):
         if dest in raw:
             values[dest] = raw[dest]
+    if raw.get("checkpoint", "").strip():  # empty (e.g. an image built without a model) = none named
+        values["checkpoint"] = raw["checkpoint"].strip()
     if raw.get("source"):
         if raw["source"] not in ("dit", "talker"):
             raise ValueError("--source: choose dit or talker")

@@ -9,11 +9,14 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -32,6 +35,22 @@ REPO = Path(__file__).resolve().parents[1]
 # the subprocesses tests start, through OMP_NUM_THREADS).
 TEST_TORCH_THREADS = 1
 os.environ.setdefault("OMP_NUM_THREADS", str(TEST_TORCH_THREADS))
+
+# Hermetic: no test ever asks huggingface.co. With no model named, `serve` and `synthesize` look
+# for the default Qwen3-TTS release; offline and with an empty cache (not the developer's
+# ~/.cache/huggingface, which may hold the real model) they start on random weights at once, as
+# every server test expects. Tests of the hub (tests/test_model_hub.py) give their subprocesses
+# their own HF_ENDPOINT / HF_HOME and clear HF_HUB_OFFLINE. Set before anything imports
+# huggingface_hub, which reads these once.
+HF_TEST_HOME = tempfile.mkdtemp(prefix="streamvox-test-hf-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = HF_TEST_HOME
+os.environ.pop("HF_HUB_CACHE", None)
+os.environ.pop("HF_ENDPOINT", None)
+os.environ.pop("HF_TOKEN", None)
+for _name in ("STREAMVOX_MODEL", "STREAMVOX_CHECKPOINT"):  # a developer's own default must not leak in
+    os.environ.pop(_name, None)
+atexit.register(shutil.rmtree, HF_TEST_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

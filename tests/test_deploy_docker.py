@@ -277,6 +277,18 @@ def test_compose_file_builds_both_images():
     assert set(data_volumes) <= set(compose["volumes"])
 
 
+def test_compose_passes_the_model_argument_and_keeps_the_model_cache():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        if "build" not in service:
+            continue
+        dockerfile = (DOCKER / service["build"]["context"] / service["build"]["dockerfile"]).resolve()
+        assert service["build"]["args"]["STREAMVOX_MODEL"] == "${STREAMVOX_MODEL:-}", name
+        hf_home = env_of(final_stage(dockerfile))["HF_HOME"]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        assert mounts.get(hf_home) in compose["volumes"], f"{name}: no named volume at HF_HOME {hf_home}"
+
+
 def test_compose_servers_share_the_postgres_service():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     database = compose["services"]["postgres"]
@@ -311,3 +323,79 @@ def test_compose_config_validates_with_docker_compose():
     result = subprocess.run(binary + ["-f", str(DOCKER / "compose.yaml"), "--profile", "gpu", "config", "--quiet"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+# --- a model baked in with a build argument ---------------------------------------------------
+
+def stages(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """Stage name (``AS name``, else its index) -> its instructions, FROM first."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for keyword, args in instructions(path):
+        if keyword == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) > 2 and parts[1].upper() == "AS" else str(len(found))
+            current = found.setdefault(name, [])
+        if current is not None:
+            current.append((keyword, args))
+    return found
+
+
+def model_run_step(path: Path) -> str:
+    [step] = [args for keyword, args in stages(path)["model"] if keyword == "RUN"]
+    return step
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_a_build_argument_bakes_a_model_into_hf_home(name):
+    model = stages(DOCKERFILES[name])["model"]
+    assert model[0][1].split()[0] == "build"  # the stage has the project's venv: `streamvox download`
+    assert ("ARG", 'STREAMVOX_MODEL=""') in model  # empty by default: nothing baked
+    hf_home = env_of(model)["HF_HOME"]
+    step = model_run_step(DOCKERFILES[name])
+    assert 'if [ -n "$STREAMVOX_MODEL" ]; then streamvox download "$STREAMVOX_MODEL"; fi' in step
+    assert f"mkdir -p {hf_home}" in step  # the runtime stage copies it even when empty
+
+    final = final_stage(DOCKERFILES[name])
+    assert ("ARG", 'STREAMVOX_MODEL=""') in final
+    env = env_of(final)
+    assert env["HF_HOME"] == hf_home  # the server reads the cache where the build wrote it
+    assert env["STREAMVOX_MODEL"] == "${STREAMVOX_MODEL}"  # and serves the baked model by default
+    copies = [args for keyword, args in final if keyword == "COPY"]
+    user = [args for keyword, args in final if keyword == "USER"][-1].split(":")[0]
+    assert f"--from=model --chown={user}:{user} {hf_home} {hf_home}" in copies  # writable by the server
+    # the cache layer comes before the venv's: a source change alone does not re-ship the model
+    assert copies.index(f"--from=model --chown={user}:{user} {hf_home} {hf_home}") < copies.index(
+        "--from=build /opt/venv /opt/venv")
+
+
+def test_the_bake_step_runs(tmp_path):
+    """The model stage's RUN line, run for real with sh against a local hub: with the argument
+    the cache holds the model's snapshot; without it the step is a no-op that succeeds."""
+    from hub_helpers import LocalHub, read_dir
+
+    from tests.oracle import talker_fixtures as fx
+
+    files = read_dir(fx.checkpoint_dir("cv_proj"))
+    shim = tmp_path / "bin" / "streamvox"  # the image's console script, this checkout's code
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m clients.cli "$@"\n')
+    shim.chmod(0o755)
+    for name, path in DOCKERFILES.items():
+        hf_home = env_of(stages(path)["model"])["HF_HOME"]
+        for model in ("streamvox-test/Qwen3-TTS-12Hz-tiny-CustomVoice", ""):
+            cache = tmp_path / f"{name}-{bool(model)}"
+            step = model_run_step(path).replace(hf_home, str(cache))
+            with LocalHub() as hub:
+                hub.add_repo("streamvox-test/Qwen3-TTS-12Hz-tiny-CustomVoice", files)
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "STREAMVOX_"))}
+                env |= {"PATH": f"{shim.parent}:{env['PATH']}", "HF_HOME": str(cache), "HF_ENDPOINT": hub.url,
+                        "STREAMVOX_MODEL": model, "NO_PROXY": "127.0.0.1"}
+                result = subprocess.run(["sh", "-c", step], env=env, capture_output=True, text=True, timeout=120)
+                requests = hub.log()
+            assert result.returncode == 0, result.stderr
+            snapshots = list(cache.glob("hub/models--*/snapshots/*/config.json"))
+            if model:
+                assert len(snapshots) == 1 and (snapshots[0].parent / "speech_tokenizer" / "model.safetensors").is_file()
+            else:
+                assert cache.is_dir() and not snapshots and not requests

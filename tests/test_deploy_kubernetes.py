@@ -391,3 +391,53 @@ def test_exposed_name_logic_catches_a_mismatch():
 def test_helm_values_carry_the_same_rule():
     values = yaml.safe_load((ADAPTER / "helm-values.yaml").read_text())
     assert values["rules"]["custom"] == adapter_rules()
+
+
+# --- the model: one shared Hugging Face cache, filled once ------------------------------------
+
+def env_values(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_replicas_share_one_model_cache_filled_by_an_init_container(base):
+    from engines.checkpoints.hub import parse_model_id
+
+    pod = base[("Deployment", "streamvox")]["spec"]["template"]["spec"]
+    server = server_container(base)
+    [init] = pod["initContainers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # one claim for all replicas, which mount it from any node at once
+    claim = volumes["models"]["persistentVolumeClaim"]["claimName"]
+    pvc = base[("PersistentVolumeClaim", claim)]["spec"]
+    assert "ReadWriteMany" in pvc["accessModes"] and pvc["resources"]["requests"]["storage"]
+    # the cache is mounted where HF_HOME says, in both containers
+    hf_home = env_values(server)["HF_HOME"]
+    assert env_values(init)["HF_HOME"] == hf_home
+    for container, read_only in ((init, False), (server, True)):
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == "models"]
+        assert mount["mountPath"] == hf_home and bool(mount.get("readOnly")) == read_only
+    # the init container fetches the configured model with the same image and configuration
+    assert init["args"] == ["download"] and init["image"] == server["image"]
+    assert init["envFrom"] == server["envFrom"]
+    assert parse_model_id(config(base)["STREAMVOX_MODEL"]) is not None
+    token = next(e for e in init["env"] if e["name"] == "HF_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert token["optional"] is True  # public models need no Secret
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    # the server never asks the hub at start: the model is in the cache by then
+    assert env_values(server)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_model_in_image_overlay_serves_the_baked_model_without_the_shared_cache():
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(K8S / "overlays" / "model-in-image")}
+    pod = rendered[("Deployment", "streamvox")]["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    assert not pod.get("initContainers")
+    assert "models" not in {v["name"] for v in pod["volumes"]}
+    assert "/models" not in {m["mountPath"] for m in server["volumeMounts"]}
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in rendered)
+    # the image's own HF_HOME and STREAMVOX_MODEL (its build argument) apply, offline
+    env = env_values(server)
+    assert "HF_HOME" not in env and env["HF_HUB_OFFLINE"] == "1"
+    assert "STREAMVOX_MODEL" not in rendered[("ConfigMap", "streamvox-config")]["data"]
+    # everything else from the base is still there
+    assert {k for k, _ in rendered} >= {"Service", "Ingress", "PodDisruptionBudget", "HorizontalPodAutoscaler"}

@@ -105,3 +105,20 @@ def test_ref_audio_url_prefixes_must_be_directories():
         with pytest.raises(ValueError, match="--ref-audio-url-prefixes"):
             parse(["--ref-audio-url-prefixes", bad], env={})
     assert parse([], env={}).ref_audio_url_prefixes == ()  # the default: nothing is fetched
+
+
+def test_model_flag_env_and_their_older_names():
+    """--model / STREAMVOX_MODEL, with --checkpoint / STREAMVOX_CHECKPOINT still accepted; a flag
+    wins over both variables, the new variable over the old one, and an empty value (an image built
+    without a model) names none."""
+    model_id = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice@main"
+    assert parse([], {}).checkpoint is None
+    assert parse(["--model", model_id], {}).checkpoint == model_id
+    assert parse(["--checkpoint", "/ckpt"], {}).checkpoint == "/ckpt"
+    assert parse([], {"STREAMVOX_MODEL": model_id}).checkpoint == model_id
+    assert parse([], {"STREAMVOX_CHECKPOINT": "/ckpt"}).checkpoint == "/ckpt"
+    assert parse([], {"STREAMVOX_MODEL": model_id, "STREAMVOX_CHECKPOINT": "/ckpt"}).checkpoint == model_id
+    assert parse([], {"STREAMVOX_MODEL": "", "STREAMVOX_CHECKPOINT": "/ckpt"}).checkpoint == "/ckpt"
+    assert parse([], {"STREAMVOX_MODEL": " "}).checkpoint is None
+    assert parse(["--model", "random"], {"STREAMVOX_MODEL": model_id}).checkpoint == "random"
+    assert parse([], {}).checkpoint_dir is None  # filled in by the server once resolved

@@ -1,7 +1,7 @@
 """`streamvox export`: the DiT and codec decoder as ONNX graphs + manifest.json.
 
 The artifacts serve ``--backend onnxruntime`` directly and are the input of
-``streamvox build-engines`` (TensorRT). Use the same --preset / --checkpoint / --seed
+``streamvox build-engines`` (TensorRT). Use the same --preset / --model / --seed
 as the server: the manifest records the weights' hash and the backends refuse others.
 """
 
@@ -12,10 +12,12 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from clients.commands.model_option import add_model_option
+
     p = subparsers.add_parser("export", help="export the DiT and codec decoder to ONNX (+ manifest.json)")
     p.add_argument("--preset", choices=("tiny", "small", "base"), default="small")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--checkpoint", default=None, help="Qwen3-TTS checkpoint dir or streamvox .safetensors")
+    add_model_option(p, "default: none (random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init components (as the server's)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                    help="graph precision; half precision keeps the torch path's fp32 islands (for TensorRT)")
@@ -59,8 +61,19 @@ def run(args: argparse.Namespace) -> int:
     from engines.export.onnx_export import DTYPES, default_profiles, export_models
     from engines.pipelines.dit.weights import build_models
 
+    from clients.commands.model_option import show_hub_logs
+    from engines.checkpoints.hub import ModelUnavailable, resolve_model
+
+    checkpoint = None
+    if args.model:
+        show_hub_logs()
+        try:
+            checkpoint = str(resolve_model(args.model))  # a hub id is fetched into the cache first
+        except ModelUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     config = get_preset(args.preset)
-    models = _models_from_checkpoint(Path(args.checkpoint), config, args.seed) if args.checkpoint else (
+    models = _models_from_checkpoint(Path(checkpoint), config, args.seed) if checkpoint else (
         build_models(config, args.seed))
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
     print(f"exporting {', '.join(graphs)} ({args.preset}, {args.dtype}, {args.exporter} exporter) to {args.out} ...",
@@ -69,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         manifest = export_models(models, args.out, dtype=DTYPES[args.dtype], graphs=graphs,
                                  profiles=default_profiles(models.config, args.max_full_frames),
-                                 checkpoint=args.checkpoint, exporter=args.exporter)
+                                 checkpoint=checkpoint, exporter=args.exporter)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

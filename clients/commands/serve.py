@@ -24,10 +24,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"streamvox serve: {exc}", file=sys.stderr)
         return 2
-    from engines.export.base import BackendError
-
     try:
         return run_server(settings)
-    except (ValueError, FileNotFoundError, BackendError) as exc:  # bad checkpoint / backend / device
-        print(f"streamvox serve: cannot start the engine: {exc}", file=sys.stderr)
+    except Exception as exc:
+        # imported here: it pulls in torch, which a fast failure (busy port, unknown model) never needs
+        from engines.export.base import BackendError
+
+        if not isinstance(exc, (ValueError, FileNotFoundError, BackendError)):
+            raise
+        print(f"streamvox serve: cannot start the engine: {exc}", file=sys.stderr)  # checkpoint / backend / device
         return 2

@@ -10,13 +10,16 @@ import uuid
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from clients.commands.model_option import add_model_option
+
     p = subparsers.add_parser("synthesize", help="synthesize text to an audio file in-process (no server)")
     p.add_argument("--text", required=True, help="text to speak ('-' reads standard input)")
     p.add_argument("--out", required=True, help="output file (.wav or .flac)")
     p.add_argument("--preset", choices=("tiny", "small", "base"), default=None,
                    help="model size (default: small on CPU, base on CUDA)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--checkpoint", default=None, help="Qwen3-TTS checkpoint dir or streamvox .safetensors")
+    add_model_option(p, "default: Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice from the cache or the hub, else random "
+                        "weights; `random` skips the look-up")
     p.add_argument("--source", choices=("dit", "talker"), default=None,
                    help="latent source (default: talker when the checkpoint has trained talker weights)")
     p.add_argument("--language", default="Auto", help="talker source: language name or Auto")
@@ -99,8 +102,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
+    from clients.commands.model_option import show_hub_logs
+    from engines.checkpoints.hub import ModelUnavailable, resolve
+
+    show_hub_logs()
     try:
-        engine = build_engine(preset=args.preset, device=args.device, checkpoint=args.checkpoint, seed=0,
+        served = resolve(args.model)  # may download; unnamed: the default model, else random weights
+    except ModelUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        engine = build_engine(preset=args.preset, device=args.device, seed=0,
+                              checkpoint=str(served.path) if served.path else None,
                               warmup=False, source=args.source, backend=args.backend,
                               artifacts_dir=args.artifacts_dir)
     except (ValueError, FileNotFoundError, EngineError, BackendError) as exc:

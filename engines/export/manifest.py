@@ -150,4 +150,4 @@ class Manifest:
         if want != got:
             raise ArtifactMismatch(f"{where}: built for other {component} weights (manifest {want}, "
                                    f"loaded {got}); re-run streamvox export (and build-engines) with "
-                                   f"the same --preset/--checkpoint/seed as the server")
+                                   f"the same --preset/--model/seed as the server")
