@@ -387,3 +387,14 @@ def test_model_names_parse_and_serve_under_their_id(tmp_path):
         resolve_model("/no/such/dir")
     with pytest.raises(ModelUnavailable, match=r"not a valid Hugging Face model id"):
         resolve_model("a--b/c")  # the hub's own rule, checked before any request
+
+
+@pytest.mark.parametrize("name", ["x" * 5000, "org/name@" + "x" * 5000, "bad\udcffname", "a/b/c/d", "org/@"])
+def test_a_hostile_model_name_is_one_line_and_a_failure(name, tmp_path):
+    """Names no file system could hold (too long for a path), undecodable bytes, ids of the
+    wrong shape: one line naming the problem, exit 2, no traceback (offline: nothing is fetched)."""
+    env = {**hub_env(tmp_path / "hf", closed_port_url()), "HF_HUB_OFFLINE": "1"}
+    result = streamvox("download", name, env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith("streamvox download:")]) == 1

@@ -105,7 +105,7 @@ def served_name(name: str | None) -> str | None:
     if not name:
         return None
     model = parse_model_id(name)
-    return model.repo_id if model and not Path(name).expanduser().exists() else name
+    return model.repo_id if model and _local_path(name) is None else name
 
 
 def resolve(name: str | None, *, default: str = DEFAULT_MODEL) -> Served:
@@ -120,11 +120,21 @@ def resolve(name: str | None, *, default: str = DEFAULT_MODEL) -> Served:
     return Served(resolve_model(name), name)
 
 
+def _local_path(name: str) -> Path | None:
+    """``name`` as an existing local path, else None (also for names no file system could hold:
+    too long, a NUL; those are then judged as model ids, with one line when they are not)."""
+    try:
+        local = Path(name).expanduser()
+        return local if local.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
 def resolve_model(name: str) -> Path:
     """A local path as it is, or a hub id's cached snapshot (fetched when missing or when the
     revision moved). Raises ModelUnavailable (one line) when it cannot be had."""
-    local = Path(name).expanduser()
-    if local.exists():
+    local = _local_path(name)
+    if local is not None:
         return local
     model = parse_model_id(name)
     if model is None:
