@@ -86,6 +86,13 @@ run_step() {
   esac
 }
 
+# served_talker NAME LIMIT_S [LEVELS]: the talker served to WebSocket clients (bench_e2e), at
+# LEVELS (default 1 and the profile's level); the caller's environment picks the variant.
+served_talker() {
+  run_step "$1" "$2" 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
+    --levels "${3:-1,$PROFILE_AT}" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS"
+}
+
 step() {
   case $1 in
     env)
@@ -103,17 +110,9 @@ step() {
       STREAMVOX_COMPILE=$COMPILE run_step talker_bench 200 60 "$PY" benchmarks/bench_talker.py --size "$SIZE" \
         --device "$DEVICE" --dtype "$DTYPE" --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES \
         --ticks "$TALKER_TICKS" --step-graphs --compile-talker --oracle-python "$ORACLE_PY" ;;
-    talker_e2e)
-      run_step talker_e2e 200 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
-        --levels "$TALKER_LEVELS" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
-    talker_e2e_ctalk)
-      STREAMVOX_COMPILE=$COMPILE STREAMVOX_COMPILE_TALKER=1 run_step talker_e2e_ctalk 120 60 "$PY" \
-        benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" \
-        --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
-    talker_e2e_eager)
-      STREAMVOX_TALKER_STEP_GRAPHS=0 run_step talker_e2e_eager 120 60 "$PY" benchmarks/bench_e2e.py \
-        --device "$DEVICE" --checkpoint "$CKPT" --levels "1,$PROFILE_AT" --serve-arg=--max-queue=1024 \
-        --serve-arg="--max-slots=$TALKER_SLOTS" ;;
+    talker_e2e) served_talker talker_e2e 200 "$TALKER_LEVELS" ;;
+    talker_e2e_ctalk) STREAMVOX_COMPILE=$COMPILE STREAMVOX_COMPILE_TALKER=1 served_talker talker_e2e_ctalk 120 ;;
+    talker_e2e_eager) STREAMVOX_TALKER_STEP_GRAPHS=0 served_talker talker_e2e_eager 120 ;;
     profile_talker)
       run_step profile_talker 120 45 "$PY" benchmarks/bench_engine.py --checkpoint "$CKPT" --device "$DEVICE" \
         --levels "$PROFILE_AT" --rounds 1 --max-slots "$TALKER_SLOTS" --profile "$PROFILE_AT" --trace-dir "$OUT"

@@ -131,8 +131,9 @@ class Engine:
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            if compile_backend("talker"):  # opt-in (STREAMVOX_COMPILE_TALKER=1): compiled in warm-up, before ready
-                talker_source.talker.compile_layers(compile_backend("talker"))
+            talker_backend = compile_backend("talker")  # opt-in (STREAMVOX_COMPILE_TALKER=1)
+            if talker_backend:  # compiled by the warm-up, before ready
+                talker_source.talker.compile_layers(talker_backend)
             step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0"
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
