@@ -11,12 +11,8 @@ import os
 from aiohttp import web
 
 from engines.contract import SynthesisEngine
-
-from . import jobs, omni_stream, playground, speech, ws
-from . import voices as saved_voices
-from .job_store import make_job_store
-from .metrics import CONTENT_TYPE
-from .middleware import (
+from service.http import playground
+from service.http.middleware import (
     access_log_middleware,
     auth_middleware,
     cors_middleware,
@@ -24,9 +20,16 @@ from .middleware import (
     on_response_prepare,
     request_id_middleware,
 )
-from .params import served_model_names
-from .settings import Settings
-from .state import STATE_KEY, AppState
+from service.jobs import routes as jobs
+from service.jobs.store import make_job_store
+from service.metrics import CONTENT_TYPE
+from service.rest import speech
+from service.settings import Settings
+from service.state import STATE_KEY, AppState
+from service.synthesis.params import served_model_names
+from service.voices import routes as saved_voices
+from service.ws import omni as omni_stream
+from service.ws import session as ws
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -37,3 +37,8 @@ HTTP_STATUS_CODES = {
     413: "body_too_large",
     415: "unsupported_media_type",
 }
+
+
+class StoreUnavailable(Exception):
+    """The database behind jobs and saved voices cannot be reached (down, restarting, network).
+    Endpoints answer 503 with Retry-After; the job runner keeps its queue and tries again."""

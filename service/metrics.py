@@ -28,7 +28,7 @@ class Metrics:
         # Issue 17: the HPA's metric counts the shared job queue too. Jobs wait in the job store,
         # not the engine queue; the leader replica (one per store) adds the store's queued jobs,
         # the others 0, so the average over pods is (engine queues + shared queue) / pods.
-        self.job_backlog = 0  # set by the job runner (service/job_runner.py)
+        self.job_backlog = 0  # set by the job runner (service/jobs/runner.py)
         self.queue_depth = Gauge("streamvox_queue_depth", "Requests waiting for an engine slot, plus the shared "
                                  "job queue on the leader replica", registry=r)
         self.queue_depth.set_function(lambda: engine.stats().queue_depth + self.job_backlog)
@@ -67,7 +67,7 @@ class Metrics:
         self.ttfa = Histogram("streamvox_time_to_first_audio_seconds", "Submit to first audio chunk",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("streamvox_audio_seconds_total", "Seconds of audio produced", registry=r)
-        # Streams that fell behind real time (service/chunks.py PlaybackClock): the only notice a
+        # Streams that fell behind real time (service/synthesis/chunks.py PlaybackClock): the only notice a
         # raw audio stream gets, which cannot carry an event (SSE and WebSocket clients are told)
         self.behind = Counter("streamvox_stream_behind_total", "Chunks of realtime streams that became available "
                               "after their listener had played everything before them", registry=r)

@@ -18,8 +18,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from .errors import error_body
-from .settings import Settings
+from service.errors import error_body
+from service.settings import Settings
 
 log = logging.getLogger("streamvox.server")
 
@@ -112,7 +112,7 @@ async def start_http(app: web.Application, settings: Settings, port: int | None 
                      sock: socket.socket | None = None) -> web.AppRunner:
     """Serve ``app`` on ``settings.host``: the slowloris bounds set (keep-alive /
     request-head timeout, per-address connection cap, bounded header lines). The body
-    read timeout is the body reader's (:func:`service.speech.read_body`)."""
+    read timeout is the body reader's (:func:`service.http.body.read_body`)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=settings.http_idle_seconds,
                            # unread body after a response (a 408, a 413) is drained this long, not 10 s
@@ -161,8 +161,8 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     """
     # the application (and torch, under it) only once there is something to serve: a busy port or
     # an unknown model fails in a fraction of a second
-    from .app import create_app, speed_note
-    from .state import STATE_KEY, drain
+    from service.app import create_app, speed_note
+    from service.state import STATE_KEY, drain
 
     loop = asyncio.get_running_loop()
     if sock is None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from yarl import URL
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -58,7 +60,7 @@ class Settings:
     # Voice cloning (issue 15): reference audio limits, inline ref_audio and uploads alike
     max_ref_audio_seconds: float = 30.0
     max_ref_audio_mb: float = 10.0
-    ref_audio_url_prefixes: tuple[str, ...] = ()  # ref_audio URLs fetched only under these (service/ref_fetch.py)
+    ref_audio_url_prefixes: tuple[str, ...] = ()  # ref_audio URLs fetched only under these (service/voices/fetch.py)
     # Limits without a flag of their own (issue 7 defaults); tests may override them.
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
@@ -69,7 +71,7 @@ class Settings:
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
-    max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.params.check_work; 0 = off)
+    max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.synthesis.params.check_work; 0 = off)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
     # Fairness: concurrent streamed /v1/audio/speech responses per key (per address with auth
@@ -78,7 +80,7 @@ class Settings:
     # (see stream_cap)
     max_streams_per_key: int | None = None
     # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
-    # file kept in memory up to this size and spilled to disk beyond it (service/spool.py)
+    # file kept in memory up to this size and spilled to disk beyond it (service/synthesis/spool.py)
     whole_file_memory_bytes: int = 8 << 20
     # --- shared jobs (issue 17): None = the embedded store (SQLite + files under data_dir)
     jobs_db: str | None = field(default=None, repr=False)  # never in a repr (a password may be in it); postgresql://user@host:5432/db (password: URL, PGPASSWORD or the file below)
@@ -95,7 +97,7 @@ class Settings:
 
     def stream_cap(self, engine_slots: int | None) -> int:
         """``max_streams_per_key``, or by default an eighth of the engine's slots (at least 2).
-        It binds only while another key has speech in flight (service/limits.py): then one
+        It binds only while another key has speech in flight (service/access/limits.py): then one
         key's realtime streams add few rows to the ticks another key's first chunk shares (4
         left a light key's time to first audio at 2.4-3.6x idle on a busy 2-core box, 2 at
         1.1-2.1x: tests/test_service_hardening_fair.py)."""
@@ -185,6 +187,17 @@ METAVARS = {"checkpoint": "MODEL"}
 CHOICES = {"preset": ("tiny", "small", "base"), "source": ("dit", "talker"),
            "backend": ("torch", "onnxruntime", "tensorrt"), "dtype": ("auto", "float32", "bfloat16"),
            "metrics_auth": ("on", "off"), "log_level": ("debug", "info", "warning", "error")}
+
+
+def check_prefix(prefix: str) -> str:
+    """A ``--ref-audio-url-prefixes`` entry, or ValueError saying what is wrong with it."""
+    url = URL(prefix)
+    if url.scheme not in ("http", "https", "file") or (url.scheme != "file" and not url.host):
+        raise ValueError(f"{prefix!r}: expected https://host/path/ or file:///dir/")
+    normalised = str(url)
+    if not prefix.endswith("/") or not normalised.endswith("/"):
+        raise ValueError(f"{prefix!r}: must end with '/' (a directory, so that no longer name matches)")
+    return normalised
 
 
 def _shown_default(value) -> str:
@@ -316,7 +329,6 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     if "metrics_auth" in raw:
         values["metrics_auth"] = _parse_bool("--metrics-auth", raw["metrics_auth"])
     if raw.get("ref_audio_url_prefixes"):
-        from .ref_fetch import check_prefix  # the rule lives with the fetching
 
         try:
             values["ref_audio_url_prefixes"] = tuple(check_prefix(p) for p in _split_list(raw["ref_audio_url_prefixes"]))

@@ -13,13 +13,11 @@ from engines.contract import (
     InvalidRequest,
     SynthesisEngine,
 )
-
-from .auth import ApiKeys
-from .errors import ApiError
-from .limits import KeyLimits
-from .metrics import Metrics
-from .settings import Settings
-
+from service.access.auth import ApiKeys
+from service.access.limits import KeyLimits
+from service.errors import ApiError
+from service.metrics import Metrics
+from service.settings import Settings
 
 RANDOM_WEIGHTS_HEADER = "X-Streamvox-Random-Weights"
 
@@ -41,7 +39,7 @@ class AppState:
                                 per="per API key" if self.api_keys.enabled else "per client address (auth is off)")
         self.draining = False
         self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
-        self.jobs = None  # service.jobs.JobRunner, set by the app on startup
+        self.jobs = None  # service.jobs.routes.JobRunner, set by the app on startup
 
     def audio_headers(self) -> dict[str, str]:
         """Headers of every response carrying audio: ``X-Streamvox-Random-Weights`` names the

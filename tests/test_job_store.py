@@ -14,9 +14,10 @@ import time
 import asyncpg
 import pytest
 
-from service.job_store import CANCELLED, LOST, RENEWED, StoreUnavailable
-from service.job_store_pg import SCHEMA_VERSION, PostgresJobStore
-from service.job_store_sqlite import SqliteJobStore
+from service.errors import StoreUnavailable
+from service.jobs.store.base import CANCELLED, LOST, RENEWED
+from service.jobs.store.postgres import SCHEMA_VERSION, PostgresJobStore
+from service.jobs.store.sqlite import SqliteJobStore
 
 LEASE = 30.0
 
@@ -252,7 +253,7 @@ async def test_saved_voices_live_in_the_same_store(store, tmp_path):
     """Both backends keep a voice's tensors exactly and refuse a second voice of a name."""
     import numpy as np
 
-    from service.voice_store import SavedVoice, VoiceExists
+    from service.voices.store import SavedVoice, VoiceExists
 
     voices = store.voice_store(tmp_path / "data")
     rng = np.random.default_rng(0)

@@ -370,7 +370,7 @@ def test_the_allowed_files_are_all_the_loaders_need(kind, tmp_path):
 
 def test_model_names_parse_and_serve_under_their_id(tmp_path):
     from engines.checkpoints.hub import ModelId, ModelUnavailable, parse_model_id, resolve_model, served_name
-    from service.params import served_model_names
+    from service.synthesis.params import served_model_names
 
     assert parse_model_id("Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign") == ModelId("Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign")
     assert parse_model_id("Qwen/Qwen3-TTS-12Hz-0.6B-Base@v1.0") == ModelId("Qwen/Qwen3-TTS-12Hz-0.6B-Base", "v1.0")

@@ -21,7 +21,7 @@ import soundfile as sf
 import websockets
 from conftest import metric_value, start_server
 
-from service.chunks import BEHIND_TOLERANCE_S, PlaybackClock
+from service.synthesis.chunks import BEHIND_TOLERANCE_S, PlaybackClock
 
 TEXT = "Hello there, this stream is slower than real time."
 PIECE_DELAY_S = 1.2  # > 0.96 s, the audio of the largest piece after the first

@@ -88,7 +88,7 @@ async def test_jobs_persist_and_interrupted_ones_are_requeued(engine, tmp_path):
             assert done["status"] == "succeeded"
     finally:
         await first.stop()
-    from service.job_store_sqlite import SqliteJobStore
+    from service.jobs.store.sqlite import SqliteJobStore
 
     # A job the next start must pick up: claimed by a runner that died with it (long lease).
     store = SqliteJobStore(data_dir)

@@ -1,4 +1,4 @@
-"""The request fields are validated in one place (service/schema.py): the same pydantic
+"""The request fields are validated in one place (service/synthesis/schema.py): the same pydantic
 models for the speech body, the jobs body and the WebSocket messages, with the API's
 error messages. No engine, no server."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from service.schema import (
+from service.synthesis.schema import (
     MAX_SEED,
     FieldError,
     InputText,

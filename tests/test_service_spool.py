@@ -1,6 +1,6 @@
 """Whole-file audio through a spool (issue 20, item 7): long responses are encoded as they
 arrive and spill to a temporary file beyond a threshold, and the bytes are the same as the
-one-shot encoder's (the reference: ``service.audio.encode_file``; Opus/OGG streams carry a
+one-shot encoder's (the reference: ``service.synthesis.audio.encode_file``; Opus/OGG streams carry a
 random serial number, so Opus is compared decoded)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import soundfile as sf
 from conftest import start_server
 
-from service.audio import encode_file, format_available
-from service.spool import AudioSpool
+from service.synthesis.audio import encode_file, format_available
+from service.synthesis.spool import AudioSpool
 
 FORMATS = [f for f in ("pcm", "wav", "flac", "mp3", "opus", "ulaw") if format_available(f)]
 

@@ -154,7 +154,7 @@ async def test_with_auth_off_the_cap_counts_client_addresses_and_says_so(engine,
 
 def test_cap_arithmetic_and_who_counts_as_another_client():
     from service.errors import ApiError
-    from service.limits import KeyLimits
+    from service.access.limits import KeyLimits
 
     limits = KeyLimits(0, 1, 0, max_streams=2)
     for _ in range(5):

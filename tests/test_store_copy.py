@@ -12,7 +12,7 @@ import numpy as np
 from conftest import REPO, start_server
 
 from clients.client import StreamvoxClient
-from service.voice_store import FileVoiceStore, SavedVoice
+from service.voices.store import FileVoiceStore, SavedVoice
 
 
 async def migrate(data_dir, url: str, *extra: str) -> tuple[int, str, str]:

@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from service.job_store import StoreUnavailable, redact_url
+    from service.errors import StoreUnavailable
+    from service.jobs.store.base import redact_url
+    from service.jobs.store.copy import copy_embedded_store
     from service.settings import from_args
-    from service.store_copy import copy_embedded_store
 
     data_dir = Path(args.data_dir)
     if not (data_dir / "jobs.sqlite3").is_file() and not (data_dir / "voices").is_dir():

@@ -53,12 +53,12 @@ def _progress(done: int, total: int, started: float, stream) -> None:
 
 
 def _clone(engine, args: argparse.Namespace):
-    """--ref-audio -> the request's clone (the server's checks and decoding: service/voices.py)."""
+    """--ref-audio -> the request's clone (the server's checks and decoding: service/voices/routes.py)."""
     if args.ref_audio is None:
         return None
     from engines.contract import VoiceClone
     from service.errors import ApiError
-    from service.voices import reference_audio
+    from service.voices.routes import reference_audio
 
     if not args.x_vector_only and not (args.ref_text or "").strip():
         raise ValueError("--ref-text: in-context cloning needs the transcript of --ref-audio (or --x-vector-only)")
@@ -86,12 +86,12 @@ def run(args: argparse.Namespace) -> int:
         SynthesisRequest,
     )
     from engines.export.base import BackendError
-    from service.schema import FieldError, SynthesisParams, validate
+    from service.synthesis.schema import FieldError, SynthesisParams, validate
 
     from .say import rtf_words
 
     text = sys.stdin.read() if args.text == "-" else args.text
-    try:  # the field ranges the server checks, checked the same way (service/schema.py)
+    try:  # the field ranges the server checks, checked the same way (service/synthesis/schema.py)
         params = validate(SynthesisParams, {"voice": args.voice, "seed": args.seed, "steps": args.steps,
                                             "guidance_scale": args.guidance_scale, "speed": args.speed,
                                             "language": args.language, "instructions": args.instructions,
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         engine.stop()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from service.tempo import tempo_for
+    from service.synthesis.tempo import tempo_for
 
     tempo = tempo_for(engine, params.speed)  # the talker's speed: its audio is time-stretched (pitch kept)
     if tempo is not None:

@@ -267,7 +267,7 @@ class Engine:
         """Raise InvalidRequest for what depends on the loaded model: the voice and the language.
 
         Field ranges (steps, speed, sampling, text length, ...) are the caller's to check
-        (the service validates them at its boundary, :mod:`service.schema`); the engine
+        (the service validates them at its boundary, :mod:`service.synthesis.schema`); the engine
         trusts them."""
         self.resolve_voice(request.voice)
         languages = self.source.languages()

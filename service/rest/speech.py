@@ -4,90 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import codecs
 import json
 import logging
 
-import aiohttp
 from aiohttp import web
 
 from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
-
-from . import voices
-from .audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
-from .chunks import ChunkStream, PlaybackClock, behind_event
-from .errors import ApiError
-from .limits import client_identity
-from .params import SpeechBody, build_request, check_model, check_work, parse_body
-from .schema import JsonError, parse_json
-from .spool import AudioSpool
-from .state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
-from .tempo import tempo_for
+from service.access.limits import client_identity
+from service.errors import ApiError
+from service.http.admission import read_work_request
+from service.state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
+from service.synthesis.audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
+from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
+from service.synthesis.params import SpeechBody, build_request, check_model
+from service.synthesis.spool import AudioSpool
+from service.synthesis.tempo import tempo_for
+from service.voices import routes as voices
 
 log = logging.getLogger("streamvox.speech")
-
-
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The request body, within ``timeout_s`` (a client trickling its body, or stopping
-    half way, gets 408); a client that goes away mid-body is ``client_closed``."""
-    try:
-        return await asyncio.wait_for(request.read(), timeout=timeout_s)
-    except asyncio.TimeoutError:
-        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s",
-                       headers={"Connection": "close"}) from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
-        raise ApiError(499, "client_closed", f"the client went away mid-body ({type(exc).__name__})") from None
-
-
-def decode_text(body: bytes, charset: str | None) -> str:
-    """``body`` as text in the Content-Type's charset (UTF-8 without one); a charset that
-    is not a text encoding (``foo``, ``rot13``, ``zlib``) is 415, undecodable bytes 400."""
-    charset = (charset or "utf-8").strip().strip('"') or "utf-8"
-    refusal = ApiError(415, "unsupported_media_type", f"unsupported charset {charset[:40]!r}; send UTF-8 JSON")
-    try:
-        codecs.lookup(charset)
-    except (LookupError, ValueError):
-        raise refusal from None
-    try:
-        return body.decode(charset)
-    except LookupError:  # bytes-to-bytes (zlib, base64) and str-to-str (rot13) codecs are not charsets
-        raise refusal from None
-    except (UnicodeError, ValueError):
-        raise ApiError(400, "invalid_json", f"the request body is not valid {charset[:40]}") from None
-
-
-async def read_json_object(request: web.Request) -> dict:
-    """The one front door for JSON bodies: read with a timeout, decoded in its charset,
-    parsed with depth and number limits (:func:`service.schema.parse_json`)."""
-    settings = request.app[STATE_KEY].settings
-    raw = await read_body(request, settings.http_body_seconds)
-    try:
-        charset = request.charset
-    except (ValueError, UnicodeError):
-        charset = "invalid"
-    text = decode_text(raw, charset)
-    try:
-        body = parse_json(text)
-    except JsonError as exc:
-        raise ApiError(400, "invalid_json", f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
-    return body
-
-
-async def read_work_request(request: web.Request, model):
-    """The common front of every work-starting HTTP call: admission (drain, readiness),
-    the per-key rate limit, a JSON object body validated as ``model`` (a
-    :mod:`service.schema` body; its voice resolved by the engine), and the work it would
-    cost (413 ``too_much_work`` before any engine time).
-    Returns (state, body); raises ApiError."""
-    state = request.app[STATE_KEY]
-    state.check_admission()
-    state.limits.check_rate(client_identity(request))
-    body = await read_json_object(request)
-    parsed = parse_body(model, body, state.engine, state.settings.max_input_chars)
-    check_work(state.engine, parsed.input, parsed.params, state.settings.max_work_frame_steps)
-    return state, parsed
 
 
 def client_gone(request: web.Request) -> bool:
@@ -128,7 +62,7 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     tempo = tempo_for(state.engine, body.speed)  # the talker's speed: the service stretches its audio
     params = body.params if tempo is None else body.params.model_copy(update={"speed": 1.0})
-    identity = client_identity(request)
+    identity = client_identity(request, state.api_keys)
     synthesis = build_request(request_id, text, params, priority, clone=clone, tenant=identity)
     stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
     stream.tempo = tempo

@@ -29,7 +29,8 @@ import asyncpg
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
-from .job_store import (
+from service.errors import StoreUnavailable
+from service.jobs.store.base import (
     AUDIO_READ_CHUNKS,
     CANCELLED,
     FINISHED,
@@ -37,11 +38,10 @@ from .job_store import (
     RENEWED,
     Job,
     JobStore,
-    StoreUnavailable,
     new_job_id,
     redact_url,
 )
-from .voice_store import SavedVoice, VoiceExists, VoiceStore, voice_meta, voice_tensors
+from service.voices.store import SavedVoice, VoiceExists, VoiceStore, voice_meta, voice_tensors
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -356,7 +356,7 @@ class PostgresJobStore(JobStore):
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"cancelled:{job_id}")
         return bool(cancelled)
 
-    # -- moving in from the embedded store (service/store_copy.py) -----------------------------
+    # -- moving in from the embedded store (service/jobs/store/copy.py) -----------------------------
     async def import_job(self, job: Job, audio: AsyncIterator[bytes]) -> bool:
         """Insert a job made elsewhere, with its id, times and (succeeded) audio, in one
         transaction; False, nothing written, when a job with that id exists. One that was

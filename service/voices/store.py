@@ -1,6 +1,6 @@
 """Saved voices: a reference voice's features, persisted so requests clone it with no upload.
 
-    store = FileVoiceStore(settings.data_dir / "voices")   # or the jobs' PostgreSQL (service/job_store_pg.py)
+    store = FileVoiceStore(settings.data_dir / "voices")   # or the jobs' PostgreSQL (service/jobs/store/postgres.py)
     saved = await store.add(SavedVoice(name="alice", xvector=..., codes=..., ref_text="..."))  # VoiceExists on a clash
     await store.get("alice"); await store.list(); await store.delete("alice")
 
@@ -9,7 +9,7 @@ upload), never only the audio: a restart serves the voice without running an enc
 directory, two files per voice: ``<name>.safetensors`` (tensors) and ``<name>.json`` (the rest),
 each written to a temporary name and renamed into place, the JSON last (a voice exists once its
 JSON does). With ``--jobs-db`` voices live in the jobs' PostgreSQL instead
-(:class:`service.job_store_pg.PostgresVoiceStore`), so every replica serves every voice.
+(:class:`service.jobs.store.postgres.PostgresVoiceStore`), so every replica serves every voice.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from .errors import ApiError, invalid_field
+from service.errors import ApiError, invalid_field
 
 FETCH_TIMEOUT_S = 10.0
 URL_SCHEMES = ("http://", "https://", "file:", "ftp://")  # ftp: recognised, to be refused as a URL
@@ -26,17 +26,6 @@ URL_SCHEMES = ("http://", "https://", "file:", "ftp://")  # ftp: recognised, to 
 
 def is_url(value: str) -> bool:
     return value.lstrip()[:8].lower().startswith(URL_SCHEMES)
-
-
-def check_prefix(prefix: str) -> str:
-    """A ``--ref-audio-url-prefixes`` entry, or ValueError saying what is wrong with it."""
-    url = URL(prefix)
-    if url.scheme not in ("http", "https", "file") or (url.scheme != "file" and not url.host):
-        raise ValueError(f"{prefix!r}: expected https://host/path/ or file:///dir/")
-    normalised = str(url)
-    if not prefix.endswith("/") or not normalised.endswith("/"):
-        raise ValueError(f"{prefix!r}: must end with '/' (a directory, so that no longer name matches)")
-    return normalised
 
 
 def _allowed(value: str, prefixes: tuple[str, ...]) -> URL:

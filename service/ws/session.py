@@ -29,19 +29,17 @@ from engines.contract import (
     VoiceClone,
 )
 from engines.models.text import split_sentences
-
-from .audio import to_pcm16
-from .auth import WS_SUBPROTOCOL, websocket_key
-from .chunks import ChunkStream, PlaybackClock, behind_event
-from .errors import ApiError
-from .job_store import StoreUnavailable
-from .limits import client_identity
-from .live_input import LiveInput, LiveUtterance
-from .params import SynthesisParams, build_request, check_work, parse, update_params
-from .schema import CloneFields, InputText, LiveTextConfig, parse_json
-from .state import COUNTED, REQUEST_ID, STATE_KEY, AppState
-from .tempo import tempo_for
-from .voices import clone_for, saved_clone
+from service.access.auth import WS_SUBPROTOCOL, websocket_key
+from service.access.limits import client_identity
+from service.errors import ApiError, StoreUnavailable
+from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
+from service.synthesis.audio import to_pcm16
+from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
+from service.synthesis.params import SynthesisParams, build_request, check_work, parse, update_params
+from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, parse_json
+from service.synthesis.tempo import tempo_for
+from service.voices.routes import clone_for, saved_clone
+from service.ws.live_input import LiveInput, LiveUtterance
 
 log = logging.getLogger("streamvox.ws")
 
@@ -88,7 +86,7 @@ class SessionClosed(Exception):
 class Utterance:
     text: str
     refused: bool = False  # over the work limit: the error was sent once, it is skipped
-    live: LiveUtterance | None = None  # issue 16: text still arriving (service/live_input.py)
+    live: LiveUtterance | None = None  # issue 16: text still arriving (service/ws/live_input.py)
 
 
 @dataclass
@@ -426,7 +424,7 @@ class StreamSession:
         params = self.params if tempo is None else self.params.model_copy(update={"speed": 1.0})
         synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
                                   clone=self.clone,  # issue 15: a saved voice, looked up at session.config
-                                  tenant=client_identity(self.request, websocket=True))
+                                  tenant=client_identity(self.request, self.state.api_keys, websocket=True))
         if utterance.live is not None:
             synthesis = dataclasses.replace(synthesis, text_feed=utterance.live.feed)
         stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
@@ -527,7 +525,7 @@ class StreamSession:
 
 async def stream_session(request: web.Request, session_type: type[StreamSession] = StreamSession,
                          endpoint: str = ENDPOINT) -> web.WebSocketResponse:
-    """A session of ``session_type`` (a dialect of the protocol: service/omni_stream.py)."""
+    """A session of ``session_type`` (a dialect of the protocol: service/ws/omni.py)."""
     state = request.app[STATE_KEY]
     state.check_admission()
     ws = web.WebSocketResponse(protocols=(WS_SUBPROTOCOL,), max_msg_size=state.settings.max_ws_message_bytes,
@@ -543,7 +541,7 @@ async def stream_session(request: web.Request, session_type: type[StreamSession]
         request[COUNTED] = True
         await session.fatal("unauthorized", "missing or invalid API key", WSCloseCode.POLICY_VIOLATION)
         return ws
-    identity = client_identity(request, websocket=True)
+    identity = client_identity(request, state.api_keys, websocket=True)
     try:
         state.limits.check_rate(identity)
     except ApiError as exc:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .job_store_pg import PostgresJobStore
-from .job_store_sqlite import SqliteJobStore
-from .voice_store import FileVoiceStore, VoiceExists
+from service.jobs.store.postgres import PostgresJobStore
+from service.jobs.store.sqlite import SqliteJobStore
+from service.voices.store import FileVoiceStore, VoiceExists
 
 ALL_JOBS = 1 << 62  # no limit on a listing
 

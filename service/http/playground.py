@@ -1,5 +1,5 @@
 """``GET /`` and ``/playground``: the browser playground, one self-contained page
-(``service/static/playground.html``: no build step, nothing fetched from elsewhere). It
+(``service/http/static/playground.html``: no build step, nothing fetched from elsewhere). It
 speaks the WebSocket protocol of ``/v1/stream`` and plays through an AudioWorklet."""
 
 from __future__ import annotations

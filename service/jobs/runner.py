@@ -6,7 +6,7 @@ first); at most ``settings.job_workers`` jobs run at once on a replica. The runn
 the store's events (a new or released job; a cancel, from any replica) and otherwise polls
 every few seconds, for the leases of replicas that died. While a job runs:
 
-* its audio is encoded into a spool (service/spool.py) and copied into the store in chunks as
+* its audio is encoded into a spool (service/synthesis/spool.py) and copied into the store in chunks as
   it grows (:class:`AudioUpload`), so any replica can serve the download once it succeeds;
 * its lease is renewed every third of ``--job-lease-seconds``, with its progress. A renewal
   that finds the job cancelled (DELETE on any replica) or its lease gone stops the engine work;
@@ -36,13 +36,13 @@ from engines.contract import (
     Priority,
     VoiceClone,
 )
-
-from .chunks import ChunkStream
-from .job_store import CANCELLED, LOST, Job, JobStore, StoreUnavailable
-from .params import SynthesisParams, build_request
-from .schema import FieldError
-from .spool import AudioSpool
-from .state import AppState
+from service.errors import StoreUnavailable
+from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
+from service.state import AppState
+from service.synthesis.chunks import ChunkStream
+from service.synthesis.params import SynthesisParams, build_request
+from service.synthesis.schema import FieldError
+from service.synthesis.spool import AudioSpool
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -111,7 +111,7 @@ class JobRunner:
                  voice_clone: Callable[[str], Awaitable[VoiceClone | None]] | None = None):
         self.state = state
         self.store = store
-        self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices.py), else None
+        self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices/routes.py), else None
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
         self.lease_seconds = state.settings.job_lease_seconds
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
@@ -264,7 +264,7 @@ class JobRunner:
 
     async def _run(self, job: Job, stream: ChunkStream) -> None:
         token = job.lease_token
-        # Encoded as it arrives (service/spool.py): the float32 signal is never held whole.
+        # Encoded as it arrives (service/synthesis/spool.py): the float32 signal is never held whole.
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         upload = AudioUpload(self.store, job.id, token, spool)
         progress = [0, 0]

@@ -3,7 +3,7 @@ a threshold and spills to disk beyond it (:class:`tempfile.SpooledTemporaryFile`
 
 A whole-file response or a job used to gather every float32 chunk, join them and encode
 the lot: three copies of a signal that the work limit allows to be minutes long. Here each
-chunk goes through the response encoder at once (:class:`service.audio.StreamEncoder`; FLAC,
+chunk goes through the response encoder at once (:class:`service.synthesis.audio.StreamEncoder`; FLAC,
 which that encoder holds whole, is written incrementally by libsndfile here), so what is held
 is the encoded file, and only up to ``memory_bytes`` of it in memory.
 """
@@ -17,8 +17,7 @@ import soundfile as sf
 import soxr
 
 from engines.contract import SAMPLE_RATE
-
-from .audio import StreamEncoder, output_rate, wav_sizes
+from service.synthesis.audio import StreamEncoder, output_rate, wav_sizes
 
 READ_BLOCK = 256 * 1024
 

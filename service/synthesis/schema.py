@@ -32,7 +32,7 @@ MAX_JSON_INT_DIGITS = 40  # longer integer literals become floats (inf past 1e30
 MAX_LANGUAGE_CHARS = 64
 MAX_NEW_TOKENS = 16_384  # talker tokens per utterance (80 ms each: 22 minutes); the KV cache may bound it lower
 MAX_INITIAL_CHUNK_FRAMES = 64
-# OpenAI's speech model names; the served checkpoint's own names are the engine's (service/params.py)
+# OpenAI's speech model names; the served checkpoint's own names are the engine's (service/synthesis/params.py)
 MODEL_NAMES = ("streamvox", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw")
 JOB_FORMATS = ("wav", "flac")
@@ -136,7 +136,7 @@ class _Input(Strict):
 
 class CloneFields(Strict):
     """Voice cloning from a reference (issue 15, vllm-omni's names): on speech bodies and on
-    WebSocket ``session.config`` (service/voices.py decodes and checks the audio)."""
+    WebSocket ``session.config`` (service/voices/routes.py decodes and checks the audio)."""
 
     ref_audio: str | None = None  # base64 audio or a data: URL
     ref_text: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
@@ -151,7 +151,7 @@ class CloneFields(Strict):
 class SpeechBody(SynthesisParams, CloneFields, _Input):
     """``POST /v1/audio/speech``."""
 
-    model: str = "streamvox"  # MODEL_NAMES, a Qwen3-TTS release name or the served checkpoint's (service/params.py)
+    model: str = "streamvox"  # MODEL_NAMES, a Qwen3-TTS release name or the served checkpoint's (service/synthesis/params.py)
     response_format: Literal[SPEECH_FORMATS] = DEFAULT_SPEECH_FORMAT
     stream_format: Literal[STREAM_FORMATS] | None = None
     # OpenAI / vllm-omni conformance: ``stream`` true = SSE (when stream_format is absent),

@@ -2,7 +2,7 @@
 the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 
 * :func:`reference_audio` - ``ref_audio`` (base64, a ``data:`` URL, or an ``http(s)://`` /
-  ``file://`` URL under ``--ref-audio-url-prefixes``: service/ref_fetch.py) -> float32 mono
+  ``file://`` URL under ``--ref-audio-url-prefixes``: service/voices/fetch.py) -> float32 mono
   24 kHz, refused with a 4xx naming the problem when it is not decodable, empty, silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger
   than ``--max-ref-audio-mb``.
 * :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
@@ -12,7 +12,7 @@ the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 * ``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
   ``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
   ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices;
-  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voice_store` (``--data-dir``, or the
+  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voices.store` (``--data-dir``, or the
   jobs' PostgreSQL with ``--jobs-db``).
 """
 
@@ -33,12 +33,11 @@ import soxr
 from aiohttp import web
 
 from engines.contract import SAMPLE_RATE, InvalidRequest, VoiceClone
-
-from .errors import ApiError
-from .ref_fetch import fetch_reference, is_url
-from .schema import CloneFields
-from .state import STATE_KEY
-from .voice_store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
+from service.errors import ApiError
+from service.state import STATE_KEY
+from service.synthesis.schema import CloneFields
+from service.voices.fetch import fetch_reference, is_url
+from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
 
 log = logging.getLogger("streamvox.voices")
 
@@ -53,7 +52,7 @@ def _bad(field: str, message: str, code: str = "invalid_audio", status: int = 40
 
 
 def decode_base64_audio(value: str, max_bytes: int, field: str = "ref_audio") -> bytes:
-    """Base64 or a ``data:[mime];base64,`` URL -> bytes (other URLs: service/ref_fetch.py)."""
+    """Base64 or a ``data:[mime];base64,`` URL -> bytes (other URLs: service/voices/fetch.py)."""
     text = value.strip()
     if text[:5].lower() == "data:":
         header, sep, text = text.partition(",")

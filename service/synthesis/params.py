@@ -1,4 +1,4 @@
-"""The service side of request validation: the pydantic models of :mod:`service.schema`
+"""The service side of request validation: the pydantic models of :mod:`service.synthesis.schema`
 (field ranges) as API errors, the voice resolved by the engine (the loaded model's
 voices), and the engine request built from validated parameters."""
 
@@ -16,10 +16,9 @@ from engines.contract import (
     SynthesisRequest,
     VoiceClone,
 )
-
-from .audio import check_format
-from .errors import ApiError
-from .schema import (
+from service.errors import ApiError
+from service.synthesis.audio import check_format
+from service.synthesis.schema import (
     MODEL_NAMES,
     QWEN3_TTS_MODEL,
     FieldError,
@@ -108,7 +107,7 @@ def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: Sy
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
                   clone: VoiceClone | None = None, tenant: str = "") -> SynthesisRequest:
-    """The engine request. ``tenant``: who asked (:func:`service.limits.client_identity`), for
+    """The engine request. ``tenant``: who asked (:func:`service.access.limits.client_identity`), for
     fair slot ordering; an absent ``seed`` stays ``None``: the engine picks (the talker a fresh
     random seed per request, the DiT seed 0)."""
     return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, tenant=tenant,

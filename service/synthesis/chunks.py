@@ -22,8 +22,7 @@ from engines.contract import (
     SynthesisEngine,
     SynthesisRequest,
 )
-
-from .metrics import Metrics
+from service.metrics import Metrics
 
 LIVENESS_CHECK_SECONDS = 1.0  # how often a waiting reader checks that the worker still runs
 # A listener that runs dry for less than this is not told: a gap that short is within any
@@ -82,7 +81,7 @@ class ChunkStream:
         self.handle: RequestHandle | None = None
         self.finished = False  # the final chunk was read
         self.max_buffered = 0  # largest backlog seen; tests check it stays bounded
-        self.tempo = None  # the talker's speed (service/tempo.py), applied as chunks are read
+        self.tempo = None  # the talker's speed (service/synthesis/tempo.py), applied as chunks are read
         self._arrivals: collections.deque[float] = collections.deque()  # loop time each buffered chunk came
         # Realtime streams keep a playback clock (set by their reader: the WebSocket session
         # starts it where its previous utterance stops playing); ``last_gap`` is the silence

@@ -1,9 +1,9 @@
 """The job store: job records, their leases, and their audio. One async interface, two backends.
 
-* :class:`service.job_store_sqlite.SqliteJobStore` (the default): SQLite + audio files under
+* :class:`service.jobs.store.sqlite.SqliteJobStore` (the default): SQLite + audio files under
   ``--data-dir``, no server needed; one replica owns the directory. Its blocking calls run on
   one thread of their own, never on the event loop.
-* :class:`service.job_store_pg.PostgresJobStore` (``--jobs-db postgresql://...``): every
+* :class:`service.jobs.store.postgres.PostgresJobStore` (``--jobs-db postgresql://...``): every
   replica talks to the same database, so any replica lists, serves and cancels any job.
 
 A runner *claims* queued jobs into a lease (its replica id, a fresh token, an expiry) and
@@ -23,18 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from .voice_store import FileVoiceStore, VoiceStore
+from service.voices.store import FileVoiceStore, VoiceStore
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 UNFINISHED = ("queued", "running")
 JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would accept a trailing newline
 AUDIO_READ_CHUNKS = 16  # audio chunks fetched per round trip when a download is served
-
-
-class StoreUnavailable(Exception):
-    """The job database cannot be reached (down, restarting, network). Job endpoints answer
-    503 with Retry-After; the runner keeps its queue and tries again."""
 
 
 @dataclass
@@ -208,15 +203,3 @@ class JobStore(abc.ABC):
 def redact_url(url: str) -> str:
     """A database URL fit for a log line: the password replaced."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-
-
-def make_job_store(settings) -> JobStore:
-    """The store ``settings`` ask for, not yet opened."""
-    if settings.jobs_db:
-        from .job_store_pg import PostgresJobStore
-
-        return PostgresJobStore(settings.jobs_db, pool_size=settings.jobs_db_pool_size,
-                                password=settings.jobs_db_password())
-    from .job_store_sqlite import SqliteJobStore
-
-    return SqliteJobStore(settings.data_dir)

@@ -19,8 +19,7 @@ import soundfile as sf
 import soxr
 
 from engines.contract import SAMPLE_RATE
-
-from .errors import ApiError
+from service.errors import ApiError
 
 ULAW_RATE = 8000
 MIN_RATE, MAX_RATE = 8000, 48000

@@ -1,5 +1,5 @@
-"""REST jobs: ``/v1/jobs``. The runner (service/job_runner.py) runs them; the store
-(service/job_store.py: SQLite under --data-dir, or PostgreSQL shared by every replica) keeps them.
+"""REST jobs: ``/v1/jobs``. The runner (service/jobs/runner.py) runs them; the store
+(service/jobs/store/base.py: SQLite under --data-dir, or PostgreSQL shared by every replica) keeps them.
 
 With a shared store any replica lists, polls, downloads and cancels any job. Every status
 change is a conditional update in the store, so cancel is atomic with completion: a job
@@ -7,7 +7,7 @@ DELETE has cancelled never turns ``succeeded``. With API keys on, a job belongs 
 that made it: other keys get 404, admin keys (``admin.``) see all. With auth off everyone sees
 every job, and a job is recorded as the client address's (for the per-key cap on unfinished
 jobs). While the store is unreachable every job endpoint answers 503 ``database_unavailable``
-with Retry-After (service/middleware.py); streaming does not depend on it.
+with Retry-After (service/http/middleware.py); streaming does not depend on it.
 """
 
 from __future__ import annotations
@@ -17,23 +17,22 @@ import logging
 
 from aiohttp import web
 
-from .audio import CONTENT_TYPES
-from .auth import job_owner
-from .errors import ApiError, invalid_field
-from .job_runner import JobRunner
-from .job_store import (
+from service.access.auth import job_owner
+from service.access.limits import client_identity
+from service.errors import ApiError, StoreUnavailable, invalid_field
+from service.http.admission import read_work_request
+from service.jobs.runner import JobRunner
+from service.jobs.store.base import (
     FINISHED,
     JOB_ID_RE,
     STATUSES,
     Job,
     JobStore,
-    StoreUnavailable,
 )
-from .limits import client_identity
-from .params import JobBody
-from .speech import read_work_request
-from .state import REQUEST_ID, STATE_KEY
-from .voices import saved_clone
+from service.state import REQUEST_ID, STATE_KEY
+from service.synthesis.audio import CONTENT_TYPES
+from service.synthesis.params import JobBody
+from service.voices.routes import saved_clone
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -78,7 +77,7 @@ async def create_job(request: web.Request) -> web.Response:
                                              "(POST /v1/audio/voices), named by voice")
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
-        owner = client_identity(request)
+        owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
     job = await store.create(body.model_dump(exclude_none=True), owner=owner)
     _runner(request).wake()
@@ -187,7 +186,7 @@ async def _stop_runner(app: web.Application) -> None:
 
 
 def add_routes(app: web.Application, store: JobStore) -> None:
-    """The job routes over ``store`` (opened at start-up: service.job_store.make_job_store)."""
+    """The job routes over ``store`` (opened at start-up: service.jobs.store.make_job_store)."""
     app[JOB_STORE_KEY] = store
     app.router.add_post("/v1/jobs", create_job)
     app.router.add_get("/v1/jobs", list_jobs)

@@ -14,18 +14,16 @@ import time
 
 from aiohttp import web
 
-from .auth import bearer_key, key_digest, websocket_key
-from .errors import ApiError
+from service.access.auth import ApiKeys, bearer_key, key_digest, websocket_key
+from service.errors import ApiError
 
 MAX_TRACKED_KEYS = 10_000  # beyond this, full (idle) buckets are forgotten
 
 
-def client_identity(request: web.Request, websocket: bool = False) -> str:
+def client_identity(request: web.Request, api_keys: ApiKeys, websocket: bool = False) -> str:
     """Call after the key was checked: with auth on, the accepted key; with auth off, the
     client address, whatever token the client presents."""
-    from .state import STATE_KEY  # state imports this module
-
-    if request.app[STATE_KEY].api_keys.enabled:
+    if api_keys.enabled:
         key = websocket_key(request) if websocket else bearer_key(request)
         if key:  # keep only a digest in memory, never the key itself
             return "key:" + key_digest(key)

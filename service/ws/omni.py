@@ -1,7 +1,7 @@
 """WebSocket ``/v1/audio/speech/stream``: vllm-omni's streaming-text speech protocol, so
 clients written for vllm-omni's Qwen3-TTS server work unmodified.
 
-The session machinery is ``service/ws.py``'s (sentence cutting, prefetch, back-pressure,
+The session machinery is ``service/ws/session.py``'s (sentence cutting, prefetch, back-pressure,
 limits, drain); this module is the dialect: what a ``session.config`` may carry and how
 our events are named and shaped on the wire.
 
@@ -24,16 +24,16 @@ import numpy as np
 from aiohttp import web
 from pydantic import Field
 
-from .audio import StreamEncoder, encode_file, output_rate
-from .errors import ApiError
-from .params import check_model, parse
-from .schema import SPEECH_FORMATS, Strict
-from .ws import StreamSession, stream_session
+from service.errors import ApiError
+from service.synthesis.audio import StreamEncoder, encode_file, output_rate
+from service.synthesis.params import check_model, parse
+from service.synthesis.schema import SPEECH_FORMATS, Strict
+from service.ws.session import StreamSession, stream_session
 
 ENDPOINT = "/v1/audio/speech/stream"
 # vllm-omni fields this endpoint does not serve: refused rather than ignored (ignoring them would
 # answer with another voice than the client asked for). ref_audio / ref_text / x_vector_only_mode
-# clone as on HTTP speech (service/ws.py StreamSession.voice_after).
+# clone as on HTTP speech (service/ws/session.py StreamSession.voice_after).
 UNSERVED_FIELDS = ("speaker_embedding",)
 
 

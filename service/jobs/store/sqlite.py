@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
-from .job_store import (
+from service.jobs.store.base import (
     CANCELLED,
     FINISHED,
     LOST,

@@ -9,10 +9,9 @@ import uuid
 import aiohttp
 from aiohttp import web
 
-from .auth import bearer_key
-from .errors import HTTP_STATUS_CODES, ApiError, error_response
-from .job_store import StoreUnavailable
-from .state import COUNTED, REQUEST_ID, STATE_KEY
+from service.access.auth import bearer_key
+from service.errors import HTTP_STATUS_CODES, ApiError, StoreUnavailable, error_response
+from service.state import COUNTED, REQUEST_ID, STATE_KEY
 
 log = logging.getLogger("streamvox.http")
 
