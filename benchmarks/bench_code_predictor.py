@@ -132,7 +132,7 @@ def main() -> None:
     print("\ncode predictor, ms per frame (codes 1..G-1 of one frame; lower is better)")
     if official:
         print("official = qwen-tts generate() in .venv-oracle on the same sizes (random weights; that our loop "
-              "computes what it computes is the parity suite's job: tests/test_parity_code_predictor.py)")
+              "computes what it computes is the parity suite's job: tests/engines/models/test_parity_code_predictor.py)")
     graphed = compiled = None
     if device.type == "cuda":
         # Buckets: the engine's, plus any requested batch size that is not one (each timed unpadded).

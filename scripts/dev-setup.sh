@@ -2,7 +2,7 @@
 # Install everything the test suite needs, from this repository's own files.
 #   .venv         the project (CPU torch 2.13.0 first, so nothing pulls a CUDA build)
 #   .venv-oracle  the official qwen-tts code, kept apart (see scripts/oracle-env.sh)
-#   chromium      Debian's browser for the playground test (tests/test_playground.py), via apt as root
+#   chromium      Debian's browser for the playground test (tests/service/http/test_playground.py), via apt as root
 #   postgresql    server binaries for the shared job store's tests, via apt as root when missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ if ! command -v chromium >/dev/null; then
     echo "dev-setup: installing chromium (apt)"
     apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
   else
-    echo "dev-setup: chromium is missing: sudo apt-get install -y chromium chromium-driver (tests/test_playground.py needs it)"
+    echo "dev-setup: chromium is missing: sudo apt-get install -y chromium chromium-driver (tests/service/http/test_playground.py needs it)"
   fi
 fi
 

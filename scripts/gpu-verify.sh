@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu-verify.sh quick        # the prepared measurement (below), <= QUICK_BUDGET_S
 #   bash scripts/gpu-verify.sh STEP...      # chosen steps (names below)
-#   GPU_VERIFY_DRY=1 bash scripts/gpu-verify.sh quick   # CPU dry run at tiny sizes (tests/test_gpu_verify.py)
+#   GPU_VERIFY_DRY=1 bash scripts/gpu-verify.sh quick   # CPU dry run at tiny sizes (tests/scripts/test_gpu_verify.py)
 #
 # quick, in this order, each step bounded by its own limit and by what is left of the budget:
 #   env            GPU, torch, commit
@@ -52,8 +52,8 @@ else
   COMPILE=${STREAMVOX_COMPILE:-1}
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
-CUDA_TESTS="tests/test_graphed_predictor.py tests/test_graphed_dit.py tests/test_graphed_decoder.py tests/test_stream.py
-  tests/test_gpu_engine.py tests/test_talker_paged.py tests/test_talker_source.py"
+CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
+  tests/engines/core/test_gpu_engine.py tests/engines/pipelines/talker/test_talker_paged.py tests/engines/pipelines/talker/test_talker_source.py"
 
 if [ "$DEVICE" = cuda ] && [ -d .whl/proj ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -40,7 +40,7 @@ echo "readme-smoke: running README command 1: $cmd"
 # built-in random preset in one log line. The smoke pins that fallback: HF_HUB_OFFLINE=1 and an
 # empty HF_HOME, so a CI machine that can reach huggingface.co (or has the model cached) does not
 # spend the minute fetching and loading gigabytes. The hub path itself is tested against a local
-# hub by tests/test_model_hub.py.
+# hub by tests/engines/checkpoints/test_model_hub.py.
 export HF_HUB_OFFLINE=1 HF_HOME="$work/hf"  # the tour's in-process commands too
 STREAMVOX_DATA_DIR="$work/data" setsid bash -c "$cmd" >"$log" 2>&1 &
 pid=$!

@@ -100,7 +100,7 @@ class Settings:
         It binds only while another key has speech in flight (service/access/limits.py): then one
         key's realtime streams add few rows to the ticks another key's first chunk shares (4
         left a light key's time to first audio at 2.4-3.6x idle on a busy 2-core box, 2 at
-        1.1-2.1x: tests/test_service_hardening_fair.py)."""
+        1.1-2.1x: tests/service/access/test_service_hardening_fair.py)."""
         if self.max_streams_per_key is not None:
             return self.max_streams_per_key
         return max(2, (engine_slots or 0) // 8)

@@ -39,7 +39,7 @@ os.environ.setdefault("OMP_NUM_THREADS", str(TEST_TORCH_THREADS))
 # Hermetic: no test ever asks huggingface.co. With no model named, `serve` and `synthesize` look
 # for the default Qwen3-TTS release; offline and with an empty cache (not the developer's
 # ~/.cache/huggingface, which may hold the real model) they start on random weights at once, as
-# every server test expects. Tests of the hub (tests/test_model_hub.py) give their subprocesses
+# every server test expects. Tests of the hub (tests/engines/checkpoints/test_model_hub.py) give their subprocesses
 # their own HF_ENDPOINT / HF_HOME and clear HF_HUB_OFFLINE. Set before anything imports
 # huggingface_hub, which reads these once.
 HF_TEST_HOME = tempfile.mkdtemp(prefix="streamvox-test-hf-")
@@ -197,3 +197,15 @@ def postgres():
 def pg_url(postgres) -> str:
     """The URL of a new, empty database on the session's server."""
     return postgres.create_database()
+
+
+@pytest.fixture(scope="module")
+def base_engine():
+    """A Base (voice-cloning) release on the oracle fixture checkpoint, shared by a module."""
+    from engines.build import build_engine
+    from tests.oracle import clone_fixtures
+
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(clone_fixtures.checkpoint_dir("base")), talker_slots=4)
+    engine.start()  # warm-up included: a Base release warms up with a neutral x-vector
+    yield engine
+    engine.stop()

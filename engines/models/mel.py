@@ -7,7 +7,7 @@ The maths of ``qwen_tts``' ``mel_spectrogram`` in float32 (reflect padding of
 (n_fft - hop) / 2 on both sides, ``torch.stft`` with a periodic Hann window and
 ``center=False``, magnitude sqrt(re^2 + im^2 + 1e-9), slaney mel filterbank, log of the
 values clamped at 1e-5). The filterbank is librosa's ``filters.mel`` (slaney mel scale,
-slaney area normalisation) computed here without librosa; tests/test_clone_parity.py
+slaney area normalisation) computed here without librosa; tests/engines/pipelines/talker/test_clone_parity.py
 proves it equal to librosa's in the oracle venv.
 """
 

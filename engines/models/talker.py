@@ -200,7 +200,7 @@ class Talker(nn.Module):
     def fuse_projections(self) -> None:
         """At load: each layer's q/k/v and gate/up weights as one matrix each (one GEMM instead of
         three / two; the parameters become views, so no extra memory). Bitwise the same
-        outputs on CPU (tests/test_talker_paged.py); call once the talker is on its device."""
+        outputs on CPU (tests/engines/pipelines/talker/test_talker_paged.py); call once the talker is on its device."""
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse()

@@ -26,7 +26,7 @@ bucket that holds them and resets the padding:
 
 FlowDiT masks padded frames (as self-attention keys) and padded encoder positions, and
 rows never mix, so the first R rows and T frames of the bucket output equal the
-unpadded forward up to GEMM summation order (~1e-6 in fp32; tests/test_graphed_dit.py).
+unpadded forward up to GEMM summation order (~1e-6 in fp32; tests/engines/runtime/test_graphed_dit.py).
 
 Output: a VIEW ``out[:R, :T]`` of the bucket's static output tensor, valid until the
 next call of this wrapper (the next call overwrites it). The StreamScheduler's fused

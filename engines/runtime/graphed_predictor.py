@@ -26,7 +26,7 @@ and (b) the top-p filter with p = 1 is not a no-op in fp32 (the running mass can
 they only ever run one at a time on one stream, so the pool costs about one graph's
 scratch, and each graph's output stays referenced here, never reused by another.
 
-Capture safety of ``CodePredictor.predict`` (checked; tests/test_graphed_predictor.py
+Capture safety of ``CodePredictor.predict`` (checked; tests/engines/runtime/test_graphed_predictor.py
 runs it under a mode that rejects host reads and host->device tensor creation): control
 flow depends only on shapes and host flags; positions, RoPE and masks come from
 ``torch.arange`` (device kernels); sampling is on the device and the counter-hash takes

@@ -18,7 +18,7 @@ On CUDA a (bucket, blocks, mode) is captured the first time it is needed (``capt
 captures the small-block ones at start): warm-up and capture run with the index buffer full
 of the scratch row, so they never advance a real stream. A replay is: copy the rows in,
 ``replay()``, copy out the first B rows of the outputs. On CPU exactly the same padded path runs
-eagerly: that is what the CPU tests check against the plain step (tests/test_talker_paged.py).
+eagerly: that is what the CPU tests check against the plain step (tests/engines/pipelines/talker/test_talker_paged.py).
 The code predictor runs inside the graph (a graph cannot replay another graph), its layers
 through ``torch.compile`` when ``compile_backend`` is given (as ``GraphedCodePredictor`` does),
 so on CUDA the engine uses this instead of ``GraphedCodePredictor``: eager, a talker step

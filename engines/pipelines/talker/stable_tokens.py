@@ -18,7 +18,7 @@ pending text is final when:
 - the character before ``b`` is not whitespace: the only regex branches that scan ahead
   further than one character are the whitespace ones (``\\s*[\\r\\n]+``, ``\\s+(?!\\S)``), and
   a piece ending in a non-space character was decided by the character at ``b``, which
-  exists already (checked for both split regexes by tests/test_live_text.py);
+  exists already (checked for both split regexes by tests/engines/pipelines/talker/test_live_text.py);
 - ``b`` lies before the last NFC starter (a later combining mark may compose with it) and
   before any trailing text that could still become an added token (``"<|im_"``).
 

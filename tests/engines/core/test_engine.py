@@ -88,7 +88,7 @@ def test_invalid_requests_are_rejected_synchronously(engine):
         engine.submit(SynthesisRequest(id="x", text="hi", voice="nobody"), lambda c: None)
     assert exc.value.field == "voice" and "default" in exc.value.message
     # Field ranges (steps, speed, text, ...) are checked at the service boundary
-    # (service/synthesis/schema.py, tests/test_service_schema.py); the engine checks what depends on the model.
+    # (service/synthesis/schema.py, tests/service/synthesis/test_service_schema.py); the engine checks what depends on the model.
 
 
 def test_voice_aliases_resolve(engine):

@@ -27,7 +27,7 @@ from test_deploy_kubernetes import (  # tests/ is on sys.path (rootdir-less test
     objects,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (http://\S+:\d+)")
 STARTUP_TIMEOUT_S = 120.0
 

@@ -15,8 +15,7 @@ import logging
 
 import pytest
 import torch
-from test_graphed_predictor import HostReadOrUpload  # tests/ is on sys.path
-from test_stream import NoHostReads
+from host_read_helpers import HostReadOrUpload, NoHostReads
 
 from engines.config import get_preset
 from engines.models.codec_decoder import CodecDecoder

@@ -27,7 +27,7 @@ except ModuleNotFoundError:  # Python 3.10 (the project's minimum): pip vendors 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 DOCKERFILES = {"cpu": DOCKER / "Dockerfile", "cuda": DOCKER / "Dockerfile.cuda"}
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
@@ -196,7 +196,7 @@ def test_dockerignore_keeps_what_the_images_copy_and_nothing_else():
     for src in sources:
         assert (ROOT / src).exists(), f"COPY source {src} does not exist"
         assert not dockerignored(src if (ROOT / src).is_file() else src + "/__init__.py", patterns), src
-    for private in (".venv/bin/python", "data/jobs.sqlite", ".git/HEAD", "tests/test_engine.py",
+    for private in (".venv/bin/python", "data/jobs.sqlite", ".git/HEAD", "tests/engines/core/test_engine.py",
                     "engines/__pycache__/x.cpython-311.pyc", "docker/Dockerfile"):
         assert dockerignored(private, patterns), f"{private} would be sent to the Docker daemon"
 

@@ -11,11 +11,10 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from dit_helpers import CFG, TOL, C, D, _null, make_dit, make_job, run, stream_cfg  # noqa: F401
+from host_read_helpers import NoHostReads
 
-from engines.config import get_preset
 from engines.models.dit import FlowDiT
-from engines.models.init import init_module_
 from engines.models.sampling import DOMAIN_NOISE, keyed_normal
 from engines.pipelines.dit.denoiser import (
     APG_MOMENTUM,
@@ -23,49 +22,6 @@ from engines.pipelines.dit.denoiser import (
     ChunkJob,
     StreamScheduler,
 )
-
-CFG = get_preset("tiny")
-D, C = CFG.dit.latent_dim, CFG.dit.cond_dim
-TOL = 1e-5
-_TEST_DOMAIN = 1000  # test data draws, apart from the engine's domains
-
-
-def make_dit(device="cpu") -> FlowDiT:
-    return init_module_(FlowDiT(CFG.dit), 3).to(device).eval()
-
-
-def stream_cfg(**overrides):
-    return dataclasses.replace(CFG.stream, **overrides)
-
-
-def _null(device) -> torch.Tensor:
-    return keyed_normal(7, _TEST_DOMAIN, torch.arange(1, device=device), C)[0]  # [C]
-
-
-def make_job(i: int, *, frames=12, context=4, steps=4, scale=2.0, guided=True, frame_start=None,
-             length=None, seed=None, device="cpu") -> ChunkJob:
-    """A chunk job with deterministic test tensors; ragged sizes depend on ``i``."""
-    L = length or 5 + 3 * i
-    enc = keyed_normal(100 + i, _TEST_DOMAIN, torch.arange(L, device=device), C)
-    ctx = keyed_normal(200 + i, _TEST_DOMAIN, torch.arange(context, device=device), D)
-    return ChunkJob(key=(f"r{i}", 0), enc=enc, enc_null=_null(device).expand(L, C) if guided else None,
-                    context=ctx, frame_start=frame_start if frame_start is not None else 16 + 7 * i,
-                    num_frames=frames, seed=seed if seed is not None else 1234 + i, steps=steps,
-                    guidance_scale=scale)
-
-
-def run(sched: StreamScheduler, admissions: list[tuple[int, ChunkJob]]) -> dict:
-    """Admit each job at its tick, tick until all finished; {key: latents}."""
-    out, tick, pending = {}, 0, list(admissions)
-    while pending or sched.active_slots:
-        for entry in [e for e in pending if e[0] == tick]:
-            sched.admit(entry[1])
-            pending.remove(entry)
-        for f in sched.tick():
-            out[f.key] = f.latents
-        tick += 1
-        assert tick < 1000
-    return out
 
 
 def naive_schedule(steps: int, shift: float) -> list[float]:
@@ -258,34 +214,6 @@ def test_memo_survives_ticks_and_chunk_handover():
 
 
 # --------------------------------------------------------------------------- host reads
-
-
-class NoHostReads(TorchDispatchMode):
-    """Raises on every op that reads device values on the host."""
-
-    FORBIDDEN = {
-        torch.ops.aten._local_scalar_dense,
-        torch.ops.aten.nonzero,
-        torch.ops.aten.is_nonzero,
-        torch.ops.aten.equal,
-        torch.ops.aten.masked_select,
-    }
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.overloadpacket in self.FORBIDDEN:
-            raise AssertionError(f"host read in the tick: {func}")
-        if func.overloadpacket in (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_):
-            # Boolean-mask indexing runs nonzero inside the kernel (hidden from this mode).
-            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
-                raise AssertionError(f"host read in the tick (boolean-mask indexing): {func}")
-        if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_):
-            src = args[1] if func.overloadpacket is torch.ops.aten.copy_ else args[0]
-            dst_device = args[0].device if func.overloadpacket is torch.ops.aten.copy_ else kwargs.get("device")
-            if isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_device is not None \
-                    and torch.device(dst_device).type == "cpu":
-                raise AssertionError(f"device->host copy in the tick: {func}")
-        return func(*args, **kwargs)
 
 
 def _steady_state_ticks(device: str, guidance: str, timing: str = "full"):

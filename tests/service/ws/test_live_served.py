@@ -267,7 +267,7 @@ async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
         np.testing.assert_allclose(audio, official_pcm(talker_engine), atol=2 * LSB, rtol=0)
 
         out = tmp_path / "stdin.wav"
-        repo = Path(__file__).resolve().parents[1]
+        repo = Path(__file__).resolve().parents[3]
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "clients.cli", "say", "--stdin", "--voice", c["speaker"], "--temperature", "0", "--out", str(out),
             "--url", server.url, cwd=repo, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

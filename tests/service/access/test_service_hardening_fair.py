@@ -4,7 +4,7 @@ clients: the light key's time to first audio is measured idle and then beside 16
 streamed requests of the heavy key, in the same test.
 
 The stream cap binds only while another key has speech in flight (a lone client gets the
-whole server: tests/test_service_stream_cap.py). So the light key is a client that is
+whole server: tests/service/access/test_service_stream_cap.py). So the light key is a client that is
 already streaming - it holds one long stream open (paused by back-pressure, it takes no
 engine time) - when the heavy key floods: the heavy key gets at most the cap, the rest a
 429. A heavy key that was alone keeps the streams it opened (they are never cut); the cap

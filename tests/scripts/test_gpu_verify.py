@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORACLE = REPO / ".venv-oracle" / "bin" / "python"
 
 
@@ -24,7 +24,7 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
                CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
-               ORACLE_PYTHON=str(ORACLE), TESTS="tests/test_talker_paged.py")  # on a CPU: collected, skipped
+               ORACLE_PYTHON=str(ORACLE), TESTS="tests/engines/pipelines/talker/test_talker_paged.py")  # on a CPU: collected, skipped
     proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=590)
     log = (out / "gpu-verify.log").read_text()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from host_read_helpers import HostReadOrUpload
 
 from engines.config import get_preset
 from engines.models.code_predictor import CodePredictor
@@ -180,25 +180,6 @@ def test_cpu_engine_is_unchanged():
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
     assert type(engine.source.coder.predictor) is CodePredictor
-
-
-class HostReadOrUpload(TorchFunctionMode):
-    """Rejects what cannot run inside CUDA graph capture without a host sync: reading tensor
-    values into Python, tensors from host data (a host->device copy on CUDA), data-dependent
-    shapes (nonzero / boolean indexing) and copies to the host."""
-
-    FORBIDDEN = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "tensor", "as_tensor",
-                 "from_numpy", "nonzero", "masked_select", "cpu", "numpy", "unique"}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.FORBIDDEN:
-            raise AssertionError(f"capture hazard: {name}")
-        if name == "__getitem__" and len(args) > 1:
-            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
-                raise AssertionError("capture hazard: boolean-mask indexing")
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("kind", ["greedy", "mixed", "top_p"])

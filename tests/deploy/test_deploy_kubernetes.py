@@ -4,7 +4,7 @@ other and with the server: probes, drain timing, selectors, ports, and the autos
 metric name vs the prometheus-adapter rule.
 
 That the metric's underlying series really appears in a live /metrics scrape is checked in
-tests/test_deploy_metrics_live.py.
+tests/deploy/test_deploy_metrics_live.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 ADAPTER = K8S / "prometheus-adapter"
@@ -238,7 +238,7 @@ def test_gpu_deployment(base):
 def test_probes_point_at_the_right_endpoints(base):
     container = server_container(base)
     # jobs=optional: a job-database outage must not pull streaming out of the Service; the
-    # server's answer to exactly this path is checked in tests/test_jobs_db_outage.py.
+    # server's answer to exactly this path is checked in tests/service/jobs/test_jobs_db_outage.py.
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz?jobs=optional"
     # Liveness must not use /readyz: warm-up and drain would get the container killed.
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

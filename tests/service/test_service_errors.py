@@ -137,7 +137,7 @@ async def test_overload_answers_429_with_retry_after(tmp_path):
     engine = make_engine(max_queue=1)
     await asyncio.to_thread(engine.start)
     # The engine's queue is the limit under test: the per-key cap on streamed responses (a
-    # 429 too_many_streams of its own, tests/test_service_hardening_fair.py) is off here.
+    # 429 too_many_streams of its own, tests/service/access/test_service_hardening_fair.py) is off here.
     server = await start_server(engine, tmp_path / "data", max_streams_per_key=0)
     try:
         async with aiohttp.ClientSession() as http:

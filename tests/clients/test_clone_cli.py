@@ -1,7 +1,7 @@
 """The CLI clones: ``streamvox synthesize --ref-audio/--ref-text`` in-process and ``streamvox say
 --voice NAME`` through a running server with a saved voice, as a user runs them (subprocesses;
 oracle fixtures: ``bash scripts/oracle-clone-fixtures.sh``). Audio is compared with the official
-generate_voice_clone output within int16 rounding (2 LSB; see tests/test_clone_served.py)."""
+generate_voice_clone output within int16 rounding (2 LSB; see tests/service/voices/test_clone_served.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import soundfile as sf
+from clone_helpers import assert_matches_official, wav_bytes
 from conftest import start_server
-from test_clone_served import assert_matches_official, base_engine, wav_bytes  # noqa: F401  (fixture)
 
 from tests.oracle import clone_fixtures as fx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
 
 

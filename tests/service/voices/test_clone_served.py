@@ -21,20 +21,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 from aiohttp import web
+from clone_helpers import LSB, assert_matches_official, wav_bytes  # noqa: F401
 from conftest import start_server
 
 from engines.build import build_engine
 from tests.oracle import clone_fixtures as fx
 
-LSB = 1 / 32768
 QWEN_BASE = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
-
-
-def wav_bytes(samples: np.ndarray, rate: int = 24000, channels: int = 1) -> bytes:
-    buf = io.BytesIO()
-    data = np.stack([samples] * channels, axis=1) if channels > 1 else samples
-    sf.write(buf, data, rate, format="WAV", subtype="FLOAT")
-    return buf.getvalue()
 
 
 def data_url(samples: np.ndarray, rate: int = 24000) -> str:
@@ -43,21 +36,6 @@ def data_url(samples: np.ndarray, rate: int = 24000) -> str:
 
 def pcm16(body: bytes) -> np.ndarray:
     return np.frombuffer(body, dtype="<i2").astype(np.float32) / 32768
-
-
-def assert_matches_official(ours: np.ndarray, official: np.ndarray) -> None:
-    assert abs(len(ours) - len(official)) <= 1, (len(ours), len(official))
-    n = min(len(ours), len(official))
-    np.testing.assert_allclose(ours[-n:], np.clip(official[-n:], -1, 1), atol=2 * LSB, rtol=0)
-    assert np.abs(ours).max() > 1e-3
-
-
-@pytest.fixture(scope="module")
-def base_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("base")), talker_slots=4)
-    engine.start()  # warm-up included: a Base release warms up with a neutral x-vector
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ def synthesize(tmp_path: Path, name: str, *extra: str) -> tuple[np.ndarray, int,
         [sys.executable, "-m", "clients.cli", "synthesize", "--preset", "tiny", "--device", "cpu",
          "--text", TEXT, "--out", str(out), *extra],
         capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-        cwd=Path(__file__).resolve().parents[1])
+        cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert "RANDOM weights" in proc.stderr  # says which components are untrained
     frames = int(re.search(r"(\d+) frames", proc.stderr).group(1))
@@ -45,6 +45,6 @@ def test_synthesize_flac_and_bad_voice(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "clients.cli", "synthesize", "--preset", "tiny", "--device", "cpu",
          "--text", "hi", "--out", str(tmp_path / "x.wav"), "--voice", "nobody"],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2
     assert "unknown voice" in proc.stderr and "default" in proc.stderr

@@ -106,7 +106,7 @@ def test_missing_tokenizer_files(ckpt):
 
 def test_base_config_without_speaker_encoder_is_refused(ckpt):
     """A directory that says Base but holds no speaker encoder cannot clone: refused at load,
-    naming the missing tensors (tests/test_clone_parity.py runs real Base directories)."""
+    naming the missing tensors (tests/engines/pipelines/talker/test_clone_parity.py runs real Base directories)."""
     _edit_config(ckpt, lambda c: c.__setitem__("tts_model_type", "base"))
     with pytest.raises(CheckpointError, match="speaker_encoder"):
         TalkerBundle.from_checkpoint(ckpt)

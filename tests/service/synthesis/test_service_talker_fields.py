@@ -1,7 +1,7 @@
 """What depends on the loaded model (voices, languages) is checked by the engine, in one
 function (``Engine.validate``); the service asks it when a body or a ``session.config``
 arrives, so a bad language is a 400 (or a WebSocket error) at once, for speech, jobs and
-sessions alike. The field ranges are the service's (tests/test_service_schema.py): the
+sessions alike. The field ranges are the service's (tests/service/synthesis/test_service_schema.py): the
 engine trusts them."""
 
 from __future__ import annotations

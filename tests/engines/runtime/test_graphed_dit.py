@@ -13,14 +13,14 @@ import logging
 
 import pytest
 import torch
-from test_stream import (  # tests/ is on sys.path
+from dit_helpers import (
     TOL,
-    NoHostReads,
     make_dit,
     make_job,
     run,
     stream_cfg,
 )
+from host_read_helpers import NoHostReads
 
 from engines.config import get_preset
 from engines.pipelines.dit.denoiser import StreamScheduler
