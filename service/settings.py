@@ -105,11 +105,6 @@ class Settings:
             return self.max_streams_per_key
         return max(2, (engine_slots or 0) // 8)
 
-    def resolved_preset(self, device: str) -> str:
-        if self.preset:
-            return self.preset
-        return "base" if device.startswith("cuda") else "small"
-
 
 # (flag, env var, Settings field, help)
 _OPTIONS: tuple[tuple[str, str, str, str], ...] = (

@@ -130,11 +130,6 @@ class TalkerKVCache:
     def max_len(self) -> int:
         return self.k[0].shape[2]
 
-    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
-        """Copy rows src -> dst (device index tensors), first ``length`` positions: compaction."""
-        for t in (*self.k, *self.v):
-            t[dst, :, :length] = t[src, :, :length]
-
 
 class Talker(nn.Module):
     def __init__(self, cfg: TalkerConfig):

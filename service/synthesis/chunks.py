@@ -157,13 +157,6 @@ class ChunkStream:
                           sample_rate=SAMPLE_RATE, frames_done=0, frames_total=0, is_final=True,
                           error="engine_failure")
 
-    def take_buffered(self) -> list[AudioChunk]:
-        """Everything received but not read yet (used on cancel)."""
-        chunks = list(self._buffer)
-        self._buffer.clear()
-        self._arrivals.clear()
-        return chunks
-
     async def __aiter__(self) -> AsyncIterator[AudioChunk]:
         while not self.finished:
             yield await self.next_chunk()

@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 
+from engines.build import default_preset
 from service.settings import Settings, add_arguments, from_args
 
 
@@ -21,7 +23,8 @@ def test_defaults():
     assert (settings.host, settings.port, settings.device, settings.data_dir) == ("127.0.0.1", 8000, "auto", Path("data"))
     assert (settings.max_queue, settings.drain_seconds, settings.max_input_chars) == (64, 20.0, 4096)
     assert settings.api_keys == () and settings.metrics_auth is False and settings.cors_origins == ()
-    assert settings.resolved_preset("cpu") == "small" and settings.resolved_preset("cuda") == "base"
+    assert settings.preset is None  # the engine picks
+    assert default_preset(torch.device("cpu")) == "small" and default_preset(torch.device("cuda")) == "base"
 
 
 def test_environment_then_flags(tmp_path):

@@ -143,7 +143,6 @@ class StreamScheduler:
         self._layout_memo: OrderedDict[tuple, _Layout] = OrderedDict()
         self._forward_count = 0
         self._memo_rebuilds = 0
-        self._layout_rebuilds = 0
         self._last_rows = 0
 
     # ------------------------------------------------------------------ observers
@@ -161,10 +160,6 @@ class StreamScheduler:
     def memo_rebuilds(self) -> int:
         """Padded encoder batches built so far (cache misses)."""
         return self._memo_rebuilds
-
-    @property
-    def layout_rebuilds(self) -> int:
-        return self._layout_rebuilds
 
     @property
     def last_batch_rows(self) -> int:
@@ -359,7 +354,6 @@ class StreamScheduler:
                          row_views=[x_in[r, : s.rows] for r, (s, _) in enumerate(rows)],
                          positions=positions, context_mask=context_mask, frame_mask=frame_mask)
         self._layout_memo[key] = layout
-        self._layout_rebuilds += 1
         while len(self._layout_memo) > self.cfg.memo_size:
             self._layout_memo.popitem(last=False)
         return layout

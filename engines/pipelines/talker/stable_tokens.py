@@ -51,10 +51,6 @@ class StableTokenizer:
         self.role_ids: list[int] = []  # the role ids (ids[:3] of the wrapped text)
         self.finished = False
 
-    @property
-    def pending_text(self) -> str:
-        return self._pending
-
     def feed(self, delta: str) -> list[int]:
         """Append text; -> ids that became final (possibly none)."""
         if self.finished:
