@@ -209,3 +209,15 @@ def base_engine():
     engine.start()  # warm-up included: a Base release warms up with a neutral x-vector
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def talker_engine():
+    """A CustomVoice talker on the oracle fixture checkpoint (cv_proj), shared by a module."""
+    from engines.build import build_engine
+    from tests.oracle import talker_fixtures
+
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")))
+    engine.start()
+    yield engine
+    engine.stop()

@@ -12,26 +12,15 @@ import json
 
 import aiohttp
 import numpy as np
-import pytest
 import torch
 import websockets
 from conftest import start_server
 
-from engines.build import build_engine
 from engines.checkpoints.qwen3_tts import has_talker_weights
 from tests.oracle import talker_fixtures as fx
 
 TEXT = "Hello world, this is a small test of streaming speech."
 LSB = 1 / 32768
-
-
-@pytest.fixture(scope="module")
-def talker_engine():
-    path = fx.checkpoint_dir("cv_proj")
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path))
-    engine.start()
-    yield engine, path
-    engine.stop()
 
 
 def reference_pcm(engine, path, voice: str) -> np.ndarray:
@@ -44,7 +33,7 @@ def reference_pcm(engine, path, voice: str) -> np.ndarray:
 
 
 async def test_talker_is_the_default_source_and_reports_no_random_weights(talker_engine, tmp_path):
-    engine, path = talker_engine
+    engine, path = talker_engine, fx.checkpoint_dir("cv_proj")
     assert has_talker_weights(path)
     assert engine.info.source == "talker" and engine.info.random_components == ()
     # Serving the talker never builds (random-initialises) the DiT side.
@@ -65,7 +54,7 @@ async def test_talker_is_the_default_source_and_reports_no_random_weights(talker
 
 
 async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, tmp_path):
-    engine, path = talker_engine
+    engine, path = talker_engine, fx.checkpoint_dir("cv_proj")
     speaker = engine.info.voices[1]
     expected = reference_pcm(engine, path, speaker)
     server = await start_server(engine, tmp_path / "data")

@@ -13,17 +13,7 @@ import pytest
 import websockets
 from conftest import start_server
 
-from engines.build import build_engine
 from engines.contract import InvalidRequest, SynthesisRequest
-from tests.oracle import talker_fixtures as fx
-
-
-@pytest.fixture(scope="module")
-def talker_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False)
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 def test_engine_validate_checks_the_models_voices_and_languages_only(talker_engine):

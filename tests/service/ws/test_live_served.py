@@ -21,20 +21,11 @@ import torch
 import websockets
 from conftest import start_server
 
-from engines.build import build_engine
 from tests.oracle import talker_fixtures as fx
 
 pytestmark = pytest.mark.parity
 LSB = 1 / 32768
 CASE = "p0_vivian_auto_stream"  # official generate(non_streaming_mode=False), greedy
-
-
-@pytest.fixture(scope="module")
-def talker_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 async def speak(url: str, deltas: list[str], config: dict, delays: list[float] | None = None,
