@@ -2,6 +2,7 @@
 # Install everything the test suite needs, from this repository's own files.
 #   .venv         the project (CPU torch 2.13.0 first, so nothing pulls a CUDA build)
 #   .venv-oracle  the official qwen-tts code, kept apart (see scripts/oracle-env.sh)
+#   .venv-aligner the official qwen-asr forced aligner, kept apart (see scripts/aligner-oracle-env.sh)
 #   chromium      Debian's browser for the playground test (tests/service/http/test_playground.py), via apt as root
 #   postgresql    server binaries for the shared job store's tests, via apt as root when missing
 set -euo pipefail
@@ -45,5 +46,9 @@ fi
 
 if [ -f scripts/oracle-env.sh ] && [ "${STREAMVOX_SKIP_ORACLE:-0}" != "1" ]; then
   bash scripts/oracle-env.sh
+fi
+# The forced aligner's oracle (official qwen-asr, its own venv): tests/engines/pipelines/aligner/test_aligner_parity.py.
+if [ -f scripts/aligner-oracle-env.sh ] && [ "${STREAMVOX_SKIP_ORACLE:-0}" != "1" ]; then
+  bash scripts/aligner-oracle-env.sh
 fi
 echo "dev-setup: done"

@@ -65,6 +65,8 @@ ALLOW_PATTERNS: tuple[str, ...] = (
 
 # Without these two a directory is not a Qwen3-TTS 12 Hz release (whatever else it holds).
 _REQUIRED = ("config.json", "speech_tokenizer/config.json")
+_TTS_RELEASE = "a Qwen3-TTS 12 Hz release"
+_TTS_HINT = "the Qwen/Qwen3-TTS-12Hz-* models are"
 
 # ORG/NAME[@REVISION]; the hub's own validation (length, "--", "..") runs on top.
 _MODEL_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^\s@]+))?$")
@@ -130,9 +132,13 @@ def _local_path(name: str) -> Path | None:
         return None
 
 
-def resolve_model(name: str) -> Path:
+def resolve_model(name: str, *, required: tuple[str, ...] = _REQUIRED, release: str = _TTS_RELEASE,
+                  hint: str = _TTS_HINT) -> Path:
     """A local path as it is, or a hub id's cached snapshot (fetched when missing or when the
-    revision moved). Raises ModelUnavailable (one line) when it cannot be had."""
+    revision moved). Raises ModelUnavailable (one line) when it cannot be had.
+    ``required``: the files without which a snapshot is not ``release`` (another kind of
+    model, e.g. the forced aligner, names its own; ``hint`` says which ids are)."""
+    kind = (required, release, hint)
     local = _local_path(name)
     if local is not None:
         return local
@@ -145,7 +151,7 @@ def resolve_model(name: str) -> Path:
     from huggingface_hub import constants
 
     if _offline():
-        path = _cached(model)
+        path = _cached(model, required)
         if path is None:
             raise ModelUnavailable(f"{model}: HF_HUB_OFFLINE is set and it is not in the cache "
                                    f"({constants.HF_HUB_CACHE}); fetch it first where the hub is reachable: "
@@ -156,13 +162,13 @@ def resolve_model(name: str) -> Path:
     if error is not None:
         if not _is_network(error):
             raise ModelUnavailable(_explain(model, error))
-        path = _cached(model)
+        path = _cached(model, required)
         if path is None:
             raise ModelUnavailable(_explain(model, error))
         log.warning("%s: the hub at %s did not answer (%s); using the cached copy %s",
                     model, constants.ENDPOINT, _short(error), path)
         return path
-    return _download(model, commit)
+    return _download(model, commit, kind)
 
 
 def resolve_default(model_name: str = DEFAULT_MODEL) -> Path | None:
@@ -241,7 +247,7 @@ def _is_network(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
 
 
-def _cached(model: ModelId) -> Path | None:
+def _cached(model: ModelId, required: tuple[str, ...] = _REQUIRED) -> Path | None:
     """The complete cached snapshot of ``model`` at its revision, without touching the network."""
     from huggingface_hub import snapshot_download
 
@@ -250,18 +256,20 @@ def _cached(model: ModelId) -> Path | None:
                                       local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, partly cached, unreadable: all mean "not here"
         return None
-    return path if not _missing(path) else None
+    return path if not _missing(path, required) else None
 
 
-def _missing(path: Path) -> list[str]:
-    return [name for name in _REQUIRED if not (path / name).is_file()]
+def _missing(path: Path, required: tuple[str, ...] = _REQUIRED) -> list[str]:
+    return [name for name in required if not (path / name).is_file()]
 
 
-def _download(model: ModelId, commit: str | None = None) -> Path:
+def _download(model: ModelId, commit: str | None = None,
+              kind: tuple[tuple[str, ...], str, str] = (_REQUIRED, _TTS_RELEASE, _TTS_HINT)) -> Path:
     """Fetch what is missing of ``model`` (``commit``: where the hub says its revision is)."""
     from huggingface_hub import constants, snapshot_download
 
-    cached = _cached(ModelId(model.repo_id, commit)) if commit else None
+    required, release, hint = kind
+    cached = _cached(ModelId(model.repo_id, commit), required) if commit else None
     if cached is not None:  # still through snapshot_download below: it records the revision -> commit ref
         log.info("%s: up to date in the cache (%s)", model, cached)
     else:
@@ -273,10 +281,9 @@ def _download(model: ModelId, commit: str | None = None) -> Path:
                                       tqdm_class=_progress_class(str(model))))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line
         raise ModelUnavailable(_explain(model, exc)) from None
-    missing = _missing(path)
+    missing = _missing(path, required)
     if missing:
-        raise ModelUnavailable(f"{model}: not a Qwen3-TTS 12 Hz release (no {', '.join(missing)}); the "
-                               "Qwen/Qwen3-TTS-12Hz-* models are")
+        raise ModelUnavailable(f"{model}: not {release} (no {', '.join(missing)}); {hint}")
     if cached is None:
         log.info("%s: ready in %.1f s at %s", model, time.monotonic() - started, path)
     return path

@@ -1,4 +1,7 @@
-"""The speaker encoder's front end: 24 kHz audio -> the official 128-bin log-mel.
+"""Log-mel front ends: the speaker encoder's (24 kHz, :class:`LogMel`) and the forced
+aligner's (16 kHz Whisper features, :class:`WhisperLogMel`).
+
+The speaker encoder's: 24 kHz audio -> the official 128-bin log-mel.
 
     mel = LogMel()                       # n_fft 1024, hop 256, win 1024, fmin 0, fmax 12 kHz
     frames = mel(wav[None])              # [B, N] float32 -> [B, T, 128]
@@ -77,4 +80,40 @@ class LogMel(nn.Module):
         return torch.log(torch.clamp(mel, min=1e-5)).transpose(1, 2)
 
 
-__all__ = ["LogMel", "hz_to_mel", "mel_to_hz", "slaney_mel_filterbank"]
+def whisper_mel_filterbank(sample_rate: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
+    """[1 + n_fft // 2, n_mels] float64: transformers' ``mel_filter_bank(..., norm="slaney",
+    mel_scale="slaney")`` (the Whisper feature extractor's), triangles and area
+    normalisation all in float64 (librosa's, above, stores the triangles in float32)."""
+    fft_freqs = np.linspace(0, sample_rate // 2, 1 + n_fft // 2)
+    filter_freqs = mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), n_mels + 2))
+    slopes = filter_freqs[None, :] - fft_freqs[:, None]
+    fdiff = np.diff(filter_freqs)
+    down = -slopes[:, :-2] / fdiff[:-1]
+    up = slopes[:, 2:] / fdiff[1:]
+    weights = np.maximum(np.zeros(1), np.minimum(down, up))
+    return weights * (2.0 / (filter_freqs[2: n_mels + 2] - filter_freqs[:n_mels]))[None, :]
+
+
+class WhisperLogMel(nn.Module):
+    """16 kHz waveform [N] -> Whisper log-mel [n_mels, N // hop] (transformers'
+    ``WhisperFeatureExtractor`` torch path for one unpadded waveform: centred STFT with
+    reflect padding, the last frame dropped, power spectrum, log10 clamped at 1e-10 and
+    at 8 below the item's maximum, then (x + 4) / 4)."""
+
+    def __init__(self, sample_rate: int = 16_000, n_fft: int = 400, hop: int = 160, n_mels: int = 128,
+                 fmax: float = 8_000.0):
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("filterbank", torch.from_numpy(
+            whisper_mel_filterbank(sample_rate, n_fft, n_mels, 0.0, fmax)).float(), persistent=False)
+        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        spec = torch.stft(wav.float(), self.n_fft, self.hop, window=self.window, return_complex=True)
+        power = spec[..., :-1].abs() ** 2
+        log_spec = torch.clamp(self.filterbank.T @ power, min=1e-10).log10()
+        log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+        return (log_spec + 4.0) / 4.0
+
+
+__all__ = ["LogMel", "WhisperLogMel", "hz_to_mel", "mel_to_hz", "slaney_mel_filterbank", "whisper_mel_filterbank"]
