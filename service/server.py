@@ -174,7 +174,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     info = engine.info
     log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
              ", ".join(info.random_components) or "none")
-    speed = speed_note(info.extra.get("warmup_rtf"))
+    speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
         log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
     app = create_app(settings, engine)
