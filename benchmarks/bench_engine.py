@@ -31,6 +31,7 @@ from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
 from engines.build import DTYPES, build_engine  # noqa: E402
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
+from service.settings import runtime_switches  # noqa: E402
 
 
 class Track:
@@ -158,7 +159,8 @@ def main() -> int:
     ap.add_argument("--trace-dir", help="write the profile's chrome trace here")
     args = ap.parse_args()
     engine = build_engine(preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots,
-                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint)
+                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint,
+                          switches=runtime_switches())  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
     t0 = time.perf_counter()
     engine.start()
     import torch

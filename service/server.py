@@ -148,7 +148,8 @@ def build_engine_for(settings: Settings):
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
                         backend=settings.backend, artifacts_dir=settings.artifacts_dir,
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
-                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget)
+                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
+                        switches=settings.runtime)
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

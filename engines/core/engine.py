@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import threading
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from engines.checkpoints.qwen3_voice import VoiceEncoders, VoiceFeatures
+from engines.config import RuntimeSwitches
 from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
@@ -43,7 +43,6 @@ from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
 from engines.pipelines.dit.weights import Models
 from engines.pipelines.vocoder import Vocalizer
-from engines.runtime.cuda_graphs import compile_backend
 
 log = logging.getLogger("streamvox.engine")
 
@@ -80,10 +79,11 @@ class Engine:
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
-                 talker_options: dict | None = None):
+                 talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches()):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
-        CUDA) plans the requests that arrive together with one encoder forward."""
+        CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
+        runs on the device (compilation, talker step graphs, stage timing), from the service's settings."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -106,14 +106,15 @@ class Engine:
 
                 # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
-                dit = GraphedDiT.for_config(dit, cfg, compile_backend=compile_backend("dit"))
+                dit = GraphedDiT.for_config(dit, cfg, compile_backend=switches.compile_backend("dit"))
             self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
             coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
             graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
             if device.type == "cuda":
                 from engines.runtime.graphed_predictor import GraphedCodePredictor
 
-                coder.predictor = GraphedCodePredictor(coder.predictor, compile_backend=compile_backend("predictor"))
+                coder.predictor = GraphedCodePredictor(coder.predictor,
+                                                       compile_backend=switches.compile_backend("predictor"))
                 graphed.append(coder.predictor)
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames, coder, graphed=tuple(graphed))
             max_slots, random_components = cfg.stream.max_slots, models.random_components
@@ -139,19 +140,19 @@ class Engine:
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            talker_backend = compile_backend("talker")  # opt-in (STREAMVOX_COMPILE_TALKER=1)
+            talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
                 talker_source.talker.compile_layers(talker_backend)
-            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0"
+            step_graphs = device.type == "cuda" and switches.talker_step_graphs
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source,
-                                                              compile_backend=compile_backend("predictor"))
+                                                              compile_backend=switches.compile_backend("predictor"))
             elif device.type == "cuda":
-                # STREAMVOX_TALKER_STEP_GRAPHS=0: the talker step eager, the code predictor it runs
+                # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
                 from engines.runtime.graphed_predictor import (
                     DEFAULT_BUCKETS,
@@ -160,7 +161,7 @@ class Engine:
 
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
-                    + (talker_slots,), compile_backend=compile_backend("predictor"))
+                    + (talker_slots,), compile_backend=switches.compile_backend("predictor"))
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
                                              chunk_frames=cfg.stream.chunk_frames,
@@ -170,7 +171,7 @@ class Engine:
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
-                             max_queue=max_queue, fault_hook=fault_hook,
+                             max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning)
         self._warmup = warmup
         self._ready = threading.Event()
