@@ -31,6 +31,7 @@ from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
 from engines.build import DTYPES, build_engine  # noqa: E402
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
+from service.settings import runtime_switches  # noqa: E402
 
 
 class Track:
@@ -158,7 +159,8 @@ def main() -> int:
     ap.add_argument("--trace-dir", help="write the profile's chrome trace here")
     args = ap.parse_args()
     engine = build_engine(preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots,
-                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint)
+                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint,
+                          switches=runtime_switches())  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
     t0 = time.perf_counter()
     engine.start()
     import torch
@@ -166,7 +168,7 @@ def main() -> int:
     dev = engine.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
     print(f"streamvox bench_engine: source {engine.source.name}, preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
-          f"slots {engine.info.extra.get('max_slots')}, start (capture + warm-up) {time.perf_counter() - t0:.1f}s")
+          f"slots {engine.info.max_slots}, start (capture + warm-up) {time.perf_counter() - t0:.1f}s")
     print(f"{'clients':>7} {'errors':>6} {'TTFA p50':>9} {'TTFA p95':>9} {'underrun':>8} {'audio s/s':>9} "
           f"{'ms/tick':>8} | stage share of worker wall time: plan admit tick vocalize deliver")
     try:

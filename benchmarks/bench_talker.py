@@ -79,8 +79,10 @@ def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int]
     ``compile_talker``: the talker's layers through torch.compile too (STREAMVOX_COMPILE_TALKER=1)."""
     from engines.contract import SynthesisRequest
     from engines.pipelines.talker.source import TalkerSource
-    from engines.runtime.cuda_graphs import compile_backend
+    from service.settings import runtime_switches
     from tests.talker_helpers import make_bundle
+
+    compile_backend = runtime_switches().compile_backend  # the engine's switches (STREAMVOX_COMPILE=0: none)
 
     bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
     if compile_talker and compile_backend("predictor"):  # the same switch as the engine's (STREAMVOX_COMPILE)

@@ -15,7 +15,7 @@ import torch
 
 from engines.checkpoints.hub import resolve_model
 from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
-from engines.config import get_preset
+from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
 from engines.core.worker import FaultHook
 from engines.devices import canonical_device
@@ -59,7 +59,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
-                 prefill_token_budget: int | None = None) -> Engine:
+                 prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -67,7 +67,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
-    cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be)."""
+    cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
+    ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
+    when None; the service builds them from the environment)."""
     if checkpoint and not Path(checkpoint).exists():
         checkpoint = str(resolve_model(checkpoint))
     dev = resolve_device(device)
@@ -103,6 +105,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         talker_slots = max_slots or 8
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
+                  switches=switches or RuntimeSwitches(),
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
                                                     ("prefill_token_budget", prefill_token_budget)) if v is not None})
 

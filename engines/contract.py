@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 import numpy as np
@@ -107,6 +107,10 @@ class SynthesisRequest:
     instructions: str | None = None
     clone: "VoiceClone | None" = None
     non_streaming_mode: bool | None = None  # None: the release's default (Base False, others True)
+
+    prompt_ids: tuple[int, ...] | None = None
+    """The tokenized text (the pipeline's tokenizer), set by ``validate``; None: not tokenized yet
+    (or a pipeline without a text prompt of token ids)."""
 
     # Issue 20 (fairness): who asked, for identity-fair slot ordering (core/scheduler.py).
     # The service sets the API key digest or the client address; "" = no identity (FIFO).
@@ -270,6 +274,43 @@ class TickReport:
 
 
 @dataclass(frozen=True)
+class EngineCapabilities:
+    """What the loaded model can do: the one description the service reads (never the engine's
+    internals). Built once by the engine; identical for the engine's lifetime."""
+
+    pipeline: str
+    """``dit`` (a streamvox DiT preset) or ``talker`` (a Qwen3-TTS checkpoint)."""
+    task_type: str | None
+    """The Qwen3-TTS release: ``CustomVoice`` | ``VoiceDesign`` | ``Base``; None for the DiT."""
+    voices: tuple[str, ...]
+    voice_aliases: Mapping[str, str]
+    preset_voices: bool
+    """A ``voice`` name picks a preset speaker; False: the voice comes with the request
+    (Base: reference audio, VoiceDesign: instructions)."""
+    languages: tuple[str, ...] | None
+    """The ``language`` values the model knows; None: it reads any language (no field)."""
+    honoured_fields: frozenset[str]
+    """The :class:`SynthesisRequest` fields that change this model's output. A field outside it is
+    ignored, except ``speed``, which such a model refuses (the service time-stretches instead)."""
+    max_slots: int
+    """Requests batched together at most."""
+    max_new_tokens: int | None = None
+    """The talker's default cap per request (it emits at most ``max_new_tokens - 1`` frames); None
+    when the pipeline plans its frames from the text (the DiT)."""
+    instructions: bool = False
+    """``instructions`` change the voice (a VoiceDesign release, a 1.7B CustomVoice)."""
+    voice_cloning: bool = False
+    """``clone`` (reference audio) is served: a Base release."""
+    live_text: bool = False
+    """``text_feed`` (text still arriving) is served."""
+    random_components: tuple[str, ...] = ()
+    """Components running on random (untrained) weights; empty when all are trained."""
+
+    def honours(self, field_name: str) -> bool:
+        return field_name in self.honoured_fields
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     """Static description of a loaded engine, for ``/v1/models`` and the CLI."""
 
@@ -284,9 +325,15 @@ class EngineInfo:
     random_components: tuple[str, ...]
     """Components running on random (untrained) weights; empty when all are trained."""
     max_queue: int
-    extra: Mapping[str, object] = field(default_factory=dict)
-    """Engine details: ``max_slots`` (concurrent requests in a batch), ``backend``
-    (torch | onnxruntime | tensorrt, where the engine records it), sizes."""
+    max_slots: int | None = None
+    """Requests the engine batches together at most; None if unknown."""
+    backend: str | None = None
+    """The runtime of the DiT and codec decoder (torch | onnxruntime | tensorrt); None if not recorded."""
+    latent_dim: int | None = None
+    num_code_groups: int | None = None
+    batch_ceiling: int | None = None
+    warmup_rtf: float | None = None
+    """Wall seconds per audio second of one warm-up request alone (CPU start only); None otherwise."""
 
     @property
     def pipeline(self) -> str:
@@ -295,15 +342,8 @@ class EngineInfo:
 
     @property
     def slots(self) -> int | None:
-        """Requests the engine batches together at most (``extra["max_slots"]``); None if unknown."""
-        slots = self.extra.get("max_slots")
-        return int(slots) if slots is not None else None
-
-    @property
-    def backend(self) -> str | None:
-        """The runtime of the DiT and codec decoder (``extra["backend"]``); None if the engine did not record it."""
-        backend = self.extra.get("backend")
-        return str(backend) if backend is not None else None
+        """Requests the engine batches together at most; None if unknown."""
+        return self.max_slots
 
 
 @dataclass(frozen=True)
@@ -319,10 +359,18 @@ class EngineStats:
     error: str | None = None
 
 
+class ReferenceFeatures(Protocol):
+    """What ``voice_features`` returns (engines/checkpoints/qwen3_voice.py VoiceFeatures)."""
+
+    xvector: np.ndarray  # [D] float32
+    codes: np.ndarray  # [T, G] int64 speech-tokenizer codes
+
+
 class SynthesisEngine(Protocol):
     """What the service needs from an engine (see :mod:`engines.core.engine`)."""
 
     info: EngineInfo
+    capabilities: EngineCapabilities
 
     def start(self) -> None:
         """Load, warm up and start the worker thread; returns when ready."""
@@ -330,8 +378,26 @@ class SynthesisEngine(Protocol):
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel everything, stop the worker thread and release the device."""
 
+    def validate(self, request: SynthesisRequest, complete: bool = True) -> SynthesisRequest:
+        """The request checked against the loaded model (voice, language, task, live text, whether
+        its prompt fits), with its voice canonical and its text tokenized (``prompt_ids``): submit
+        the returned request and nothing is tokenized again. InvalidRequest naming the field.
+        ``complete=False``: the fields present only (a WebSocket ``session.config``): nothing that
+        a later field may bring (reference audio, instructions) is required, no text tokenized."""
+
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
-        """Queue a request; never blocks. Raises InvalidRequest / EngineOverloaded."""
+        """Queue a request (validated here unless ``validate`` returned it); never blocks.
+        Raises InvalidRequest / EngineOverloaded / EngineUnavailable."""
+
+    def voice_features(self, audio: np.ndarray) -> ReferenceFeatures:
+        """x-vector and reference codes of float32 mono 24 kHz audio (``capabilities.voice_cloning``);
+        blocking (call it off the event loop); InvalidRequest when the model cannot clone."""
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Worker wall seconds per loop stage since start (metrics)."""
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        """The KV pool's figures (talker); empty when the pipeline has none."""
 
     def stats(self) -> EngineStats: ...
 

@@ -10,7 +10,7 @@ import os
 
 from aiohttp import web
 
-from engines.contract import SynthesisEngine
+from engines.contract import EngineCapabilities, SynthesisEngine
 from service.http import playground
 from service.http.middleware import (
     access_log_middleware,
@@ -50,11 +50,10 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
-def release_of(info) -> str:
+def release_of(caps: EngineCapabilities) -> str:
     """What kind of model is loaded: ``dit`` (a streamvox DiT preset) or the Qwen3-TTS talker
     release's task type (``CustomVoice``, ``Base``, ``VoiceDesign``)."""
-    task = info.extra.get("task_type")
-    return str(task) if task and info.source == "talker" else "dit"
+    return caps.task_type or "dit"
 
 
 def display_name(info, checkpoint: str | None) -> str:
@@ -64,15 +63,14 @@ def display_name(info, checkpoint: str | None) -> str:
     return f"streamvox DiT, preset {info.preset}"
 
 
-def controls(info) -> dict[str, bool]:
+def controls(caps: EngineCapabilities) -> dict[str, bool]:
     """Which request fields change this model's output (the playground shows only these)."""
-    talker = info.source == "talker"
-    return {"voice": release_of(info) == "CustomVoice" or not talker,  # Base/VoiceDesign have no presets
-            "instructions": bool(info.extra.get("instructions_apply")),
-            "voice_cloning": bool(info.extra.get("voice_cloning")),
-            "sampling": talker,  # temperature, top_k, top_p, repetition_penalty, greedy
-            "language": talker,  # the DiT's byte frontend reads any language
-            "steps": not talker, "guidance_scale": not talker}
+    return {"voice": caps.preset_voices,  # Base/VoiceDesign have no presets
+            "instructions": caps.instructions,
+            "voice_cloning": caps.voice_cloning,
+            "sampling": caps.honours("repetition_penalty"),  # temperature, top_k, top_p, repetition_penalty, greedy
+            "language": caps.languages is not None,  # the DiT's byte frontend reads any language
+            "steps": caps.honours("steps"), "guidance_scale": caps.honours("guidance_scale")}
 
 
 def speed_note(rtf: float | None) -> str | None:
@@ -87,8 +85,8 @@ def speed_note(rtf: float | None) -> str | None:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    info = state.engine.info
-    rtf = info.extra.get("warmup_rtf")
+    info, caps = state.engine.info, state.engine.capabilities
+    rtf = info.warmup_rtf
     model = {
         "id": "streamvox", "object": "model", "owned_by": "streamvox",
         "engine_model": info.model, "preset": info.preset, "source": info.source, "device": info.device,
@@ -98,12 +96,12 @@ async def models(request: web.Request) -> web.Response:
         "pipeline": info.pipeline, "slots": info.slots, "backend": info.backend or state.settings.backend,
         "names": list(served_model_names(state.settings.checkpoint)),  # what a speech request's `model` may be
         # issue 15: what the loaded Qwen3-TTS release can do (task_type None: the DiT pipeline)
-        "task_types": [info.extra["task_type"]] if info.extra.get("task_type") else [],
-        "instructions": bool(info.extra.get("instructions_apply")),
-        "voice_cloning": bool(info.extra.get("voice_cloning")),
+        "task_types": [caps.task_type] if caps.task_type else [],
+        "instructions": caps.instructions,
+        "voice_cloning": caps.voice_cloning,
         # what the playground shows: the model's name and release, the fields it uses
-        "display_name": display_name(info, state.settings.checkpoint), "release": release_of(info),
-        "controls": controls(info),
+        "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
+        "controls": controls(caps),
         # measured at start on CPU (one warm-up request alone): wall seconds per audio second
         "expected_rtf": rtf, "speed": speed_note(rtf),
     }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from engines.contract import EngineError, EngineOverloaded, EngineUnavailable
+
 
 class ApiError(Exception):
     """Raised by handlers for any client-visible failure; turned into JSON by middleware."""
@@ -26,6 +28,21 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def invalid_field(field: str, message: str) -> ApiError:
     return ApiError(400, "invalid_field", f"{field}: {message}")
+
+
+RETRY_LATER = (429, 503)  # engine_error statuses that say "the engine is busy or down", not "bad request"
+
+
+def engine_error(exc: EngineError) -> ApiError:
+    """The one map from the engine's refusals to client errors: InvalidRequest (a 400 naming the
+    field), EngineOverloaded (429), EngineUnavailable (503). A WebSocket session and the job
+    runner read the status: ``RETRY_LATER`` ones are "try later", the others the request's fault."""
+    if isinstance(exc, EngineOverloaded):
+        retry = max(1, round(exc.retry_after_s))
+        return ApiError(429, "overloaded", "the server is at capacity; retry later", headers={"Retry-After": str(retry)})
+    if isinstance(exc, EngineUnavailable):
+        return ApiError(503, "unavailable", "the engine is not running", headers={"Retry-After": "5"})
+    return ApiError(400, "invalid_field", str(exc))
 
 
 # aiohttp's own HTTP exceptions (404 route, 405 method, 413 body) mapped to our codes.

@@ -75,10 +75,8 @@ class Metrics:
                                       "streams heard because the audio came later than real time", registry=r)
         self.requests = Counter("streamvox_requests_total", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
-        if callable(getattr(engine, "stage_seconds", None)):
-            r.register(_StageCollector(engine))
-        if callable(getattr(engine, "kv_cache_stats", None)):
-            r.register(_KVCacheCollector(engine))
+        r.register(_StageCollector(engine))
+        r.register(_KVCacheCollector(engine))  # no samples where the pipeline has no KV pool (the DiT)
 
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""

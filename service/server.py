@@ -148,7 +148,8 @@ def build_engine_for(settings: Settings):
                         seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
                         backend=settings.backend, artifacts_dir=settings.artifacts_dir,
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
-                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget)
+                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
+                        switches=settings.runtime)
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
@@ -174,7 +175,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     info = engine.info
     log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
              ", ".join(info.random_components) or "none")
-    speed = speed_note(info.extra.get("warmup_rtf"))
+    speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
         log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
     app = create_app(settings, engine)

@@ -16,6 +16,8 @@ from typing import Mapping
 
 from yarl import URL
 
+from engines.config import RuntimeSwitches
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -88,6 +90,7 @@ class Settings:
     jobs_db_pool_size: int = 8  # connections per replica
     job_lease_seconds: float = 30.0  # a running job's lease; another replica takes it this long after its runner died
     # --- end shared jobs
+    runtime: RuntimeSwitches = field(default_factory=RuntimeSwitches)  # the environment's device switches (runtime_switches)
 
     def jobs_db_password(self) -> str | None:
         """The database password from --jobs-db-password-file (None: the URL or PGPASSWORD)."""
@@ -348,4 +351,19 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
     if raw.get("api_key_file"):
         keys.extend(_read_key_file(raw["api_key_file"]))
     values["api_keys"] = tuple(dict.fromkeys(keys))
+    values["runtime"] = runtime_switches(env)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
+    """How the engine runs on the device, from the environment only (no flags: debugging and
+    benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
+    STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
+    layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
+    STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it."""
+    env = os.environ if env is None else env
+    return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
+                           compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
+                           compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
+                           talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
+                           stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1")

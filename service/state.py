@@ -7,12 +7,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from engines.contract import (
-    EngineOverloaded,
-    EngineUnavailable,
-    InvalidRequest,
-    SynthesisEngine,
-)
+from engines.contract import SynthesisEngine
 from service.access.auth import ApiKeys
 from service.access.limits import KeyLimits
 from service.errors import ApiError
@@ -35,7 +30,7 @@ class AppState:
         self.metrics = Metrics(engine)
         self.api_keys = ApiKeys(settings.api_keys)
         self.limits = KeyLimits(settings.rate_limit, settings.rate_burst, settings.max_sessions_per_key,
-                                settings.stream_cap(getattr(engine.info, "slots", None)),
+                                settings.stream_cap(engine.capabilities.max_slots),
                                 per="per API key" if self.api_keys.enabled else "per client address (auth is off)")
         self.draining = False
         self.streams: set[Abortable] = set()  # in-flight real-time work, for the drain
@@ -56,18 +51,6 @@ class AppState:
         if self.draining:
             raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
                            headers={"Retry-After": "1"})
-
-
-def engine_error(exc: Exception) -> ApiError:
-    """Map the engine's synchronous submit errors to HTTP."""
-    if isinstance(exc, InvalidRequest):
-        return ApiError(400, "invalid_field", str(exc))
-    if isinstance(exc, EngineOverloaded):
-        retry = max(1, round(exc.retry_after_s))
-        return ApiError(429, "overloaded", "the server is at capacity; retry later", headers={"Retry-After": str(retry)})
-    if isinstance(exc, EngineUnavailable):
-        return ApiError(503, "unavailable", "the engine is not running", headers={"Retry-After": "5"})
-    raise exc
 
 
 async def drain(state: AppState, grace_seconds: float) -> None:

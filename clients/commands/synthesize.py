@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
     from clients.commands.model_option import show_hub_logs
     from engines.checkpoints.hub import ModelUnavailable, resolve
+    from service.settings import runtime_switches
 
     show_hub_logs()
     try:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         engine = build_engine(preset=args.preset, device=args.device, seed=0,
                               checkpoint=str(served.path) if served.path else None,
                               warmup=False, source=args.source, backend=args.backend,
-                              artifacts_dir=args.artifacts_dir)
+                              artifacts_dir=args.artifacts_dir, switches=runtime_switches())
     except (ValueError, FileNotFoundError, EngineError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import threading
 import time
@@ -20,10 +19,12 @@ import numpy as np
 import torch
 
 from engines.checkpoints.qwen3_voice import VoiceEncoders, VoiceFeatures
+from engines.config import RuntimeSwitches
 from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
     Deliver,
+    EngineCapabilities,
     EngineInfo,
     EngineStats,
     EngineUnavailable,
@@ -42,7 +43,6 @@ from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
 from engines.pipelines.dit.weights import Models
 from engines.pipelines.vocoder import Vocalizer
-from engines.runtime.cuda_graphs import compile_backend
 
 log = logging.getLogger("streamvox.engine")
 
@@ -53,6 +53,13 @@ OPENAI_VOICE_ALIASES = {
     "shimmer": "fjord", "ash": "gale", "ballad": "cedar", "coral": "aria", "sage": "dune",
     "verse": "blaze", "marin": "ember", "cedar": "cedar",
 }
+
+# The request fields that change each pipeline's output (EngineCapabilities.honoured_fields).
+DIT_FIELDS = frozenset({"text", "voice", "seed", "steps", "guidance_scale", "speed", "greedy", "temperature", "top_k",
+                        "top_p"})
+TALKER_FIELDS = frozenset({"text", "voice", "seed", "language", "greedy", "temperature", "top_k", "top_p",
+                           "repetition_penalty", "max_new_tokens", "initial_codec_chunk_frames", "task_type",
+                           "non_streaming_mode", "text_feed"})
 
 
 def voice_key(audio: np.ndarray) -> str:
@@ -72,10 +79,11 @@ class Engine:
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
-                 talker_options: dict | None = None):
+                 talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches()):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
-        CUDA) plans the requests that arrive together with one encoder forward."""
+        CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
+        runs on the device (compilation, talker step graphs, stage timing), from the service's settings."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -98,14 +106,15 @@ class Engine:
 
                 # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
-                dit = GraphedDiT.for_config(dit, cfg, compile_backend=compile_backend("dit"))
+                dit = GraphedDiT.for_config(dit, cfg, compile_backend=switches.compile_backend("dit"))
             self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
             coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
             graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
             if device.type == "cuda":
                 from engines.runtime.graphed_predictor import GraphedCodePredictor
 
-                coder.predictor = GraphedCodePredictor(coder.predictor, compile_backend=compile_backend("predictor"))
+                coder.predictor = GraphedCodePredictor(coder.predictor,
+                                                       compile_backend=switches.compile_backend("predictor"))
                 graphed.append(coder.predictor)
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames, coder, graphed=tuple(graphed))
             max_slots, random_components = cfg.stream.max_slots, models.random_components
@@ -131,19 +140,19 @@ class Engine:
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
             # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            talker_backend = compile_backend("talker")  # opt-in (STREAMVOX_COMPILE_TALKER=1)
+            talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
                 talker_source.talker.compile_layers(talker_backend)
-            step_graphs = device.type == "cuda" and os.environ.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0"
+            step_graphs = device.type == "cuda" and switches.talker_step_graphs
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source,
-                                                              compile_backend=compile_backend("predictor"))
+                                                              compile_backend=switches.compile_backend("predictor"))
             elif device.type == "cuda":
-                # STREAMVOX_TALKER_STEP_GRAPHS=0: the talker step eager, the code predictor it runs
+                # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
                 from engines.runtime.graphed_predictor import (
                     DEFAULT_BUCKETS,
@@ -152,7 +161,7 @@ class Engine:
 
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
-                    + (talker_slots,), compile_backend=compile_backend("predictor"))
+                    + (talker_slots,), compile_backend=switches.compile_backend("predictor"))
             self.source = TalkerLatentSource(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
                                              chunk_frames=cfg.stream.chunk_frames,
@@ -162,7 +171,7 @@ class Engine:
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
-                             max_queue=max_queue, fault_hook=fault_hook,
+                             max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning)
         self._warmup = warmup
         self._ready = threading.Event()
@@ -170,11 +179,10 @@ class Engine:
             model="streamvox", preset=cfg.name, source=self.source.name, device=str(device),
             dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
             voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
-            extra={"latent_dim": cfg.latent_dim, "num_code_groups": cfg.num_code_groups, "max_slots": max_slots,
-                   "batch_ceiling": cfg.stream.batch_ceiling, "backend": backend,
-                   **({"task_type": self.task_type, "instructions_apply": self.instructions_apply,
-                       "voice_cloning": self.voice_encoders is not None} if talker is not None else {})},
+            max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
+            batch_ceiling=cfg.stream.batch_ceiling,
         )
+        self.capabilities = self._capabilities(talker, max_slots, random_components)
         self._features_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
         self._features_lock = threading.Lock()
 
@@ -197,15 +205,12 @@ class Engine:
         self.worker.stop(timeout)
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
-        self.validate(request)
-        self._validate_task(request)
+        request = self.validate(request)  # tokenizes only a request that validate did not return
         if request.seed is None:  # sampling talker: two unseeded requests differ; the DiT keeps seed 0
             request = replace(request, seed=secrets.randbelow(2**63) if self.source.name == "talker" else 0)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
         if request.text_feed is not None:  # live text (issue 16): arriving text wakes the worker
-            if self.source.name != "talker":
-                raise InvalidRequest("text_streaming", "live text needs the talker pipeline")
             request.text_feed.on_change = self.worker.wake
         return self.worker.submit(request, deliver)
 
@@ -262,28 +267,53 @@ class Engine:
         valid = ", ".join(sorted(set(self.voice_names) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
-    # -- helpers --------------------------------------------------------------
-    def validate(self, request: SynthesisRequest) -> None:
-        """Raise InvalidRequest for what depends on the loaded model: the voice and the language.
+    def validate(self, request: SynthesisRequest, complete: bool = True) -> SynthesisRequest:
+        """Every rule that depends on the loaded model, in one place: the voice, the language, the
+        release's task (reference audio, instructions, task_type), ``speed`` (refused where the model
+        does not honour it) and live text; then, for a ``complete`` request, its text tokenized once
+        (``prompt_ids``) and its prompt checked to fit. Returns the request to submit; InvalidRequest
+        naming the field.
 
         Field ranges (steps, speed, sampling, text length, ...) are the caller's to check
         (the service validates them at its boundary, :mod:`service.synthesis.schema`); the engine
         trusts them."""
-        self.resolve_voice(request.voice)
-        languages = self.source.languages()
+        voice = self.resolve_voice(request.voice)
+        languages = self.capabilities.languages
         if languages is not None and str(request.language).strip().lower() not in [x.lower() for x in languages]:
             raise InvalidRequest("language", f"unknown language {str(request.language)[:64]!r}; "
                                              f"valid: {', '.join(languages)}")
-        check_input = getattr(self.source, "check_input", None)  # the talker: its prompt must fit the KV pool
-        if check_input is not None:
+        self._validate_task(request, complete)
+        if request.text_feed is not None and not self.capabilities.live_text:
+            raise InvalidRequest("text_streaming", "live text needs a talker checkpoint")
+        if voice != request.voice:
+            request = replace(request, voice=voice)
+        if complete and request.prompt_ids is None:
             try:
-                check_input(request.text, self.resolve_voice(request.voice), request.language)
+                request = self.source.tokenize(request)
             except ValueError as exc:
                 raise InvalidRequest("input", str(exc)) from None
+        return request
 
-    def _validate_task(self, request: SynthesisRequest) -> None:
-        """What the loaded release can do: Base needs a reference, VoiceDesign instructions;
-        only Base clones; a named task_type must be the loaded one."""
+    # -- helpers --------------------------------------------------------------
+    def _capabilities(self, talker, max_slots: int, random_components: tuple[str, ...]) -> EngineCapabilities:
+        languages = self.source.languages()
+        if talker is None:
+            return EngineCapabilities(
+                pipeline=self.source.name, task_type=None, voices=self.voice_names, voice_aliases=self.voice_aliases,
+                preset_voices=True, languages=None, honoured_fields=DIT_FIELDS, max_slots=max_slots,
+                random_components=random_components)
+        fields = TALKER_FIELDS | ({"instructions"} if self.instructions_apply else set()) | (
+            {"clone"} if self.voice_encoders is not None else set())
+        return EngineCapabilities(
+            pipeline=self.source.name, task_type=self.task_type, voices=self.voice_names,
+            voice_aliases=self.voice_aliases, preset_voices=self.task_type == "CustomVoice",
+            languages=tuple(languages), honoured_fields=frozenset(fields), max_slots=max_slots,
+            max_new_tokens=talker.generation.max_new_tokens, instructions=self.instructions_apply,
+            voice_cloning=self.voice_encoders is not None, live_text=True, random_components=random_components)
+
+    def _validate_task(self, request: SynthesisRequest, complete: bool) -> None:
+        """What the loaded release can do: Base needs a reference, VoiceDesign instructions (in a
+        ``complete`` request); only Base clones; a named task_type must be the loaded one."""
         task = self.task_type
         if task is None:
             for name, value in (("task_type", request.task_type), ("ref_audio", request.clone),
@@ -292,14 +322,14 @@ class Engine:
                     raise InvalidRequest(name, "the DiT pipeline has no task types, voice cloning or instructions; "
                                                "serve a Qwen3-TTS checkpoint (--source talker)")
             return
-        if request.speed != 1.0:
+        if request.speed != 1.0 and not self.capabilities.honours("speed"):
             raise InvalidRequest("speed", "the Qwen3-TTS talker has no speed control (the official generate has "
                                           "none) and streamvox does not time-stretch talker audio; send speed 1.0")
         if request.task_type is not None and request.task_type != task:
             raise InvalidRequest("task_type", f"the loaded checkpoint is a {task} release; it cannot do "
                                               f"{str(request.task_type)[:32]}")
         if task == "Base":
-            if request.clone is None:
+            if request.clone is None and complete:
                 raise InvalidRequest("ref_audio", "this Base (voice-clone) checkpoint needs reference audio "
                                                   "(ref_audio, or voice naming a saved voice)")
             if request.instructions:
@@ -307,7 +337,7 @@ class Engine:
                                                      "generate_voice_clone has none)")
         elif request.clone is not None:
             raise InvalidRequest("ref_audio", f"voice cloning needs a Base checkpoint; the loaded one is {task}")
-        elif task == "VoiceDesign" and not (request.instructions or "").strip():
+        elif task == "VoiceDesign" and complete and not (request.instructions or "").strip():
             raise InvalidRequest("instructions", "a VoiceDesign checkpoint needs instructions describing the voice")
 
     def _voice_index(self, name: str) -> int:
@@ -367,4 +397,4 @@ class Engine:
             # One request alone, first-run costs included: what a single stream can expect here
             # (wall seconds per audio second, > 1 = slower than real time). On CUDA the warm-up
             # is a crowd of requests, which says nothing about one stream, so it is not reported.
-            self.info.extra["warmup_rtf"] = round(wall / (samples[0] / SAMPLE_RATE), 3)
+            self.info = replace(self.info, warmup_rtf=round(wall / (samples[0] / SAMPLE_RATE), 3))

@@ -19,7 +19,6 @@ together; policy, execution and delivery already live in scheduler/executor/outb
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -70,6 +69,7 @@ class Worker:
         vocoder_frames: int = 128,
         vocoder_keep_up: float = 2.0,
         trace: list | None = None,
+        stage_sync: bool = False,
     ):
         self.source = source
         self.vocalizer = vocalizer
@@ -95,12 +95,12 @@ class Worker:
         self.ticks = 0
         self.error: str | None = None
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
-        # profiling. STREAMVOX_STAGE_SYNC=1 synchronises the device at each stage's end so
+        # profiling. ``stage_sync`` synchronises the device at each stage's end so
         # asynchronous GPU work is charged to the stage that issued it (slows the loop).
         self.stage_seconds: defaultdict[str, float] = defaultdict(float)
         for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
             self.stage_seconds[stage] = 0.0
-        self._stage_sync = os.environ.get("STREAMVOX_STAGE_SYNC") == "1" and torch.cuda.is_available()
+        self._stage_sync = stage_sync and torch.cuda.is_available()
 
     # ----------------------------------------------------------------- any thread
     def start(self) -> None:

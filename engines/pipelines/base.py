@@ -71,6 +71,10 @@ class Pipeline(Protocol):
     def languages(self) -> list[str] | None:
         """The request languages this pipeline accepts; None: any."""
 
+    def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
+        """The request with its text tokenized (``prompt_ids``), done once, at validation;
+        ValueError when its prompt could never be served (too long for the model)."""
+
     def capture_graphs(self) -> None:
         """CUDA: capture every graph the pipeline replays (engine start, before /readyz);
         elsewhere a no-op."""

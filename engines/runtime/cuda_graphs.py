@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import torch
@@ -43,19 +42,3 @@ def capture_or_uncompiled(capture_missing: Callable[[], None], compiled: bool, u
                     what, type(exc).__name__, exc, what.split()[-1])
         uncompile()
         capture_missing()
-
-
-def compile_backend(part: str) -> str | None:
-    """torch.compile backend for the modules under the CUDA graphs, or None.
-
-    ``predictor`` (measured on an H100: 11.4 -> 5.2 ms per frame at batch 1): on by default.
-    ``dit``: off until measured on a GPU; STREAMVOX_COMPILE_DIT=1 turns it on.
-    ``talker`` (the talker's layers, prefill and decode step): off until measured on a GPU;
-    STREAMVOX_COMPILE_TALKER=1 turns it on.
-    STREAMVOX_COMPILE=0 turns them all off (e.g. to rule compilation out while debugging)."""
-    if os.environ.get("STREAMVOX_COMPILE", "1") == "0":
-        return None
-    opt_in = {"dit": "STREAMVOX_COMPILE_DIT", "talker": "STREAMVOX_COMPILE_TALKER"}
-    if part in opt_in and os.environ.get(opt_in[part], "0") != "1":
-        return None
-    return "inductor"

@@ -17,6 +17,7 @@ import logging
 
 from aiohttp import web
 
+from engines.contract import Priority
 from service.access.auth import job_owner
 from service.access.limits import client_identity
 from service.errors import ApiError, StoreUnavailable, invalid_field
@@ -32,6 +33,7 @@ from service.jobs.store.base import (
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.params import JobBody
+from service.synthesis.submit import prepare
 from service.voices.routes import saved_clone
 
 log = logging.getLogger("streamvox.jobs")
@@ -72,14 +74,18 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    if getattr(state.engine, "task_type", None) == "Base" and await saved_clone(request.app, body.voice) is None:
+    clone = await saved_clone(request.app, body.voice) if state.engine.capabilities.voice_cloning else None
+    if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
+    # Checked now as it will run (and tokenized once: the runner here reuses the ids).
+    prepared = prepare(state.engine, "job", body.input, body.params, Priority.BATCH, clone=clone)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
     job = await store.create(body.model_dump(exclude_none=True), owner=owner)
+    _runner(request).remember(job.id, prepared.request)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})

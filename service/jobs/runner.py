@@ -27,22 +27,18 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from typing import Awaitable, Callable
 
-from engines.contract import (
-    EngineOverloaded,
-    EngineUnavailable,
-    InvalidRequest,
-    Priority,
-    VoiceClone,
-)
-from service.errors import StoreUnavailable
+from engines.contract import Priority, SynthesisRequest, VoiceClone
+from service.errors import RETRY_LATER, ApiError, StoreUnavailable
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
 from service.synthesis.chunks import ChunkStream
-from service.synthesis.params import SynthesisParams, build_request
+from service.synthesis.params import SynthesisParams
 from service.synthesis.schema import FieldError
 from service.synthesis.spool import AudioSpool
+from service.synthesis.submit import open_stream, prepare
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -51,6 +47,7 @@ STORE_RETRY_SECONDS = 1.0  # between tries while the store is unreachable
 MAX_POLL_SECONDS = 5.0  # the dispatcher looks for expired leases at least this often
 RETENTION_EVERY_SECONDS = 60.0
 UPLOAD_CHUNK_BYTES = 256 * 1024  # audio copied into the store in pieces of about this size
+PROMPT_IDS_KEPT = 256  # jobs validated here whose prompt ids wait for their run (remember)
 
 
 class LeaseLost(Exception):
@@ -116,6 +113,7 @@ class JobRunner:
         self.lease_seconds = state.settings.job_lease_seconds
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
         self.running: dict[str, ChunkStream] = {}
+        self._prompt_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # job id -> ids (remember)
         self.stopped: dict[str, str] = {}  # job id -> why its engine work was stopped (cancelled | lost)
         self.store_error: str | None = None  # set while the store is unreachable
         self._wake = asyncio.Event()
@@ -229,14 +227,17 @@ class JobRunner:
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice) if self.voice_clone is not None else None
-            synthesis = build_request(attempt, job.params["input"], params, Priority.BATCH, clone=clone,
-                                      tenant=job.owner or "jobs")
-            stream = ChunkStream(self.state.engine, synthesis, self.state.metrics, high_water=1 << 30)
-            stream.start()
-        except (EngineOverloaded, EngineUnavailable):
-            await self._until_stored(lambda: self.store.release(job.id, token))
-            return False
-        except (InvalidRequest, FieldError) as exc:
+            prepared = prepare(self.state.engine, attempt, job.params["input"], params, Priority.BATCH, clone=clone,
+                               tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None))
+            stream = open_stream(self.state, prepared, high_water=1 << 30)
+        except ApiError as exc:
+            if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits
+                await self._until_stored(lambda: self.store.release(job.id, token))
+                return False
+            error = exc.message
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
+            return True
+        except FieldError as exc:
             error = str(exc)
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
             return True
@@ -245,6 +246,16 @@ class JobRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def remember(self, job_id: str, request: SynthesisRequest) -> None:
+        """The prompt ids of a job validated here (POST): its run here reuses them instead of
+        tokenizing its text again. A job run elsewhere (another replica, after a restart) is
+        tokenized there; the oldest ids beyond ``PROMPT_IDS_KEPT`` are dropped."""
+        if request.prompt_ids is None:
+            return
+        self._prompt_ids[job_id] = request.prompt_ids
+        while len(self._prompt_ids) > PROMPT_IDS_KEPT:
+            self._prompt_ids.popitem(last=False)
 
     # -- one running job ------------------------------------------------------------------
     async def _keep_lease(self, job: Job, stream: ChunkStream, progress: list[int]) -> None:

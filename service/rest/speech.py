@@ -9,16 +9,16 @@ import logging
 
 from aiohttp import web
 
-from engines.contract import SAMPLES_PER_FRAME, EngineError, Priority
+from engines.contract import SAMPLES_PER_FRAME, Priority
 from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.admission import read_work_request
-from service.state import COUNTED, REQUEST_ID, STATE_KEY, engine_error
+from service.state import COUNTED, REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
-from service.synthesis.params import SpeechBody, build_request, check_model
+from service.synthesis.params import SpeechBody, check_model
 from service.synthesis.spool import AudioSpool
-from service.synthesis.tempo import tempo_for
+from service.synthesis.submit import open_stream, prepare
 from service.voices import routes as voices
 
 log = logging.getLogger("streamvox.speech")
@@ -60,24 +60,20 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
-    tempo = tempo_for(state.engine, body.speed)  # the talker's speed: the service stretches its audio
-    params = body.params if tempo is None else body.params.model_copy(update={"speed": 1.0})
     identity = client_identity(request, state.api_keys)
-    synthesis = build_request(request_id, text, params, priority, clone=clone, tenant=identity)
-    stream = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
-    stream.tempo = tempo
-    if stream_format is not None:  # a listener plays it as it comes: notice when it falls behind real time
-        stream.clock = PlaybackClock(state.engine.info.sample_rate)
+    prepared = prepare(state.engine, request_id, text, body.params, priority, clone=clone, tenant=identity)
+    # a listener plays a streamed response as it comes: notice when it falls behind real time
+    clock = PlaybackClock(state.engine.info.sample_rate) if stream_format is not None else None
     # Streamed responses count toward the per-key cap (429 too_many_streams while others stream);
     # whole-file ones are never capped here but count as another client's speech in flight.
     open_, close = ((state.limits.open_stream, state.limits.close_stream) if stream_format is not None
                     else (state.limits.open_whole, state.limits.close_whole))
     open_(identity)
     try:
-        stream.start()
-    except EngineError as exc:
+        stream = open_stream(state, prepared, high_water=state.settings.ws_buffer_chunks, clock=clock)
+    except ApiError:
         close(identity)
-        raise engine_error(exc) from None
+        raise
     log.info("speech %s: %d chars, format=%s stream=%s", request_id, len(text), fmt, stream_format)
     work = _SpeechWork(stream)
     state.streams.add(work)  # the drain waits for it, then aborts it

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from typing import Any, Mapping, TypeVar
 
 from engines.checkpoints.hub import parse_model_id
 from engines.contract import (
-    InvalidRequest,
+    EngineError,
     Priority,
     SynthesisEngine,
     SynthesisRequest,
+    TextFeed,
     VoiceClone,
 )
-from service.errors import ApiError
+from service.errors import ApiError, engine_error
 from service.synthesis.audio import check_format
 from service.synthesis.schema import (
     MODEL_NAMES,
@@ -31,7 +33,7 @@ from service.synthesis.schema import (
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "parse",
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
            "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
 
 # The DiT pipeline plans about this many frames per text token (the duration prior,
@@ -49,19 +51,27 @@ def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
         raise ApiError(400, exc.code, str(exc)) from None
 
 
-def resolve_voice(engine: SynthesisEngine, params: SynthesisParams, text: str = "-") -> SynthesisParams:
+def engine_params(engine: SynthesisEngine, params: SynthesisParams) -> tuple[SynthesisParams, float | None]:
+    """``params`` as the engine takes them, and the speed the service stretches the audio by
+    (None: none): a model that does not honour ``speed`` gets 1.0 (the talker)."""
+    if params.speed == 1.0 or engine.capabilities.honours("speed"):
+        return params, None
+    return params.model_copy(update={"speed": 1.0}), params.speed
+
+
+def resolve_voice(engine: SynthesisEngine, params: SynthesisParams, live_text: bool = False) -> SynthesisParams:
     """``params`` with the canonical voice name, checked against the loaded model now (not
-    when the work starts): the engine's checks, :meth:`Engine.resolve_voice` and
-    :meth:`Engine.validate` (voice, language and, given the ``text``, whether the talker's
-    prompt fits its KV cache). ApiError(400) naming the field; an unknown voice's message
-    lists the valid ones."""
+    when the work starts) by :meth:`SynthesisEngine.validate` on the fields present (voice,
+    language, task fields; ``live_text``: whether text may arrive live). The text is the
+    request's, checked (and tokenized) when it is prepared (:mod:`service.synthesis.submit`).
+    ApiError(400) naming the field; an unknown voice's message lists the valid ones."""
+    request = build_request("config", "", engine_params(engine, params)[0], Priority.BATCH)
+    if live_text:
+        request = replace(request, text_feed=TextFeed())
     try:
-        voice = engine.resolve_voice(params.voice)
-        validate_request = getattr(engine, "validate", None)  # not in the contract: engines may lack it
-        if validate_request is not None:
-            validate_request(build_request("check", text, params, Priority.BATCH))
-    except InvalidRequest as exc:
-        raise ApiError(400, "invalid_field", str(exc)) from None
+        voice = engine.validate(request, complete=False).voice
+    except EngineError as exc:
+        raise engine_error(exc) from None
     return params if voice == params.voice else params.model_copy(update={"voice": voice})
 
 
@@ -69,7 +79,7 @@ def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine,
     """A speech or job body: its fields validated, its voice resolved, its format available."""
     parsed = parse(model, body, max_chars=max_chars)
     check_format(parsed.response_format)  # libsndfile may lack mp3 / opus: format_unavailable
-    voice = resolve_voice(engine, parsed.params, parsed.input).voice  # with the text: it must fit the model
+    voice = resolve_voice(engine, parsed.params).voice
     return parsed if voice == parsed.voice else parsed.model_copy(update={"voice": voice})
 
 
@@ -96,13 +106,15 @@ def check_model(model: str, checkpoint: str | None) -> None:
                                              "release name such as Qwen/Qwen3-TTS-12Hz-0.6B-Base")
 
 
-def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine) -> SynthesisParams:
-    """A WebSocket ``session.config``: the fields present change ``params``."""
+def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine,
+                  live_text: bool = False) -> SynthesisParams:
+    """A WebSocket ``session.config``: the fields present change ``params`` (``live_text``: the
+    session's text arrives live)."""
     try:
         updated = params.update(fields)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
-    return resolve_voice(engine, updated)
+    return resolve_voice(engine, updated, live_text)
 
 
 def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
@@ -119,8 +131,7 @@ def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) ->
     frames x denoising steps) for the DiT pipeline: UTF-8 bytes x the duration prior /
     ``speed`` x ``steps``. 0 for the talker, which ignores ``speed`` and ``steps`` and
     whose frames are capped by its own ``max_new_tokens``."""
-    info = getattr(engine, "info", None)
-    if info is not None and getattr(info, "source", "dit") == "talker":
+    if engine.capabilities.max_new_tokens is not None:  # the talker
         return 0
     tokens = len(text.encode("utf-8", "surrogatepass"))
     frames = math.ceil(tokens * DIT_FRAMES_PER_BYTE / params.speed)

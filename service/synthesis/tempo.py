@@ -16,7 +16,7 @@ from dataclasses import replace
 import av
 import numpy as np
 
-from engines.contract import SAMPLE_RATE, AudioChunk
+from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisEngine
 
 
 def atempo_factors(speed: float) -> list[float]:
@@ -74,10 +74,10 @@ class TempoStretch:
         return replace(chunk, pcm=self.process(chunk.pcm, final=chunk.is_final))
 
 
-def tempo_for(engine, speed: float) -> TempoStretch | None:
-    """A stretcher when the loaded pipeline is the talker and ``speed`` is not 1 (the DiT plans
-    its durations with ``speed`` itself)."""
-    if speed == 1.0 or getattr(getattr(engine, "info", None), "source", "dit") != "talker":
+def tempo_for(engine: SynthesisEngine, speed: float) -> TempoStretch | None:
+    """A stretcher when ``speed`` is not 1 and the loaded model does not honour it (the talker;
+    the DiT plans its durations with ``speed`` itself)."""
+    if speed == 1.0 or engine.capabilities.honours("speed"):
         return None
     return TempoStretch(speed)
 

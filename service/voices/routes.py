@@ -32,8 +32,8 @@ import soundfile as sf
 import soxr
 from aiohttp import web
 
-from engines.contract import SAMPLE_RATE, InvalidRequest, VoiceClone
-from service.errors import ApiError
+from engines.contract import SAMPLE_RATE, InvalidRequest, SynthesisEngine, VoiceClone
+from service.errors import ApiError, engine_error
 from service.state import STATE_KEY
 from service.synthesis.schema import CloneFields
 from service.voices.fetch import fetch_reference, is_url
@@ -111,22 +111,12 @@ def reference_audio(data: bytes, max_seconds: float, field: str = "ref_audio") -
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 
-async def features_of(engine, audio: np.ndarray, field: str = "ref_audio"):
+async def features_of(engine: SynthesisEngine, audio: np.ndarray, field: str = "ref_audio"):
     """The engine's features of a reference (off the event loop); 400 when it cannot clone."""
-    compute = getattr(engine, "voice_features", None)
-    if compute is None:
-        raise _bad(field, "this server's engine cannot clone voices (serve a Qwen3-TTS Base checkpoint)",
-                   code="invalid_field")
     try:
-        return await asyncio.to_thread(compute, audio)
+        return await asyncio.to_thread(engine.voice_features, audio)
     except InvalidRequest as exc:
-        raise ApiError(400, "invalid_field", str(exc)) from None
-
-
-def _task_type(engine) -> str | None:
-    """The loaded Qwen3-TTS release's task (None: the DiT, or an engine that does not say)."""
-    extra = getattr(getattr(engine, "info", None), "extra", None) or {}
-    return extra.get("task_type")
+        raise engine_error(exc) from None
 
 
 def _content_key(audio: np.ndarray) -> str:
@@ -156,7 +146,7 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
         return VoiceClone(features.xvector, features.codes, fields.ref_text, key=_content_key(audio))
     clone = await saved_clone(request.app, voice)
     if clone is None:
-        if _task_type(state.engine) == "Base" and voice.strip().lower() != "default":
+        if state.engine.capabilities.task_type == "Base" and voice.strip().lower() != "default":
             raise ApiError(400, "invalid_field", f"voice: no saved voice named {voice[:64]!r}; upload one "
                                                  "with POST /v1/audio/voices or send ref_audio")
         return None
@@ -245,7 +235,7 @@ async def create_voice(request: web.Request) -> web.Response:
 
 async def list_voices(request: web.Request) -> web.Response:
     engine = request.app[STATE_KEY].engine
-    builtin = [] if _task_type(engine) in ("Base", "VoiceDesign") else list(engine.info.voices)
+    builtin = list(engine.info.voices) if engine.capabilities.preset_voices else []
     uploaded = await request.app[VOICE_STORE_KEY].list()
     return web.json_response({"voices": builtin, "uploaded_voices": [v.describe() for v in uploaded]})
 

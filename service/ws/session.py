@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import re
 import socket
@@ -21,23 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from engines.contract import (
-    EngineError,
-    EngineOverloaded,
-    EngineUnavailable,
-    Priority,
-    VoiceClone,
-)
+from engines.contract import Priority, VoiceClone
 from engines.models.text import split_sentences
 from service.access.auth import WS_SUBPROTOCOL, websocket_key
 from service.access.limits import client_identity
-from service.errors import ApiError, StoreUnavailable
+from service.errors import RETRY_LATER, ApiError, StoreUnavailable
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
-from service.synthesis.params import SynthesisParams, build_request, check_work, parse, update_params
+from service.synthesis.params import SynthesisParams, check_work, parse, update_params
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, parse_json
-from service.synthesis.tempo import tempo_for
+from service.synthesis.submit import open_stream, prepare
 from service.voices.routes import clone_for, saved_clone
 from service.ws.live_input import LiveInput, LiveUtterance
 
@@ -131,7 +124,7 @@ class StreamSession:
             return False  # an in-context clone's prompt interleaves the reference with the whole text
         if self.text_streaming is not None:
             return self.text_streaming
-        return getattr(self.state.engine.info, "source", "dit") == "talker"
+        return self.state.engine.capabilities.live_text
 
     # -- state the drain and the reader look at ------------------------------------
     @property
@@ -281,7 +274,8 @@ class StreamSession:
     async def on_config(self, message: dict) -> None:
         try:
             streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
-            params = update_params(self.params, message, self.state.engine)
+            live = streaming if streaming is not None else self.live_mode
+            params = update_params(self.params, message, self.state.engine, live_text=live)
             clone = await self.voice_after(message, params)
         except ApiError as exc:
             await self.error(exc.code, exc.message)
@@ -292,9 +286,6 @@ class StreamSession:
             return
         self.params, self.clone = params, clone
         if streaming is not None and streaming != self.live_mode:
-            if streaming and getattr(self.state.engine.info, "source", "dit") != "talker":
-                await self.error("invalid_field", "text_streaming: live text needs a talker checkpoint")
-                return
             self.live.finish()  # the open live utterance (if any) ends where the mode changes
             self.text_streaming = streaming
         self.drop_prefetch()  # it was submitted with the old parameters
@@ -420,26 +411,20 @@ class StreamSession:
             return None
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
-        tempo = tempo_for(self.state.engine, self.params.speed)  # issue 15: talker speed, stretched here
-        params = self.params if tempo is None else self.params.model_copy(update={"speed": 1.0})
-        synthesis = build_request(request_id, utterance.text, params, Priority.REALTIME,
-                                  clone=self.clone,  # issue 15: a saved voice, looked up at session.config
-                                  tenant=client_identity(self.request, self.state.api_keys, websocket=True))
-        if utterance.live is not None:
-            synthesis = dataclasses.replace(synthesis, text_feed=utterance.live.feed)
-        stream = ChunkStream(self.state.engine, synthesis, self.state.metrics,
-                             high_water=self.state.settings.ws_buffer_chunks)
-        stream.tempo = tempo
         try:
-            return stream.start()
-        except EngineOverloaded:
-            await self.fatal("overloaded", "the server is at capacity; reconnect later", CLOSE_OVERLOADED)
-            raise SessionClosed() from None
-        except EngineUnavailable:
-            await self.fatal("unavailable", "the engine is not running", WSCloseCode.TRY_AGAIN_LATER)
-            raise SessionClosed() from None
-        except EngineError as exc:
-            await self.error("invalid_field", str(exc))
+            prepared = prepare(self.state.engine, request_id, utterance.text, self.params, Priority.REALTIME,
+                               clone=self.clone,  # issue 15: a saved voice, looked up at session.config
+                               tenant=client_identity(self.request, self.state.api_keys, websocket=True),
+                               text_feed=utterance.live.feed if utterance.live is not None else None)
+            return open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
+        except ApiError as exc:
+            if exc.status == 429:
+                await self.fatal(exc.code, "the server is at capacity; reconnect later", CLOSE_OVERLOADED)
+                raise SessionClosed() from None
+            if exc.status in RETRY_LATER:
+                await self.fatal(exc.code, exc.message, WSCloseCode.TRY_AGAIN_LATER)
+                raise SessionClosed() from None
+            await self.error(exc.code, exc.message)
             return None
 
     def take_prefetched(self, utterance: Utterance) -> ChunkStream | None:

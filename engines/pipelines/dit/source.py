@@ -141,6 +141,9 @@ class DiTSource:
     def languages(self) -> None:
         return None  # the byte frontend reads any language
 
+    def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
+        return request  # the planner reads the text's bytes at admission: nothing to carry
+
     def capture_graphs(self) -> None:
         for graphed in self.graphed:
             graphed.capture_all()

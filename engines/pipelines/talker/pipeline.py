@@ -12,7 +12,6 @@ from engines.contract import SynthesisRequest
 from engines.pipelines.base import Produced
 from engines.pipelines.talker.live_text import LiveText
 
-
 # Frames before a talker stream's first audio (320 ms). The talker makes one frame per step,
 # so a chunk costs time in proportion to its length: later chunks double (see flush_frames).
 FIRST_CHUNK_FRAMES = 4
@@ -39,11 +38,8 @@ class TalkerLatentSource:
         self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
-        speaker = self.voices[voice_index]
-        language = request.language or "Auto"
-        if language.lower() not in [name.lower() for name in self.source.languages()]:
-            raise ValueError(f"unknown language {language!r}; valid: {', '.join(self.source.languages())}")
-        request = replace(request, voice=speaker, language=language)
+        # The engine validated the request (language, task) and tokenized it (``tokenize``).
+        request = replace(request, voice=self.voices[voice_index], language=request.language or "Auto")
         positions = self.source.prompt_positions(request)  # task, clone, instructions: ValueError now
         self.source.check_fits(positions)  # a prompt that could never be admitted fails now
         self._waiting[request.id] = request
@@ -54,16 +50,19 @@ class TalkerLatentSource:
         max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         return max(0, max_new - 1)  # upper bound (official counting)
 
-    def check_input(self, text: str, speaker: str, language: str) -> None:
-        """ValueError when this text's prompt could never be admitted (longer than a stream's
-        positions or than the KV pool): the engine refuses it at submission (a 400), not later.
-        The task's own needs (reference audio, instructions) are checked with the whole request."""
-        request = SynthesisRequest(id="check", text=text, voice=speaker, language=language or "Auto")
+    def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
+        """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the
+        request; the prompt is built from them at admission). ValueError when its prompt could
+        never be admitted (longer than a stream's positions or than the KV pool): the engine
+        refuses it at submission (a 400), not later."""
+        if request.prompt_ids is None:
+            request = replace(request, prompt_ids=tuple(self.source.prompt.tokenize_assistant(request.text)))
         try:
             positions = self.source.prompt_positions(request)
         except ValueError:
-            return  # e.g. a Base checkpoint's prompt needs the request's reference (checked at submit)
+            return request  # the prompt needs what the request lacks yet (a Base reference): checked at submit
         self.source.check_fits(positions)
+        return request
 
     def _update_kv_wait(self) -> None:
         """The source keeps KV blocks free for the longest prompt still waiting for a row."""

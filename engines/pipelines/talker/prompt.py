@@ -111,15 +111,15 @@ class PromptBuilder:
 
     def for_request(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
                     instruct: str | None = None) -> TalkerPrompt:
-        """The prompt of a request: its text, voice, language, instructions, clone and text mode
-        (explicit arguments win over the request's fields)."""
+        """The prompt of a request: its text (its ``prompt_ids`` when it carries them), voice,
+        language, instructions, clone and text mode (explicit arguments win over the request's fields)."""
         if non_streaming_mode is None:
             non_streaming_mode = request.non_streaming_mode
         if instruct is None:
             instruct = request.instructions
         speaker = request.voice if self.task_type == "CustomVoice" else None
-        return self.build(request.text, speaker, request.language, non_streaming_mode, instruct=instruct,
-                          clone=request.clone)
+        ids = list(request.prompt_ids) if request.prompt_ids is not None else self.tokenize_assistant(request.text)
+        return self.build_ids(ids, speaker, request.language, non_streaming_mode, instruct, clone=request.clone)
 
     def build(self, text: str, speaker: str | None, language: str = "Auto", non_streaming_mode: bool | None = None,
               instruct: str | None = None, clone: VoiceClone | None = None) -> TalkerPrompt:

@@ -15,6 +15,7 @@ import torch
 
 from engines.build import build_engine
 from engines.contract import SynthesisRequest
+from service.settings import runtime_switches
 from tests.engine_helpers import run_requests
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -69,7 +70,8 @@ def test_cuda_talker_engine_replays_its_steps_from_graphs(step_graphs, monkeypat
 
     monkeypatch.setenv("STREAMVOX_TALKER_STEP_GRAPHS", step_graphs)
     path = fx.checkpoint_dir("cv_proj")  # fails under CI, skips elsewhere, when the fixture is missing
-    engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32)
+    engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32,
+                          switches=runtime_switches())  # the service's reading of the environment
     [graphed] = engine.source.graphed
     assert engine.info.source == "talker"
     assert isinstance(graphed, GraphedTalkerStep if step_graphs == "1" else GraphedCodePredictor)

@@ -215,7 +215,7 @@ async def test_a_talker_checkpoint_shows_its_own_speakers_and_sampling(tmp_path,
         assert not await visible(page, "#random-banner")
         assert await visible(page, "#temperature") and await visible(page, "#greedy") and await visible(page, "#language")
         assert not await visible(page, "#steps") and not await visible(page, "#clone")
-        instructions = bool(engine.info.extra.get("instructions_apply"))
+        instructions = engine.capabilities.instructions
         assert await visible(page, "#instructions") == instructions
 
         await page.select_option("#voice", sorted(speakers)[-1])

@@ -26,7 +26,10 @@ def test_engine_validate_checks_the_models_voices_and_languages_only(talker_engi
     with pytest.raises(InvalidRequest) as exc:
         engine.validate(SynthesisRequest(id="c", text="Hi.", voice="nobody"))
     assert exc.value.field == "voice" and "alloy" in exc.value.message
-    engine.validate(SynthesisRequest(id="d", text="Hi.", steps=0, speed=99.0))  # ranges: the caller's
+    engine.validate(SynthesisRequest(id="d", text="Hi.", steps=0, guidance_scale=99.0))  # ranges: the caller's
+    with pytest.raises(InvalidRequest) as exc:  # the talker has no speed: the service time-stretches its audio
+        engine.validate(SynthesisRequest(id="e", text="Hi.", speed=1.5))
+    assert exc.value.field == "speed" and not engine.capabilities.honours("speed")
 
 
 async def test_a_bad_language_is_refused_at_once_everywhere(talker_engine, tmp_path):
