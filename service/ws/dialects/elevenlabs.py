@@ -167,7 +167,7 @@ class ElevenLabsSocket(ContextSocket):
         await context.flush(label)
 
     async def close_context(self, context: Context | None, context_id: str, immediate: bool) -> None:
-        if context is None or context.extra.get("closing"):
+        if context is None or (context.extra.get("closing") and not immediate):  # a barge-in may follow a close
             await self.context_error(None, "context_not_found", f"context {context_id[:64]!r} is not open",
                                      context_id=context_id)
             return
