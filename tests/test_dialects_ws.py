@@ -384,3 +384,27 @@ async def test_deepgram_token_auth(engine, tmp_path):
             assert json.loads(await ws.recv())["type"] == "Metadata"
     finally:
         await live.stop()
+
+
+# --------------------------------------------------------------------------- ElevenLabs HTTP
+async def test_elevenlabs_http_stream_and_with_timestamps(server):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        url = f"{server.url}/v1/text-to-speech/default/stream?output_format=pcm_16000"
+        async with http.post(url, json={"text": "Hello there. How are you today?", "model_id": "eleven_flash_v2_5",
+                                        "voice_settings": {"stability": 0.5}}) as response:
+            assert response.status == 200 and response.headers["Content-Type"] == "audio/pcm"
+            pcm16 = read_raw(await response.read(), "pcm_s16le", 16000)
+        async with http.post(url.replace("/stream?", "/stream/with-timestamps?").replace("16000", "24000"),
+                             json={"text": "Hello there. How are you today?"}) as response:
+            lines = [json.loads(line) for line in (await response.read()).splitlines()]
+        assert all(line["alignment"] is None for line in lines)
+        pcm24 = read_raw(b"".join(base64.b64decode(line["audio_base64"]) for line in lines), "pcm_s16le", 24000)
+        assert pcm24.size > 2400 and abs(pcm16.size - pcm24.size * 2 / 3) <= 0.01 * pcm24.size
+        for path, body, status in (("/v1/text-to-speech/nobody/stream", {"text": "x"}, 400),
+                                   ("/v1/text-to-speech/default/stream", {"text": 5}, 400),
+                                   ("/v1/text-to-speech/default/stream?output_format=wav", {"text": "x"}, 400),
+                                   ("/v1/text-to-speech/default/stream", {"text": "x" * 100_000}, 400)):
+            async with http.post(server.url + path, json=body) as response:
+                assert response.status == status and "detail" in await response.json(), path
