@@ -29,8 +29,8 @@ from service.state import STATE_KEY, AppState
 from service.synthesis.params import served_model_names
 from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
-from service.ws.dialects import cartesia, deepgram, elevenlabs, elevenlabs_http
 from service.ws import session as ws
+from service.ws.dialects import cartesia, deepgram, elevenlabs, elevenlabs_http
 
 
 async def healthz(request: web.Request) -> web.Response:
