@@ -132,9 +132,9 @@ def main() -> None:
             print(f"{'protocol':32} {'sessions':>8} {'TTFA p50 ms':>12} {'p90 ms':>8} {'vs /v1/stream':>14}")
             for sessions in (int(s) for s in args.sessions.split(",")):
                 results = asyncio.run(measure(ws_base, sessions, args.rounds))
-                base = percentile(results["/v1/stream"], 50)
+                base = percentile(results["/v1/stream"], 0.5)
                 for name, values in results.items():
-                    p50, p90 = percentile(values, 50), percentile(values, 90)
+                    p50, p90 = percentile(values, 0.5), percentile(values, 0.9)
                     print(f"{name:32} {sessions:>8} {p50 * 1000:>12.0f} {p90 * 1000:>8.0f} {p50 / base:>14.2f}")
         finally:
             server.stop()
