@@ -3,6 +3,7 @@
 #   .venv         the project (CPU torch 2.13.0 first, so nothing pulls a CUDA build)
 #   .venv-oracle  the official qwen-tts code, kept apart (see scripts/oracle-env.sh)
 #   .venv-aligner the official qwen-asr forced aligner, kept apart (see scripts/aligner-oracle-env.sh)
+#   .venv-agents  the voice-agent SDKs the dialect tests run as clients (see scripts/agents-env.sh)
 #   chromium      Debian's browser for the playground test (tests/service/http/test_playground.py), via apt as root
 #   postgresql    server binaries for the shared job store's tests, via apt as root when missing
 set -euo pipefail
@@ -43,6 +44,9 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (tests/test_job*.py need initdb)"
   fi
 fi
+
+# The ElevenLabs / LiveKit / Pipecat SDKs, kept apart from the project (tests/test_dialects_sdks.py).
+bash scripts/agents-env.sh
 
 if [ -f scripts/oracle-env.sh ] && [ "${STREAMVOX_SKIP_ORACLE:-0}" != "1" ]; then
   bash scripts/oracle-env.sh

@@ -30,6 +30,7 @@ from service.synthesis.params import served_model_names
 from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
 from service.ws import session as ws
+from service.ws.dialects import cartesia, deepgram, elevenlabs, elevenlabs_http
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -137,6 +138,8 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech.create_speech)
     app.router.add_get("/v1/stream", ws.stream_session)
     app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
+    for dialect in (elevenlabs, elevenlabs_http, cartesia, deepgram):  # voice-agent services' sockets (they check their own keys)
+        dialect.add_routes(app)
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)

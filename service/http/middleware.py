@@ -20,6 +20,8 @@ CORS_ORIGIN = web.RequestKey("cors_origin", str)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/playground"})  # the playground page holds no secret
 # WebSockets authenticate inside the socket so they can send an `error` message
 WS_PATHS = frozenset({"/v1/stream", "/v1/audio/speech/stream"})
+# Other services' dialects (service/ws/dialects/) read keys from those services' own headers and check them
+DIALECT_PATHS = ("/v1/text-to-speech/", "/tts/websocket", "/v1/speak")
 
 
 def endpoint_label(request: web.Request) -> str:
@@ -124,7 +126,8 @@ async def auth_middleware(request: web.Request, handler):
 
 
 def _is_open(path: str, metrics_auth: bool) -> bool:
-    return path in OPEN_PATHS or path in WS_PATHS or (path == "/metrics" and not metrics_auth)
+    return (path in OPEN_PATHS or path in WS_PATHS or path.startswith(DIALECT_PATHS)
+            or (path == "/metrics" and not metrics_auth))
 
 
 def cors_middleware(origins: tuple[str, ...]):

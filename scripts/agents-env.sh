@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build .venv-agents: the voice-agent SDKs (ElevenLabs, LiveKit Agents plugins, Pipecat)
+# that the dialect tests run, unmodified, as subprocess clients against a live streamvox.
+#
+# Why a separate venv: these SDKs pin their own aiohttp / websockets / pydantic / protobuf
+# and pull native wheels (livekit's rtc library); none of that may move the project's .venv.
+# They are test clients, never runtime dependencies.
+#
+# Idempotent: an existing venv whose packages match the pins is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv-agents
+PKGS=(
+  "elevenlabs==2.78.0"
+  "livekit-agents==1.8.9"
+  "livekit-plugins-elevenlabs==1.8.9"
+  "livekit-plugins-cartesia==1.8.9"
+  "livekit-plugins-deepgram==1.8.9"
+  "pipecat-ai[elevenlabs,cartesia]==1.14.0"
+)
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "agents-env: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+if "$VENV/bin/python" - "${PKGS[@]}" <<'PYEOF' 2>/dev/null
+import sys, re, importlib.metadata as md
+for spec in sys.argv[1:]:
+    name, version = re.sub(r"\[.*\]", "", spec).split("==")
+    if md.version(name) != version:
+        raise SystemExit(1)
+PYEOF
+then
+  echo "agents-env: $VENV is up to date"
+else
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "${PKGS[@]}"
+fi
+echo "agents-env: done in $(( $(date +%s) - start )) s"

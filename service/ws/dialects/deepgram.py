@@ -1,0 +1,168 @@
+"""Deepgram's ``WS /v1/speak``, so Deepgram clients (their SDK, LiveKit's plugin) can use
+streamvox by changing the base URL.
+
+Query: ``model`` (a voice of the served model or a saved voice, also written as Deepgram
+names its models, ``aura-<voice>-<lang>`` / ``aura-2-<voice>-<lang>``), ``encoding``
+(``linear16`` default, ``mulaw``), ``sample_rate`` (8000-48000; 24000 default, 8000 for
+mulaw), ``speed`` (0.7-1.5); ``container``, ``bit_rate``, ``mip_opt_out`` and the like are
+accepted and ignored. A bad query is refused before the upgrade with Deepgram's HTTP error
+``{"err_code", "err_msg", "request_id"}``.
+
+Client: ``{"type": "Speak", "text"}``, ``{"type": "Flush"}`` (answered by ``Flushed`` with
+its ``sequence_id`` once its audio is out), ``{"type": "Clear"}`` (barge-in: the audio stops
+within one chunk, then ``Cleared``), ``{"type": "Close"}`` (the socket closes at once).
+Server: ``Metadata`` on connect, audio as binary frames, ``Flushed``, ``Cleared``,
+``Warning {warn_code, warn_msg}`` for a message that is ignored, ``Error {err_code,
+err_msg, description}`` for one that is refused; the socket stays open after either.
+Keys: ``Authorization: Token KEY`` (or ``Bearer``), or the ``token`` subprotocol.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from aiohttp import WSCloseCode, web
+
+from service.errors import ApiError
+from service.ws.contexts import Context, ContextSocket, serve
+from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE, WireEncoder
+
+ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "pcm_mulaw"}
+DEFAULT_RATES = {"linear16": 24000, "mulaw": 8000}
+MIN_SPEED, MAX_SPEED = 0.7, 1.5
+_AURA = re.compile(r"^aura-(?:2-)?(.+?)-[a-z]{2}(?:-[a-z]{2})?$")
+CONTEXT = "speak"
+
+
+def deepgram_key(request: web.Request) -> str | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() in ("token", "bearer") and value.strip():
+        return value.strip()
+    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    if len(protocols) == 2 and protocols[0] == "token":  # browsers: new WebSocket(url, ["token", KEY])
+        return protocols[1]
+    return None
+
+
+class DeepgramSocket(ContextSocket):
+    ENDPOINT = "/v1/speak"
+
+    def __init__(self, request, ws, state):
+        super().__init__(request, ws, state)
+        self.model = ""
+        self.voice = ""
+        self.encoding, self.rate = "pcm_s16le", 24000
+        self.speed: float | None = None
+        self.sequence = 0  # Flushed / Cleared sequence_id
+
+    @classmethod
+    def api_key(cls, request: web.Request) -> str | None:
+        return deepgram_key(request)
+
+    @classmethod
+    def subprotocols(cls, request: web.Request) -> tuple[str, ...]:
+        return ("token",)
+
+    @classmethod
+    def refusal(cls, status: int, code: str, message: str) -> web.Response:
+        return web.json_response({"err_code": code.upper(), "err_msg": message, "request_id": ""}, status=status)
+
+    async def check_request(self) -> None:
+        query = self.request.query
+        encoding = query.get("encoding", "linear16")
+        if encoding not in ENCODINGS:
+            raise ApiError(400, "unsupported_encoding", f"encoding: choose one of {', '.join(ENCODINGS)}")
+        rate = query.get("sample_rate", str(DEFAULT_RATES[encoding]))
+        if not rate.isdigit() or not MIN_RATE <= int(rate) <= MAX_RATE:
+            raise ApiError(400, "invalid_query_parameter", f"sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
+        self.encoding, self.rate = ENCODINGS[encoding], int(rate)
+        if "speed" in query:
+            try:
+                speed = float(query["speed"])
+            except ValueError:
+                speed = float("nan")
+            if not MIN_SPEED <= speed <= MAX_SPEED:
+                raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
+            self.speed = speed
+        self.model = query.get("model", "default")
+        self.voice = await self.voice_for(self.model)
+
+    async def voice_for(self, model: str) -> str:
+        if await known_voice(self.request, model):
+            return model
+        match = _AURA.match(model)
+        if match and await known_voice(self.request, match.group(1)):
+            return match.group(1)
+        raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
+                                                       f"{voice_list(self.request)} (or aura-<voice>-en) or a saved voice")
+
+    async def opened(self) -> None:
+        context = self.open_context(CONTEXT)
+        await context.on_config({"voice": self.voice, **({"speed": self.speed} if self.speed else {})})
+        await self.send_json({"type": "Metadata", "request_id": self.socket_id, "model_name": self.model,
+                              "model_version": "streamvox", "model_uuid": self.socket_id})
+
+    async def on_message(self, message: dict) -> None:
+        kind = message.get("type")
+        context = self.contexts.get(CONTEXT)
+        if context is None:
+            return  # the socket is closing
+        if kind == "Speak":
+            text = message.get("text")
+            if not isinstance(text, str):
+                await self.context_error(None, "INVALID_MESSAGE", "Speak: text must be a string")
+                return
+            await context.add_text(text)
+        elif kind in ("Flush", "Clear"):
+            if not context.can_end_round:
+                await self.warn("FLUSH_LIMIT_EXCEEDED", f"{kind} messages arrive faster than they are answered; "
+                                                        "this one was ignored")
+                return
+            self.sequence += 1
+            await (context.flush if kind == "Flush" else context.cancel)((kind, self.sequence))
+        elif kind == "Close":
+            await self.close(WSCloseCode.OK)
+        else:
+            await self.context_error(None, "INVALID_MESSAGE", f"unknown message type {str(kind)[:64]!r}; "
+                                                              "send Speak, Flush, Clear or Close")
+
+    # -- our events, in Deepgram's messages -----------------------------------------
+    async def utterance_start(self, context: Context, text: str) -> None:
+        context.extra["encoder"] = WireEncoder(self.encoding, self.rate)
+
+    async def audio(self, context: Context, pcm: np.ndarray) -> None:
+        data = context.extra["encoder"].encode(pcm)
+        if data:
+            await self.send_bytes(data)
+
+    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
+        encoder = context.extra.pop("encoder", None)
+        if encoder is not None and not cancelled:
+            tail = encoder.finish()
+            if tail:
+                await self.send_bytes(tail)
+        if failed:
+            await self.context_error(context, "GENERATION_FAILED", "synthesis of an utterance failed")
+
+    async def round_done(self, context: Context, label: object) -> None:
+        kind, sequence = label
+        await self.send_json({"type": "Flushed" if kind == "Flush" else "Cleared", "sequence_id": sequence})
+
+    async def warn(self, code: str, message: str) -> None:
+        await self.send_json({"type": "Warning", "warn_code": code, "warn_msg": message})
+
+    async def context_error(self, context: Context | None, code: str, message: str) -> None:
+        await self.send_json({"type": "Error", "err_code": code.upper(), "err_msg": message, "description": message})
+
+    async def bad_frame(self) -> None:
+        await self.context_error(None, "INVALID_MESSAGE", "send JSON text messages; binary input is not accepted")
+
+
+async def speak(request: web.Request) -> web.StreamResponse:
+    return await serve(request, DeepgramSocket)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(DeepgramSocket.ENDPOINT, speak)

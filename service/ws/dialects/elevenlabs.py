@@ -1,0 +1,237 @@
+"""ElevenLabs' text-to-speech WebSockets, so ElevenLabs clients (their SDK, LiveKit's and
+Pipecat's plugins) can use streamvox by changing the base URL.
+
+``WS /v1/text-to-speech/{voice_id}/stream-input``: one stream. The first message (BOS)
+``{"text": " ", "voice_settings", "generation_config"}``, then text pieces
+``{"text": "Hello ", "flush"?}``, then EOS ``{"text": ""}``: the rest is spoken, the last
+message is ``{"isFinal": true}`` and the socket closes.
+
+``WS /v1/text-to-speech/{voice_id}/multi-stream-input``: up to five contexts at once, each
+message naming its ``context_id`` (absent: the default context). ``{"context_id", "flush":
+true}`` speaks what is buffered; ``{"context_id", "close_context": true}`` ends the context
+as LiveKit and Pipecat use it at the end of every turn - the text sent before it is spoken,
+then ``{"isFinal": true, "contextId"}``; with ``"immediate": true`` (a streamvox addition)
+it is a barge-in: the context's audio stops within one chunk and ``isFinal`` follows at
+once. ``{"close_socket": true}`` ends everything. ``{"text": ""}`` is a keep-alive.
+
+Audio replies ``{"audio": base64, "isFinal": false, "normalizedAlignment": null,
+"alignment": null}`` (+ ``contextId``), in the ``output_format`` of the query (``pcm_<rate>``,
+``mp3_<rate>_<kbps>``, ``ulaw_8000``). ``alignment`` stays null: no aligner is loaded.
+Errors are ElevenLabs' ``{"message", "error", "code"}`` (+ ``contextId``); the socket stays
+open after a bad message. Keys: ``xi-api-key`` header or query (or a bearer token).
+``voice_id`` is a voice of the served model or a saved voice; ``voice_settings.speed`` sets
+the speed; ``model_id``, ``language_code``, ``sync_alignment``, ``auto_mode`` and the other
+query parameters and ``voice_settings`` fields are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import numpy as np
+from aiohttp import WSCloseCode, web
+
+from service.access.auth import bearer_key
+from service.errors import ApiError
+from service.ws.contexts import Context, ContextSocket, serve
+from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.wire_audio import WireEncoder
+
+PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+MP3_RATES = (22050, 24000, 44100)
+DEFAULT_FORMAT = "mp3_44100_128"
+MAX_INACTIVITY_S = 180
+POLICY = 1008  # ElevenLabs puts the close code it would use in its error messages
+_FORMAT = re.compile(r"^(pcm|mp3|ulaw)_(\d{4,5})(?:_(\d{2,3}))?$")
+DEFAULT_CONTEXT = ""
+
+
+def parse_output_format(name: str) -> tuple[str, int]:
+    """``pcm_24000`` -> (``pcm_s16le``, 24000); ApiError(400) for a format not served."""
+    match = _FORMAT.match(name)
+    if match:
+        kind, rate = match.group(1), int(match.group(2))
+        if kind == "pcm" and rate in PCM_RATES and match.group(3) is None:
+            return "pcm_s16le", rate
+        if kind == "mp3" and rate in MP3_RATES and match.group(3) is not None:
+            return "mp3", rate
+        if kind == "ulaw" and rate == 8000 and match.group(3) is None:
+            return "pcm_mulaw", rate
+    served = [f"pcm_{r}" for r in PCM_RATES] + [f"mp3_{r}_128" for r in MP3_RATES] + ["ulaw_8000"]
+    raise ApiError(400, "invalid_output_format", f"output_format {name[:40]!r} is not served; choose one of "
+                                                 f"{', '.join(served)}")
+
+
+def elevenlabs_key(request: web.Request) -> str | None:
+    return (request.headers.get("xi-api-key") or request.query.get("xi-api-key")
+            or request.query.get("xi_api_key") or bearer_key(request))
+
+
+def speed_of(voice_settings: dict) -> dict:
+    """The fields of ``voice_settings`` that change our synthesis (only ``speed``)."""
+    speed = voice_settings.get("speed")
+    return {"speed": speed} if speed is not None else {}
+
+
+class ElevenLabsSocket(ContextSocket):
+    ENDPOINT = "/v1/text-to-speech/{voice_id}/stream-input"
+    MAX_CONTEXTS = 1
+    MULTI = False
+
+    def __init__(self, request, ws, state):
+        super().__init__(request, ws, state)
+        self.voice = request.match_info["voice_id"]
+        self.encoding, self.rate = "mp3", 44100
+        self.ended = False  # stream-input: EOS was sent
+
+    @classmethod
+    def api_key(cls, request: web.Request) -> str | None:
+        return elevenlabs_key(request)
+
+    @classmethod
+    def refusal(cls, status: int, code: str, message: str) -> web.Response:
+        return web.json_response({"detail": {"status": code, "message": message}}, status=status)
+
+    async def check_request(self) -> None:
+        self.encoding, self.rate = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
+        timeout = self.request.query.get("inactivity_timeout")
+        if timeout is not None:
+            if not timeout.isdigit() or not 1 <= int(timeout) <= MAX_INACTIVITY_S:
+                raise ApiError(400, "invalid_inactivity_timeout",
+                               f"inactivity_timeout: a whole number of seconds from 1 to {MAX_INACTIVITY_S}")
+            self.idle_timeout_s = float(timeout)
+        if not await known_voice(self.request, self.voice):
+            raise ApiError(400, "voice_not_found", f"voice_id {self.voice[:64]!r} is not a voice of this server; "
+                                                   f"use one of {voice_list(self.request)} or a saved voice")
+
+    # -- client messages -----------------------------------------------------------
+    async def on_message(self, message: dict) -> None:
+        if self.MULTI and message.get("close_socket") is True:
+            await self.close(WSCloseCode.OK)
+            return
+        context_id = message.get("context_id", DEFAULT_CONTEXT) if self.MULTI else DEFAULT_CONTEXT
+        if not isinstance(context_id, str) or len(context_id) > 256:
+            await self.context_error(None, "invalid_context_id", "context_id: must be a string (at most 256 characters)")
+            return
+        text = message.get("text")
+        if text is not None and not isinstance(text, str):
+            await self.context_error(None, "invalid_text", "text: must be a string")
+            return
+        for name in ("flush", "close_context", "immediate", "try_trigger_generation"):
+            if message.get(name) is not None and not isinstance(message[name], bool):
+                await self.context_error(None, f"invalid_{name}", f"{name}: must be true or false")
+                return
+        for name in ("voice_settings", "generation_config"):
+            if message.get(name) is not None and not isinstance(message[name], dict):
+                await self.context_error(None, f"invalid_{name}", f"{name}: must be an object")
+                return
+        context = self.contexts.get(context_id)
+        if self.MULTI and message.get("close_context") is True:
+            await self.close_context(context, context_id, immediate=message.get("immediate") is True)
+            return
+        if self.ended:
+            await self.context_error(None, "stream_ended", "the stream has ended (EOS was sent); open a new socket")
+            return
+        if context is None:
+            if not text and not message.get("flush"):
+                return  # a keep-alive before any context exists
+            context = await self.open(context_id, message)
+            if context is None:
+                return
+        if text == "" and not self.MULTI:  # EOS: speak the rest, then isFinal and close
+            self.ended = True
+            await self.end_round(context, "eos")
+            return
+        if text and text.strip():
+            await context.add_text(text)
+        if message.get("flush") is True:
+            await self.end_round(context, "flush")
+
+    async def open(self, context_id: str, message: dict) -> Context | None:
+        if len(self.contexts) >= self.MAX_CONTEXTS:
+            await self.context_error(None, "max_active_conversations",
+                                     f"Maximum simultaneous contexts per WebSocket connection exceeded "
+                                     f"({self.MAX_CONTEXTS}). Please close an existing context before opening a new one.")
+            return None
+        context = self.open_context(context_id)
+        context.extra["encoder"] = None
+        await context.on_config({"voice": self.voice, **speed_of(message.get("voice_settings") or {})})
+        return context
+
+    async def end_round(self, context: Context, label: str) -> None:
+        if not context.can_end_round:
+            await self.context_error(context, "too_many_flushes", "flushes arrive faster than they are answered; "
+                                                                  "this one was ignored")
+            return
+        await context.flush(label)
+
+    async def close_context(self, context: Context | None, context_id: str, immediate: bool) -> None:
+        if context is None or (context.extra.get("closing") and not immediate):  # a barge-in may follow a close
+            await self.context_error(None, "context_not_found", f"context {context_id[:64]!r} is not open",
+                                     context_id=context_id)
+            return
+        context.extra["closing"] = True
+        if immediate:
+            await self.drop_context(context)
+            await self.send_json({"isFinal": True, "contextId": context_id})
+            return
+        await self.end_round(context, "close")
+
+    # -- our events, in ElevenLabs' messages -----------------------------------------
+    def reply(self, context: Context, message: dict) -> dict:
+        if self.MULTI:
+            message["contextId"] = context.context_id
+        return message
+
+    async def utterance_start(self, context: Context, text: str) -> None:
+        context.extra["encoder"] = WireEncoder(self.encoding, self.rate)
+
+    async def audio(self, context: Context, pcm: np.ndarray) -> None:
+        await self.send_audio(context, context.extra["encoder"].encode(pcm))
+
+    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
+        encoder = context.extra.pop("encoder", None)
+        if encoder is not None and not cancelled:
+            await self.send_audio(context, encoder.finish())
+        if failed:
+            await self.context_error(context, "generation_failed", "synthesis of an utterance failed")
+
+    async def send_audio(self, context: Context, data: bytes) -> None:
+        if data:
+            await self.send_json(self.reply(context, {"audio": base64.b64encode(data).decode(), "isFinal": False,
+                                                      "normalizedAlignment": None, "alignment": None}))
+
+    async def round_done(self, context: Context, label: object) -> None:
+        if label == "close":
+            await self.drop_context(context)
+            await self.send_json(self.reply(context, {"isFinal": True}))
+        elif label == "eos":
+            await self.send_json({"isFinal": True})
+            await self.close(WSCloseCode.OK)
+
+    async def context_error(self, context: Context | None, code: str, message: str,
+                            context_id: str | None = None) -> None:
+        body = {"message": message, "error": code, "code": POLICY}
+        if self.MULTI and (context is not None or context_id is not None):
+            body["contextId"] = context.context_id if context is not None else context_id
+        await self.send_json(body)
+
+
+class ElevenLabsMultiSocket(ElevenLabsSocket):
+    ENDPOINT = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+    MAX_CONTEXTS = 5  # ElevenLabs' own limit per connection
+    MULTI = True
+
+
+async def stream_input(request: web.Request) -> web.StreamResponse:
+    return await serve(request, ElevenLabsSocket)
+
+
+async def multi_stream_input(request: web.Request) -> web.StreamResponse:
+    return await serve(request, ElevenLabsMultiSocket)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(ElevenLabsSocket.ENDPOINT, stream_input)
+    app.router.add_get(ElevenLabsMultiSocket.ENDPOINT, multi_stream_input)

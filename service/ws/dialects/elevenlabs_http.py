@@ -1,0 +1,112 @@
+"""ElevenLabs' ``POST /v1/text-to-speech/{voice_id}/stream``: the whole text in one body
+``{"text", "model_id"?, "voice_settings"?}``, the audio streamed back as it is generated in
+the ``output_format`` of the query (as the sockets: ``pcm_<rate>``, ``mp3_<rate>_<kbps>``,
+``ulaw_8000``). ``/stream/with-timestamps`` streams newline-separated JSON objects
+``{"audio_base64", "alignment": null, "normalized_alignment": null}`` (no aligner: no
+times). Errors are ElevenLabs' ``{"detail": {"status", "message"}}``; keys as the sockets."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from aiohttp import web
+
+from engines.contract import EngineError, Priority
+from service.access.limits import client_identity
+from service.errors import ApiError
+from service.http.body import read_json_object
+from service.state import REQUEST_ID, STATE_KEY, engine_error
+from service.synthesis.chunks import ChunkStream
+from service.synthesis.params import build_request, check_work, resolve_voice
+from service.synthesis.schema import SynthesisParams
+from service.synthesis.tempo import tempo_for
+from service.voices.routes import saved_clone
+from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.elevenlabs import DEFAULT_FORMAT, elevenlabs_key, parse_output_format, speed_of
+from service.ws.dialects.wire_audio import WireEncoder
+
+CONTENT_TYPES = {"pcm_s16le": "audio/pcm", "mp3": "audio/mpeg", "pcm_mulaw": "audio/basic"}
+
+
+def refusal(exc: ApiError) -> web.Response:
+    return web.json_response({"detail": {"status": exc.code, "message": exc.message}}, status=exc.status,
+                             headers=exc.headers or None)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    try:
+        return await _stream(request, timestamps=request.path.endswith("/with-timestamps"))
+    except ApiError as exc:
+        return refusal(exc)
+
+
+async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    state.check_admission()
+    if not state.api_keys.accepts(elevenlabs_key(request)):
+        raise ApiError(401, "invalid_api_key", "missing or invalid xi-api-key")
+    identity = client_identity(request, state.api_keys)
+    state.limits.check_rate(identity)
+    encoding, rate = parse_output_format(request.query.get("output_format", DEFAULT_FORMAT))
+    voice = request.match_info["voice_id"]
+    if not await known_voice(request, voice):
+        raise ApiError(400, "voice_not_found", f"voice_id {voice[:64]!r} is not a voice of this server; "
+                                               f"use one of {voice_list(request)} or a saved voice")
+    body = await read_json_object(request)
+    text, settings = body.get("text"), body.get("voice_settings") or {}
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(400, "invalid_text", "text: must be a non-empty string")
+    if len(text) > state.settings.max_input_chars:
+        raise ApiError(400, "text_too_long", f"text: at most {state.settings.max_input_chars} characters")
+    if not isinstance(settings, dict):
+        raise ApiError(400, "invalid_voice_settings", "voice_settings: must be an object")
+    try:
+        params = resolve_voice(state.engine, SynthesisParams().update({"voice": voice, **speed_of(settings)}), text)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_voice_settings", str(exc)) from None
+    check_work(state.engine, text, params, state.settings.max_work_frame_steps)
+    clone = await saved_clone(request.app, voice)
+    tempo = tempo_for(state.engine, params.speed)
+    if tempo is not None:
+        params = params.model_copy(update={"speed": 1.0})
+    synthesis = build_request(request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone, tenant=identity)
+    chunks = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
+    chunks.tempo = tempo
+    state.limits.open_stream(identity)
+    try:
+        try:
+            chunks.start()
+        except EngineError as exc:
+            raise engine_error(exc) from None
+        response = web.StreamResponse(headers={
+            "Content-Type": "application/x-ndjson" if timestamps else CONTENT_TYPES[encoding],
+            **state.audio_headers()})
+        encoder = WireEncoder(encoding, rate)
+        await response.prepare(request)
+
+        async def send(data: bytes) -> None:
+            if data:
+                await response.write(json.dumps({"audio_base64": base64.b64encode(data).decode(), "alignment": None,
+                                                 "normalized_alignment": None}).encode() + b"\n"
+                                     if timestamps else data)
+        try:
+            while True:
+                chunk = await chunks.next_chunk()
+                await send(encoder.encode(chunk.pcm))
+                if chunk.is_final:
+                    break
+            if not chunk.error:
+                await send(encoder.finish())
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
+    finally:
+        chunks.cancel()
+        state.limits.close_stream(identity)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/text-to-speech/{voice_id}/stream", stream)
+    app.router.add_post("/v1/text-to-speech/{voice_id}/stream/with-timestamps", stream)

@@ -1,0 +1,125 @@
+"""Real voice-agent SDKs, unmodified, against a live streamvox: the ``elevenlabs`` SDK's
+realtime (stream-input) helper, LiveKit Agents' ElevenLabs / Cartesia / Deepgram TTS streams
+and Pipecat's ElevenLabs / Cartesia TTS services in a minimal pipeline, each sending text in
+pieces with its base URL pointed at the server.
+
+The SDKs live in their own virtualenv (.venv-agents, scripts/agents-env.sh, built by
+scripts/dev-setup.sh) and run as subprocesses (tests/agents_clients.py). Without that venv
+the tests fail under CI and are skipped on a developer machine that has not built it.
+
+What each client gets back is compared with the same text spoken over the Cartesia socket
+directly: the same number of samples (the tiny DiT engine is deterministic, seed 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import websockets
+from conftest import REPO, start_server
+
+AGENTS_PYTHON = REPO / ".venv-agents" / "bin" / "python"
+CLIENTS = REPO / "tests" / "agents_clients.py"
+TEXT = "Hello there. How are you today? Fine, thanks."  # what agents_clients.PIECES joins to
+KEY = "agent-key"
+
+pytestmark = pytest.mark.skipif(not AGENTS_PYTHON.exists() and not os.environ.get("CI"),
+                                reason="run scripts/agents-env.sh to build .venv-agents (CI builds it)")
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the TLS test certificate (the elevenlabs SDK only speaks wss)")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+async def run_client(kind: str, base: str, cert: Path | None = None) -> dict:
+    assert AGENTS_PYTHON.exists(), "build .venv-agents with scripts/agents-env.sh"
+    env = {**os.environ, "PYTHONPATH": "", "LOGURU_LEVEL": "WARNING"}
+    if cert is not None:
+        env["SSL_CERT_FILE"] = str(cert)
+    process = await asyncio.create_subprocess_exec(str(AGENTS_PYTHON), str(CLIENTS), kind, base, KEY, env=env,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
+    except asyncio.TimeoutError:
+        process.kill()
+        raise
+    assert process.returncode == 0, f"{kind} failed:\n{stderr.decode()[-3000:]}"
+    return json.loads(stdout.decode().strip().splitlines()[-1])
+
+
+async def reference_samples(url: str) -> int:
+    """``TEXT`` at 24 kHz over the Cartesia socket (samples of int16)."""
+    async with websockets.connect(f"{url}/tts/websocket", additional_headers={"X-API-Key": KEY}) as ws:
+        await ws.send(json.dumps({"transcript": TEXT, "context_id": "ref", "continue": False,
+                                  "voice": {"mode": "id", "id": "default"},
+                                  "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}}))
+        size = 0
+        while (message := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] != "done":
+            if message["type"] == "chunk":
+                size += len(base64.b64decode(message["data"]))
+        return size // 2
+
+
+@pytest.fixture
+async def live(engine, tmp_path):
+    server = await start_server(engine, tmp_path / "data", api_keys=(KEY,))
+    yield server
+    await server.stop()
+
+
+@pytest.mark.parametrize("kind", ["livekit-elevenlabs", "livekit-cartesia", "livekit-deepgram",
+                                  "pipecat-elevenlabs", "pipecat-cartesia"])
+async def test_agent_sdk_gets_the_audio(live, kind):
+    result = await run_client(kind, live.url)
+    assert result["sample_rate"] == 24000 and result["peak"] > 0.01
+    # every sample, as spoken alone (LiveKit's Deepgram plugin may pad the end of a segment)
+    expected = await reference_samples(live.url.replace("http", "ws", 1))
+    assert result["bytes"] // 2 == expected, result
+    if kind.startswith("pipecat"):
+        assert {"TTSStartedFrame", "TTSAudioRawFrame", "TTSStoppedFrame"} <= set(result["events"])
+
+
+async def test_elevenlabs_sdk_realtime_helper(engine, tmp_path, tls_files):
+    cert, key = tls_files
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server = await start_server(engine, tmp_path / "data", ssl_context=context, api_keys=(KEY,))
+    try:
+        result = await run_client("elevenlabs-sdk", server.url, cert)
+        trust = ssl.create_default_context(cafile=str(cert))
+        async with websockets.connect(f"{server.ws_url.rsplit('/v1', 1)[0]}/tts/websocket",
+                                      additional_headers={"X-API-Key": KEY}, ssl=trust) as ws:
+            await ws.send(json.dumps({"transcript": TEXT, "context_id": "ref", "continue": False,
+                                      "voice": {"mode": "id", "id": "default"},
+                                      "output_format": {"container": "raw", "encoding": "pcm_s16le",
+                                                        "sample_rate": 24000}}))
+            size = 0
+            while (message := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] != "done":
+                size += len(base64.b64decode(message.get("data") or ""))
+        assert result["peak"] > 0.01 and result["bytes"] == size
+    finally:
+        await server.stop()
+
+
+def test_agents_venv_keeps_its_own_packages():
+    """The SDKs did not leak into the project's venv (they pin their own aiohttp and protobuf)."""
+    project = subprocess.run([sys.executable, "-c", "import importlib.util as u; "
+                              "print(u.find_spec('livekit') is None and u.find_spec('pipecat') is None)"],
+                             capture_output=True, text=True, timeout=60)
+    assert project.stdout.strip() == "True"
