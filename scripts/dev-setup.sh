@@ -45,7 +45,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
   fi
 fi
 
-# The ElevenLabs / LiveKit / Pipecat SDKs, kept apart from the project (tests/test_dialects_sdks.py).
+# The ElevenLabs / LiveKit / Pipecat SDKs, kept apart from the project (tests/service/ws/dialects/test_dialects_sdks.py).
 bash scripts/agents-env.sh
 
 if [ -f scripts/oracle-env.sh ] && [ "${STREAMVOX_SKIP_ORACLE:-0}" != "1" ]; then

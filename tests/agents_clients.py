@@ -1,5 +1,5 @@
 """Voice-agent SDK clients, unmodified, pointed at a streamvox server (run with .venv-agents'
-python by tests/test_dialects_sdks.py; never imported by the project).
+python by tests/service/ws/dialects/test_dialects_sdks.py; never imported by the project).
 
     python tests/agents_clients.py CLIENT BASE_URL KEY
 
