@@ -12,15 +12,14 @@ import json
 
 from aiohttp import web
 
-from engines.contract import EngineError, Priority
+from engines.contract import Priority
 from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
-from service.state import REQUEST_ID, STATE_KEY, engine_error
-from service.synthesis.chunks import ChunkStream
-from service.synthesis.params import build_request, check_work, resolve_voice
+from service.state import REQUEST_ID, STATE_KEY
+from service.synthesis.params import check_work, resolve_voice
 from service.synthesis.schema import SynthesisParams
-from service.synthesis.tempo import tempo_for
+from service.synthesis.submit import open_stream, prepare
 from service.voices.routes import saved_clone
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.elevenlabs import DEFAULT_FORMAT, elevenlabs_key, parse_output_format, speed_of
@@ -62,23 +61,17 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
     if not isinstance(settings, dict):
         raise ApiError(400, "invalid_voice_settings", "voice_settings: must be an object")
     try:
-        params = resolve_voice(state.engine, SynthesisParams().update({"voice": voice, **speed_of(settings)}), text)
+        params = resolve_voice(state.engine, SynthesisParams().update({"voice": voice, **speed_of(settings)}))
     except ValueError as exc:
         raise ApiError(400, "invalid_voice_settings", str(exc)) from None
     check_work(state.engine, text, params, state.settings.max_work_frame_steps)
     clone = await saved_clone(request.app, voice)
-    tempo = tempo_for(state.engine, params.speed)
-    if tempo is not None:
-        params = params.model_copy(update={"speed": 1.0})
-    synthesis = build_request(request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone, tenant=identity)
-    chunks = ChunkStream(state.engine, synthesis, state.metrics, high_water=state.settings.ws_buffer_chunks)
-    chunks.tempo = tempo
+    prepared = prepare(state.engine, request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone,
+                       tenant=identity)
     state.limits.open_stream(identity)
+    chunks = None
     try:
-        try:
-            chunks.start()
-        except EngineError as exc:
-            raise engine_error(exc) from None
+        chunks = open_stream(state, prepared, high_water=state.settings.ws_buffer_chunks)
         response = web.StreamResponse(headers={
             "Content-Type": "application/x-ndjson" if timestamps else CONTENT_TYPES[encoding],
             **state.audio_headers()})
@@ -103,7 +96,8 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
             pass
         return response
     finally:
-        chunks.cancel()
+        if chunks is not None:
+            chunks.cancel()
         state.limits.close_stream(identity)
 
 
