@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import secrets
 import threading
@@ -14,7 +15,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -58,6 +59,14 @@ OPENAI_VOICE_ALIASES = {
 def voice_key(audio: np.ndarray) -> str:
     """Content key of a reference voice (float32 24 kHz samples): what features are cached under."""
     return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
+
+
+class PlannedWork(NamedTuple):
+    """What one request will ask of the engine, known before any of it runs (no model call)."""
+
+    audio_frames: int  # codec frames the vocoder decodes (80 ms each): the same cost whatever made them
+    model_steps: int  # the latent model's work, in ``step_unit``
+    step_unit: str  # "DiT frame-steps" (frames x denoising steps) or "talker steps" (one per frame)
 
 
 class Engine:
@@ -208,6 +217,22 @@ class Engine:
                 raise InvalidRequest("text_streaming", "live text needs the talker pipeline")
             request.text_feed.on_change = self.worker.wake
         return self.worker.submit(request, deliver)
+
+    def planned_work(self, request: SynthesisRequest) -> PlannedWork:
+        """The work ``request`` plans, for limits checked before any engine time. DiT: its UTF-8
+        bytes x the duration prior / ``speed`` frames (the planner's own count is within about
+        0.7-1.4x of it), each denoised ``steps`` times. Talker: it may speak until
+        ``max_new_tokens`` (the checkpoint's default when unset) or its stream's positions run
+        out, whatever the text (an untrained or unlucky talker never samples EOS)."""
+        if self.source.name != "talker":
+            tokens = len(self.planner.tokenizer.encode(request.text)) - 2  # without bos / eos
+            prior = self.models.config.duration.base_frames_per_token
+            frames = math.ceil(tokens * prior / request.speed)
+            return PlannedWork(frames, frames * request.steps, "DiT frame-steps")
+        talker = self.source.source
+        max_new = talker.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        frames = max(0, min(int(max_new), talker.max_seq_len) - 1)  # official counting: N tokens, N - 1 frames
+        return PlannedWork(frames, frames, "talker steps")
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,

@@ -413,7 +413,7 @@ class StreamSession:
         if utterance.refused:
             return None
         try:
-            check_work(self.state.engine, utterance.text, self.params, self.state.settings.max_work_frame_steps)
+            check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.error(exc.code, exc.message)
