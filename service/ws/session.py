@@ -316,7 +316,7 @@ class StreamSession:
             await self.error(exc.code, exc.message)
             return
         limit = self.state.settings.max_input_chars
-        open_live = len(self.live.open.text) if self.live.open is not None else 0
+        open_live = len(self.live.open.text) + len(self.live.open.held) if self.live.open is not None else 0
         if self.queued_chars() + open_live + len(text) > limit:
             await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
             return
