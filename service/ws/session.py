@@ -218,7 +218,8 @@ class StreamSession:
             try:
                 if remaining <= 0:
                     raise asyncio.TimeoutError()
-                message = await asyncio.wait_for(self.ws.receive(), remaining)
+                async with asyncio.timeout(remaining):  # (no task per message, as wait_for would make)
+                    message = await self.ws.receive()
             except asyncio.TimeoutError:
                 if self.live.open is not None:  # live text stopped without input.done: end it cleanly
                     self.live.finish()
