@@ -7,6 +7,10 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
 * bad_bytes    - deep nesting, huge numbers, lone surrogates, odd charsets, non-UTF-8 headers
 * heavy        - 8 concurrent long streamed requests (more than the per-key stream cap)
 * over_work    - requests over the work limit (413 before any engine time)
+* costly       - work counted in the units that cost: 4,096 emoji at speed 0.25 and steps 1, a
+                 huge talker max_new_tokens (413 before any engine time), a ~100 s mp3 sentence
+                 on the vllm-omni socket (encoded off the event loop) and 60,000 empty deltas
+                 on a 4,000-character sentence buffer (read once, not re-split per message)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
@@ -203,6 +207,70 @@ async def over_work(http: aiohttp.ClientSession, url: str, deadline: float, repo
         await asyncio.sleep(0.1)
 
 
+EMOJI_WORK = {"input": "\U0001F600" * 4096, "speed": 0.25, "steps": 1}  # ~59,000 frames, 1 step each
+HUGE_TOKENS = {"input": "Hello there.", "max_new_tokens": 16384}
+LONG_OMNI_SENTENCE = "word " * 280  # one sentence of ~100 s of audio at steps 1 (DiT)
+EMPTY_DELTAS = 60_000
+
+
+async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """The work-limit and event-loop reproductions in turn. WebSocket sessions count their
+    handshake status; an answer that never comes or an utterance that fails counts as a 5xx."""
+    ws_base = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+
+    async def post(name: str, path: str, body: dict) -> None:
+        async with http.post(url + path, json=body) as r:
+            await r.read()
+            report.count(name, r.status)
+
+    async def until(ws, kind: str, timeout: float) -> list[dict]:
+        events: list[dict] = []
+        async with asyncio.timeout(timeout):
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    events.append(json.loads(message.data))
+                    if events[-1]["type"] == kind:
+                        return events
+                elif message.type != aiohttp.WSMsgType.BINARY:
+                    break
+        raise ConnectionError(f"the socket ended before {kind}")
+
+    async def long_omni_sentence() -> None:
+        async with http.ws_connect(ws_base + "/v1/audio/speech/stream", max_msg_size=0) as ws:
+            report.count("costly long_omni", 101)
+            await ws.send_json({"type": "session.config", "response_format": "mp3", "steps": 1})
+            await ws.send_json({"type": "input.text", "text": LONG_OMNI_SENTENCE})
+            await ws.send_json({"type": "input.done"})
+            events = await until(ws, "session.done", 300)
+            failed = [e for e in events if e["type"] == "audio.done" and e.get("error")]
+            report.count("costly long_omni", 500 if failed else 200)
+
+    async def empty_deltas() -> None:
+        async with http.ws_connect(ws_base + "/v1/stream") as ws:
+            report.count("costly empty_deltas", 101)
+            await ws.send_json({"type": "session.config", "voice": "default", "text_streaming": False})
+            await ws.send_json({"type": "input.text", "text": "word " * 800})  # no sentence end
+            for _ in range(EMPTY_DELTAS):
+                await ws.send_str('{"type":"input.text","text":""}')
+            await ws.send_json({"type": "response.cancel"})
+            events = await until(ws, "session.done", 60)
+            server_side = [e for e in events if e["type"] == "error" and e.get("code") != "invalid_field"]
+            report.count("costly empty_deltas", 500 if server_side else 200)
+
+    while time.monotonic() < deadline:
+        await post("costly emoji", "/v1/audio/speech", {**EMOJI_WORK, "stream": False})
+        await post("costly emoji", "/v1/jobs", EMOJI_WORK)
+        await post("costly max_new_tokens", "/v1/audio/speech", {**HUGE_TOKENS, "stream": False})
+        for attack in (long_omni_sentence, empty_deltas):
+            if time.monotonic() >= deadline:
+                return
+            try:
+                await attack()
+            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+                report.count(f"costly {attack.__name__}", 599)  # no answer: counted as a server failure
+        await asyncio.sleep(0.1)
+
+
 async def run_attacks(url: str, deadline: float) -> AttackReport:
     """Every attack until ``deadline``; then whatever is still in flight is dropped (a
     hostile client simply goes away)."""
@@ -211,7 +279,8 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
     async with aiohttp.ClientSession(connector=connector) as http:
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
-            heavy(http, url, deadline, report), over_work(http, url, deadline, report))]
+            heavy(http, url, deadline, report), over_work(http, url, deadline, report),
+            costly(http, url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()

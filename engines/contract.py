@@ -28,7 +28,7 @@ import enum
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -366,6 +366,14 @@ class ReferenceFeatures(Protocol):
     codes: np.ndarray  # [T, G] int64 speech-tokenizer codes
 
 
+class PlannedWork(NamedTuple):
+    """What one request will ask of the engine, known before any of it runs (no model call)."""
+
+    audio_frames: int  # codec frames the vocoder decodes (80 ms each): the same cost whatever made them
+    model_steps: int  # the latent model's work, in ``step_unit``
+    step_unit: str  # "DiT frame-steps" (frames x denoising steps) or "talker steps" (one per frame)
+
+
 class SynthesisEngine(Protocol):
     """What the service needs from an engine (see :mod:`engines.core.engine`)."""
 
@@ -392,6 +400,10 @@ class SynthesisEngine(Protocol):
     def voice_features(self, audio: np.ndarray) -> ReferenceFeatures:
         """x-vector and reference codes of float32 mono 24 kHz audio (``capabilities.voice_cloning``);
         blocking (call it off the event loop); InvalidRequest when the model cannot clone."""
+
+    def planned_work(self, request: SynthesisRequest) -> PlannedWork:
+        """What ``request`` will cost (vocoder frames, model steps), without running the model:
+        the service's work limits are checked on it before any engine time is spent."""
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (metrics)."""

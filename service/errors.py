@@ -45,6 +45,22 @@ def engine_error(exc: EngineError) -> ApiError:
     return ApiError(400, "invalid_field", str(exc))
 
 
+# Final-chunk errors that mean "no room for this request now", not a fault: the talker's KV pool
+# ran out mid-request (engines/pipelines/talker/source.py). Like every capacity refusal: 503
+# with Retry-After, never 500.
+CAPACITY_ERRORS = ("kv_cache_exhausted",)
+CAPACITY_RETRY_AFTER_S = 2
+
+
+def is_capacity_error(error: str | None) -> bool:
+    return bool(error) and error.split(":", 1)[0].strip() in CAPACITY_ERRORS
+
+
+def capacity_error() -> ApiError:
+    return ApiError(503, "overloaded", "the server ran out of room for this request while generating it (the talker's "
+                    "KV cache is full); retry later", headers={"Retry-After": str(CAPACITY_RETRY_AFTER_S)})
+
+
 # aiohttp's own HTTP exceptions (404 route, 405 method, 413 body) mapped to our codes.
 HTTP_STATUS_CODES = {
     400: "bad_request",

@@ -73,7 +73,13 @@ class Settings:
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     job_workers: int = 2
-    max_work_frame_steps: int = 60_000  # planned frames x steps one job may cost (service.synthesis.params.check_work; 0 = off)
+    # --- work limits: what one request (one WebSocket utterance) may cost, counted by the engine
+    # before any of it runs (engines Engine.planned_work; service.synthesis.params.check_work);
+    # over one: 413 too_much_work. 0 = off.
+    max_work_audio_frames: int = 16_384  # codec frames the vocoder decodes (12.5 per second: ~22 min)
+    max_work_frame_steps: int = 60_000  # DiT: planned frames x denoising steps
+    max_work_talker_steps: int = 2_048  # talker: decode steps it may run (max_new_tokens; the official default passes)
+    # --- end work limits
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
     # Fairness: concurrent streamed /v1/audio/speech responses per key (per address with auth
@@ -170,6 +176,15 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "job database connections per replica"),
     ("--job-lease-seconds", "STREAMVOX_JOB_LEASE_SECONDS", "job_lease_seconds",
      "lease of a running job: another replica takes it over this long after its runner stopped renewing"),
+    # work limits
+    ("--max-work-audio-frames", "STREAMVOX_MAX_WORK_AUDIO_FRAMES", "max_work_audio_frames",
+     "most codec frames (12.5 per second of audio, after speed) one request or utterance may plan; more get "
+     "413 too_much_work (0 = no limit)"),
+    ("--max-work-frame-steps", "STREAMVOX_MAX_WORK_FRAME_STEPS", "max_work_frame_steps",
+     "DiT: most planned frames x denoising steps one request or utterance may cost (0 = no limit)"),
+    ("--max-work-talker-steps", "STREAMVOX_MAX_WORK_TALKER_STEPS", "max_work_talker_steps",
+     "talker: most decode steps (max_new_tokens, else the checkpoint's default) one request or utterance "
+     "may run (0 = no limit)"),
     # live text (issue 16)
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
@@ -302,7 +317,9 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
                                 ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0),
                                 ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01),
-                                ("ws_live_utterance_chars", int, 1)):
+                                ("ws_live_utterance_chars", int, 1),
+                                ("max_work_audio_frames", int, 0), ("max_work_frame_steps", int, 0),
+                                ("max_work_talker_steps", int, 0)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     # shared jobs (issue 17)

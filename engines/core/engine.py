@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import secrets
 import threading
 import time
@@ -29,6 +30,7 @@ from engines.contract import (
     EngineStats,
     EngineUnavailable,
     InvalidRequest,
+    PlannedWork,
     RequestHandle,
     SynthesisRequest,
     TickReport,
@@ -213,6 +215,22 @@ class Engine:
         if request.text_feed is not None:  # live text (issue 16): arriving text wakes the worker
             request.text_feed.on_change = self.worker.wake
         return self.worker.submit(request, deliver)
+
+    def planned_work(self, request: SynthesisRequest) -> PlannedWork:
+        """The work ``request`` plans, for limits checked before any engine time. DiT: its UTF-8
+        bytes x the duration prior / ``speed`` frames (the planner's own count is within about
+        0.7-1.4x of it), each denoised ``steps`` times. Talker: it may speak until
+        ``max_new_tokens`` (the checkpoint's default when unset) or its stream's positions run
+        out, whatever the text (an untrained or unlucky talker never samples EOS)."""
+        if self.source.name != "talker":
+            tokens = len(self.planner.tokenizer.encode(request.text)) - 2  # without bos / eos
+            prior = self.models.config.duration.base_frames_per_token
+            frames = math.ceil(tokens * prior / request.speed)
+            return PlannedWork(frames, frames * request.steps, "DiT frame-steps")
+        talker = self.source.source
+        max_new = talker.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        frames = max(0, min(int(max_new), talker.max_seq_len) - 1)  # official counting: N tokens, N - 1 frames
+        return PlannedWork(frames, frames, "talker steps")
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,

@@ -129,20 +129,40 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
     stripped of surrounding whitespace; the rest is returned verbatim so the caller
     can append the next piece of text to it. A blank line (``"\\n\\n"``) followed by
     text also ends a sentence. Feeding text piece by piece yields the same sentences
-    as feeding it at once.
+    as feeding it at once (:class:`SentenceSplitter` does that without re-reading the rest).
     """
     if not isinstance(buffer, str):
         raise TypeError(f"buffer must be str, got {type(buffer).__name__}")
+    sentences, start, _ = _scan(buffer, 0)
+    return sentences, buffer[start:]
+
+
+def _reaches_end(buffer: str, i: int) -> bool:
+    """Whether the terminators, closers and whitespace from ``buffer[i]`` run to its end: what
+    decides them has not arrived yet."""
+    n = len(buffer)
+    while i < n and (buffer[i] in _LATIN_TERMINATORS or buffer[i] in _CJK_TERMINATORS or buffer[i] in _CLOSERS
+                     or buffer[i] in _CJK_CLOSERS or buffer[i].isspace()):
+        i += 1
+    return i == n
+
+
+def _scan(buffer: str, i: int) -> tuple[list[str], int, int]:
+    """Sentences of ``buffer`` read from ``i`` (the text before it holds no sentence end and
+    nothing undecided) -> (sentences, start of the rest, where the next read must begin: the
+    first position whose decision waits for more text)."""
     sentences: list[str] = []
     start = 0
-    i = 0
     n = len(buffer)
+    resume: int | None = None
     while i < n:
         c = buffer[i]
         end: int | None = None
         if c in _LATIN_TERMINATORS or c in _CJK_TERMINATORS:
             end = _boundary_end(buffer, i)
             if end is None:  # skip the whole terminator run
+                if resume is None and _reaches_end(buffer, i):
+                    resume = i  # "3." may become "3.5" or end a sentence: read it again with more text
                 while i < n and (buffer[i] in _LATIN_TERMINATORS or buffer[i] in _CJK_TERMINATORS):
                     i += 1
                 continue
@@ -151,6 +171,7 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
             while k < n and buffer[k].isspace():
                 k += 1
             if k == n:
+                resume = i if resume is None else resume
                 break  # undecided: the next text may still follow
             end = i
         if end is None:
@@ -160,8 +181,40 @@ def split_sentences(buffer: str) -> tuple[list[str], str]:
         if sentence:
             sentences.append(sentence)
         start = end
+        resume = None  # everything before the new start is decided
         i = max(end, i + 1)
-    return sentences, buffer[start:]
+    if resume is None:
+        resume = n - 1 if buffer.endswith("\n") else n  # a line break may become a blank line
+    return sentences, start, max(resume, start)
+
+
+class SentenceSplitter:
+    """:func:`split_sentences` for text arriving in pieces: each piece costs its own length
+    (plus an undecided tail, such as a terminator and the whitespace after it), never the
+    whole text waiting for a sentence end.
+
+        splitter = SentenceSplitter()
+        splitter.feed("Hello there. How")   # -> ["Hello there."]; splitter.rest == " How"
+        splitter.take_rest()                # -> " How" (input.done: the rest is spoken as it is)
+    """
+
+    def __init__(self) -> None:
+        self.rest = ""
+        self._resume = 0  # rest[:_resume] holds no sentence end and nothing undecided
+
+    def feed(self, text: str) -> list[str]:
+        if not text:
+            return []
+        self.rest += text
+        sentences, start, resume = _scan(self.rest, self._resume)
+        if start:
+            self.rest = self.rest[start:]
+        self._resume = resume - start
+        return sentences
+
+    def take_rest(self) -> str:
+        rest, self.rest, self._resume = self.rest, "", 0
+        return rest
 
 
 # --------------------------------------------------------------------------- clauses

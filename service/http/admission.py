@@ -21,5 +21,5 @@ async def read_work_request(request: web.Request, model):
     state.limits.check_rate(client_identity(request, state.api_keys))
     body = await read_json_object(request)
     parsed = parse_body(model, body, state.engine, state.settings.max_input_chars)
-    check_work(state.engine, parsed.input, parsed.params, state.settings.max_work_frame_steps)
+    check_work(state.engine, parsed.input, parsed.params, state.settings)
     return state, parsed

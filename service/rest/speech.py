@@ -11,7 +11,7 @@ from aiohttp import web
 
 from engines.contract import SAMPLES_PER_FRAME, Priority
 from service.access.limits import client_identity
-from service.errors import ApiError
+from service.errors import ApiError, capacity_error, is_capacity_error
 from service.http.admission import read_work_request
 from service.state import COUNTED, REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
@@ -91,6 +91,9 @@ def _raise_failure(request: web.Request, chunk) -> None:
     """A final chunk's error as the HTTP error (before any response byte was sent)."""
     if chunk.error == "cancelled":
         raise ApiError(503, "shutting_down", "the request was cancelled by the server", headers={"Retry-After": "1"})
+    if is_capacity_error(chunk.error):
+        log.warning("speech %s: no capacity: %s", request[REQUEST_ID], chunk.error)
+        raise capacity_error()
     if chunk.error:
         log.error("speech %s failed: %s", request[REQUEST_ID], chunk.error)
         raise ApiError(500, "synthesis_failed", f"synthesis failed (request id {request[REQUEST_ID]})")
@@ -166,7 +169,8 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
                 break
             chunk = await stream.next_chunk()
         if chunk.error and sse:
-            code = work.abort_code or ("cancelled" if chunk.error == "cancelled" else "synthesis_failed")
+            code = work.abort_code or ("cancelled" if chunk.error == "cancelled" else
+                                       "overloaded" if is_capacity_error(chunk.error) else "synthesis_failed")
             await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
         elif not chunk.error:
             await send(await asyncio.to_thread(encoder.finish))

@@ -4,7 +4,6 @@ voices), and the engine request built from validated parameters."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from typing import Any, Mapping, TypeVar
@@ -12,6 +11,7 @@ from typing import Any, Mapping, TypeVar
 from engines.checkpoints.hub import parse_model_id
 from engines.contract import (
     EngineError,
+    PlannedWork,
     Priority,
     SynthesisEngine,
     SynthesisRequest,
@@ -35,13 +35,6 @@ M = TypeVar("M", bound=Strict)
 
 __all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
            "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
-
-# The DiT pipeline plans about this many frames per text token (the duration prior,
-# engines/models/configs.py DurationConfig.base_frames_per_token) and its tokens are UTF-8
-# bytes: an emoji is 4 tokens, so 4,096 emoji plan ~16,000 frames where 4,096 letters plan
-# ~3,700. ``speed`` divides the frames, ``steps`` multiplies the work of each.
-DIT_FRAMES_PER_BYTE = 0.9
-
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
@@ -126,23 +119,32 @@ def build_request(request_id: str, text: str, params: SynthesisParams, priority:
                             **params.model_dump())
 
 
-def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> int:
-    """The work a request asks of the engine before any of it runs, in frame-steps (planned
-    frames x denoising steps) for the DiT pipeline: UTF-8 bytes x the duration prior /
-    ``speed`` x ``steps``. 0 for the talker, which ignores ``speed`` and ``steps`` and
-    whose frames are capped by its own ``max_new_tokens``."""
-    if engine.capabilities.max_new_tokens is not None:  # the talker
-        return 0
-    tokens = len(text.encode("utf-8", "surrogatepass"))
-    frames = math.ceil(tokens * DIT_FRAMES_PER_BYTE / params.speed)
-    return frames * params.steps
+def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> PlannedWork:
+    """The engine's own count of what this request will cost (vocoder frames, model steps and
+    their unit), without running the model."""
+    return engine.planned_work(build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH))
 
 
-def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, max_work: int) -> None:
-    """ApiError(413, ``too_much_work``) naming the limit when ``planned_work`` exceeds
-    ``max_work`` (0 = no limit); called before any engine time is spent."""
+def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> None:
+    """ApiError(413, ``too_much_work``) naming the limit and its flag when the request plans
+    more vocoder frames than ``max_work_audio_frames`` or more model steps than
+    ``max_work_frame_steps`` (DiT) / ``max_work_talker_steps`` (talker); 0 = no limit. Called
+    before any engine time is spent."""
     work = planned_work(engine, text, params)
-    if max_work and work > max_work:
+    talker = work.step_unit == "talker steps"
+    frames_limit = settings.max_work_audio_frames
+    steps_limit = settings.max_work_talker_steps if talker else settings.max_work_frame_steps
+    if frames_limit and work.audio_frames > frames_limit:
+        how = "lower max_new_tokens" if talker else "shorten the input or raise speed"
         raise ApiError(413, "too_much_work",
-                       f"this request plans {work} frame-steps (UTF-8 bytes x {DIT_FRAMES_PER_BYTE:g} / speed x "
-                       f"steps); the limit is {max_work}: shorten the input, raise speed or lower steps")
+                       f"this request plans {work.audio_frames} audio frames (12.5 per second of audio); the limit "
+                       f"is {frames_limit} (--max-work-audio-frames): {how}")
+    if steps_limit and work.model_steps > steps_limit:
+        if talker:
+            raise ApiError(413, "too_much_work",
+                           f"this request may run {work.model_steps} talker steps (max_new_tokens - 1, else the "
+                           f"model's default); the limit is {steps_limit} (--max-work-talker-steps): lower "
+                           "max_new_tokens")
+        raise ApiError(413, "too_much_work",
+                       f"this request plans {work.model_steps} DiT frame-steps (frames x steps); the limit is "
+                       f"{steps_limit} (--max-work-frame-steps): shorten the input, raise speed or lower steps")

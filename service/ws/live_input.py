@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engines.contract import TextFeed
-from engines.models.text import split_sentences
+from engines.models.text import SentenceSplitter
 
 
 @dataclass
@@ -26,6 +26,10 @@ class LiveUtterance:
     feed: TextFeed = field(default_factory=TextFeed)
     text: str = ""  # what the feed has received
     held: str = ""  # trailing whitespace not fed yet
+    # Its text + held as it arrived, split once (the last complete sentence's end is where a
+    # long utterance may be cut): a delta costs its own length, not the utterance's.
+    sentences: SentenceSplitter = field(default_factory=SentenceSplitter)
+    seen: int = 0  # characters given to ``sentences``
 
     def add(self, delta: str) -> None:
         body = self.held + delta
@@ -60,13 +64,13 @@ class LiveInput:
                 self.open = LiveUtterance(self.offset)
                 opened.append(self.open)
             u = self.open
-            seen = u.text + u.held
-            cut = self._boundary(seen + delta)
+            seen = u.seen
+            cut = self._boundary(u, delta)
             if cut is None or cut < len(u.text):  # none yet, or one already fed (below the bound then)
                 u.add(delta)
                 self.offset += len(delta)
                 break
-            take = max(0, cut - len(seen))  # (a cut inside held whitespace takes none of the delta)
+            take = max(0, cut - seen)  # (a cut inside held whitespace takes none of the delta)
             u.add(delta[:take])
             self.offset += take
             delta = delta[take:]
@@ -75,14 +79,13 @@ class LiveInput:
             self.open = None
         return opened, ended
 
-    def _boundary(self, text: str) -> int | None:
-        """End of the last complete sentence of ``text`` once past ``boundary_chars``."""
-        if len(text) < self.boundary_chars:
-            return None
-        sentences, rest = split_sentences(text)
-        if not sentences:
-            return None
-        cut = len(text) - len(rest)
+    def _boundary(self, u: LiveUtterance, delta: str) -> int | None:
+        """End of the last complete sentence of the utterance's text with ``delta`` once past
+        ``boundary_chars`` (sentence ends never move when more text arrives: the delta is
+        read once)."""
+        u.sentences.feed(delta)
+        u.seen += len(delta)
+        cut = u.seen - len(u.sentences.rest)
         return cut if cut >= self.boundary_chars else None
 
     def finish(self) -> LiveUtterance | None:

@@ -18,6 +18,7 @@ audio is PCM16 frames as generated; otherwise one ``response_format`` file per s
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 import numpy as np
@@ -35,6 +36,11 @@ ENDPOINT = "/v1/audio/speech/stream"
 # answer with another voice than the client asked for). ref_audio / ref_text / x_vector_only_mode
 # clone as on HTTP speech (service/ws/session.py StreamSession.voice_after).
 UNSERVED_FIELDS = ("speaker_embedding",)
+
+
+def encode_whole(pieces: list[np.ndarray], fmt: str, sample_rate: int | None) -> bytes:
+    """A sentence's audio pieces as one ``fmt`` file (run off the event loop)."""
+    return encode_file(np.concatenate(pieces), fmt, sample_rate)
 
 
 class OmniConfig(Strict):
@@ -118,7 +124,10 @@ class OmniSession(StreamSession):
             data = self.encoder.finish()
             self.encoder = None
         elif self.held and not failed:
-            data = encode_file(np.concatenate(self.held), self.config.response_format, self.config.sample_rate)
+            # A sentence may be minutes long (mp3 of 5 minutes takes seconds): encoded in a
+            # thread, the event loop keeps serving every other client meanwhile.
+            data = await asyncio.to_thread(encode_whole, self.held, self.config.response_format,
+                                           self.config.sample_rate)
         else:
             data = b""
         self.held = []

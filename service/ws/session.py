@@ -21,10 +21,10 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from engines.contract import Priority, VoiceClone
-from engines.models.text import split_sentences
+from engines.models.text import SentenceSplitter
 from service.access.auth import WS_SUBPROTOCOL, websocket_key
 from service.access.limits import client_identity
-from service.errors import RETRY_LATER, ApiError, StoreUnavailable
+from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
@@ -94,7 +94,7 @@ class StreamSession:
         self.state = state
         self.session_id = uuid.uuid4().hex
         self.params = SynthesisParams()
-        self.buffer = ""  # text not yet ending in a sentence boundary
+        self.sentences = SentenceSplitter()  # text not yet ending in a sentence boundary, read once
         self.queue: collections.deque[Utterance | EndOfRound] = collections.deque()
         # O(1) accounting, kept in step with the queue (never recomputed by walking it):
         self.queued_text = 0  # characters of the queued utterances
@@ -133,7 +133,7 @@ class StreamSession:
         return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None
 
     def queued_chars(self) -> int:
-        return len(self.buffer) + self.queued_text
+        return len(self.sentences.rest) + self.queued_text
 
     @property
     def pending_rounds(self) -> int:
@@ -211,7 +211,8 @@ class StreamSession:
             try:
                 if remaining <= 0:
                     raise asyncio.TimeoutError()
-                message = await asyncio.wait_for(self.ws.receive(), remaining)
+                async with asyncio.timeout(remaining):  # (no task per message, as wait_for would make)
+                    message = await self.ws.receive()
             except asyncio.TimeoutError:
                 if self.live.open is not None:  # live text stopped without input.done: end it cleanly
                     self.live.finish()
@@ -307,7 +308,7 @@ class StreamSession:
             await self.error(exc.code, exc.message)
             return
         limit = self.state.settings.max_input_chars
-        open_live = len(self.live.open.text) if self.live.open is not None else 0
+        open_live = len(self.live.open.text) + len(self.live.open.held) if self.live.open is not None else 0
         if self.queued_chars() + open_live + len(text) > limit:
             await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
             return
@@ -315,8 +316,7 @@ class StreamSession:
             opened, _ended = self.live.add(text)
             self.enqueue(Utterance("", live=u) for u in opened)
             return
-        sentences, self.buffer = split_sentences(self.buffer + text)
-        self.enqueue(Utterance(s) for s in sentences)
+        self.enqueue(Utterance(s) for s in self.sentences.feed(text))  # reads only the new text
 
     async def over_rounds_bound(self) -> bool:
         """A client that ends rounds faster than it reads their session.done is closed."""
@@ -332,7 +332,7 @@ class StreamSession:
         if await self.over_rounds_bound():
             return
         self.live.finish()
-        rest, self.buffer = self.buffer.strip(), ""
+        rest = self.sentences.take_rest().strip()
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
         self.enqueue(items + [EndOfRound()])
 
@@ -342,7 +342,7 @@ class StreamSession:
         # answered by exactly one session.done. No walk over the queue.
         if await self.over_rounds_bound():
             return
-        self.buffer = ""
+        self.sentences.take_rest()
         self.live.finish()
         self.cancelled_rounds += self.queued_rounds + 1
         self.clear_queue()
@@ -404,7 +404,7 @@ class StreamSession:
         if utterance.refused:
             return None
         try:
-            check_work(self.state.engine, utterance.text, self.params, self.state.settings.max_work_frame_steps)
+            check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.error(exc.code, exc.message)
@@ -482,6 +482,9 @@ class StreamSession:
                 # A ramp from the last sample sent to silence, so the cut does not click.
                 samples += await self.send_pcm(np.linspace(last_sample, 0.0, FADE_OUT_SAMPLES, dtype=np.float32))
                 done.update(samples=samples, cancelled=True)
+            elif is_capacity_error(chunk.error):  # no room now, not a fault: the client may send it again
+                log.warning("session %s utterance %d: no capacity: %s", self.session_id, index, chunk.error)
+                done["error"] = "overloaded"
             elif chunk.error:
                 log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
                 done["error"] = "synthesis_failed"

@@ -64,7 +64,7 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
         params = resolve_voice(state.engine, SynthesisParams().update({"voice": voice, **speed_of(settings)}))
     except ValueError as exc:
         raise ApiError(400, "invalid_voice_settings", str(exc)) from None
-    check_work(state.engine, text, params, state.settings.max_work_frame_steps)
+    check_work(state.engine, text, params, state.settings)
     clone = await saved_clone(request.app, voice)
     prepared = prepare(state.engine, request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone,
                        tenant=identity)

@@ -12,6 +12,7 @@ from engines.models.text import (
     BOS_ID,
     EOS_ID,
     ByteTokenizer,
+    SentenceSplitter,
     Tokenizer,
     split_clauses,
     split_sentences,
@@ -106,6 +107,23 @@ def test_incremental_equals_one_shot(text, cuts):
         done, buffer = split_sentences(buffer)
         got.extend(done)
     assert (got, buffer) == split_sentences(text)
+
+
+@given(
+    text=st.text(alphabet=_ALPHABET + "Mr.e.g\u201d\u300f\uff09\u00bb ", max_size=80),
+    cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=40),
+)
+@settings(max_examples=500, deadline=None)
+def test_sentence_splitter_equals_one_shot(text, cuts):
+    # The splitter reads only what is new (and an undecided tail): same sentences, same rest.
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    splitter = SentenceSplitter()
+    got: list[str] = []
+    for a, b in zip(bounds, bounds[1:]):
+        got.extend(splitter.feed(text[a:b]))
+        got.extend(splitter.feed(""))
+    assert (got, splitter.rest) == split_sentences(text)
+    assert splitter.take_rest() == split_sentences(text)[1] and splitter.rest == ""
 
 
 @given(st.text(alphabet=_ALPHABET + "xyz", max_size=80))
