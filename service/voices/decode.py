@@ -28,7 +28,7 @@ MIN_INPUT_RATE, MAX_INPUT_RATE = 8000, 192000
 MAX_INPUT_CHANNELS = 2
 DECLARED_SLACK = 1.1  # declared lengths of mp3/aac are estimates; the sample count is exact
 
-ALLOWED_TEXT = "wav, flac, ogg (opus, vorbis, flac), mp3, m4a/aac or webm"
+NOT_ALLOWED = "not decodable as an allowed audio file (send wav, flac, ogg (opus, vorbis, flac), mp3, m4a/aac or webm)"
 PCM_CODECS = frozenset({"pcm_s16le", "pcm_s24le", "pcm_s32le", "pcm_f32le", "pcm_f64le", "pcm_u8",
                         "pcm_mulaw", "pcm_alaw"})
 # container -> (FFmpeg demuxer, the codecs it may carry)
@@ -102,7 +102,7 @@ def _mono_float(frame, resampler) -> np.ndarray:
 def _decode_samples(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     kind = sniff_container(data)
     if kind is None:
-        raise Refused(f"not an allowed audio file (send {ALLOWED_TEXT})")
+        raise Refused(NOT_ALLOWED)
     demuxer, codecs = CONTAINERS[kind]
     try:
         container = av.open(io.BytesIO(data), mode="r", format=demuxer, options=NO_PROTOCOLS,

@@ -175,7 +175,7 @@ async def decode_reference(data: bytes, max_seconds: float, field: str = "ref_au
     if not data:
         raise _bad(field, "empty")
     if decode.sniff_container(data) is None:
-        raise _bad(field, f"not an allowed audio file (send {decode.ALLOWED_TEXT})")
+        raise _bad(field, decode.NOT_ALLOWED)
     return await _shared_pool().decode(data, max_seconds, field)
 
 
