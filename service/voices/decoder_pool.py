@@ -107,10 +107,13 @@ class DecoderPool:
                 self._started = True
 
     def decode_blocking(self, data: bytes, max_seconds: float, out_rate: int) -> tuple[str, object]:
-        """One decode in a worker (run in one of the pool's threads): ("ok", samples) or
-        ("refused", why)."""
-        self._start()
-        worker = self._idle.get()
+        """One decode in a worker (run in one of the pool's threads): ("ok", samples),
+        ("refused", why) or ("busy", why)."""
+        try:
+            self._start()
+            worker = self._idle.get(timeout=self.budget_s)  # empty only while workers are being replaced
+        except (OSError, queue.Empty):
+            return "busy", "no reference-audio decoder is free; retry shortly"
         healthy = False
         try:
             status, payload = worker.ask(data, max_seconds, out_rate, self.budget_s)
@@ -118,7 +121,7 @@ class DecoderPool:
         except TimeoutError:
             log.warning("a reference-audio decode ran past %g s; its worker is replaced", self.budget_s)
             return "refused", f"decoding took longer than {self.budget_s:g} s"
-        except _WorkerGone:
+        except (_WorkerGone, OSError, ValueError):
             log.warning("a reference-audio worker died (exit code %s); replacing it", worker.process.poll())
             return "refused", "not decodable audio (the decoder failed on it)"
         finally:
@@ -139,7 +142,7 @@ class DecoderPool:
 
     async def decode(self, data: bytes, max_seconds: float, field: str) -> np.ndarray:
         if self._waiting >= MAX_WAITING:
-            raise ApiError(503, "busy", f"{field}: too many reference files are being decoded; retry shortly",
+            raise ApiError(503, "busy", f"{field}: too many reference files wait to be decoded; retry shortly",
                            headers={"Retry-After": "1"})
         self._waiting += 1
         try:
@@ -150,6 +153,8 @@ class DecoderPool:
             self._waiting -= 1
         if outcome == "ok":
             return value
+        if outcome == "busy":
+            raise ApiError(503, "busy", f"{field}: {value}", headers={"Retry-After": "1"})
         raise _bad(field, value)
 
     def close(self) -> None:
