@@ -70,7 +70,7 @@ def test_refusals_name_the_reason():
         samples.flac_declaring(30.0, 655350, 8): "sample rate of 655350 Hz",
         samples.flac_declaring(5.0, 48000, 6): "6 channels",
         samples.flac_declaring(600.0, 48000, 1): "600.0 s of audio",
-        samples.flac_bomb(35_000): "more than 30 s",
+        samples.flac_bomb(35_000): "longer than allowed: at most 30 s",
         samples.encode("wav", seconds=0.5): "at least 1 s",
         b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 40: "not",
     }

@@ -133,7 +133,7 @@ def _decode_samples(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
                     raise Refused("the audio changes its sample rate or channel count midway")
                 count += frame.samples
                 if count > limit:  # stop here: never decode more than the limit allows
-                    raise Refused(f"more than {max_seconds:g} s of audio (--max-ref-audio-seconds)")
+                    raise Refused(f"longer than allowed: at most {max_seconds:g} s (--max-ref-audio-seconds)")
                 pieces.append(_mono_float(frame, resampler))
         except av.FFmpegError:
             if not pieces:
