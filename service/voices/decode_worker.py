@@ -10,6 +10,7 @@ status byte and a ``Q`` length, then float32 samples (``o``) or a UTF-8 reason (
 from __future__ import annotations
 
 import resource
+import signal
 import struct
 import sys
 
@@ -37,6 +38,7 @@ def answer(data: bytes, max_seconds: float, out_rate: int) -> tuple[bytes, bytes
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the server's to handle; we end at EOF
     try:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     except (ValueError, OSError):
