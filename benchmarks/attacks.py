@@ -11,6 +11,10 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  huge talker max_new_tokens (413 before any engine time), a ~100 s mp3 sentence
                  on the vllm-omni socket (encoded off the event loop) and 60,000 empty deltas
                  on a 4,000-character sentence buffer (read once, not re-split per message)
+* ref_audio    - hostile reference audio through speech and voice upload: an SDP session, HLS,
+                 DASH and ffconcat playlists naming a local port, FLAC decompression bombs (35 KB
+                 decoding to an hour; 10 KB declaring 655,350 Hz x 8 channels), garbage behind
+                 each allowed container's magic (all refused with a 400, never reaching the port)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
@@ -269,6 +273,72 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
             except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
                 report.count(f"costly {attack.__name__}", 599)  # no answer: counted as a server failure
         await asyncio.sleep(0.1)
+def _flac_bomb(size: int = 35_000, rate: int = 48000) -> bytes:
+    """One FLAC frame of a constant (65,535 samples in a dozen bytes) repeated, after a
+    STREAMINFO declaring no length: an hour of audio from 35 KB."""
+    import io
+    import av
+    import numpy as np
+    block = 65535
+    encoded = io.BytesIO()
+    with av.open(encoded, mode="w", format="flac") as box:
+        stream = box.add_stream("flac", rate=rate, layout="mono")
+        stream.codec_context.options = {"frame_size": str(block)}
+        frame = av.AudioFrame.from_ndarray(np.full((1, block), 0.25, dtype=np.float32), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = rate, 0
+        one = bytes(next(iter(stream.encode(frame))))
+    header = b"fLaC" + _streaminfo(rate, 1, 0, block)
+    return header + one * ((size - len(header)) // len(one))
+def _streaminfo(rate: int, channels: int, total_samples: int, block: int = 4096) -> bytes:
+    packed = (rate << 44) | ((channels - 1) << 41) | (15 << 36) | total_samples
+    body = struct.pack(">HH", block, block) + b"\x00" * 6 + packed.to_bytes(8, "big") + b"\x00" * 16
+    return bytes([0x80, 0, 0, len(body)]) + body
+def hostile_references(port: int) -> dict[str, bytes]:
+    url = f"http://127.0.0.1:{port}/a.wav"
+    return {
+        "sdp": (f"v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                f"m=audio {port} RTP/AVP 0\r\n").encode(),
+        "hls": f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n{url}\n#EXT-X-ENDLIST\n".encode(),
+        "ffconcat": f"ffconcat version 1.0\nfile '{url}'\n".encode(),
+        "dash": (f'<?xml version="1.0"?><MPD xmlns="urn:mpeg:dash:schema:mpd:2011"><Period><AdaptationSet>'
+                 f'<Representation id="a" bandwidth="1"><BaseURL>{url}</BaseURL></Representation>'
+                 f'</AdaptationSet></Period></MPD>').encode(),
+        "flac bomb": _flac_bomb(),
+        "flac header bomb": b"fLaC" + _streaminfo(655350, 8, 30 * 655350) + b"\xff\xf8" + b"\x00" * 10_000,
+        "wav garbage": b"RIFF\xff\xff\xff\xffWAVEfmt " + os.urandom(4000),
+        "ogg garbage": b"OggS\x00\x02" + os.urandom(4000),
+        "mp4 garbage": b"\x00\x00\x00\x18ftypM4A " + os.urandom(4000),
+    }
+async def ref_audio(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """Hostile references against speech and voice upload; a local port that accepts and never
+    answers is named in the playlists, and must never be connected to."""
+    reached = 0
+    async def never_answer(reader, writer) -> None:
+        nonlocal reached
+        reached += 1
+        await asyncio.sleep(3600)
+    trap = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = trap.sockets[0].getsockname()[1]
+    references = itertools.cycle(hostile_references(port).items())
+    try:
+        while time.monotonic() < deadline:
+            _, data = next(references)
+            body = {"input": "Hi.", "ref_audio": base64.b64encode(data).decode(), "x_vector_only_mode": True}
+            form = aiohttp.FormData()
+            form.add_field("name", f"attack{os.getpid()}")
+            form.add_field("audio_sample", data, filename="ref", content_type="application/octet-stream")
+            for path, kwargs in (("/v1/audio/speech", {"json": body}), ("/v1/audio/voices", {"data": form})):
+                try:
+                    async with http.post(url + path, **kwargs) as r:
+                        await r.read()
+                        report.count("ref_audio", r.status)
+                except aiohttp.ClientError:
+                    pass
+            await asyncio.sleep(0.05)
+    finally:
+        trap.close()
+        if reached:
+            report.count("ref_audio reached the network", 599)  # counted as a failure, like a 5xx
 
 
 async def run_attacks(url: str, deadline: float) -> AttackReport:
@@ -280,7 +350,7 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
-            costly(http, url, deadline, report))]
+            costly(http, url, deadline, report), ref_audio(http, url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()

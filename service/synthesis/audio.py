@@ -1,7 +1,9 @@
 """Audio encoding for HTTP responses: whole files and progressive streams.
 
 The engine hands us float32 mono PCM at 24 kHz. A response may ask for another rate
-(``sample_rate``, 8-48 kHz): resampled with soxr as the audio arrives. ``pcm`` is raw
+(``sample_rate``, 8-48 kHz): resampled with soxr as the audio arrives. mp3, opus and aac
+encoders take only some rates; any other asked rate is served at the nearest one they take
+(:func:`output_rate`, the rate the file declares), so every rate the schema accepts encodes. ``pcm`` is raw
 int16 little-endian, ``wav`` streams with a header whose sizes say "unknown"
 (0xFFFFFFFF, as OpenAI does), ``ulaw`` is 8 kHz G.711 mu-law for telephony, mp3 / opus
 (Ogg) / aac (ADTS) are encoded incrementally by FFmpeg through PyAV, so every format but
@@ -10,6 +12,7 @@ flac (libsndfile, needs the whole signal) streams as it is generated.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 
@@ -35,9 +38,8 @@ CONTENT_TYPES = {
 }
 # Formats whose bytes can go out as the audio is generated (all but flac).
 STREAMABLE = frozenset({"pcm", "wav", "ulaw", "mp3", "opus", "aac"})
-# FFmpeg muxer, encoder and the rates the encoder takes (others go to the last one; None: any).
-_FFMPEG = {"mp3": ("mp3", "libmp3lame", None), "opus": ("ogg", "libopus", (8000, 12000, 16000, 24000, 48000)),
-           "aac": ("adts", "aac", None)}
+# FFmpeg muxer and encoder per format.
+_FFMPEG = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac": ("adts", "aac")}
 OGG_PAGE_MICROSECONDS = "20000"  # an Ogg page every 20 ms, not every second: opus bytes flow as they are made
 
 
@@ -57,11 +59,25 @@ def check_format(fmt: object, allowed: tuple[str, ...] = tuple(CONTENT_TYPES)) -
     return fmt
 
 
+@functools.cache
+def encoder_rates(fmt: str) -> tuple[int, ...] | None:
+    """The rates the format's encoder takes (from FFmpeg itself), or None when any rate goes."""
+    if fmt not in _FFMPEG or not format_available(fmt):
+        return None
+    rates = av.codec.Codec(_FFMPEG[fmt][1], "w").audio_rates
+    return tuple(sorted(rates)) if rates else None
+
+
 def output_rate(fmt: str, sample_rate: int | None) -> int:
-    """The rate of the response's audio: ulaw is always 8 kHz, others the asked rate or 24 kHz."""
+    """The rate of the response's audio: ulaw is always 8 kHz; others the asked rate or 24 kHz,
+    or for an encoder that takes only some rates the nearest of those (a tie: the higher)."""
     if fmt == "ulaw":
         return ULAW_RATE
-    return sample_rate or SAMPLE_RATE
+    rate = sample_rate or SAMPLE_RATE
+    rates = encoder_rates(fmt)
+    if rates and rate not in rates:
+        rate = min(rates, key=lambda r: (abs(r - rate), -r))
+    return rate
 
 
 def to_pcm16(pcm: np.ndarray) -> bytes:
@@ -130,20 +146,19 @@ class _FfmpegEncoder:
     """mp3 / opus / aac, one container written as the PCM arrives."""
 
     def __init__(self, fmt: str, rate: int):
-        muxer, codec, codec_rates = _FFMPEG[fmt]
+        muxer, codec = _FFMPEG[fmt]
         self.rate = rate
         self.sink = _Sink()
         options = {"page_duration": OGG_PAGE_MICROSECONDS} if muxer == "ogg" else {}
         self.container = av.open(self.sink, mode="w", format=muxer, options=options,
                                  container_options={"flush_packets": "1"})
-        codec_rate = rate if codec_rates is None or rate in codec_rates else codec_rates[-1]
-        self.stream = self.container.add_stream(codec, rate=codec_rate, layout="mono")
+        self.stream = self.container.add_stream(codec, rate=rate, layout="mono")  # a rate it takes: output_rate
         self.pts = 0
 
     def encode(self, pcm: np.ndarray) -> bytes:
         if pcm.size:
             frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
-            frame.sample_rate, frame.pts = self.rate, self.pts  # PyAV resamples to the encoder's format and rate
+            frame.sample_rate, frame.pts = self.rate, self.pts  # PyAV converts to the encoder's sample format
             self.pts += pcm.size
             for packet in self.stream.encode(frame):
                 self.container.mux(packet)

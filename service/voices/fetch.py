@@ -7,12 +7,16 @@ fetched. An allowed prefix is a whole directory: ``https://host[:port]/path/`` o
 ``https://media.example.com.evil.org``). A URL is normalised (``..`` resolved) before it is
 compared, redirects are not followed (they could leave the prefix), the body is read up to
 ``--max-ref-audio-mb`` and the whole fetch is bounded in time. A ``file://`` path is resolved
-(symlinks too) and must stay inside the allowed directory.
+(symlinks too) and must stay inside the allowed directory; only a regular file is read (a FIFO,
+a device or a directory is refused before any read could block), and the read is bounded in time
+like a fetch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from pathlib import Path
 
 import aiohttp
@@ -47,7 +51,10 @@ async def fetch_reference(value: str, prefixes: tuple[str, ...], max_bytes: int)
     """The bytes behind an allowed ``ref_audio`` URL; a 4xx ApiError naming ``ref_audio`` otherwise."""
     url = _allowed(value, prefixes)
     if url.scheme == "file":
-        return await asyncio.to_thread(_read_file, url, prefixes, max_bytes)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(_read_file, url, prefixes, max_bytes), FETCH_TIMEOUT_S)
+        except asyncio.TimeoutError:  # a stalled file system: the thread finishes on its own, the client is answered
+            raise _refused(f"reading the file took longer than {FETCH_TIMEOUT_S:g} s") from None
     return await _fetch_http(url, max_bytes)
 
 
@@ -60,10 +67,21 @@ def _read_file(url: URL, prefixes: tuple[str, ...], max_bytes: int) -> bytes:
     if not any(path.is_relative_to(root) for root in roots):  # a symlink out of the directory
         raise _refused("this path is outside the allowed directories (--ref-audio-url-prefixes)")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+        if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO, a device or a directory
+            raise _refused("not a regular file")
+        # O_NONBLOCK: should a FIFO be swapped in after the check, opening it must not wait for a
+        # writer; the type is checked again on the open descriptor, which is what gets read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError:
         raise _refused("no readable file at this path") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _refused("not a regular file")
+        os.set_blocking(fd, True)
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError:
+            raise _refused("no readable file at this path") from None
     if len(data) > max_bytes:
         raise _too_large(max_bytes)
     return data

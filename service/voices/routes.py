@@ -1,10 +1,12 @@
 """Voice cloning at the service boundary: reference audio in, a request's ``clone`` out, and
 the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 
-* :func:`reference_audio` - ``ref_audio`` (base64, a ``data:`` URL, or an ``http(s)://`` /
-  ``file://`` URL under ``--ref-audio-url-prefixes``: service/voices/fetch.py) -> float32 mono
-  24 kHz, refused with a 4xx naming the problem when it is not decodable, empty, silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger
-  than ``--max-ref-audio-mb``.
+* ``ref_audio`` (base64, a ``data:`` URL, or an ``http(s)://`` / ``file://`` URL under
+  ``--ref-audio-url-prefixes``: service/voices/fetch.py) -> float32 mono 24 kHz by
+  :func:`service.voices.decoder_pool.decode_reference` (allowed containers only, in a worker
+  process), refused with a 4xx naming the problem when it is not allowed or decodable, empty,
+  silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger than
+  ``--max-ref-audio-mb``.
 * :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
   ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
   else a saved voice named by ``voice``. Features come from ``engine.voice_features`` (computed
@@ -22,28 +24,23 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import io
 import logging
 
 import aiohttp
-import av
 import numpy as np
-import soundfile as sf
-import soxr
 from aiohttp import web
 
 from engines.contract import SAMPLE_RATE, InvalidRequest, SynthesisEngine, VoiceClone
 from service.errors import ApiError, engine_error
 from service.state import STATE_KEY
 from service.synthesis.schema import CloneFields
+from service.voices.decoder_pool import decode_reference, reference_audio
 from service.voices.fetch import fetch_reference, is_url
 from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
 
 log = logging.getLogger("streamvox.voices")
 
 VOICE_STORE_KEY: web.AppKey[VoiceStore] = web.AppKey("voice_store", VoiceStore)
-MIN_REF_SECONDS = 1.0
-SILENCE_PEAK = 1e-3  # below -60 dBFS everywhere: nothing to take a voice from
 MAX_NAME_FIELD_BYTES = 4096
 
 
@@ -65,50 +62,6 @@ def decode_base64_audio(value: str, max_bytes: int, field: str = "ref_audio") ->
     except (binascii.Error, ValueError):
         raise _bad(field, "not valid base64", code="invalid_field") from None
     return data
-
-
-def _decode_with_av(data: bytes) -> np.ndarray:
-    """Containers libsndfile lacks (mp3 in old builds, m4a/aac, webm): PyAV to 24 kHz mono float."""
-    with av.open(io.BytesIO(data)) as container:
-        if not container.streams.audio:
-            raise ValueError("no audio stream")
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-        pieces = []
-        for frame in container.decode(audio=0):
-            for out in resampler.resample(frame):
-                pieces.append(out.to_ndarray().reshape(-1))
-        for out in resampler.resample(None):
-            pieces.append(out.to_ndarray().reshape(-1))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
-
-
-def reference_audio(data: bytes, max_seconds: float, field: str = "ref_audio") -> np.ndarray:
-    """Audio file bytes -> float32 mono at 24 kHz (stereo averaged, other rates resampled with
-    soxr HQ, as the official package does with librosa's soxr_hq), checked for use as a voice."""
-    if not data:
-        raise _bad(field, "empty")
-    try:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-        audio = audio.mean(axis=1)
-    except Exception:  # libsndfile cannot read it: try FFmpeg's decoders
-        try:
-            audio, rate = _decode_with_av(data), SAMPLE_RATE
-        except Exception:
-            raise _bad(field, "not decodable audio (send wav, flac, ogg or mp3)") from None
-    if audio.size == 0:
-        raise _bad(field, "the audio holds no samples")
-    seconds = audio.size / rate
-    if seconds < MIN_REF_SECONDS:
-        raise _bad(field, f"{seconds:.2f} s of audio; a reference voice needs at least {MIN_REF_SECONDS:g} s")
-    if seconds > max_seconds:
-        raise _bad(field, f"{seconds:.1f} s of audio; at most {max_seconds:g} s (--max-ref-audio-seconds)")
-    if not np.isfinite(audio).all():
-        raise _bad(field, "the audio holds non-finite samples")
-    if float(np.abs(audio).max()) < SILENCE_PEAK:
-        raise _bad(field, "the audio is silent")
-    if rate != SAMPLE_RATE:
-        audio = soxr.resample(audio, rate, SAMPLE_RATE, quality="HQ")
-    return np.ascontiguousarray(audio, dtype=np.float32)
 
 
 async def features_of(engine: SynthesisEngine, audio: np.ndarray, field: str = "ref_audio"):
@@ -136,7 +89,7 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
             data = await fetch_reference(fields.ref_audio, settings.ref_audio_url_prefixes, max_bytes)
         else:
             data = decode_base64_audio(fields.ref_audio, max_bytes)
-        audio = reference_audio(data, settings.max_ref_audio_seconds)
+        audio = await decode_reference(data, settings.max_ref_audio_seconds)
         if not x_only and not (fields.ref_text or "").strip():
             raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
                                                  "(or x_vector_only_mode: true)")
@@ -217,7 +170,7 @@ async def create_voice(request: web.Request) -> web.Response:
     builtin = {v.lower() for v in state.engine.info.voices} | {a.lower() for a in state.engine.info.voice_aliases}
     if name.lower() in builtin or await store.get(name) is not None:
         raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already")
-    audio = reference_audio(data, settings.max_ref_audio_seconds, field="audio_sample")
+    audio = await decode_reference(data, settings.max_ref_audio_seconds, field="audio_sample")
     features = await features_of(state.engine, audio, field="audio_sample")
     ref_text = fields.get("ref_text", "").strip() or None
     voice = SavedVoice(name=name, xvector=features.xvector, codes=features.codes, ref_text=ref_text,
