@@ -88,6 +88,11 @@ class Settings:
     jobs_db_pool_size: int = 8  # connections per replica
     job_lease_seconds: float = 30.0  # a running job's lease; another replica takes it this long after its runner died
     # --- end shared jobs
+    # --- saved voices: caps (uploads also take a --rate-limit token, as other writes)
+    max_voices_per_key: int = 100  # saved voices one API key may hold (with keys on; 0 = unlimited)
+    max_voices: int = 10_000  # saved voices in the store, every key's together (0 = unlimited)
+    max_voice_page: int = 500  # most voices one GET /v1/audio/voices page lists (its ?limit)
+    # --- end saved voices
 
     def jobs_db_password(self) -> str | None:
         """The database password from --jobs-db-password-file (None: the URL or PGPASSWORD)."""
@@ -172,6 +177,13 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "job database connections per replica"),
     ("--job-lease-seconds", "STREAMVOX_JOB_LEASE_SECONDS", "job_lease_seconds",
      "lease of a running job: another replica takes it over this long after its runner stopped renewing"),
+    # saved voices
+    ("--max-voices-per-key", "STREAMVOX_MAX_VOICES_PER_KEY", "max_voices_per_key",
+     "saved voices one API key may hold, with keys on; more uploads get 429 too_many_voices (0 = unlimited)"),
+    ("--max-voices", "STREAMVOX_MAX_VOICES", "max_voices",
+     "saved voices in the store, every key's together; more uploads get 429 too_many_voices (0 = unlimited)"),
+    ("--max-voice-page", "STREAMVOX_MAX_VOICE_PAGE", "max_voice_page",
+     "most saved voices one GET /v1/audio/voices page lists (the largest ?limit)"),
     # live text (issue 16)
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
@@ -304,7 +316,8 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("http_idle_seconds", float, 0.1), ("http_body_seconds", float, 0.1),
                                 ("max_connections_per_address", int, 0), ("max_streams_per_key", int, 0),
                                 ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01),
-                                ("ws_live_utterance_chars", int, 1)):
+                                ("ws_live_utterance_chars", int, 1),
+                                ("max_voices_per_key", int, 0), ("max_voices", int, 0), ("max_voice_page", int, 1)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     # shared jobs (issue 17)

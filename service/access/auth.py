@@ -1,7 +1,7 @@
 """Optional API keys: constant-time comparison, keys never logged.
 
 A configured key that starts with ``admin.`` is an admin key: it sees and cancels every
-key's jobs. Every other key sees only the jobs it made. Header bytes that are not UTF-8
+key's jobs and saved voices. Every other key sees only the jobs and voices it made. Header bytes that are not UTF-8
 never raise: such a key simply does not match (401).
 """
 
@@ -31,6 +31,8 @@ def key_digest(presented: str) -> str:
 class ApiKeys:
     def __init__(self, keys: tuple[str, ...]):
         self._keys = tuple(key.encode() for key in keys)
+        # owners (as stored with jobs and voices) of the admin keys: a job's owner is all the runner knows
+        self._admin_owners = frozenset("key:" + key_digest(key) for key in keys if key.startswith(ADMIN_KEY_PREFIX))
 
     @property
     def enabled(self) -> bool:
@@ -52,6 +54,10 @@ class ApiKeys:
 
     def is_admin(self, presented: str | None) -> bool:
         return bool(presented) and presented.startswith(ADMIN_KEY_PREFIX) and self.accepts(presented)
+
+    def is_admin_owner(self, owner: str | None) -> bool:
+        """``owner`` (``key:<digest>``) is an admin key's."""
+        return owner in self._admin_owners
 
 
 def bearer_key(request: web.Request) -> str | None:
@@ -82,4 +88,16 @@ def job_owner(request: web.Request, keys: ApiKeys) -> tuple[str | None, bool]:
     key = bearer_key(request)
     if not key:
         return "", False  # unreachable behind the auth middleware; owns nothing
+    return "key:" + key_digest(key), keys.is_admin(key)
+
+
+def key_owner(request: web.Request, keys: ApiKeys) -> tuple[str | None, bool]:
+    """(owner, sees_all) as :func:`job_owner`, for routes that WebSockets share (saved voices):
+    the key may come as a header, a ``bearer.KEY`` subprotocol or ``?token=``. Plain HTTP routes
+    were let in by a valid bearer header, which comes first."""
+    if not keys.enabled:
+        return None, True
+    key = websocket_key(request)
+    if not key:
+        return "", False
     return "key:" + key_digest(key), keys.is_admin(key)
