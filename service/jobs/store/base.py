@@ -99,18 +99,15 @@ def job_from_record(row, taken_over: bool = False) -> Job:
         return row[name] if name in names else None
 
     job = Job(id=str(field("id")), status="failed", params={}, created_at=0.0, taken_over=taken_over)
-    try:
+    try:  # the lease first: a corrupt job is still failed under the lease its claim took
+        for name in ("lease_owner", "lease_token", "owner", "error"):
+            value = field(name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} is not text")
+            setattr(job, name, value)
         job.status = field("status")
         if job.status not in STATUSES:
             raise ValueError(f"unknown status {str(job.status)[:32]!r}")
-        params = json.loads(field("params"))
-        if not isinstance(params, dict):
-            raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
-        job.params = params
-        if job.response_format not in CONTENT_TYPES:
-            job.params = {}
-            raise ValueError(f"response_format {str(params.get('response_format'))[:32]!r} is not one of "
-                             f"{', '.join(CONTENT_TYPES)}")
         job.created_at = _number(field("created_at"), float, 0.0)
         job.started_at = _number(field("started_at"), float)
         job.finished_at = _number(field("finished_at"), float)
@@ -118,11 +115,13 @@ def job_from_record(row, taken_over: bool = False) -> Job:
         job.frames_total = _number(field("frames_total"), int, 0)
         job.audio_size = _number(field("audio_size"), int)
         job.attempts = _number(field("attempts"), int, 0)
-        for name in ("error", "owner", "lease_owner", "lease_token"):
-            value = field(name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} is not text")
-            setattr(job, name, value)
+        params = json.loads(field("params"))
+        if not isinstance(params, dict):
+            raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
+        if params.get("response_format", "wav") not in CONTENT_TYPES:
+            raise ValueError(f"response_format {str(params.get('response_format'))[:32]!r} is not one of "
+                             f"{', '.join(CONTENT_TYPES)}")
+        job.params = params
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         job.corrupt = str(exc)[:200] or type(exc).__name__
     if not isinstance(job.status, str) or job.status not in STATUSES:

@@ -13,12 +13,11 @@ nothing changes under the copy.
 from __future__ import annotations
 
 import asyncio
-import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.jobs.store.postgres import PostgresJobStore
-from service.jobs.store.untrusted import Skipped, read_job_audio, read_jobs, read_voices
+from service.jobs.store.untrusted import Skipped, read_job_audio, read_jobs, read_voices, reason
 from service.voices.store import VoiceExists
 
 
@@ -48,14 +47,6 @@ async def _audio(data_dir: Path, job, report: CopyReport) -> list[bytes]:
     blocks = await asyncio.to_thread(lambda: list(read_job_audio(data_dir, job)))
     report.audio_bytes += sum(len(block) for block in blocks)
     return blocks
-
-
-def _why(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
-        return "a symbolic link (refused: only the directory's own files are copied)"
-    if isinstance(exc, OSError):
-        return exc.strerror or type(exc).__name__
-    return str(exc)[:200]
 
 
 async def _blocks(blocks: list[bytes]):
@@ -90,7 +81,7 @@ async def copy_embedded_store(data_dir: Path, url: str, password: str | None = N
             try:
                 audio = await _audio(data_dir, job, report)
             except (OSError, ValueError) as exc:
-                report.skipped.append(Skipped("job", job.id, f"audio: {_why(exc)}"))
+                report.skipped.append(Skipped("job", job.id, f"audio: {reason(exc)}"))
                 continue
             if await target.import_job(job, _blocks(audio)):
                 report.jobs_copied += 1

@@ -16,6 +16,7 @@ and why; :class:`UnreadableStore` means the store as a whole cannot be read (not
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -106,7 +107,11 @@ class StoredVoiceMeta(BaseModel):
     _numbers = field_validator("seconds", "created_at")(_finite)
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+        return "a symbolic link (refused: only the directory's own files are copied)"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "value"
@@ -167,7 +172,7 @@ def read_jobs(data_dir: Path) -> Iterator[tuple[Job | None, Skipped | None]]:
             try:
                 yield StoredJob.model_validate(record).job(), None
             except (ValueError, TypeError, RecursionError) as exc:
-                yield None, Skipped("job", shown, _reason(exc))
+                yield None, Skipped("job", shown, reason(exc))
     finally:
         db.close()
 
@@ -243,6 +248,6 @@ def read_voices(data_dir: Path) -> Iterator[tuple[SavedVoice | None, Skipped | N
             try:
                 voice = _voice(directory, name, owner_dir)
             except Exception as exc:  # hostile files: any failure (safetensors has its own error type) skips it
-                yield None, Skipped("voice", shown, _reason(exc))
+                yield None, Skipped("voice", shown, reason(exc))
                 continue
             yield voice, None
