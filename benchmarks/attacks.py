@@ -7,6 +7,8 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
 * bad_bytes    - deep nesting, huge numbers, lone surrogates, odd charsets, non-UTF-8 headers
 * heavy        - 8 concurrent long streamed requests (more than the per-key stream cap)
 * over_work    - requests over the work limit (413 before any engine time)
+* upload_flood - saved-voice uploads as fast as they are answered, each a new name (429 rate_limited /
+                 too_many_voices once the key's rate or cap is reached; 400 on a server that cannot clone)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
@@ -18,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import io
 import itertools
 import json
+import math
 import os
 import socket
 import struct
 import sys
 import time
+import wave
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -203,6 +208,42 @@ async def over_work(http: aiohttp.ClientSession, url: str, deadline: float, repo
         await asyncio.sleep(0.1)
 
 
+def _reference_wav(seconds: float = 1.5, rate: int = 24000) -> bytes:
+    """A voiced-sounding reference (a 180 Hz tone with harmonics), 16-bit mono WAV, from the stdlib."""
+    frames = bytearray()
+    for i in range(int(seconds * rate)):
+        t = i / rate
+        value = 0.3 * math.sin(2 * math.pi * 180 * t) + 0.1 * math.sin(2 * math.pi * 360 * t)
+        frames += struct.pack("<h", int(value * 32767))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(frames))
+    return buf.getvalue()
+
+
+async def upload_flood(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """One client saving voice after voice (each name new), 8 at a time, never waiting for Retry-After."""
+    audio = _reference_wav()
+    names = itertools.count()
+
+    async def uploader() -> None:
+        while time.monotonic() < deadline:
+            form = aiohttp.FormData()
+            form.add_field("name", f"flood-{os.getpid()}-{next(names)}")
+            form.add_field("audio_sample", audio, filename="ref.wav", content_type="audio/wav")
+            try:
+                async with http.post(url + "/v1/audio/voices", data=form) as r:
+                    await r.read()
+                    report.count("upload_flood", r.status)
+            except aiohttp.ClientError:
+                pass
+
+    await asyncio.gather(*(uploader() for _ in range(8)))
+
+
 async def run_attacks(url: str, deadline: float) -> AttackReport:
     """Every attack until ``deadline``; then whatever is still in flight is dropped (a
     hostile client simply goes away)."""
@@ -211,7 +252,8 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
     async with aiohttp.ClientSession(connector=connector) as http:
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
-            heavy(http, url, deadline, report), over_work(http, url, deadline, report))]
+            heavy(http, url, deadline, report), over_work(http, url, deadline, report),
+            upload_flood(http, url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()
