@@ -11,7 +11,6 @@ import io
 import json
 
 import aiohttp
-import numpy as np
 import pytest
 import soundfile as sf
 from conftest import start_server
