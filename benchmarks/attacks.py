@@ -15,6 +15,8 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  DASH and ffconcat playlists naming a local port, FLAC decompression bombs (35 KB
                  decoding to an hour; 10 KB declaring 655,350 Hz x 8 channels), garbage behind
                  each allowed container's magic (all refused with a 400, never reaching the port)
+* upload_flood - saved-voice uploads as fast as they are answered, each a new name (429 rate_limited /
+                 too_many_voices once the key's rate or cap is reached; 400 on a server that cannot clone)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
@@ -26,13 +28,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import io
 import itertools
 import json
+import math
 import os
 import socket
 import struct
 import sys
 import time
+import wave
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -277,8 +282,10 @@ def _flac_bomb(size: int = 35_000, rate: int = 48000) -> bytes:
     """One FLAC frame of a constant (65,535 samples in a dozen bytes) repeated, after a
     STREAMINFO declaring no length: an hour of audio from 35 KB."""
     import io
+
     import av
     import numpy as np
+
     block = 65535
     encoded = io.BytesIO()
     with av.open(encoded, mode="w", format="flac") as box:
@@ -289,10 +296,14 @@ def _flac_bomb(size: int = 35_000, rate: int = 48000) -> bytes:
         one = bytes(next(iter(stream.encode(frame))))
     header = b"fLaC" + _streaminfo(rate, 1, 0, block)
     return header + one * ((size - len(header)) // len(one))
+
+
 def _streaminfo(rate: int, channels: int, total_samples: int, block: int = 4096) -> bytes:
     packed = (rate << 44) | ((channels - 1) << 41) | (15 << 36) | total_samples
     body = struct.pack(">HH", block, block) + b"\x00" * 6 + packed.to_bytes(8, "big") + b"\x00" * 16
     return bytes([0x80, 0, 0, len(body)]) + body
+
+
 def hostile_references(port: int) -> dict[str, bytes]:
     url = f"http://127.0.0.1:{port}/a.wav"
     return {
@@ -309,14 +320,18 @@ def hostile_references(port: int) -> dict[str, bytes]:
         "ogg garbage": b"OggS\x00\x02" + os.urandom(4000),
         "mp4 garbage": b"\x00\x00\x00\x18ftypM4A " + os.urandom(4000),
     }
+
+
 async def ref_audio(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
     """Hostile references against speech and voice upload; a local port that accepts and never
     answers is named in the playlists, and must never be connected to."""
     reached = 0
+
     async def never_answer(reader, writer) -> None:
         nonlocal reached
         reached += 1
         await asyncio.sleep(3600)
+
     trap = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = trap.sockets[0].getsockname()[1]
     references = itertools.cycle(hostile_references(port).items())
@@ -339,6 +354,40 @@ async def ref_audio(http: aiohttp.ClientSession, url: str, deadline: float, repo
         trap.close()
         if reached:
             report.count("ref_audio reached the network", 599)  # counted as a failure, like a 5xx
+def _reference_wav(seconds: float = 1.5, rate: int = 24000) -> bytes:
+    """A voiced-sounding reference (a 180 Hz tone with harmonics), 16-bit mono WAV, from the stdlib."""
+    frames = bytearray()
+    for i in range(int(seconds * rate)):
+        t = i / rate
+        value = 0.3 * math.sin(2 * math.pi * 180 * t) + 0.1 * math.sin(2 * math.pi * 360 * t)
+        frames += struct.pack("<h", int(value * 32767))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(frames))
+    return buf.getvalue()
+
+
+async def upload_flood(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """One client saving voice after voice (each name new), 8 at a time, never waiting for Retry-After."""
+    audio = _reference_wav()
+    names = itertools.count()
+
+    async def uploader() -> None:
+        while time.monotonic() < deadline:
+            form = aiohttp.FormData()
+            form.add_field("name", f"flood-{os.getpid()}-{next(names)}")
+            form.add_field("audio_sample", audio, filename="ref.wav", content_type="audio/wav")
+            try:
+                async with http.post(url + "/v1/audio/voices", data=form) as r:
+                    await r.read()
+                    report.count("upload_flood", r.status)
+            except aiohttp.ClientError:
+                pass
+
+    await asyncio.gather(*(uploader() for _ in range(8)))
 
 
 async def run_attacks(url: str, deadline: float) -> AttackReport:
@@ -350,7 +399,8 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
-            costly(http, url, deadline, report), ref_audio(http, url, deadline, report))]
+            costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
+            upload_flood(http, url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()

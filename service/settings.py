@@ -97,6 +97,11 @@ class Settings:
     job_lease_seconds: float = 30.0  # a running job's lease; another replica takes it this long after its runner died
     # --- end shared jobs
     runtime: RuntimeSwitches = field(default_factory=RuntimeSwitches)  # the environment's device switches (runtime_switches)
+    # --- saved voices: caps (uploads also take a --rate-limit token, as other writes)
+    max_voices_per_key: int = 100  # saved voices one API key may hold (with keys on; 0 = unlimited)
+    max_voices: int = 10_000  # saved voices in the store, every key's together (0 = unlimited)
+    max_voice_page: int = 500  # most voices one GET /v1/audio/voices page lists (its ?limit)
+    # --- end saved voices
 
     def jobs_db_password(self) -> str | None:
         """The database password from --jobs-db-password-file (None: the URL or PGPASSWORD)."""
@@ -185,6 +190,13 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--max-work-talker-steps", "STREAMVOX_MAX_WORK_TALKER_STEPS", "max_work_talker_steps",
      "talker: most decode steps (max_new_tokens, else the checkpoint's default) one request or utterance "
      "may run (0 = no limit)"),
+    # saved voices
+    ("--max-voices-per-key", "STREAMVOX_MAX_VOICES_PER_KEY", "max_voices_per_key",
+     "saved voices one API key may hold, with keys on; more uploads get 429 too_many_voices (0 = unlimited)"),
+    ("--max-voices", "STREAMVOX_MAX_VOICES", "max_voices",
+     "saved voices in the store, every key's together; more uploads get 429 too_many_voices (0 = unlimited)"),
+    ("--max-voice-page", "STREAMVOX_MAX_VOICE_PAGE", "max_voice_page",
+     "most saved voices one GET /v1/audio/voices page lists (the largest ?limit)"),
     # live text (issue 16)
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
@@ -319,7 +331,8 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("max_ref_audio_seconds", float, 1.0), ("max_ref_audio_mb", float, 0.01),
                                 ("ws_live_utterance_chars", int, 1),
                                 ("max_work_audio_frames", int, 0), ("max_work_frame_steps", int, 0),
-                                ("max_work_talker_steps", int, 0)):
+                                ("max_work_talker_steps", int, 0),
+                                ("max_voices_per_key", int, 0), ("max_voices", int, 0), ("max_voice_page", int, 1)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
     # shared jobs (issue 17)

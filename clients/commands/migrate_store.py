@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from service.errors import StoreUnavailable
     from service.jobs.store.base import redact_url
     from service.jobs.store.copy import copy_embedded_store
+    from service.jobs.store.untrusted import UnreadableStore
     from service.settings import from_args
 
     data_dir = Path(args.data_dir)
@@ -41,8 +42,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = asyncio.run(copy_embedded_store(data_dir, settings.jobs_db, settings.jobs_db_password()))
+    except UnreadableStore as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except StoreUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # the directory is hostile input: one line, never a traceback
+        print(f"error: {type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr)
+        return 1
+    for line in report.skipped_lines():  # what was left behind, and why
+        print(line)
     print(f"{data_dir} -> {redact_url(settings.jobs_db)}: {report.summary()}")
     return 0

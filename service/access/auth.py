@@ -1,7 +1,7 @@
 """Optional API keys: constant-time comparison, keys never logged.
 
 A configured key that starts with ``admin.`` is an admin key: it sees and cancels every
-key's jobs. Every other key sees only the jobs it made. Header bytes that are not UTF-8
+key's jobs and saved voices. Every other key sees only the jobs and voices it made. Header bytes that are not UTF-8
 never raise: such a key simply does not match (401).
 """
 
@@ -14,6 +14,9 @@ from aiohttp import web
 
 WS_SUBPROTOCOL = "streamvox"
 WS_KEY_PREFIX = "bearer."  # browsers send the key as a subprotocol "bearer.KEY"
+# A key a voice-agent dialect accepted from its own header (xi-api-key, X-API-Key,
+# Authorization: Token): the identity and the saved voices of the request are that key's.
+ACCEPTED_KEY = web.RequestKey("accepted_api_key", str)
 ADMIN_KEY_PREFIX = "admin."  # a configured key named so may see every key's jobs
 
 
@@ -31,6 +34,8 @@ def key_digest(presented: str) -> str:
 class ApiKeys:
     def __init__(self, keys: tuple[str, ...]):
         self._keys = tuple(key.encode() for key in keys)
+        # owners (as stored with jobs and voices) of the admin keys: a job's owner is all the runner knows
+        self._admin_owners = frozenset("key:" + key_digest(key) for key in keys if key.startswith(ADMIN_KEY_PREFIX))
 
     @property
     def enabled(self) -> bool:
@@ -53,6 +58,10 @@ class ApiKeys:
     def is_admin(self, presented: str | None) -> bool:
         return bool(presented) and presented.startswith(ADMIN_KEY_PREFIX) and self.accepts(presented)
 
+    def is_admin_owner(self, owner: str | None) -> bool:
+        """``owner`` (``key:<digest>``) is an admin key's."""
+        return owner in self._admin_owners
+
 
 def bearer_key(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
@@ -63,8 +72,9 @@ def bearer_key(request: web.Request) -> str | None:
 
 
 def websocket_key(request: web.Request) -> str | None:
-    """Header for programs; a ``bearer.KEY`` subprotocol or ``?token=`` for browsers."""
-    key = bearer_key(request)
+    """Header for programs; a ``bearer.KEY`` subprotocol or ``?token=`` for browsers; the key a
+    dialect accepted from its own header (``ACCEPTED_KEY``)."""
+    key = request.get(ACCEPTED_KEY) or bearer_key(request)
     if key:
         return key
     for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
@@ -82,4 +92,16 @@ def job_owner(request: web.Request, keys: ApiKeys) -> tuple[str | None, bool]:
     key = bearer_key(request)
     if not key:
         return "", False  # unreachable behind the auth middleware; owns nothing
+    return "key:" + key_digest(key), keys.is_admin(key)
+
+
+def key_owner(request: web.Request, keys: ApiKeys) -> tuple[str | None, bool]:
+    """(owner, sees_all) as :func:`job_owner`, for routes that WebSockets share (saved voices):
+    the key may come as a header, a ``bearer.KEY`` subprotocol or ``?token=``. Plain HTTP routes
+    were let in by a valid bearer header, which comes first."""
+    if not keys.enabled:
+        return None, True
+    key = websocket_key(request)
+    if not key:
+        return "", False
     return "key:" + key_digest(key), keys.is_admin(key)

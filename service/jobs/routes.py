@@ -34,7 +34,7 @@ from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.params import JobBody
 from service.synthesis.submit import prepare
-from service.voices.routes import saved_clone
+from service.voices.routes import job_voice_scope, saved_clone, scoped_clone
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -74,7 +74,7 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    clone = await saved_clone(request.app, body.voice) if state.engine.capabilities.voice_cloning else None
+    clone = await saved_clone(request, body.voice) if state.engine.capabilities.voice_cloning else None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
@@ -125,7 +125,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 async def get_job_audio(request: web.Request) -> web.StreamResponse:
     job = await _job_or_404(request)
-    if job.status != "succeeded":
+    if job.status != "succeeded" or job.corrupt:
         raise ApiError(409, "job_not_ready", f"job {job.id} is {job.status}; audio exists once it has succeeded")
     blocks = _store(request).read_audio(job).__aiter__()
     try:  # the first block before the headers: a store that fails now is still a 503, not a cut file
@@ -180,7 +180,8 @@ async def _start_runner(app: web.Application) -> None:
         await store.open()
     except StoreUnavailable as exc:  # the runner keeps trying; job endpoints answer 503 until then
         log.warning("%s", exc)
-    state.jobs = JobRunner(state, store, voice_clone=lambda voice: saved_clone(app, voice))
+    state.jobs = JobRunner(state, store,
+                           voice_clone=lambda voice, owner: scoped_clone(app, voice, job_voice_scope(app, owner)))
     await state.jobs.start()
 
 

@@ -8,6 +8,10 @@ every few seconds, for the leases of replicas that died. While a job runs:
 
 * its audio is encoded into a spool (service/synthesis/spool.py) and copied into the store in chunks as
   it grows (:class:`AudioUpload`), so any replica can serve the download once it succeeds;
+  ``--jobs-disk-quota-mb`` holds while it does (:class:`DiskQuota`): a job whose next chunk
+  would take the stored job audio past the quota fails (``storage_full``), its audio dropped;
+* a claimed job whose stored record does not parse (``Job.corrupt``) is failed, not run; nothing
+  a job holds stops the dispatcher;
 * its lease is renewed every third of ``--job-lease-seconds``, with its progress. A renewal
   that finds the job cancelled (DELETE on any replica) or its lease gone stops the engine work;
 * its completion is fenced by the lease token: it is recorded once, by the attempt that holds
@@ -54,6 +58,35 @@ class LeaseLost(Exception):
     """This attempt no longer holds its job (cancelled, or taken over by another replica)."""
 
 
+class QuotaExceeded(Exception):
+    """Storing the next chunk would take the job audio past ``--jobs-disk-quota-mb``."""
+
+
+class DiskQuota:
+    """``--jobs-disk-quota-mb`` enforced as audio is stored, not only when a job is created.
+
+    Each chunk that grows a job's audio is checked against what the store holds now and stored
+    under one lock, so this replica's jobs never overshoot together; several replicas on one
+    database may overshoot by at most a chunk each. Rewrites of stored chunks (a WAV header at
+    the end) do not grow it and are not checked."""
+
+    def __init__(self, store: JobStore, quota_mb: float):
+        self.store = store
+        self.quota_mb = quota_mb
+        self.limit = int(quota_mb * 1024 * 1024)
+        self._lock = asyncio.Lock()
+
+    async def put(self, job_id: str, token: str, offset: int, data: bytes, grows: bool) -> bool:
+        if not self.limit or not grows:
+            return await self.store.put_audio(job_id, token, offset, data)
+        async with self._lock:
+            used = await self.store.audio_bytes()
+            if used + len(data) > self.limit:
+                raise QuotaExceeded(f"storage_full: job audio would exceed its quota ({self.quota_mb:g} MB, "
+                                    f"--jobs-disk-quota-mb; {used} bytes stored); this job's audio was dropped")
+            return await self.store.put_audio(job_id, token, offset, data)
+
+
 class AudioUpload:
     """Copies a growing :class:`AudioSpool` into the store, chunk by chunk, at fixed offsets.
 
@@ -61,8 +94,9 @@ class AudioUpload:
     at the end re-reads every chunk already stored and stores again those whose bytes changed.
     """
 
-    def __init__(self, store: JobStore, job_id: str, token: str, spool: AudioSpool):
+    def __init__(self, store: JobStore, job_id: str, token: str, spool: AudioSpool, quota: DiskQuota | None = None):
         self.store, self.job_id, self.token, self.spool = store, job_id, token, spool
+        self.quota = quota or DiskQuota(store, 0)
         self.stored = 0  # bytes of the spool already in the store
         self._chunks: list[tuple[int, int, bytes]] = []  # (offset, length, digest) as stored
 
@@ -93,7 +127,7 @@ class AudioUpload:
             await self._put(self.stored, await asyncio.to_thread(self._read, self.stored, length))
 
     async def _put(self, offset: int, data: bytes, replace: bool = False) -> None:
-        if not await self.store.put_audio(self.job_id, self.token, offset, data):
+        if not await self.quota.put(self.job_id, self.token, offset, data, grows=not replace):
             raise LeaseLost(self.job_id)
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if replace:
@@ -105,10 +139,11 @@ class AudioUpload:
 
 class JobRunner:
     def __init__(self, state: AppState, store: JobStore,
-                 voice_clone: Callable[[str], Awaitable[VoiceClone | None]] | None = None):
+                 voice_clone: Callable[[str, str | None], Awaitable[VoiceClone | None]] | None = None):
         self.state = state
         self.store = store
-        self.voice_clone = voice_clone  # a saved voice's name -> its clone (service/voices/routes.py), else None
+        # (a saved voice's name, the job's owner) -> its clone as that owner sees it (service/voices/routes.py), else None
+        self.voice_clone = voice_clone
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
         self.lease_seconds = state.settings.job_lease_seconds
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
@@ -122,6 +157,7 @@ class JobRunner:
         self._stopping = False
         self._last_retention = float("-inf")
         self._claim_after = 0.0  # monotonic time before which the engine is not offered jobs
+        self.quota = DiskQuota(store, state.settings.jobs_disk_quota_mb)
         store.set_listener(self._on_store_event)
 
     async def start(self) -> None:
@@ -211,6 +247,9 @@ class JobRunner:
             except StoreUnavailable as exc:
                 self._store_down(exc)
                 timeout = STORE_RETRY_SECONDS
+            except Exception:  # a bug must not end the dispatcher: new jobs would wait forever
+                log.exception("job dispatcher: unexpected error; carrying on")
+                timeout = STORE_RETRY_SECONDS
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             except asyncio.TimeoutError:
@@ -219,6 +258,11 @@ class JobRunner:
     async def _start(self, job: Job) -> bool:
         """Start a claimed job in the engine; False (the job given back) when the engine is full."""
         token = job.lease_token
+        if job.corrupt:  # not a request this server made: fail it, visibly, and go on
+            log.warning("job %s: corrupt record (%s); marked failed", job.id, job.corrupt)
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed",
+                                                               error=f"corrupt job record: {job.corrupt}"))
+            return True
         try:
             # Stored when the job was created, after validation; a job stored by an older
             # version lacks the newer fields, which take their defaults.
@@ -226,7 +270,7 @@ class JobRunner:
             # One engine request id per attempt: a job re-run after a restart (or on a shared
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
-            clone = await self.voice_clone(params.voice) if self.voice_clone is not None else None
+            clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
             prepared = prepare(self.state.engine, attempt, job.params["input"], params, Priority.BATCH, clone=clone,
                                tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None))
             stream = open_stream(self.state, prepared, high_water=1 << 30)
@@ -239,6 +283,13 @@ class JobRunner:
             return True
         except FieldError as exc:
             error = str(exc)
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
+            return True
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # stored params this version cannot use (e.g. not the shape it wrote)
+            log.warning("job %s: cannot start (%s: %s); marked failed", job.id, type(exc).__name__, exc)
+            error = f"the stored job cannot be run: {type(exc).__name__}"
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
             return True
         self.running[job.id] = stream
@@ -277,7 +328,7 @@ class JobRunner:
         token = job.lease_token
         # Encoded as it arrives (service/synthesis/spool.py): the float32 signal is never held whole.
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
-        upload = AudioUpload(self.store, job.id, token, spool)
+        upload = AudioUpload(self.store, job.id, token, spool, self.quota)
         progress = [0, 0]
         keeper = asyncio.create_task(self._keep_lease(job, stream, progress))
         try:
@@ -313,6 +364,11 @@ class JobRunner:
         except OSError as exc:  # disk full, permissions (spool, audio files): this job fails, with the reason
             stream.cancel()
             error = f"could not write audio: {exc.strerror or exc}"
+            await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
+        except QuotaExceeded as exc:  # this job only: the others go on, within what is left
+            stream.cancel()
+            log.warning("job %s: %s", job.id, exc)
+            error = str(exc)
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
         except LeaseLost:
             self.state.metrics.job_leases_lost.inc()

@@ -13,9 +13,17 @@ the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
   once per content, off the event loop) or from the store.
 * ``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
   ``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
-  ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices;
-  ``DELETE /v1/audio/voices/{name}``. Storage: :mod:`service.voices.store` (``--data-dir``, or the
-  jobs' PostgreSQL with ``--jobs-db``).
+  ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices, a page at a time
+  (``?limit=``, ``?after=``); ``DELETE /v1/audio/voices/{name}``. Storage:
+  :mod:`service.voices.store` (``--data-dir``) or :mod:`service.voices.store_postgres` (``--jobs-db``).
+
+Saved voices belong to their key, as jobs do (:class:`VoiceScope`): with keys on, a key lists,
+uses and deletes only its own voices (another key's voice does not exist for it: 404, or "no
+saved voice" where one is named), names are unique per key, admin keys (``admin.``) list every
+key's and may use or delete the unowned ones (saved before voices had owners). With auth off
+there is one namespace, as before. Uploads and deletes take a ``--rate-limit`` token like
+every other write; uploads are capped per key (``--max-voices-per-key``) and in total
+(``--max-voices``).
 """
 
 from __future__ import annotations
@@ -25,23 +33,61 @@ import base64
 import binascii
 import hashlib
 import logging
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
 from aiohttp import web
 
 from engines.contract import SAMPLE_RATE, InvalidRequest, SynthesisEngine, VoiceClone
-from service.errors import ApiError, engine_error
+from service.access.auth import key_owner
+from service.access.limits import client_identity
+from service.errors import ApiError, engine_error, invalid_field
 from service.state import STATE_KEY
 from service.synthesis.schema import CloneFields
 from service.voices.decoder_pool import decode_reference, reference_audio
 from service.voices.fetch import fetch_reference, is_url
-from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceStore
+from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceLimitReached, VoiceStore, limit_message
 
 log = logging.getLogger("streamvox.voices")
 
 VOICE_STORE_KEY: web.AppKey[VoiceStore] = web.AppKey("voice_store", VoiceStore)
 MAX_NAME_FIELD_BYTES = 4096
+DEFAULT_VOICE_PAGE = 100
+TOO_MANY_VOICES_RETRY_SECONDS = 60  # a cap frees up only when voices are deleted
+
+
+@dataclass(frozen=True)
+class VoiceScope:
+    """Whose saved voices a caller works with: ``owner`` (None: the unowned namespace, all there
+    is with auth off) for uploads and names; ``sees_all``: lists every owner's voices and may
+    name the unowned ones (admin keys; everyone with auth off)."""
+
+    owner: str | None
+    sees_all: bool
+
+    def lookup(self) -> tuple[str | None, ...]:
+        """The namespaces a voice name is looked up in, in order: the caller's own, then (an
+        admin key's) the unowned one."""
+        if self.owner is not None and self.sees_all:
+            return (self.owner, None)
+        return (self.owner,)
+
+
+def voice_scope(request: web.Request) -> VoiceScope:
+    owner, sees_all = key_owner(request, request.app[STATE_KEY].api_keys)
+    if owner == "":  # keys on and no key: unreachable past the auth checks, and it owns nothing
+        raise ApiError(401, "unauthorized", "missing or invalid API key")
+    return VoiceScope(owner, sees_all)
+
+
+def job_voice_scope(app: web.Application, job_owner: str | None) -> VoiceScope:
+    """The scope of a stored job's owner (the runner has no request): with keys on the key's
+    digest; with auth off a job's owner is its client address, and voices have one namespace."""
+    keys = app[STATE_KEY].api_keys
+    if not keys.enabled:
+        return VoiceScope(None, True)
+    return VoiceScope(job_owner or "", keys.is_admin_owner(job_owner))
 
 
 def _bad(field: str, message: str, code: str = "invalid_audio", status: int = 400) -> ApiError:
@@ -97,7 +143,7 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
         if x_only:
             return VoiceClone(features.xvector, key=_content_key(audio))
         return VoiceClone(features.xvector, features.codes, fields.ref_text, key=_content_key(audio))
-    clone = await saved_clone(request.app, voice)
+    clone = await saved_clone(request, voice)
     if clone is None:
         if state.engine.capabilities.task_type == "Base" and voice.strip().lower() != "default":
             raise ApiError(400, "invalid_field", f"voice: no saved voice named {voice[:64]!r}; upload one "
@@ -106,11 +152,20 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
     return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
 
 
-async def saved_clone(app: web.Application, voice: str) -> VoiceClone | None:
-    """The clone of a saved voice named ``voice`` (WebSocket sessions: ``session.config`` voice), else None.
-    Raises StoreUnavailable while a shared store's database is down."""
+async def saved_clone(request: web.Request, voice: str) -> VoiceClone | None:
+    """The clone of the caller's saved voice named ``voice`` (WebSocket sessions: ``session.config``
+    voice), else None: another key's voice is no voice. Raises StoreUnavailable while a shared
+    store's database is down."""
+    return await scoped_clone(request.app, voice, voice_scope(request))
+
+
+async def scoped_clone(app: web.Application, voice: str, scope: VoiceScope) -> VoiceClone | None:
+    """The clone of the saved voice ``voice`` as ``scope`` sees it (jobs: :func:`job_voice_scope`)."""
     store = app.get(VOICE_STORE_KEY)
-    saved = await store.get(voice) if store is not None else None
+    saved = None
+    for owner in scope.lookup() if store is not None else ():
+        if (saved := await store.get(voice, owner)) is not None:
+            break
     if saved is None:
         return None
     if not saved.ref_text:
@@ -157,18 +212,22 @@ async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], b
 async def create_voice(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     state.check_admission()
+    scope = voice_scope(request)
+    state.limits.check_rate(client_identity(request, state.api_keys))  # a write, before any byte is read
     settings = state.settings
+    max_per_key = settings.max_voices_per_key if state.api_keys.enabled else 0  # one namespace with auth off
+    store = request.app[VOICE_STORE_KEY]
+    await _check_voice_caps(store, scope, max_per_key, settings.max_voices)  # cheap: before decoding
     max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
     # Streamed multipart parts, each bounded by _form (the JSON body limit does not apply here).
     fields, data = await _form(request, max_bytes)
-    store = request.app[VOICE_STORE_KEY]
     name = fields.get("name", "").strip()
     if not store.valid_name(name):
         raise ApiError(400, "invalid_field", f"name: {NAME_RULE}")
     if data is None:
         raise ApiError(400, "invalid_field", "audio_sample: missing (a multipart file field)")
     builtin = {v.lower() for v in state.engine.info.voices} | {a.lower() for a in state.engine.info.voice_aliases}
-    if name.lower() in builtin or await store.get(name) is not None:
+    if name.lower() in builtin or await store.get(name, scope.owner) is not None:
         raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already")
     audio = await decode_reference(data, settings.max_ref_audio_seconds, field="audio_sample")
     features = await features_of(state.engine, audio, field="audio_sample")
@@ -176,28 +235,74 @@ async def create_voice(request: web.Request) -> web.Response:
     voice = SavedVoice(name=name, xvector=features.xvector, codes=features.codes, ref_text=ref_text,
                        consent=fields.get("consent") or None,
                        speaker_description=fields.get("speaker_description") or None,
-                       audio_sha256=_content_key(audio), seconds=audio.size / SAMPLE_RATE)
+                       audio_sha256=_content_key(audio), seconds=audio.size / SAMPLE_RATE, owner=scope.owner)
     try:
-        await store.add(voice)
+        await store.add(voice, max_per_owner=max_per_key, max_total=settings.max_voices)
     except VoiceExists:
         raise ApiError(409, "voice_exists", f"name: a voice named {name!r} exists already") from None
+    except VoiceLimitReached as exc:
+        raise _too_many_voices(str(exc)) from None
     log.info("voice %r saved: %.1f s, %d reference frames, in-context=%s", name, voice.seconds,
              voice.codes.shape[0], bool(ref_text))
     return web.json_response({"success": True, "voice": voice.describe()}, status=201)
 
 
+def _too_many_voices(message: str) -> ApiError:
+    return ApiError(429, "too_many_voices", message, headers={"Retry-After": str(TOO_MANY_VOICES_RETRY_SECONDS)})
+
+
+async def _check_voice_caps(store: VoiceStore, scope: VoiceScope, max_per_key: int, max_total: int) -> None:
+    """429 ``too_many_voices`` when the key's or the store's cap is reached (checked again,
+    atomically, when the voice is added)."""
+    if max_per_key and (held := await store.count(scope.owner)) >= max_per_key:
+        raise _too_many_voices(limit_message(held, max_per_key, "this key has"))
+    if max_total and (held := await store.count(any_owner=True)) >= max_total:
+        raise _too_many_voices(limit_message(held, max_total, "the server holds"))
+
+
+def _page_limit(request: web.Request, largest: int) -> int:
+    raw = request.query.get("limit", str(min(DEFAULT_VOICE_PAGE, largest)))
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise invalid_field("limit", "must be an integer") from None
+    if not 1 <= limit <= largest:
+        raise invalid_field("limit", f"must be between 1 and {largest} (--max-voice-page)")
+    return limit
+
+
 async def list_voices(request: web.Request) -> web.Response:
-    engine = request.app[STATE_KEY].engine
+    """Built-in speakers and one page of the caller's saved voices (every key's for an admin
+    key, each then with its ``owner``); ``next_after`` is the next page's ``?after=`` (null: the last)."""
+    state = request.app[STATE_KEY]
+    engine = state.engine
+    scope = voice_scope(request)
+    limit = _page_limit(request, state.settings.max_voice_page)
+    after = request.query.get("after") or None
+    if after is not None and len(after) > 2 * MAX_NAME_FIELD_BYTES:
+        raise invalid_field("after", "not a cursor this server gave")
     builtin = list(engine.info.voices) if engine.capabilities.preset_voices else []
-    uploaded = await request.app[VOICE_STORE_KEY].list()
-    return web.json_response({"voices": builtin, "uploaded_voices": [v.describe() for v in uploaded]})
+    page = await request.app[VOICE_STORE_KEY].list(scope.owner, any_owner=scope.sees_all, limit=limit, after=after)
+    show_owner = scope.sees_all and state.api_keys.enabled
+    uploaded = [{**v.describe(), "owner": v.owner} if show_owner else v.describe() for v in page.voices]
+    return web.json_response({"voices": builtin, "uploaded_voices": uploaded, "next_after": page.next_after})
 
 
 async def delete_voice(request: web.Request) -> web.Response:
+    """The caller's voice of that name (an admin key: its own, else the unowned one, or another
+    key's named by ``?owner=``, as the admin listing shows it)."""
+    state = request.app[STATE_KEY]
     name = request.match_info["name"]
-    if not await request.app[VOICE_STORE_KEY].delete(name):
-        raise ApiError(404, "voice_not_found", f"no saved voice named {name[:64]!r}")
-    return web.json_response({"success": True, "name": name, "deleted": True})
+    scope = voice_scope(request)
+    state.limits.check_rate(client_identity(request, state.api_keys))
+    store = request.app[VOICE_STORE_KEY]
+    owners = scope.lookup()
+    if scope.sees_all and state.api_keys.enabled and "owner" in request.query:
+        owners = (request.query["owner"] or None,)
+    for owner in owners:
+        if await store.delete(name, owner):
+            return web.json_response({"success": True, "name": name, "deleted": True})
+    raise ApiError(404, "voice_not_found", f"no saved voice named {name[:64]!r}")
 
 
 def add_routes(app: web.Application, store: VoiceStore) -> None:
@@ -207,4 +312,5 @@ def add_routes(app: web.Application, store: VoiceStore) -> None:
     app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
 
 
-__all__ = ["VOICE_STORE_KEY", "add_routes", "clone_for", "decode_base64_audio", "reference_audio", "saved_clone"]
+__all__ = ["VOICE_STORE_KEY", "VoiceScope", "add_routes", "clone_for", "decode_base64_audio", "job_voice_scope",
+           "reference_audio", "saved_clone", "scoped_clone", "voice_scope"]

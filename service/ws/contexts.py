@@ -27,6 +27,7 @@ import uuid
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from service.access.auth import ACCEPTED_KEY
 from service.access.limits import client_identity
 from service.errors import ApiError
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
@@ -333,8 +334,11 @@ async def serve(request: web.Request, dialect: type[ContextSocket]) -> web.Strea
         state.check_admission()
     except ApiError as exc:
         return _refuse(request, dialect, endpoint, exc)
-    if not state.api_keys.accepts(dialect.api_key(request)):
+    key = dialect.api_key(request)
+    if not state.api_keys.accepts(key):
         return _refuse(request, dialect, endpoint, ApiError(401, "unauthorized", "missing or invalid API key"))
+    if key:
+        request[ACCEPTED_KEY] = key
     identity = client_identity(request, state.api_keys, websocket=True)
     ws = web.WebSocketResponse(max_msg_size=state.settings.max_ws_message_bytes, heartbeat=30.0,
                                protocols=dialect.subprotocols(request))

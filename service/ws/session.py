@@ -298,7 +298,7 @@ class StreamSession:
         if any(message.get(name) is not None for name in CloneFields.model_fields):
             return await clone_for(self.request, params.voice, parse(CloneFields, message))
         if message.get("voice") is not None:
-            return await saved_clone(self.request.app, params.voice)
+            return await saved_clone(self.request, params.voice)
         return self.clone
 
     async def on_input_text(self, message: dict) -> None:

@@ -17,12 +17,16 @@ overwrite the work of the replica that took the job over, and a job is recorded
 from __future__ import annotations
 
 import abc
+import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
+from service.db.postgres import redact_url  # noqa: F401  (re-exported: callers import it from here)
+from service.synthesis.audio import CONTENT_TYPES
 from service.voices.store import FileVoiceStore, VoiceStore
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -49,6 +53,7 @@ class Job:
     taken_over: bool = False  # this claim took it from a runner whose lease expired (not stored)
     lease_owner: str | None = None  # the replica running it
     lease_token: str | None = None  # this attempt's fence
+    corrupt: str | None = None  # why the stored record cannot be used (see job_from_record); never run
 
     @property
     def response_format(self) -> str:
@@ -56,16 +61,72 @@ class Job:
 
     def to_json(self) -> dict:
         body = {
-            "id": self.id, "status": self.status,
+            "id": self.id, "status": "failed" if self.corrupt else self.status,
             "progress": {"frames_done": self.frames_done, "frames_total": self.frames_total},
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "response_format": self.response_format,
         }
-        if self.error:
+        if self.corrupt:
+            body["error"] = f"corrupt job record: {self.corrupt}"
+        elif self.error:
             body["error"] = self.error
-        if self.status == "succeeded":
+        if self.status == "succeeded" and not self.corrupt:
             body["audio_url"] = f"/v1/jobs/{self.id}/audio"
         return body
+
+
+def _number(value: Any, kind: type, default=None):
+    """A stored number, or ValueError (SQLite keeps whatever a hostile file holds)."""
+    if value is None:
+        if default is None:
+            return None
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{value!r} is not finite")
+    return kind(value)
+
+
+def job_from_record(row, taken_over: bool = False) -> Job:
+    """A stored row (SQLite or PostgreSQL) -> Job. Never raises on what a row holds: a record
+    that does not parse (params not a JSON object, a response_format outside the fixed set, a
+    status or number of the wrong kind) comes back with ``corrupt`` saying why; the API shows it
+    as failed and the runner fails it instead of running it."""
+    names = set(row.keys())
+
+    def field(name):
+        return row[name] if name in names else None
+
+    job = Job(id=str(field("id")), status="failed", params={}, created_at=0.0, taken_over=taken_over)
+    try:  # the lease first: a corrupt job is still failed under the lease its claim took
+        for name in ("lease_owner", "lease_token", "owner", "error"):
+            value = field(name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} is not text")
+            setattr(job, name, value)
+        job.status = field("status")
+        if job.status not in STATUSES:
+            raise ValueError(f"unknown status {str(job.status)[:32]!r}")
+        job.created_at = _number(field("created_at"), float, 0.0)
+        job.started_at = _number(field("started_at"), float)
+        job.finished_at = _number(field("finished_at"), float)
+        job.frames_done = _number(field("frames_done"), int, 0)
+        job.frames_total = _number(field("frames_total"), int, 0)
+        job.audio_size = _number(field("audio_size"), int)
+        job.attempts = _number(field("attempts"), int, 0)
+        params = json.loads(field("params"))
+        if not isinstance(params, dict):
+            raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
+        if params.get("response_format", "wav") not in CONTENT_TYPES:
+            raise ValueError(f"response_format {str(params.get('response_format'))[:32]!r} is not one of "
+                             f"{', '.join(CONTENT_TYPES)}")
+        job.params = params
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        job.corrupt = str(exc)[:200] or type(exc).__name__
+    if not isinstance(job.status, str) or job.status not in STATUSES:
+        job.status = "failed"
+    return job
 
 
 def new_job_id() -> str:
@@ -193,13 +254,8 @@ class JobStore(abc.ABC):
     def read_audio(self, job: Job) -> AsyncIterator[bytes]:
         """The finished audio of a succeeded job, in order; nothing when it is gone."""
 
-    # -- saved voices (issue 15) ------------------------------------------------------------
+    # -- saved voices ---------------------------------------------------------------------------
     def voice_store(self, data_dir: Path) -> VoiceStore:
         """Where this store's replicas keep saved voices: files under ``data_dir`` (one replica),
         or the shared database's ``voices`` table."""
         return FileVoiceStore(data_dir / "voices")
-
-
-def redact_url(url: str) -> str:
-    """A database URL fit for a log line: the password replaced."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

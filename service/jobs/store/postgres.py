@@ -1,7 +1,7 @@
 """The shared job store: PostgreSQL through asyncpg, so any replica serves any job.
 
-* Schema: versioned in ``streamvox_schema``; :data:`MIGRATIONS` are applied at start-up under
-  an advisory lock, so replicas starting together migrate once.
+* Connection pool and schema: :class:`service.db.postgres.Database` (shared with the saved
+  voices, service/voices/store_postgres.py); the schema is service/db/schema.py.
 * Jobs are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claims never wait
   on each other and never take the same job. A claim sets a lease (replica, token, expiry
   on the database's clock, so replicas' clocks do not matter).
@@ -12,8 +12,6 @@
   (``cancelled:<id>``), heard by one ``LISTEN`` connection per replica. The replica whose
   listening connection holds the advisory lock :data:`LEADER_LOCK` is the leader: it exports
   the shared queue depth (docs/DEPLOY.md says why one replica and not all).
-* The password comes from the URL, ``PGPASSWORD`` / ``PGPASSFILE`` (libpq's variables, which
-  asyncpg reads) or ``--jobs-db-password-file``; log lines show the URL redacted.
 """
 
 from __future__ import annotations
@@ -21,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import asyncpg
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
 
+from service.db.postgres import UNREACHABLE, Database
 from service.errors import StoreUnavailable
 from service.jobs.store.base import (
     AUDIO_READ_CHUNKS,
@@ -38,71 +33,18 @@ from service.jobs.store.base import (
     RENEWED,
     Job,
     JobStore,
+    job_from_record,
     new_job_id,
-    redact_url,
 )
-from service.voices.store import SavedVoice, VoiceExists, VoiceStore, voice_meta, voice_tensors
+from service.voices.store import VoiceStore
+from service.voices.store_postgres import PostgresVoiceStore
 
 log = logging.getLogger("streamvox.jobs")
 
 CHANNEL = "streamvox_jobs"
-MIGRATION_LOCK = 0x5754_0017  # pg_advisory_xact_lock key while the schema is migrated
 LEADER_LOCK = 0x5754_0018  # pg_try_advisory_lock key held by the leader's listening connection
-CONNECT_TIMEOUT_S = 5.0
-COMMAND_TIMEOUT_S = 30.0
 PING_TIMEOUT_S = 2.0
-REOPEN_AFTER_S = 1.0  # after a failed open, callers fail at once for this long
 _NOW = "extract(epoch from clock_timestamp())"
-
-# (version, statements). Append a new entry to change the schema; never edit an applied one.
-MIGRATIONS: tuple[tuple[int, str], ...] = (
-    (1, """
-CREATE TABLE jobs (
-    id text PRIMARY KEY,
-    status text NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-    params text NOT NULL,  -- JSON, kept as text: jsonb cannot hold a NUL character, which a request text may
-    owner text,
-    created_at double precision NOT NULL,
-    started_at double precision,
-    finished_at double precision,
-    error text,
-    frames_done integer NOT NULL DEFAULT 0,
-    frames_total integer NOT NULL DEFAULT 0,
-    audio_size bigint,
-    attempts integer NOT NULL DEFAULT 0,
-    lease_owner text,
-    lease_token text,
-    lease_expires timestamptz
-);
-CREATE INDEX jobs_queued ON jobs (created_at) WHERE status = 'queued';
-CREATE INDEX jobs_leased ON jobs (lease_expires) WHERE status = 'running';
-CREATE INDEX jobs_created ON jobs (created_at DESC);
-CREATE INDEX jobs_unfinished_owner ON jobs (owner) WHERE status IN ('queued', 'running');
-CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status IN ('succeeded', 'failed', 'cancelled');
-CREATE TABLE job_audio (
-    job_id text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-    pos bigint NOT NULL,
-    token text NOT NULL,
-    data bytea NOT NULL,
-    PRIMARY KEY (job_id, pos)
-);
--- Saved voices (issue 15): PostgresVoiceStore; tensors are a safetensors blob.
-CREATE TABLE voices (
-    name text PRIMARY KEY,
-    meta text NOT NULL,  -- JSON (as params)
-    tensors bytea NOT NULL,
-    created_at double precision NOT NULL
-);
-"""),
-)
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-
-# What a lost or refused connection raises; anything else is a bug and propagates.
-# A refused login (wrong or rotated password, unknown database) is the same to a client: the
-# store cannot be used now (503 + Retry-After), and the log line says why.
-_UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError,
-                asyncpg.exceptions.InvalidAuthorizationSpecificationError, asyncpg.exceptions.InvalidCatalogNameError)
 
 
 def _text(value: str | None) -> str | None:
@@ -111,11 +53,7 @@ def _text(value: str | None) -> str | None:
 
 
 def _job(row: asyncpg.Record) -> Job:
-    return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
-               started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
-               frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
-               audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
-               lease_token=row["lease_token"], taken_over=bool(row.get("taken_over")))
+    return job_from_record(row, taken_over=bool(row.get("taken_over")))
 
 
 class PostgresJobStore(JobStore):
@@ -124,83 +62,36 @@ class PostgresJobStore(JobStore):
 
     def __init__(self, url: str, pool_size: int = 8, password: str | None = None):
         super().__init__()
-        self.url = url
-        self.pool_size = pool_size
-        self._password = password  # None: from the URL or libpq's environment variables
-        self._pool: asyncpg.Pool | None = None
+        self.db = Database(url, pool_size=pool_size, password=password)
         self._listen: asyncpg.Connection | None = None
         self._leader = False
-        self._opening = asyncio.Lock()
         self._expiring: asyncio.Task | None = None
-        self._open_failure: tuple[float, str] | None = None  # (monotonic time, message) of the last failed open
+
+    @property
+    def url(self) -> str:
+        return self.db.url
 
     def __repr__(self) -> str:
-        return f"PostgresJobStore({redact_url(self.url)})"
+        return f"PostgresJobStore({self.db!r})"
 
     # -- lifecycle --------------------------------------------------------------------
     async def open(self) -> None:
-        async with self._opening:
-            if self._pool is not None:
-                return
-            # Callers queued on the lock behind a failed try fail at once rather than each
-            # waiting out its own connect timeout (a blackholed database: 5 s per caller).
-            if self._open_failure is not None and time.monotonic() - self._open_failure[0] < REOPEN_AFTER_S:
-                raise StoreUnavailable(self._open_failure[1])
-            # min_size 0: no floor that asyncpg restores (with a traceback per try) while the database is down
-            pool = asyncpg.create_pool(self.url, password=self._password, min_size=0, max_size=self.pool_size,
-                                       timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S)
-            try:
-                await pool
-                async with pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn:
-                    await self._migrate(conn)
-            except BaseException as exc:
-                await pool.close()
-                if isinstance(exc, _UNREACHABLE):
-                    message = f"job database {redact_url(self.url)} unreachable: {type(exc).__name__}: {exc}"
-                    self._open_failure = (time.monotonic(), message)
-                    raise StoreUnavailable(message) from None
-                raise
-            self._pool, self._open_failure = pool, None
-            log.info("job store: %s (schema v%d, pool %d)", redact_url(self.url), SCHEMA_VERSION, self.pool_size)
+        await self.db.open()
         await self.maintain()
-
-    @staticmethod
-    async def _migrate(conn: asyncpg.Connection) -> None:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
-            await conn.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version integer NOT NULL)")
-            version = await conn.fetchval("SELECT max(version) FROM streamvox_schema") or 0
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(f"the job database has schema v{version}, newer than this streamvox "
-                                   f"(v{SCHEMA_VERSION}); upgrade streamvox")
-            for number, statements in MIGRATIONS:
-                if number > version:
-                    await conn.execute(statements)
-                    await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", number)
-                    log.info("job store: schema migrated to v%d", number)
 
     async def close(self) -> None:
         if self._listen is not None:
             self._listen.remove_termination_listener(self._on_listen_lost)
             await self._listen.close()  # also releases the leader lock
             self._listen = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        await self.db.close()
 
-    @asynccontextmanager
-    async def connection(self):
+    def connection(self):
         """A pooled connection (opening the store if needed); StoreUnavailable while unreachable."""
-        if self._pool is None:
-            await self.open()
-        try:
-            async with self._pool.acquire(timeout=CONNECT_TIMEOUT_S) as conn:
-                yield conn
-        except _UNREACHABLE as exc:
-            raise StoreUnavailable(f"job database unreachable: {exc.__class__.__name__}: {exc}") from None
+        return self.db.connection()
 
     def voice_store(self, data_dir) -> VoiceStore:
-        return PostgresVoiceStore(self)
+        return PostgresVoiceStore(self.db)
 
     async def ping(self) -> None:
         async with self.connection() as conn:
@@ -214,23 +105,23 @@ class PostgresJobStore(JobStore):
         """(Re)open the listening connection and try for the leader lock; the runner calls this
         every poll. A listening connection that dies wakes the runner (it may have missed
         notifications) and drops the pool's other connections, which died with it."""
-        if self._pool is None:
+        if not self.db.is_open:
             await self.open()
             return
         if self._listen is None or self._listen.is_closed():
             self._leader = False
+            conn = await self.db.connect()
             try:
-                conn = await asyncpg.connect(self.url, password=self._password, timeout=CONNECT_TIMEOUT_S)
                 await conn.add_listener(CHANNEL, self._on_notification)
                 conn.add_termination_listener(self._on_listen_lost)
-            except _UNREACHABLE as exc:
+            except UNREACHABLE as exc:
                 raise StoreUnavailable(f"job database unreachable: {exc}") from None
             self._listen = conn
             self._notify("queued")  # anything queued while we were not listening
         if not self._leader:
             try:
                 self._leader = await self._listen.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK)
-            except _UNREACHABLE as exc:
+            except UNREACHABLE as exc:
                 raise StoreUnavailable(f"job database unreachable: {exc}") from None
 
     def _on_notification(self, conn, pid, channel, payload: str) -> None:
@@ -239,8 +130,8 @@ class PostgresJobStore(JobStore):
 
     def _on_listen_lost(self, conn) -> None:
         self._leader = False
-        if self._pool is not None:  # they died with it; new ones are made on the next acquire
-            self._expiring = asyncio.get_running_loop().create_task(self._pool.expire_connections())
+        if self.db.is_open:  # they died with it; new ones are made on the next acquire
+            self._expiring = asyncio.get_running_loop().create_task(self.db.expire_connections())
         self._notify("queued")
 
     # -- records ----------------------------------------------------------------------
@@ -406,41 +297,3 @@ class PostgresJobStore(JobStore):
                 position += len(row["data"])
             if len(rows) < AUDIO_READ_CHUNKS:
                 return
-
-
-class PostgresVoiceStore(VoiceStore):
-    """Saved voices in the jobs' database (same pool), so a voice uploaded through one replica
-    clones on every other at once. Raises StoreUnavailable while the database is down."""
-
-    def __init__(self, jobs: PostgresJobStore):
-        self._jobs = jobs
-
-    @staticmethod
-    def _voice(row: asyncpg.Record) -> SavedVoice:
-        arrays = load_tensors(bytes(row["tensors"]))
-        return SavedVoice(xvector=arrays["xvector"], codes=arrays["codes"], **json.loads(row["meta"]))
-
-    async def get(self, name: str) -> SavedVoice | None:
-        if not self.valid_name(name):
-            return None
-        async with self._jobs.connection() as conn:
-            row = await conn.fetchrow("SELECT meta, tensors FROM voices WHERE name = $1", name)
-        return self._voice(row) if row else None
-
-    async def list(self) -> list[SavedVoice]:
-        async with self._jobs.connection() as conn:
-            rows = await conn.fetch("SELECT meta, tensors FROM voices ORDER BY name")
-        return [self._voice(row) for row in rows]
-
-    async def add(self, voice: SavedVoice) -> SavedVoice:
-        async with self._jobs.connection() as conn:
-            added = await conn.fetchval("INSERT INTO voices (name, meta, tensors, created_at) VALUES ($1, $2, $3, $4) "
-                                        "ON CONFLICT (name) DO NOTHING RETURNING true", voice.name, json.dumps(voice_meta(voice)),
-                                        save_tensors(voice_tensors(voice)), voice.created_at)
-        if not added:
-            raise VoiceExists(voice.name)
-        return voice
-
-    async def delete(self, name: str) -> bool:
-        async with self._jobs.connection() as conn:
-            return bool(await conn.fetchval("DELETE FROM voices WHERE name = $1 RETURNING true", name))

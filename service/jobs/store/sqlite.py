@@ -27,6 +27,7 @@ from service.jobs.store.base import (
     RENEWED,
     Job,
     JobStore,
+    job_from_record,
     new_job_id,
     new_lease_token,
 )
@@ -96,11 +97,7 @@ class SqliteJobStore(JobStore):
 
     # -- records ----------------------------------------------------------------------
     def _job(self, row: sqlite3.Row) -> Job:
-        return Job(id=row["id"], status=row["status"], params=json.loads(row["params"]), created_at=row["created_at"],
-                   started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
-                   frames_done=row["frames_done"], frames_total=row["frames_total"], owner=row["owner"],
-                   audio_size=row["audio_size"], attempts=row["attempts"], lease_owner=row["lease_owner"],
-                   lease_token=row["lease_token"])
+        return job_from_record(row)
 
     def _execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, args)

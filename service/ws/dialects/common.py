@@ -20,7 +20,7 @@ async def known_voice(request: web.Request, name: str) -> bool:
     except InvalidRequest:
         pass
     try:
-        return await saved_clone(request.app, name) is not None
+        return await saved_clone(request, name) is not None
     except StoreUnavailable:
         raise ApiError(503, "database_unavailable", "saved voices are unreachable now; retry, "
                                                     "or use one of the model's voices") from None

@@ -13,6 +13,7 @@ import json
 from aiohttp import web
 
 from engines.contract import Priority
+from service.access.auth import ACCEPTED_KEY
 from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
@@ -43,9 +44,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
 async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.check_admission()
-    if not state.api_keys.accepts(elevenlabs_key(request)):
+    key = elevenlabs_key(request)
+    if not state.api_keys.accepts(key):
         raise ApiError(401, "invalid_api_key", "missing or invalid xi-api-key")
-    identity = client_identity(request, state.api_keys)
+    if key:
+        request[ACCEPTED_KEY] = key
+    identity = client_identity(request, state.api_keys, websocket=True)  # the accepted xi-api-key
     state.limits.check_rate(identity)
     encoding, rate = parse_output_format(request.query.get("output_format", DEFAULT_FORMAT))
     voice = request.match_info["voice_id"]
@@ -65,7 +69,7 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
     except ValueError as exc:
         raise ApiError(400, "invalid_voice_settings", str(exc)) from None
     check_work(state.engine, text, params, state.settings)
-    clone = await saved_clone(request.app, voice)
+    clone = await saved_clone(request, voice)
     prepared = prepare(state.engine, request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone,
                        tenant=identity)
     state.limits.open_stream(identity)

@@ -16,7 +16,8 @@ import pytest
 
 from service.errors import StoreUnavailable
 from service.jobs.store.base import CANCELLED, LOST, RENEWED
-from service.jobs.store.postgres import SCHEMA_VERSION, PostgresJobStore
+from service.db.schema import SCHEMA_VERSION
+from service.jobs.store.postgres import PostgresJobStore
 from service.jobs.store.sqlite import SqliteJobStore
 
 LEASE = 30.0
@@ -171,7 +172,9 @@ async def test_schema_is_versioned_and_migrated_once(pg_url):
     try:
         conn = await asyncpg.connect(pg_url)
         try:
-            assert await conn.fetch("SELECT version FROM streamvox_schema") == [(SCHEMA_VERSION,)]
+            # each version applied once, in order
+            versions = [r[0] for r in await conn.fetch("SELECT version FROM streamvox_schema ORDER BY version")]
+            assert versions == list(range(1, SCHEMA_VERSION + 1))
             tables = {r[0] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
             assert {"jobs", "job_audio", "voices", "streamvox_schema"} <= tables
             await conn.execute("INSERT INTO streamvox_schema VALUES ($1)", SCHEMA_VERSION + 1)
@@ -262,14 +265,14 @@ async def test_saved_voices_live_in_the_same_store(store, tmp_path):
     await voices.add(alice)
     with pytest.raises(VoiceExists):
         await voices.add(alice)
-    got = await voices.get("alice")
+    got = await voices.get("alice", None)
     np.testing.assert_array_equal(got.xvector, alice.xvector)
     np.testing.assert_array_equal(got.codes, alice.codes)
     assert got.codes.dtype == np.int64 and got.describe() == alice.describe()
-    assert [v.name for v in await voices.list()] == ["alice"]
-    assert await voices.get("nobody") is None and await voices.get("../etc") is None
-    assert await voices.delete("alice") and not await voices.delete("alice")
-    assert await voices.list() == []
+    assert [v.name for v in (await voices.list()).voices] == ["alice"]
+    assert await voices.get("nobody", None) is None and await voices.get("../etc", None) is None
+    assert await voices.delete("alice", None) and not await voices.delete("alice", None)
+    assert (await voices.list()).voices == []
 
 
 async def test_a_sqlite_store_from_before_leases_opens_with_its_jobs_and_audio(tmp_path):

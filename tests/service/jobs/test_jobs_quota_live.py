@@ -1,0 +1,61 @@
+"""--jobs-disk-quota-mb holds while jobs run, not only when they are created: several long jobs
+accepted under a small quota together would write several times it; the one whose next chunk
+would cross it fails with ``storage_full`` naming the quota, the rest go on, and the stored job
+audio never exceeds the quota. Real server, real client, the tiny engine on CPU, SQLite and a
+real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import start_server
+
+from clients.client import StreamvoxClient
+
+QUOTA_MB = 1.0
+LONG = " ".join(["A sentence of a long job."] * 8)  # about 770 KB of WAV on the tiny engine
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_settings(request) -> dict:
+    return {"jobs_db": request.getfixturevalue("pg_url")} if request.param == "postgresql" else {}
+
+
+async def test_the_quota_holds_while_long_jobs_write(engine, store_settings, tmp_path):
+    server = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=QUOTA_MB, job_workers=3,
+                                **store_settings)
+    limit = int(QUOTA_MB * 1024 * 1024)
+    store = server.state.jobs.store
+    try:
+        async with StreamvoxClient(server.url) as client:
+            short = await client.wait_job((await client.submit_job("A short one.", seed=1))["id"])
+            assert short["status"] == "succeeded"
+            short_audio = await client.fetch_audio(short["id"])
+            ids = [(await client.submit_job(LONG, seed=i))["id"] for i in range(4)]  # all accepted: under the quota now
+            peak = 0
+
+            async def watch():
+                nonlocal peak
+                while True:
+                    peak = max(peak, await store.audio_bytes())
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            try:
+                jobs = [await asyncio.wait_for(client.wait_job(job_id), 300) for job_id in ids]
+            finally:
+                watcher.cancel()
+            failed = [job for job in jobs if job["status"] == "failed"]
+            succeeded = [job for job in jobs if job["status"] == "succeeded"]
+            assert failed and len(failed) + len(succeeded) == 4, jobs
+            for job in failed:
+                assert job["error"].startswith("storage_full") and "--jobs-disk-quota-mb" in job["error"], job
+            assert peak <= limit and await store.audio_bytes() <= limit, (peak, limit)
+            sizes = [len(await client.fetch_audio(job["id"])) for job in succeeded]
+            assert len(short_audio) + sum(sizes) <= limit
+            assert await client.fetch_audio(short["id"]) == short_audio  # untouched
+            after = await client.wait_job((await client.submit_job("Still running.", seed=2))["id"])
+            assert after["status"] == "succeeded"  # the runner goes on within what is left
+    finally:
+        await server.stop()
