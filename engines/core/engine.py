@@ -347,6 +347,8 @@ class Engine:
             raise InvalidRequest("task_type", f"the loaded checkpoint is a {task} release; it cannot do "
                                               f"{str(request.task_type)[:32]}")
         if task == "Base":
+            if request.clone is not None:
+                self._check_clone(request.clone)
             if request.clone is None and complete:
                 raise InvalidRequest("ref_audio", "this Base (voice-clone) checkpoint needs reference audio "
                                                   "(ref_audio, or voice naming a saved voice)")
@@ -357,6 +359,24 @@ class Engine:
             raise InvalidRequest("ref_audio", f"voice cloning needs a Base checkpoint; the loaded one is {task}")
         elif task == "VoiceDesign" and complete and not (request.instructions or "").strip():
             raise InvalidRequest("instructions", "a VoiceDesign checkpoint needs instructions describing the voice")
+
+    def _check_clone(self, clone: VoiceClone) -> None:
+        """A clone's features may come from a store (a hand-made data dir, another model's voice):
+        their shapes and values must fit this model, else InvalidRequest, not a failed step."""
+        cfg = self.models.config
+        xvector = np.asarray(clone.xvector)
+        if xvector.shape != (cfg.latent_dim,) or xvector.dtype.kind != "f" or not np.isfinite(xvector).all():
+            raise InvalidRequest("voice", f"the voice's x-vector ({xvector.dtype} {list(xvector.shape)}) does not fit "
+                                          f"this model (finite floats, [{cfg.latent_dim}]); upload the voice again")
+        if clone.ref_codes is None:
+            return
+        codes = np.asarray(clone.ref_codes)
+        fits = (codes.ndim == 2 and codes.shape[0] >= 1 and codes.shape[1] == cfg.num_code_groups
+                and codes.dtype.kind in "iu" and 0 <= codes.min() and codes.max() < cfg.codec_head.codebook_size)
+        if not fits:
+            raise InvalidRequest("voice", f"the voice's reference codes ({codes.dtype} {list(codes.shape)}) do not "
+                                          f"fit this model ([frames, {cfg.num_code_groups}] ids below "
+                                          f"{cfg.codec_head.codebook_size}); upload the voice again")
 
     def _voice_index(self, name: str) -> int:
         if self.task_type in ("Base", "VoiceDesign"):

@@ -423,3 +423,30 @@ async def test_ref_audio_urls_are_fetched_only_under_the_allowed_prefixes(base_e
     finally:
         await server.stop()
         await runner.cleanup()
+
+
+async def test_a_stored_voice_that_does_not_fit_the_model_is_a_400_not_a_failed_step(base_engine, tmp_path):
+    """A saved voice's features come from the store (a hand-made or migrated data dir, another
+    model's voice): an x-vector or reference codes of the wrong shape or range is refused when
+    the request is checked, naming the voice, and the server keeps serving."""
+    from service.voices.store import FileVoiceStore, SavedVoice
+
+    data_dir = tmp_path / "data"
+    store = FileVoiceStore(data_dir / "voices")
+    width = base_engine.models.config.latent_dim
+    groups = base_engine.models.config.num_code_groups
+    await store.add(SavedVoice("wide", np.zeros(width + 3, np.float32), np.zeros((0, groups), np.int64)))
+    await store.add(SavedVoice("outofrange", np.zeros(width, np.float32), np.full((4, groups), 10**6, np.int64),
+                               ref_text="Hello."))
+    server = await start_server(base_engine, data_dir)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for name in ("wide", "outofrange"):
+                status, body = await speak(http, server.url, {"input": "Hello there.", "voice": name})
+                assert status == 400, (name, status, body[:200])
+                error = json.loads(body)["error"]
+                assert error["code"] == "invalid_field" and "voice" in error["message"], error
+            async with http.get(server.url + "/healthz") as r:
+                assert r.status == 200
+    finally:
+        await server.stop()
