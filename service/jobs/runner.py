@@ -35,7 +35,7 @@ from collections import OrderedDict
 from typing import Awaitable, Callable
 
 from engines.contract import Priority, SynthesisRequest, VoiceClone
-from service.errors import RETRY_LATER, ApiError, StoreUnavailable
+from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
 from service.synthesis.chunks import ChunkStream
@@ -53,6 +53,10 @@ RETENTION_EVERY_SECONDS = 60.0
 UPLOAD_CHUNK_BYTES = 256 * 1024  # audio copied into the store in pieces of about this size
 PROMPT_IDS_KEPT = 256  # jobs validated here whose prompt ids wait for their run (remember)
 
+
+# A job that ran out of KV cache is queued again this many times (claims) before it fails: the
+# cache may be full of other work now, but a job that never fits must not loop forever.
+CAPACITY_ATTEMPTS = 5
 
 class LeaseLost(Exception):
     """This attempt no longer holds its job (cancelled, or taken over by another replica)."""
@@ -346,6 +350,11 @@ class JobRunner:
                     break
             if job.id in self.stopped:
                 return  # cancelled (recorded by whoever cancelled) or taken over elsewhere
+            if chunk.error and is_capacity_error(chunk.error) and job.attempts < CAPACITY_ATTEMPTS:
+                # no room in the KV cache now, not a fault of the job: it waits for another turn
+                log.info("job %s: %s; queued again (attempt %d)", job.id, chunk.error, job.attempts)
+                await self._until_stored(lambda: self.store.release(job.id, token))
+                return
             if chunk.error:
                 await self._until_stored(lambda: self.store.finish(job.id, token, "failed",
                                                                    error=f"synthesis failed: {chunk.error}"))

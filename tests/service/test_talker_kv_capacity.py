@@ -9,6 +9,7 @@ real HTTP and WebSocket clients.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -71,5 +72,39 @@ async def test_on_a_websocket_the_utterance_ends_with_an_overloaded_error(small_
                     events.append(json.loads(message))
         [done] = [e for e in events if e["type"] == "audio.done"]
         assert done.get("error") == "overloaded", done
+    finally:
+        await live.stop()
+
+
+async def test_a_job_that_outgrows_the_kv_pool_is_queued_again_then_fails_with_the_reason(small_pool_engine, tmp_path):
+    """A job is not a client waiting on a socket: running out of KV cache gives it back to the
+    queue for another turn, a bounded number of times (this one can never fit: it then fails,
+    naming the cache), and the runner goes on with the next job."""
+    from service.jobs.runner import CAPACITY_ATTEMPTS
+
+    live = await start_server(small_pool_engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(live.url + "/v1/jobs", json=BODY) as response:
+                assert response.status == 202, await response.text()
+                job_id = (await response.json())["id"]
+            async with http.post(live.url + "/v1/jobs", json={**BODY, "seed": 0}) as response:
+                short_id = (await response.json())["id"]
+            for _ in range(600):
+                async with http.get(f"{live.url}/v1/jobs/{job_id}") as response:
+                    job = await response.json()
+                if job["status"] in ("succeeded", "failed"):
+                    break
+                await asyncio.sleep(0.1)
+            assert job["status"] == "failed" and "kv_cache_exhausted" in job["error"], job
+            stored = await live.state.jobs.store.get(job_id)
+            assert stored.attempts == CAPACITY_ATTEMPTS, stored.attempts
+            for _ in range(600):
+                async with http.get(f"{live.url}/v1/jobs/{short_id}") as response:
+                    short = await response.json()
+                if short["status"] in ("succeeded", "failed"):
+                    break
+                await asyncio.sleep(0.1)
+            assert short["status"] == "succeeded", short
     finally:
         await live.stop()
