@@ -1,4 +1,4 @@
-"""Hostile clients for the soak (``load.py --attacks``): the issue-20 reproductions run in
+"""Hostile clients for the soak (``load.py --attacks``): the hardening reproductions run in
 loops beside normal traffic, from a second loopback address (127.0.0.2) so they are a
 client of their own. Every HTTP status they get is counted; a 5xx anywhere is a failure.
 

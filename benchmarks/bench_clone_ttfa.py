@@ -1,4 +1,4 @@
-"""Time to first audio of a cloned voice: a saved voice vs inline ``ref_audio`` (issue 15).
+"""Time to first audio of a cloned voice: a saved voice vs inline ``ref_audio``.
 
     python benchmarks/bench_clone_ttfa.py [--checkpoint tests/fixtures/oracle/clone/base] [--runs 5]
         [--seconds 5] [--device cpu]

@@ -3,7 +3,7 @@
 An LLM-like token stream (``--rate`` tokens/s, each gap drawn uniformly within ``--jitter``
 of its mean; a token is a word piece of ~4 characters) is replayed into N concurrent
 WebSocket sessions of a real server (talker checkpoint), once with ``text_streaming`` on (live
-utterances, issue 16) and once off (sentence mode), in one run. Per session:
+utterances) and once off (sentence mode), in one run. Per session:
 
 - TTFA: first audio byte - first text token sent (the floor: the time the first text ids need
   to arrive, one word held back by stable tokenization, plus the first chunk's frames);

@@ -4,7 +4,7 @@ Reports errors, underruns, time to first audio, server RSS growth and open file
 descriptors. Starts its own server (``--preset``/``--device``) or targets ``--url``
 (then ``--pid`` lets it read the server's RSS and fds from /proc).
 
-``--attacks`` runs the issue-20 hostile clients (``attacks.py``: WebSocket floods, silent
+``--attacks`` runs the hostile clients (``attacks.py``: WebSocket floods, silent
 sockets, bad bytes, a heavy streamer, over-work requests) from 127.0.0.2 beside the normal
 traffic; the server it starts then has 2 s read timeouts. It fails on any 5xx, and reads
 RSS and fds again ``--settle`` seconds after the attacks stopped (back to baseline?).
@@ -160,7 +160,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--api-key")
-    parser.add_argument("--attacks", action="store_true", help="run the issue-20 hostile clients beside the load")
+    parser.add_argument("--attacks", action="store_true", help="run the hostile clients beside the load")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after the attacks before the last reading")
     args = parser.parse_args()
     server = None

@@ -84,13 +84,13 @@ class SynthesisRequest:
     id: str
     text: str
     voice: str = "default"
-    seed: int | None = 0  # None (issue 14): the engine picks (talker: random per request; DiT: 0)
+    seed: int | None = 0  # None: the engine picks (talker: random per request; DiT: 0)
     steps: int = 8
     guidance_scale: float = 2.0
     speed: float = 1.0
     priority: Priority = Priority.REALTIME
     language: str = "Auto"
-    # Sampling (issue 14). ``None`` = the model's default: the talker's is its checkpoint's
+    # Sampling. ``None`` = the model's default: the talker's is its checkpoint's
     # generation_config.json; the DiT's code predictor decodes greedily. ``temperature`` 0 or
     # ``greedy`` True = greedy decoding (talker and code predictor both).
     greedy: bool | None = None
@@ -100,7 +100,7 @@ class SynthesisRequest:
     repetition_penalty: float | None = None  # talker: over the generated code-0 ids
     max_new_tokens: int | None = None  # talker: at most max_new_tokens - 1 frames (official counting)
     initial_codec_chunk_frames: int | None = None  # frames before the first PCM (None: the pipeline's)
-    # Talker task and voice prompt (issue 15; vllm-omni's field names). ``None`` = what the
+    # Talker task and voice prompt (vllm-omni's field names). ``None`` = what the
     # checkpoint's release does: Base clones (``clone`` required), VoiceDesign follows
     # ``instructions`` (required), CustomVoice speaks a preset ``voice`` (instructions on 1.7B).
     task_type: str | None = None  # "CustomVoice" | "VoiceDesign" | "Base"
@@ -112,12 +112,12 @@ class SynthesisRequest:
     """The tokenized text (the pipeline's tokenizer), set by ``validate``; None: not tokenized yet
     (or a pipeline without a text prompt of token ids)."""
 
-    # Issue 20 (fairness): who asked, for identity-fair slot ordering (core/scheduler.py).
+    # Fairness: who asked, for identity-fair slot ordering (core/scheduler.py).
     # The service sets the API key digest or the client address; "" = no identity (FIFO).
     tenant: str = ""
 
 
-    # --- live text (issue 16): the text is still arriving; ``text`` is then unused ---
+    # --- live text: the text is still arriving; ``text`` is then unused ---
     text_feed: "TextFeed | None" = None
     """Talker pipeline only: the utterance starts speaking from the first committed text
     tokens and consumes later ones as they arrive (streaming-text mode)."""
@@ -143,7 +143,7 @@ class VoiceClone:
 
 
 class TextFeed:
-    """The text of a live utterance, arriving in deltas (issue 16). Thread-safe.
+    """The text of a live utterance, arriving in deltas. Thread-safe.
 
     The service ``append``s deltas and finally calls ``finish``; the worker ``read``s
     them. ``on_change`` (set by the engine) wakes the worker when text arrives."""

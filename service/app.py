@@ -40,7 +40,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     stats = state.engine.stats()
-    # issue 17: not ready while the job store is unreachable, unless the caller asks about
+    # not ready while the job store is unreachable, unless the caller asks about
     # streaming only (?jobs=optional: the Kubernetes readiness probe, so that a database outage
     # does not take streaming out of the Service)
     jobs_db = await jobs.store_health(state)
@@ -96,7 +96,7 @@ async def models(request: web.Request) -> web.Response:
         # the engine as served: dit | talker, requests batched together at most, the DiT/decoder runtime
         "pipeline": info.pipeline, "slots": info.slots, "backend": info.backend or state.settings.backend,
         "names": list(served_model_names(state.settings.checkpoint)),  # what a speech request's `model` may be
-        # issue 15: what the loaded Qwen3-TTS release can do (task_type None: the DiT pipeline)
+        # what the loaded Qwen3-TTS release can do (task_type None: the DiT pipeline)
         "task_types": [caps.task_type] if caps.task_type else [],
         "instructions": caps.instructions,
         "voice_cloning": caps.voice_cloning,
@@ -143,5 +143,5 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)
-    saved_voices.add_routes(app, job_store.voice_store(settings.data_dir))  # saved voices (issue 15), same store
+    saved_voices.add_routes(app, job_store.voice_store(settings.data_dir))  # saved voices, same store
     return app

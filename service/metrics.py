@@ -25,7 +25,7 @@ class Metrics:
     def __init__(self, engine: SynthesisEngine):
         self.registry = CollectorRegistry()
         r = self.registry
-        # Issue 17: the HPA's metric counts the shared job queue too. Jobs wait in the job store,
+        # The HPA's metric counts the shared job queue too. Jobs wait in the job store,
         # not the engine queue; the leader replica (one per store) adds the store's queued jobs,
         # the others 0, so the average over pods is (engine queues + shared queue) / pods.
         self.job_backlog = 0  # set by the job runner (service/jobs/runner.py)
@@ -41,7 +41,7 @@ class Metrics:
         # replicas it says how often audio was produced, so a job run to the end twice would show.
         self.job_audio_stored = Counter("streamvox_job_audio_stored_total", "Jobs whose whole audio this replica "
                                         "wrote into the job store", registry=r)
-        # Leases (issue 17): claims by whether the job was new (first) or taken over from a replica
+        # Leases: claims by whether the job was new (first) or taken over from a replica
         # that stopped renewing (takeover), attempts this replica gave up (lost: cancelled elsewhere
         # or taken over), and whether the store answered the runner's last call.
         self.job_claims = Counter("streamvox_job_claims_total", "Jobs this replica claimed, by kind", ["kind"],

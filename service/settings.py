@@ -37,7 +37,7 @@ class Settings:
     artifacts_dir: str | None = None
     max_queue: int = 64
     max_slots: int | None = None  # None: the preset's
-    # --- talker at scale (issue 14)
+    # --- talker at scale
     kv_cache_gb: float | None = None  # talker KV pool; None: 1 GiB on CPU, 40 % of free memory on CUDA
     prefill_token_budget: int = 512  # talker prompt positions prefilled per step, beside the decode step
     # --- end talker at scale
@@ -59,16 +59,16 @@ class Settings:
     http_idle_seconds: float = 15.0
     http_body_seconds: float = 30.0
     max_connections_per_address: int = 256  # concurrent TCP connections per client IP (0 = unlimited)
-    # Voice cloning (issue 15): reference audio limits, inline ref_audio and uploads alike
+    # Voice cloning: reference audio limits, inline ref_audio and uploads alike
     max_ref_audio_seconds: float = 30.0
     max_ref_audio_mb: float = 10.0
     ref_audio_url_prefixes: tuple[str, ...] = ()  # ref_audio URLs fetched only under these (service/voices/fetch.py)
-    # Limits without a flag of their own (issue 7 defaults); tests may override them.
+    # Limits without a flag of their own; tests may override them.
     max_body_bytes: int = 1 << 20
     max_ws_message_bytes: int = 128 * 1024
     ws_config_timeout_s: float = 10.0
     ws_idle_timeout_s: float = 60.0  # --ws-idle-seconds: no client message (pings/pongs do not count)
-    # live text (issue 16): a live utterance ends at the first sentence end past this many characters
+    # live text: a live utterance ends at the first sentence end past this many characters
     ws_live_utterance_chars: int = 200  # --ws-live-utterance-chars
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
@@ -90,7 +90,7 @@ class Settings:
     # Whole-file audio (non-streamed speech, jobs) is encoded as it arrives into a temporary
     # file kept in memory up to this size and spilled to disk beyond it (service/synthesis/spool.py)
     whole_file_memory_bytes: int = 8 << 20
-    # --- shared jobs (issue 17): None = the embedded store (SQLite + files under data_dir)
+    # --- shared jobs: None = the embedded store (SQLite + files under data_dir)
     jobs_db: str | None = field(default=None, repr=False)  # never in a repr (a password may be in it); postgresql://user@host:5432/db (password: URL, PGPASSWORD or the file below)
     jobs_db_password_file: str | None = None
     jobs_db_pool_size: int = 8  # connections per replica
@@ -172,7 +172,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "(default: an eighth of the slots, at least 2; 0 = no cap)"),
     ("--ws-idle-seconds", "STREAMVOX_WS_IDLE_SECONDS", "ws_idle_timeout_s",
      "close a WebSocket session after this long with no client message and no audio in progress"),
-    # shared jobs (issue 17)
+    # shared jobs
     ("--jobs-db", "STREAMVOX_JOBS_DB", "jobs_db",
      "PostgreSQL URL (postgresql://user@host:port/db) shared by every replica; unset: SQLite under --data-dir"),
     ("--jobs-db-password-file", "STREAMVOX_JOBS_DB_PASSWORD_FILE", "jobs_db_password_file",
@@ -197,7 +197,7 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "saved voices in the store, every key's together; more uploads get 429 too_many_voices (0 = unlimited)"),
     ("--max-voice-page", "STREAMVOX_MAX_VOICE_PAGE", "max_voice_page",
      "most saved voices one GET /v1/audio/voices page lists (the largest ?limit)"),
-    # live text (issue 16)
+    # live text
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
 )
@@ -335,7 +335,7 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
                                 ("max_voices_per_key", int, 0), ("max_voices", int, 0), ("max_voice_page", int, 1)):
         if dest in raw:
             values[dest] = number(dest, kind, minimum)
-    # shared jobs (issue 17)
+    # shared jobs
     if raw.get("jobs_db"):
         if not raw["jobs_db"].startswith(("postgresql://", "postgres://")):
             raise ValueError("--jobs-db: expected a postgresql:// URL")

@@ -181,7 +181,7 @@ class ServerProcess:
         return "".join(self.lines)
 
 
-# -- PostgreSQL (issue 17): one real server per test session, a fresh database per test --------
+# -- PostgreSQL: one real server per test session, a fresh database per test --------
 
 @pytest.fixture(scope="session")
 def postgres():

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--temperature", type=float, default=None,
                    help="talker sampling temperature (0 = greedy; default: the checkpoint's generation_config.json)")
-    # Qwen3-TTS releases (issue 15): Base clones a reference voice, VoiceDesign / 1.7B CustomVoice follow instructions
+    # Qwen3-TTS releases: Base clones a reference voice, VoiceDesign / 1.7B CustomVoice follow instructions
     p.add_argument("--ref-audio", default=None, help="Base checkpoints: reference voice audio file (1-30 s)")
     p.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
     p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only (no --ref-text)")

@@ -212,7 +212,7 @@ class Engine:
             request = replace(request, seed=secrets.randbelow(2**63) if self.source.name == "talker" else 0)
         if not self.worker.alive:
             raise EngineUnavailable(self.worker.error or "engine is not running")
-        if request.text_feed is not None:  # live text (issue 16): arriving text wakes the worker
+        if request.text_feed is not None:  # live text: arriving text wakes the worker
             request.text_feed.on_change = self.worker.wake
         return self.worker.submit(request, deliver)
 

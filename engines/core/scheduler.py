@@ -205,7 +205,7 @@ class Scheduler:
 
 
 def flush_need(state: RequestState, flush_frames: Callable[[int], int]) -> int:
-    """Frames to gather before vocoding. A live utterance (text still arriving, issue 16) keeps
+    """Frames to gather before vocoding. A live utterance (text still arriving) keeps
     the first-chunk size throughout: its row often waits for text, and frames held back for
     a full chunk while it waits would be silence the listener hears."""
     return flush_frames(0 if state.request.text_feed is not None else state.frames_done)

@@ -38,7 +38,7 @@ SPEECH_FORMATS = ("pcm", "wav", "flac", "mp3", "opus", "aac", "ulaw")
 JOB_FORMATS = ("wav", "flac")
 STREAM_FORMATS = ("audio", "sse")
 DEFAULT_SPEECH_FORMAT = "mp3"  # OpenAI's default
-# Qwen3-TTS tasks and release names (issue 15): any release's name is accepted as ``model``.
+# Qwen3-TTS tasks and release names: any release's name is accepted as ``model``.
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 QWEN3_TTS_MODEL = re.compile(r"^(?:[\w.-]+/)?Qwen3-TTS-12Hz-(?:0\.6B|1\.7B)-(?:Base|CustomVoice|VoiceDesign)$",
                              re.IGNORECASE)
@@ -74,7 +74,7 @@ class SynthesisParams(Strict):
     guidance_scale: float = Field(2.0, ge=0.0, le=20.0)
     speed: float = Field(1.0, ge=0.25, le=4.0)
     language: str = "Auto"  # talker source: a language name or "Auto"
-    # --- sampling (issue 14): absent = the checkpoint's generation_config.json; temperature 0 = greedy
+    # --- sampling: absent = the checkpoint's generation_config.json; temperature 0 = greedy
     greedy: bool | None = None  # true: greedy (as temperature 0)
     temperature: float | None = Field(None, ge=0.0, le=5.0)
     top_k: int | None = Field(None, ge=0, le=4096)  # 0: off
@@ -83,7 +83,7 @@ class SynthesisParams(Strict):
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     initial_codec_chunk_frames: int | None = Field(None, ge=1, le=MAX_INITIAL_CHUNK_FRAMES)  # frames before 1st PCM
     # --- end sampling
-    # Qwen3-TTS task and prompt (issue 15, vllm-omni's names). None: the loaded release's default.
+    # Qwen3-TTS task and prompt (vllm-omni's names). None: the loaded release's default.
     task_type: Literal[TASK_TYPES] | None = None
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)
     non_streaming_mode: bool | None = None
@@ -135,7 +135,7 @@ class _Input(Strict):
 
 
 class CloneFields(Strict):
-    """Voice cloning from a reference (issue 15, vllm-omni's names): on speech bodies and on
+    """Voice cloning from a reference (vllm-omni's names): on speech bodies and on
     WebSocket ``session.config`` (service/voices/routes.py decodes and checks the audio)."""
 
     ref_audio: str | None = None  # base64 audio or a data: URL
@@ -190,7 +190,7 @@ class InputText(Strict):
 # WebSocket ``session.config`` is :meth:`SynthesisParams.update` of the session's parameters.
 
 
-# --- live text (issue 16) ---
+# --- live text ---
 class LiveTextConfig(Strict):
     """WebSocket ``session.config`` ``text_streaming``: true (the default on a talker
     checkpoint) speaks while the text arrives; false cuts sentences first."""

@@ -1,4 +1,4 @@
-"""WebSocket live text (issue 16): ``input.text`` deltas feed the open live utterance at once.
+"""WebSocket live text: ``input.text`` deltas feed the open live utterance at once.
 
     live = LiveInput(boundary_chars=200)
     started, ended = live.add("Hello wor")     # -> utterances opened / whose text is complete

@@ -79,7 +79,7 @@ class SessionClosed(Exception):
 class Utterance:
     text: str
     refused: bool = False  # over the work limit: the error was sent once, it is skipped
-    live: LiveUtterance | None = None  # issue 16: text still arriving (service/ws/live_input.py)
+    live: LiveUtterance | None = None  # text still arriving (service/ws/live_input.py)
 
 
 @dataclass
@@ -109,7 +109,7 @@ class StreamSession:
         self.cancelling = False
         self.closed = False
         self.outcome = "ok"  # or the fatal error code that ended the session
-        # --- live text (issue 16): on a talker checkpoint deltas feed a live utterance at once
+        # --- live text: on a talker checkpoint deltas feed a live utterance at once
         self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
         self.live = LiveInput(state.settings.ws_live_utterance_chars)
         self.clone: VoiceClone | None = None  # the saved voice session.config named
@@ -413,7 +413,7 @@ class StreamSession:
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         try:
             prepared = prepare(self.state.engine, request_id, utterance.text, self.params, Priority.REALTIME,
-                               clone=self.clone,  # issue 15: a saved voice, looked up at session.config
+                               clone=self.clone,  # a saved voice, looked up at session.config
                                tenant=client_identity(self.request, self.state.api_keys, websocket=True),
                                text_feed=utterance.live.feed if utterance.live is not None else None)
             return open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)

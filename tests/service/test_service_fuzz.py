@@ -24,7 +24,7 @@ SESSION_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def live_url(request, tmp_path_factory):
-    """The server under fuzz, on each job store (issue 17: a hostile job must not break either).
+    """The server under fuzz, on each job store (a hostile job must not break either).
     No job workers: accepted jobs are stored, never run (the fuzz is about what gets in)."""
     env = {"STREAMVOX_JOBS_DB": request.getfixturevalue("postgres").create_database()} \
         if request.param == "postgresql" else {}
@@ -125,7 +125,7 @@ def test_fuzz_raw_bodies(live_url, raw, path):
         assert json.loads(payload)["error"]["code"]
 
 
-# issue 20: bytes that once made a 5xx — lone surrogates, huge integers, deep nesting,
+# bytes that once made a 5xx — lone surrogates, huge integers, deep nesting,
 # odd charsets, header bytes that are not UTF-8
 surrogates = st.text(alphabet=st.characters(categories=["Cs"]), min_size=1, max_size=3)
 huge_ints = st.integers(min_value=300, max_value=6000).map(lambda n: "9" * n)
@@ -170,7 +170,7 @@ def test_fuzz_hostile_bytes(live_url, raw, charset, header, path):
 
 
 def _hostile_ws_message(kind: str, field: str, surrogate: str, digits: str, depth: int) -> str:
-    """The issue-20 values as WebSocket text: each must be a non-fatal error on a live socket."""
+    """Those values as WebSocket text: each must be a non-fatal error on a live socket."""
     kind_of = {"input": "input.text"}.get(field, "session.config")
     key = "text" if field == "input" else field
     if kind == "surrogate":

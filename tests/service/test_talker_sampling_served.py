@@ -1,4 +1,4 @@
-"""Official sampling, served (issue 14): the defaults are the checkpoint's generation_config.json,
+"""Official sampling, served: the defaults are the checkpoint's generation_config.json,
 every request may override them on all three APIs, and the randomness is counter-based per
 (seed, frame, codebook), so a seeded request sounds the same alone or among 15 others.
 

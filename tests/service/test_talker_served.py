@@ -1,4 +1,4 @@
-"""The Qwen3-TTS talker source served end to end (issue 9): a fixture checkpoint in the
+"""The Qwen3-TTS talker source served end to end: a fixture checkpoint in the
 official layout, the real server, real WebSocket and HTTP clients.
 
 The reference is the plain one-utterance loop (``bundle.generate_codes``, itself checked

@@ -1,5 +1,5 @@
 """The identity-fair slot policy of ``engines/core/scheduler.py`` on hand-made request
-states (issue 20, item 8): least-served tenant first, the last free slot kept for a tenant
+states: least-served tenant first, the last free slot kept for a tenant
 holding none, and streams far ahead of their listener yield while a newcomer's first
 chunk is generated. No timing: only which requests are picked."""
 

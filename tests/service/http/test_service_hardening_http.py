@@ -1,4 +1,4 @@
-"""Issue 20, HTTP side: bad bytes get 4xx JSON (never 5xx), slow or silent sockets are
+"""HTTP hardening: bad bytes get 4xx JSON (never 5xx), slow or silent sockets are
 closed by the read timeouts, one address cannot hold every socket, and a client that
 aborts mid-body is not an ``internal_error``. Real server, real clients, raw sockets."""
 
@@ -24,7 +24,7 @@ async def start_live(engine, data_dir, **overrides):
 
     try:
         from service.server import start_http
-    except ImportError:  # the code before issue 20: a plain runner, so each test shows what it fixes
+    except ImportError:  # the code before the read timeouts: a plain runner, so each test shows what it fixes
         start_http = None
         overrides = {k: v for k, v in overrides.items() if hasattr(Settings, k)}
     settings = replace(Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=data_dir),

@@ -1,4 +1,4 @@
-"""Hardening of jobs and identity (issue 20, items 3-5, 9): cancel is atomic with completion,
+"""Hardening of jobs and identity: cancel is atomic with completion,
 jobs belong to the key that made them, identity with auth off is the address (not a
 presented token), and undecodable Authorization bytes get a 4xx, never a 5xx."""
 

@@ -1,4 +1,4 @@
-"""Whole-file audio through a spool (issue 20, item 7): long responses are encoded as they
+"""Whole-file audio through a spool: long responses are encoded as they
 arrive and spill to a temporary file beyond a threshold, and the bytes are the same as the
 one-shot encoder's (the reference: ``service.synthesis.audio.encode_file``; Opus/OGG streams carry a
 random serial number, so Opus is compared decoded)."""

@@ -272,7 +272,7 @@ async def test_a_job_clones_a_saved_voice(base_engine, tmp_path):
 
 
 async def test_a_voice_saved_through_one_replica_clones_on_another_with_postgres(base_engine, tmp_path, pg_url):
-    """Issue 17: with --jobs-db saved voices live in the shared database: uploaded through
+    """With --jobs-db saved voices live in the shared database: uploaded through
     replica A (its own data dir), spoken through replica B identically to the official
     clone, listed by both, deleted through B and gone for A. Nothing lands in either data dir."""
     refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]

@@ -1,4 +1,4 @@
-"""Live text over the WebSocket (issue 16), served end to end: the fixture talker checkpoint,
+"""Live text over the WebSocket, served end to end: the fixture talker checkpoint,
 the real server, a real websockets client.
 
 Exactness: one message, one character per message, and random deltas with random delays give

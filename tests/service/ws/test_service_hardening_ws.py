@@ -1,4 +1,4 @@
-"""WebSocket hardening (issue 20, items 1-3): one socket cannot freeze the server, idle means
+"""WebSocket hardening: one socket cannot freeze the server, idle means
 no client *message*, and malformed input is a non-fatal error on a socket that keeps working.
 
 Real server on 127.0.0.1 (ephemeral port), real clients. The flooding client is a raw TCP
