@@ -34,12 +34,12 @@ from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.ws.session import (
     SEND_ERROR_TIMEOUT_S,
     SOCKET_SEND_BUFFER,
-    TRANSPORT_BUFFER_LIMIT,
     YIELD_EVERY_MESSAGES,
     SessionClosed,
     StreamSession,
     decode_message,
     surrogate_field,
+    wait_for_reader,
 )
 
 log = logging.getLogger("streamvox.ws.contexts")
@@ -234,12 +234,7 @@ class ContextSocket:
 
     async def wait_for_reader(self) -> None:
         """Back-pressure: hold the sender while the client is behind (see StreamSession)."""
-        transport = self.request.transport
-        while transport is not None and not transport.is_closing() \
-                and transport.get_write_buffer_size() > TRANSPORT_BUFFER_LIMIT:
-            await asyncio.sleep(0.02)
-        if transport is None or transport.is_closing():
-            raise SessionClosed()
+        await wait_for_reader(self.request)
 
     async def fatal(self, code: str, message: str, close_code: int) -> None:
         """The socket ends: the dialect's error (bounded wait), then the close."""

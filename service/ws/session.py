@@ -75,6 +75,17 @@ class SessionClosed(Exception):
     """The socket is gone or a fatal error was sent; stop the session."""
 
 
+async def wait_for_reader(request: web.Request) -> None:
+    """Back-pressure: return once the socket's write buffer is below ``TRANSPORT_BUFFER_LIMIT``
+    (the client reads again); SessionClosed when the connection is going away."""
+    transport = request.transport
+    while transport is not None and not transport.is_closing() \
+            and transport.get_write_buffer_size() > TRANSPORT_BUFFER_LIMIT:
+        await asyncio.sleep(0.02)
+    if transport is None or transport.is_closing():
+        raise SessionClosed()
+
+
 @dataclass
 class Utterance:
     text: str
@@ -164,12 +175,7 @@ class StreamSession:
 
     async def wait_for_reader(self) -> None:
         """Hold the speaker while the client is behind; its chunk buffer then fills and pauses the engine."""
-        transport = self.request.transport
-        while transport is not None and not transport.is_closing() \
-                and transport.get_write_buffer_size() > TRANSPORT_BUFFER_LIMIT:
-            await asyncio.sleep(0.02)
-        if transport is None or transport.is_closing():
-            raise SessionClosed()
+        await wait_for_reader(self.request)
 
     async def error(self, code: str, message: str) -> None:
         await self.send_json({"type": "error", "code": code, "message": message})
