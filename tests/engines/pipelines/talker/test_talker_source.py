@@ -173,7 +173,7 @@ def test_tick_reads_nothing_from_the_device(bundle):
     """Steady-state ticks (mixed greedy/sampled rows, finishing rows, compaction) make no
     host read of device values: no .item(), nonzero, boolean-mask indexing or device->host
     copy other than the id buffer of the previous step (same detector as test_stream)."""
-    from tests.test_stream import NoHostReads
+    from host_read_helpers import NoHostReads
 
     source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128)
     for i in range(3):
