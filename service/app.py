@@ -100,6 +100,9 @@ async def models(request: web.Request) -> web.Response:
         "task_types": [caps.task_type] if caps.task_type else [],
         "instructions": caps.instructions,
         "voice_cloning": caps.voice_cloning,
+        # word timestamps (a forced aligner loaded with --aligner): whether, with what, for which languages
+        "timestamps": {"available": caps.timestamps, "aligner": caps.aligner,
+                       "languages": list(caps.timestamp_languages)},
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),

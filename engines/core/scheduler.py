@@ -143,6 +143,10 @@ class Scheduler:
                 best = s
         return best
 
+    def first_audio_pending(self, states: list[RequestState]) -> bool:
+        """A realtime request still waits for its first audio (word alignment waits for it too)."""
+        return self._first_audio_pending(states)
+
     @staticmethod
     def _first_audio_pending(states: list[RequestState]) -> bool:
         """A realtime request is still generating its first chunk (once its frames exist it
