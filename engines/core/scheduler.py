@@ -143,9 +143,12 @@ class Scheduler:
                 best = s
         return best
 
-    def first_audio_pending(self, states: list[RequestState]) -> bool:
-        """A realtime request still waits for its first audio (word alignment waits for it too)."""
-        return self._first_audio_pending(states)
+    @staticmethod
+    def first_audio_waiting(states: list[RequestState]) -> bool:
+        """A realtime request has not had its first audio delivered yet (generated, vocoded or
+        not): word alignment, which holds the engine thread, waits for it."""
+        return any(s.delivered == 0 and s.request.priority == Priority.REALTIME and not s.handle.cancelled
+                   for s in states)
 
     @staticmethod
     def _first_audio_pending(states: list[RequestState]) -> bool:

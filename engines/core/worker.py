@@ -448,7 +448,7 @@ class Worker:
 
     def _align(self) -> bool:
         """One bounded alignment batch, only while no realtime request waits for its first audio."""
-        if not self.aligning or self.scheduler.first_audio_pending(list(self._active.values())):
+        if not self.aligning or self.scheduler.first_audio_waiting(list(self._active.values())):
             return False
         batch = self.aligning.take_batch()
         live = []
