@@ -20,6 +20,7 @@ from service.http.middleware import (
     on_response_prepare,
     request_id_middleware,
 )
+from service.jobs import captions as job_captions
 from service.jobs import routes as jobs
 from service.jobs.store import make_job_store
 from service.metrics import CONTENT_TYPE
@@ -146,5 +147,6 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)
+    job_captions.add_routes(app)  # word timestamps of finished jobs
     saved_voices.add_routes(app, job_store.voice_store(settings.data_dir))  # saved voices (issue 15), same store
     return app
