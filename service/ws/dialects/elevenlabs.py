@@ -198,6 +198,11 @@ class ElevenLabsSocket(ContextSocket):
 
     async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
         chars = char_times(alignment)
+        # The sentence cutter dropped the space after the utterance; clients join the chars of
+        # successive messages into their text, so it comes back (no time of its own).
+        chars["chars"].append(" ")
+        chars["charStartTimesMs"].append(round(alignment.duration_ms))
+        chars["charDurationsMs"].append(0)
         await self.send_json(self.reply(context, {"audio": "", "isFinal": False, "alignment": chars,
                                                   "normalizedAlignment": chars}))
 
