@@ -67,6 +67,7 @@ class AlignQueue:
         self.languages = tuple(dict.fromkeys(aligner.capabilities().languages))
         self.max_seconds = aligner.capabilities().max_seconds
         self.pieces: list[Piece] = []
+        self.audio_seconds = 0.0  # audio given to the aligner so far (benchmarks: its cost per second)
 
     def __len__(self) -> int:
         return len(self.pieces)
@@ -92,6 +93,7 @@ class AlignQueue:
         results: list[Alignment | None] = [None] * len(batch)
         runnable = [i for i, p in enumerate(batch) if p.language is not None
                     and p.samples / SAMPLE_RATE <= self.max_seconds]
+        self.audio_seconds += sum(batch[i].samples for i in runnable) / SAMPLE_RATE
         items = [AlignItem(np.concatenate(batch[i].audio) if batch[i].audio else np.zeros(0, np.float32),
                            batch[i].text, batch[i].language, SAMPLE_RATE) for i in runnable]
         try:
