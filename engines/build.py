@@ -59,7 +59,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
-                 prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None) -> Engine:
+                 prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None,
+                 aligner: str | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -69,7 +70,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
     ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
-    when None; the service builds them from the environment)."""
+    when None; the service builds them from the environment). ``aligner``: a Qwen3-ForcedAligner
+    (an official-layout directory or a Hugging Face id) for word timestamps; None: none."""
     if checkpoint and not Path(checkpoint).exists():
         checkpoint = str(resolve_model(checkpoint))
     dev = resolve_device(device)
@@ -103,9 +105,16 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
              time.perf_counter() - t0)
     if talker_slots is None:
         talker_slots = max_slots or 8
+    loaded_aligner = None
+    if aligner:
+        from engines.pipelines.aligner import Aligner
+
+        # fp32 on CPU; on CUDA the engine's dtype (the aligner's official inference runs in bf16)
+        loaded_aligner = Aligner.load(Path(aligner) if Path(aligner).exists() else aligner, device=dev, dtype=dtype)
+        log.info("loaded the forced aligner %s (word timestamps)", aligner)
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
-                  switches=switches or RuntimeSwitches(),
+                  switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
                                                     ("prefill_token_budget", prefill_token_budget)) if v is not None})
 

@@ -18,6 +18,11 @@ Rules both sides rely on:
 * ``handle.pause()`` / ``handle.resume()`` implement back-pressure: while paused the
   worker starts no new chunk for the request (a chunk already being denoised finishes).
 * An exception inside one request's computation fails that request only.
+* Word timestamps (``request.timestamps`` with an aligner loaded,
+  ``capabilities.timestamps``): the request's last audio arrives in a chunk that is not
+  final; the final chunk follows once the engine has aligned the request's text with all
+  its audio, empty, carrying :class:`Alignment`. Alignment runs behind audio: the engine
+  never aligns while a realtime request waits for its first audio.
 
 This module is frozen: add optional fields with defaults, never rename or remove.
 """
@@ -116,6 +121,9 @@ class SynthesisRequest:
     # The service sets the API key digest or the client address; "" = no identity (FIFO).
     tenant: str = ""
 
+    timestamps: bool = False
+    """Word timestamps wanted: the final chunk carries the :class:`Alignment` of the request's
+    text with its audio (only where ``capabilities.timestamps``; otherwise ignored, no times)."""
 
     # --- live text: the text is still arriving; ``text`` is then unused ---
     text_feed: "TextFeed | None" = None
@@ -213,6 +221,43 @@ class AudioChunk:
     """The text span this chunk voices, when the engine knows it (first chunk of a clause)."""
 
 
+    alignment: "Alignment | None" = None
+    """Final chunk of a request that asked for ``timestamps``, when it could be aligned."""
+
+
+@dataclass(frozen=True)
+class WordTimestamp:
+    """One unit the aligner timed: a word (space-separated scripts) or a character (CJK), with
+    its span ``[char_start, char_end)`` in :attr:`Alignment.text` (punctuation is between units)."""
+
+    text: str
+    start_ms: float
+    end_ms: float
+    char_start: int
+    char_end: int
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The word times of one finished piece (a request's text with all its audio).
+
+    Times are milliseconds from the start of the request's audio as the engine produced it
+    (before any time stretch the service applies), non-decreasing, within
+    ``[0, duration_ms]``. ``words`` is empty when there was nothing to time (no words, or
+    no audio): never invented times."""
+
+    text: str
+    language: str
+    duration_ms: float
+    words: tuple[WordTimestamp, ...]
+
+    def scaled(self, factor: float, offset_ms: float = 0.0) -> "Alignment":
+        """Times x ``factor`` + ``offset_ms`` (a time stretch, the piece's place in a stream)."""
+        return Alignment(self.text, self.language, self.duration_ms * factor, tuple(
+            WordTimestamp(w.text, w.start_ms * factor + offset_ms, w.end_ms * factor + offset_ms,
+                          w.char_start, w.char_end) for w in self.words))
+
+
 Deliver = Callable[[AudioChunk], None]
 
 
@@ -305,6 +350,12 @@ class EngineCapabilities:
     """``text_feed`` (text still arriving) is served."""
     random_components: tuple[str, ...] = ()
     """Components running on random (untrained) weights; empty when all are trained."""
+    timestamps: bool = False
+    """Word timestamps are served (an aligner is loaded): ``SynthesisRequest.timestamps``."""
+    timestamp_languages: tuple[str, ...] = ()
+    """The languages the aligner times (lower case); empty without an aligner."""
+    aligner: str | None = None
+    """The loaded aligner (a directory or model id); None: no timestamps."""
 
     def honours(self, field_name: str) -> bool:
         return field_name in self.honoured_fields

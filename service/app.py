@@ -20,6 +20,7 @@ from service.http.middleware import (
     on_response_prepare,
     request_id_middleware,
 )
+from service.jobs import captions as job_captions
 from service.jobs import routes as jobs
 from service.jobs.store import make_job_store
 from service.metrics import CONTENT_TYPE
@@ -100,6 +101,9 @@ async def models(request: web.Request) -> web.Response:
         "task_types": [caps.task_type] if caps.task_type else [],
         "instructions": caps.instructions,
         "voice_cloning": caps.voice_cloning,
+        # word timestamps (a forced aligner loaded with --aligner): whether, with what, for which languages
+        "timestamps": {"available": caps.timestamps, "aligner": caps.aligner,
+                       "languages": list(caps.timestamp_languages)},
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),
@@ -143,5 +147,6 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)
+    job_captions.add_routes(app)  # word timestamps of finished jobs
     saved_voices.add_routes(app, job_store.voice_store(settings.data_dir))  # saved voices, same store
     return app

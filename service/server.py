@@ -149,7 +149,7 @@ def build_engine_for(settings: Settings):
                         backend=settings.backend, artifacts_dir=settings.artifacts_dir,
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
-                        switches=settings.runtime)
+                        switches=settings.runtime, aligner=settings.aligner)
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

@@ -102,6 +102,8 @@ class Settings:
     max_voices: int = 10_000  # saved voices in the store, every key's together (0 = unlimited)
     max_voice_page: int = 500  # most voices one GET /v1/audio/voices page lists (its ?limit)
     # --- end saved voices
+    # --- word timestamps: a Qwen3-ForcedAligner directory or Hugging Face id (None: no timestamps)
+    aligner: str | None = None
 
     def jobs_db_password(self) -> str | None:
         """The database password from --jobs-db-password-file (None: the URL or PGPASSWORD)."""
@@ -197,6 +199,9 @@ _OPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "saved voices in the store, every key's together; more uploads get 429 too_many_voices (0 = unlimited)"),
     ("--max-voice-page", "STREAMVOX_MAX_VOICE_PAGE", "max_voice_page",
      "most saved voices one GET /v1/audio/voices page lists (the largest ?limit)"),
+    ("--aligner", "STREAMVOX_ALIGNER", "aligner",
+     "word timestamps: a Qwen3-ForcedAligner (an official-layout directory or a Hugging Face id such as "
+     "Qwen/Qwen3-ForcedAligner-0.6B); unset: no timestamps"),
     # live text
     ("--ws-live-utterance-chars", "STREAMVOX_WS_LIVE_UTTERANCE_CHARS", "ws_live_utterance_chars",
      "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters"),
@@ -294,6 +299,8 @@ def from_args(args: argparse.Namespace | None = None, env: Mapping[str, str] | N
             values[dest] = raw[dest]
     if raw.get("checkpoint", "").strip():  # empty (e.g. an image built without a model) = none named
         values["checkpoint"] = raw["checkpoint"].strip()
+    if raw.get("aligner", "").strip():
+        values["aligner"] = raw["aligner"].strip()
     if raw.get("source"):
         if raw["source"] not in ("dit", "talker"):
             raise ValueError("--source: choose dit or talker")

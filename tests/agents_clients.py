@@ -4,7 +4,8 @@ python by tests/service/ws/dialects/test_dialects_sdks.py; never imported by the
     python tests/agents_clients.py CLIENT BASE_URL KEY
 
 Each sends text in pieces through the SDK and prints one JSON line: the audio it got back
-(bytes, sample rate, peak) and the events it saw.
+(bytes, sample rate, peak), the events it saw and the word timestamps it was given
+(``timed``: [text, start s] in the SDK's own terms; empty when the server sent none)
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ async def livekit_stream(tts) -> dict:
         stream.push_text(piece)
     stream.flush()
     stream.end_input()
-    pcm, rate, frames = bytearray(), 0, 0
+    pcm, rate, frames, timed = bytearray(), 0, 0, []
     async for event in stream:
         pcm += bytes(event.frame.data)
         rate = event.frame.sample_rate
         frames += 1
+        for word in event.frame.userdata.get("lk.timed_transcripts") or []:
+            timed.append([str(word), getattr(word, "start_time", None)])
     await stream.aclose()
-    return summary(bytes(pcm), rate, frames=frames)
+    return summary(bytes(pcm), rate, frames=frames, timed=timed)
 
 
 async def livekit(kind: str, base: str, key: str) -> dict:
@@ -72,7 +75,7 @@ async def elevenlabs_sdk(base: str, key: str) -> dict:
 
 async def pipecat(kind: str, base: str, key: str) -> dict:
     """A minimal Pipecat pipeline: text frames -> the TTS service -> a sink that keeps the audio."""
-    from pipecat.frames.frames import EndFrame, TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.frames.frames import EndFrame, TTSAudioRawFrame, TTSSpeakFrame, TTSTextFrame
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.runner import PipelineRunner
     from pipecat.pipeline.task import PipelineParams, PipelineTask
@@ -91,19 +94,22 @@ async def pipecat(kind: str, base: str, key: str) -> dict:
 
     pcm = bytearray()
     events: list[str] = []
+    timed: list = []
 
     class Sink(FrameProcessor):
         async def process_frame(self, frame, direction: FrameDirection):
             await super().process_frame(frame, direction)
             if isinstance(frame, TTSAudioRawFrame):
                 pcm.extend(frame.audio)
+            if isinstance(frame, TTSTextFrame) and frame.pts:  # word frames timed by the server's timestamps
+                timed.append([frame.text, frame.pts / 1e9])
             events.append(type(frame).__name__)
             await self.push_frame(frame, direction)
 
     task = PipelineTask(Pipeline([tts, Sink()]), params=PipelineParams(audio_out_sample_rate=24000))
     await task.queue_frames([TTSSpeakFrame(" ".join(p.strip() for p in PIECES)), EndFrame()])
     await asyncio.wait_for(PipelineRunner(handle_sigint=False).run(task), 120)
-    return summary(bytes(pcm), 24000, events=sorted(set(events)))
+    return summary(bytes(pcm), 24000, events=sorted(set(events)), timed=timed)
 
 
 async def main(kind: str, base: str, key: str) -> None:

@@ -81,11 +81,13 @@ class Engine:
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
-                 talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches()):
+                 talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
+                 aligner=None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
-        runs on the device (compilation, talker step graphs, stage timing), from the service's settings."""
+        runs on the device (compilation, talker step graphs, stage timing), from the service's settings.
+        ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none)."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -174,7 +176,9 @@ class Engine:
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
-                             batch_planning=device.type == "cuda" if batch_planning is None else batch_planning)
+                             batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
+                             aligner=aligner)
+        self.aligner = aligner
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(
@@ -184,7 +188,7 @@ class Engine:
             max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
             batch_ceiling=cfg.stream.batch_ceiling,
         )
-        self.capabilities = self._capabilities(talker, max_slots, random_components)
+        self.capabilities = self._with_timestamps(self._capabilities(talker, max_slots, random_components))
         self._features_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
         self._features_lock = threading.Lock()
 
@@ -328,6 +332,12 @@ class Engine:
             languages=tuple(languages), honoured_fields=frozenset(fields), max_slots=max_slots,
             max_new_tokens=talker.generation.max_new_tokens, instructions=self.instructions_apply,
             voice_cloning=self.voice_encoders is not None, live_text=True, random_components=random_components)
+
+    def _with_timestamps(self, capabilities: EngineCapabilities) -> EngineCapabilities:
+        if self.aligner is None:
+            return capabilities
+        return replace(capabilities, timestamps=True, aligner=self.aligner.name,
+                       timestamp_languages=self.worker.aligning.languages)
 
     def _validate_task(self, request: SynthesisRequest, complete: bool) -> None:
         """What the loaded release can do: Base needs a reference, VoiceDesign instructions (in a

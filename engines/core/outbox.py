@@ -20,6 +20,7 @@ import torch
 
 from engines.contract import (
     SAMPLE_RATE,
+    Alignment,
     AudioChunk,
     ChunkTiming,
     Deliver,
@@ -99,11 +100,13 @@ def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | No
 
 
 def deliver_final(handle: RequestHandle, deliver: Deliver, index: int, frames_done: int, frames_total: int,
-                  error: str | None, started_at: float | None = None) -> None:
-    """The empty final chunk that ends a request early (error, cancel, stop)."""
+                  error: str | None, started_at: float | None = None, alignment: Alignment | None = None) -> None:
+    """The empty final chunk that ends a request early (error, cancel, stop), or after its
+    word alignment (``alignment``; None when it could not be aligned)."""
     chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
                        sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
-                       is_final=True, error=error, timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()))
+                       is_final=True, error=error, timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()),
+                       alignment=alignment)
     safe_deliver(deliver, chunk)
     handle.mark_done()
 

@@ -144,6 +144,13 @@ class Scheduler:
         return best
 
     @staticmethod
+    def first_audio_waiting(states: list[RequestState]) -> bool:
+        """A realtime request has not had its first audio delivered yet (generated, vocoded or
+        not): word alignment, which holds the engine thread, waits for it."""
+        return any(s.delivered == 0 and s.request.priority == Priority.REALTIME and not s.handle.cancelled
+                   for s in states)
+
+    @staticmethod
     def _first_audio_pending(states: list[RequestState]) -> bool:
         """A realtime request is still generating its first chunk (once its frames exist it
         leads the vocoder's deadline order anyway, and generation need not wait)."""

@@ -8,7 +8,9 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
   4. fill free slots with what the scheduler picks (core/scheduler.py: realtime first,
      batch slot budget);
   5. one generation step of the pipeline (core/executor.py) -> code frames;
-  6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox.
+  6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox;
+  7. with an aligner, one bounded batch of word alignments of finished requests, only while
+     no realtime request waits for its first audio (core/aligning.py).
 The thread sleeps on the inbox when nothing is active. Failures are per request:
 an exception while preparing, starting or vocoding one request fails only it.
 
@@ -35,6 +37,7 @@ from engines.contract import (
     SynthesisRequest,
     TickReport,
 )
+from engines.core.aligning import AlignQueue, Piece, alignment_language
 from engines.core.executor import Executor
 from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import RequestState, Scheduler, VocoderWork
@@ -46,10 +49,11 @@ log = logging.getLogger("streamvox.worker")
 
 FaultHook = Callable[[str, str], None]
 """``hook(request_id, stage)`` called at each per-request stage ("plan", "admit",
-"vocalize"); raising from it simulates a failure inside that request (fault tests)."""
+"vocalize", "align"); raising from it simulates a failure inside that request, sleeping in it
+a slow stage (fault tests)."""
 
 
-STAGES = ("deliver", "plan", "admit", "tick", "vocalize")  # worker loop stages, in loop order
+STAGES = ("deliver", "plan", "admit", "tick", "vocalize", "align")  # worker loop stages, in loop order
 
 
 class Worker:
@@ -70,6 +74,7 @@ class Worker:
         vocoder_keep_up: float = 2.0,
         trace: list | None = None,
         stage_sync: bool = False,
+        aligner=None,
     ):
         self.source = source
         self.vocalizer = vocalizer
@@ -92,6 +97,10 @@ class Worker:
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
         self.batch_planning = batch_planning
         self._outbox = Outbox()  # vocoded audio not yet delivered, oldest first
+        # Word timestamps (an engines.pipelines.aligner.Aligner): the audio of requests that
+        # asked for them, kept as it is delivered; finished ones wait in the queue for alignment.
+        self.aligning = AlignQueue(aligner) if aligner is not None else None
+        self._pieces: dict[str, Piece] = {}
         self.ticks = 0
         self.error: str | None = None
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
@@ -178,6 +187,9 @@ class Worker:
                 log.exception("delivering the last audio failed")
             for active in list(self._active.values()):
                 self._finish(active, error="engine_stopped")
+            while self.aligning:  # their audio is complete: they end without word times
+                for piece in self.aligning.take_batch():
+                    self._end_piece(piece, None)
             self._fail_inbox("engine_stopped")
 
     def step(self) -> bool:
@@ -199,12 +211,14 @@ class Worker:
                 self._fail_tick(exc)
         with self._stage("vocalize"):
             vocoded = self._vocode()
+        with self._stage("align"):
+            aligned = self._align()
         if rows is not None:
             self._report(TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
                                     frames_finished=frames))
         # rows == 0 with no frames: every utterance waits for live text; sleep until woken
         stepped = rows is not None and (rows > 0 or bool(frames))
-        return stepped or vocoded or len(self._outbox) > 0
+        return stepped or vocoded or aligned or len(self._outbox) > 0
 
     def _fail_tick(self, exc: Exception) -> None:
         """A batched step failed: the requests whose work was in it fail, the server lives on.
@@ -278,6 +292,7 @@ class Worker:
                 self._planning_failed(handle, deliver, result)
             else:
                 self._active[handle.request_id] = RequestState(handle=handle, deliver=deliver, frames_total=result)
+                self._track_piece(self._active[handle.request_id])
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
@@ -294,6 +309,7 @@ class Worker:
             self._planning_failed(handle, deliver, exc)
             return
         self._active[handle.request_id] = active
+        self._track_piece(active)
 
     def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
         log.warning("request %s failed while planning: %s", handle.request_id, exc)
@@ -304,6 +320,10 @@ class Worker:
         for active in list(self._active.values()):
             if active.handle.cancelled:
                 self._finish(active, error="cancelled")
+        if self.aligning:
+            for piece in [p for p in self.aligning.pieces if p.state.handle.cancelled]:
+                self.aligning.pieces.remove(piece)
+                self._end_piece(piece, None, error="cancelled")
 
     def _fill_slots(self) -> None:
         for active in self.scheduler.slot_order(list(self._active.values()), self.source.free_slots(),
@@ -394,14 +414,65 @@ class Worker:
         for (active, final, text, frames_done), piece in self._outbox.take(wait):
             if self._active.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
+            aligned = self._pieces.get(active.request_id)
+            if aligned is not None:
+                aligned.audio.append(piece.copy())
+                if final:  # the last audio goes now; the final chunk follows with the word times
+                    emit_audio(active, piece, False, text, frames_done)
+                    self._await_alignment(active, aligned)
+                    continue
             emit_audio(active, piece, final, text, frames_done)
             if final:
                 self._finish(active, error=None, delivered_final=True)
+
+    # ------------------------------------------------------------ word timestamps
+    def _track_piece(self, active: RequestState) -> None:
+        """Keep the audio of a request that asked for word times (when an aligner is loaded)."""
+        request = active.request
+        if self.aligning is None or not request.timestamps:
+            return
+        text = request.text if request.text_feed is None else ""
+        self._pieces[active.request_id] = Piece(active, text, None)
+
+    def _await_alignment(self, active: RequestState, piece: Piece) -> None:
+        """All its audio is delivered: the request leaves the slots and waits for alignment."""
+        rid = active.request_id
+        del self._pieces[rid]
+        self._active.pop(rid, None)
+        self.executor.release(rid)
+        request = active.request
+        if request.text_feed is not None:
+            piece.text = request.text_feed.read(0)[0]
+        piece.language = alignment_language(request.language, piece.text, self.aligning.languages)
+        self.aligning.add(piece)
+
+    def _align(self) -> bool:
+        """One bounded alignment batch, only while no realtime request waits for its first audio."""
+        if not self.aligning or self.scheduler.first_audio_waiting(list(self._active.values())):
+            return False
+        batch = self.aligning.take_batch()
+        live = []
+        for piece in batch:
+            try:
+                self._hook(piece.state.request_id, "align")
+                live.append(piece)
+            except Exception as exc:
+                log.warning("request %s: alignment failed: %s", piece.state.request_id, exc)
+                self._end_piece(piece, None)
+        for piece, alignment in zip(live, self.aligning.align(live) if live else []):
+            self._end_piece(piece, alignment)
+        return bool(batch)
+
+    def _end_piece(self, piece: Piece, alignment, error: str | None = None) -> None:
+        active = piece.state
+        deliver_final(active.handle, active.deliver, active.delivered, active.frames_done, active.frames_total,
+                      error, active.started_at, alignment=alignment)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         rid = active.handle.request_id
         if self._active.pop(rid, None) is None:
             return
+        self._pieces.pop(rid, None)
         self.executor.release(rid)
         if active.started_at is None:
             self._release_pending()

@@ -52,5 +52,9 @@ ALTER TABLE voices DROP CONSTRAINT voices_pkey;
 ALTER TABLE voices ADD PRIMARY KEY (owner, name);
 CREATE INDEX voices_by_name ON voices (name, owner);
 """),
+    # Word timestamps of a finished job (JSON text: [{word, start_ms, end_ms, char_start, char_end}]).
+    (3, """
+ALTER TABLE jobs ADD COLUMN words text;
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

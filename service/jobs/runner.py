@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -43,6 +44,7 @@ from service.synthesis.params import SynthesisParams
 from service.synthesis.schema import FieldError
 from service.synthesis.spool import AudioSpool
 from service.synthesis.submit import open_stream, prepare
+from service.synthesis.timestamps import words_json
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -276,7 +278,8 @@ class JobRunner:
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
             prepared = prepare(self.state.engine, attempt, job.params["input"], params, Priority.BATCH, clone=clone,
-                               tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None))
+                               tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None),
+                               timestamps=True)  # word times for captions, where an aligner is loaded
             stream = open_stream(self.state, prepared, high_water=1 << 30)
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits
@@ -361,6 +364,9 @@ class JobRunner:
                 return
             size = await asyncio.to_thread(spool.finish)
             await self._until_stored(lambda: upload.flush(final=True))
+            if chunk.alignment is not None:  # GET /v1/jobs/{id}/captions (service/jobs/captions.py)
+                words = json.dumps(words_json(chunk.alignment))
+                await self._until_stored(lambda: self.store.put_words(job.id, token, words))
             self.state.metrics.job_audio_stored.inc()
             await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, *progress))
             if not await self._until_stored(lambda: self.store.finish(job.id, token, "succeeded", audio_size=size)):

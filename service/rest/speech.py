@@ -19,6 +19,7 @@ from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
 from service.synthesis.params import SpeechBody, check_model
 from service.synthesis.spool import AudioSpool
 from service.synthesis.submit import open_stream, prepare
+from service.synthesis.timestamps import words_json
 from service.voices import routes as voices
 
 log = logging.getLogger("streamvox.speech")
@@ -61,7 +62,8 @@ async def create_speech(request: web.Request) -> web.StreamResponse:
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     identity = client_identity(request, state.api_keys)
-    prepared = prepare(state.engine, request_id, text, body.params, priority, clone=clone, tenant=identity)
+    prepared = prepare(state.engine, request_id, text, body.params, priority, clone=clone, tenant=identity,
+                       timestamps=body.timestamps and stream_format == "sse")
     # a listener plays a streamed response as it comes: notice when it falls behind real time
     clock = PlaybackClock(state.engine.info.sample_rate) if stream_format is not None else None
     # Streamed responses count toward the per-key cap (429 too_many_streams while others stream);
@@ -174,6 +176,10 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
             await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
         elif not chunk.error:
             await send(await asyncio.to_thread(encoder.finish))
+            if sse and chunk.alignment is not None:
+                await response.write(_sse({"type": "speech.audio.alignment", "text": chunk.alignment.text,
+                                           "language": chunk.alignment.language,
+                                           "words": words_json(chunk.alignment)}))
             if sse:
                 done = {"type": "speech.audio.done", "usage": usage(body.input, samples, state.engine.info.sample_rate)}
                 if stream.clock.underruns:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from dataclasses import replace
 from typing import AsyncIterator
 
 import numpy as np
@@ -141,6 +142,8 @@ class ChunkStream:
         arrived = self._arrivals.popleft()
         if self.tempo is not None:
             chunk = self.tempo.apply(chunk)
+            if chunk.alignment is not None:  # word times on the stretched audio's clock
+                chunk = replace(chunk, alignment=chunk.alignment.scaled(1.0 / self.tempo.speed))
         if self.clock is not None:  # after the tempo: the listener hears the stretched audio
             self.last_gap = self.clock.add(chunk.pcm.size, arrived, self.count_gaps())
             if self.last_gap:

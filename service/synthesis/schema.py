@@ -158,6 +158,7 @@ class SpeechBody(SynthesisParams, CloneFields, _Input):
     # false = one whole file; absent = OpenAI's default (streamed bytes where the format allows)
     stream: bool | None = None
     sample_rate: int | None = Field(None, ge=8000, le=48000)  # resampled with soxr
+    timestamps: bool = False  # SSE: a speech.audio.alignment event with the word times (an aligner loaded)
 
     MESSAGES: ClassVar[dict[str, str]] = {**SynthesisParams.MESSAGES, **CloneFields.MESSAGES,
                                           "input": "must be a non-empty string"}

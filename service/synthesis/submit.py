@@ -39,15 +39,18 @@ class Prepared:
 
 def prepare(engine: SynthesisEngine, request_id: str, text: str, params: SynthesisParams, priority: Priority,
             clone: VoiceClone | None = None, tenant: str = "", text_feed: TextFeed | None = None,
-            prompt_ids: tuple[int, ...] | None = None) -> Prepared:
+            prompt_ids: tuple[int, ...] | None = None, timestamps: bool = False) -> Prepared:
     """The engine request for validated ``params``, checked by the engine (ApiError(400) naming
     the field) and tokenized once (``prompt_ids``: the ids an earlier ``prepare`` of the same
     text returned, for a job run where it was posted). A model that does not honour ``speed``
-    gets 1.0 and the service stretches its audio instead (:mod:`service.synthesis.tempo`)."""
+    gets 1.0 and the service stretches its audio instead (:mod:`service.synthesis.tempo`).
+    ``timestamps``: word times wanted (asked of the engine only where it has an aligner)."""
     params, stretch = engine_params(engine, params)
     request = build_request(request_id, text, params, priority, clone=clone, tenant=tenant)
     if text_feed is not None or prompt_ids is not None:
         request = replace(request, text_feed=text_feed, prompt_ids=prompt_ids)
+    if timestamps and engine.capabilities.timestamps:
+        request = replace(request, timestamps=True)
     try:
         return Prepared(engine.validate(request), stretch)
     except EngineError as exc:

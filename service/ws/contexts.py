@@ -76,6 +76,10 @@ class Context(StreamSession):
             await self.owner.round_done(self, label)
         # stream.behind and the like: no dialect has a message for them
 
+    async def send_alignment(self, index: int, alignment, offset_ms: float) -> None:
+        if not self.silenced:
+            await self.owner.alignment(self, alignment, offset_ms)
+
     async def send_pcm(self, pcm: np.ndarray) -> int:
         # While cancelling, the core sends a short fade to silence: a dialect's barge-in
         # means no more audio for the context at all.
@@ -168,6 +172,11 @@ class ContextSocket:
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
         raise NotImplementedError
+
+    async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
+        """An utterance's word times (engines.contract.Alignment, from its start; ``offset_ms``:
+        where it starts in the context's audio), after its audio; only when the context asked
+        for timestamps (``context.timestamps``). Dialects without a timestamp message ignore it."""
 
     async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
         """An utterance ended (its encoder's tail, if any, goes out here)."""

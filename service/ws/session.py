@@ -31,6 +31,7 @@ from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
 from service.synthesis.params import SynthesisParams, check_work, parse, update_params
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, parse_json
 from service.synthesis.submit import open_stream, prepare
+from service.synthesis.timestamps import TimestampsField, words_json
 from service.voices.routes import clone_for, saved_clone
 from service.ws.live_input import LiveInput, LiveUtterance
 
@@ -128,6 +129,8 @@ class StreamSession:
         # playing): the next utterance's playback clock starts there, so audio prefetched
         # while this one speaks is not taken for audio that came late.
         self.plays_until: float | None = None
+        self.timestamps = False  # session.config "timestamps": alignment messages after each utterance's audio
+        self.samples_sent = 0  # the session's audio so far: its clock, which alignment times are on
 
     @property
     def live_mode(self) -> bool:
@@ -281,6 +284,7 @@ class StreamSession:
     async def on_config(self, message: dict) -> None:
         try:
             streaming = parse(LiveTextConfig, message).text_streaming  # checked first: all or nothing
+            timestamps = parse(TimestampsField, message).timestamps
             live = streaming if streaming is not None else self.live_mode
             params = update_params(self.params, message, self.state.engine, live_text=live)
             clone = await self.voice_after(message, params)
@@ -292,6 +296,8 @@ class StreamSession:
                                                      "down); retry, or use a built-in voice")
             return
         self.params, self.clone = params, clone
+        if timestamps is not None:
+            self.timestamps = timestamps
         if streaming is not None and streaming != self.live_mode:
             self.live.finish()  # the open live utterance (if any) ends where the mode changes
             self.text_streaming = streaming
@@ -421,7 +427,8 @@ class StreamSession:
             prepared = prepare(self.state.engine, request_id, utterance.text, self.params, Priority.REALTIME,
                                clone=self.clone,  # a saved voice, looked up at session.config
                                tenant=client_identity(self.request, self.state.api_keys, websocket=True),
-                               text_feed=utterance.live.feed if utterance.live is not None else None)
+                               text_feed=utterance.live.feed if utterance.live is not None else None,
+                               timestamps=self.timestamps)
             return open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
         except ApiError as exc:
             if exc.status == 429:
@@ -461,6 +468,7 @@ class StreamSession:
         self.current = stream
         self.cancelling = False
         samples = 0
+        starts_at = self.samples_sent  # where this utterance starts on the session's clock
         last_sample = 0.0
         stream.clock = PlaybackClock(self.state.engine.info.sample_rate, starts_at=self.plays_until)
         if utterance.live is not None:  # silence while its text still arrives is the client's, not ours
@@ -475,7 +483,9 @@ class StreamSession:
                 if chunk.pcm.size and not self.cancelling and not chunk.error:
                     if stream.last_gap:
                         await self.send_json(behind_event(stream, utterance=index))
-                    samples += await self.send_pcm(chunk.pcm)
+                    sent = await self.send_pcm(chunk.pcm)
+                    samples += sent
+                    self.samples_sent += sent
                     last_sample = float(chunk.pcm[-1])
                 if chunk.is_final:
                     break
@@ -483,10 +493,15 @@ class StreamSession:
                 # share this one's first ticks and delay its first audio), and again after
                 # every chunk, so text that arrives later is ready in time too.
                 await self.prefetch_next()
+            if chunk.alignment is not None and not self.cancelling and not chunk.error:
+                await self.send_alignment(index, chunk.alignment,
+                                          starts_at * 1000.0 / self.state.engine.info.sample_rate)
             done = {"type": "audio.done", "utterance": index, "samples": samples}
             if self.cancelling or chunk.error == "cancelled":
                 # A ramp from the last sample sent to silence, so the cut does not click.
-                samples += await self.send_pcm(np.linspace(last_sample, 0.0, FADE_OUT_SAMPLES, dtype=np.float32))
+                fade = await self.send_pcm(np.linspace(last_sample, 0.0, FADE_OUT_SAMPLES, dtype=np.float32))
+                samples += fade
+                self.samples_sent += fade
                 done.update(samples=samples, cancelled=True)
             elif is_capacity_error(chunk.error):  # no room now, not a fault: the client may send it again
                 log.warning("session %s utterance %d: no capacity: %s", self.session_id, index, chunk.error)
@@ -507,6 +522,13 @@ class StreamSession:
             stream.cancel()
             self.current = None
             self.cancelling = False
+
+    async def send_alignment(self, index: int, alignment, offset_ms: float) -> None:
+        """``alignment``: the word times of an utterance, on the session's clock (after its audio)."""
+        await self.send_json({"type": "alignment", "utterance": index, "text": alignment.text,
+                              "language": alignment.language, "offset_ms": round(offset_ms, 1),
+                              "duration_ms": round(alignment.duration_ms, 1),
+                              "words": words_json(alignment, offset_ms)})
 
     def cancel_all(self) -> None:
         self.live.finish()

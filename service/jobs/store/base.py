@@ -224,6 +224,15 @@ class JobStore(abc.ABC):
         """Record the end of the attempt holding ``token``; False (nothing written) when the
         job is no longer that attempt's: cancelled, or taken over after the lease expired."""
 
+    async def put_words(self, job_id: str, token: str, words: str) -> bool:
+        """Store the word timestamps (JSON text) of the running attempt holding ``token``;
+        False when the job is no longer that attempt's. Stores without them keep none."""
+        return False
+
+    async def get_words(self, job_id: str) -> str | None:
+        """The stored word timestamps (JSON text), None when there are none."""
+        return None
+
     @abc.abstractmethod
     async def release(self, job_id: str, token: str) -> bool:
         """Give the job back to the queue (shutdown): running -> queued, lease cleared."""

@@ -221,6 +221,15 @@ class PostgresJobStore(JobStore):
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
         return bool(done)
 
+    async def put_words(self, job_id, token, words) -> bool:
+        async with self.connection() as conn:
+            return bool(await conn.fetchval("UPDATE jobs SET words = $3 WHERE id = $1 AND lease_token = $2 "
+                                            "AND status = 'running' RETURNING true", job_id, token, _text(words)))
+
+    async def get_words(self, job_id) -> str | None:
+        async with self.connection() as conn:
+            return await conn.fetchval("SELECT words FROM jobs WHERE id = $1", job_id)
+
     async def release(self, job_id, token) -> bool:
         async with self.connection() as conn, conn.transaction():
             released = await conn.fetchval(

@@ -52,7 +52,8 @@ CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
 """
 # Columns added after the first release: (name, type); added when an older database lacks them.
 _ADDED_COLUMNS = (("owner", "TEXT"), ("audio_size", "INTEGER"), ("attempts", "INTEGER NOT NULL DEFAULT 0"),
-                  ("lease_owner", "TEXT"), ("lease_token", "TEXT"), ("lease_expires", "REAL"))
+                  ("lease_owner", "TEXT"), ("lease_token", "TEXT"), ("lease_expires", "REAL"),
+                  ("words", "TEXT"))
 
 
 class SqliteJobStore(JobStore):
@@ -228,6 +229,15 @@ class SqliteJobStore(JobStore):
                                    (status, time.time(), error, name, audio_size, job_id, token))
             return cursor.rowcount == 1
         return await self._call(finish)
+
+    async def put_words(self, job_id, token, words) -> bool:
+        cursor = await self._call(self._execute, "UPDATE jobs SET words = ? WHERE id = ? AND lease_token = ? "
+                                                 "AND status = 'running'", (words, job_id, token))
+        return cursor.rowcount == 1
+
+    async def get_words(self, job_id) -> str | None:
+        row = await self._call(lambda: self._execute("SELECT words FROM jobs WHERE id = ?", (job_id,)).fetchone())
+        return row["words"] if row is not None else None
 
     async def release(self, job_id, token) -> bool:
         def release():

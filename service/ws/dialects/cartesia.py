@@ -11,8 +11,10 @@ answers ``flush_done`` (with a ``flush_id`` counting from 1) once the audio befo
 and nothing more is sent for it. Many contexts speak at once on one socket.
 
 Replies: ``chunk`` (base64 ``data``), ``flush_done``, ``done``, ``error`` with Cartesia's
-fields (``status_code``, ``done``, ``context_id``). ``timestamps`` are never sent: no aligner
-is loaded, so ``add_timestamps`` has no effect (no invented times). Keys: ``X-API-Key``
+fields (``status_code``, ``done``, ``context_id``), and ``timestamps`` (``word_timestamps:
+{words, start, end}`` in seconds on the context's audio clock) after each utterance's audio
+when the context's first request had ``add_timestamps: true`` and an aligner is loaded
+(``--aligner``); without one ``add_timestamps`` has no effect (no invented times). Keys: ``X-API-Key``
 header, ``api_key`` query or a bearer token; ``Cartesia-Version`` (header or
 ``cartesia_version`` query) is accepted whatever its value. ``voice.id`` is a voice of the
 served model or a saved voice; ``model_id``, ``language``, ``duration`` and the other fields
@@ -29,6 +31,7 @@ import numpy as np
 from aiohttp import web
 
 from service.access.auth import bearer_key
+from service.synthesis.timestamps import cartesia_words
 from service.ws.contexts import Context, ContextSocket, serve
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE, WireEncoder
@@ -114,6 +117,7 @@ class CartesiaSocket(ContextSocket):
                 raise BadRequest(f"at most {self.MAX_CONTEXTS} contexts may be active on one connection")
             context = self.open_context(context_id)
             context.extra.update(encoding=encoding, rate=rate, flushes=0, ended=False)
+            context.timestamps = message.get("add_timestamps") is True
             await context.on_config({"voice": voice})
         elif context.extra["ended"]:
             raise BadRequest(f"context {context_id[:64]!r} has ended (continue was false); use a new context_id")
@@ -136,6 +140,11 @@ class CartesiaSocket(ContextSocket):
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
         await self.send_chunk(context, context.extra["encoder"].encode(pcm))
+
+    async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
+        await self.send_json({"type": "timestamps", "done": False, "status_code": 206,
+                              "context_id": context.context_id,
+                              "word_timestamps": cartesia_words(alignment, offset_ms)})
 
     async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
         encoder = context.extra.pop("encoder", None)

@@ -16,7 +16,11 @@ once. ``{"close_socket": true}`` ends everything. ``{"text": ""}`` is a keep-ali
 
 Audio replies ``{"audio": base64, "isFinal": false, "normalizedAlignment": null,
 "alignment": null}`` (+ ``contextId``), in the ``output_format`` of the query (``pcm_<rate>``,
-``mp3_<rate>_<kbps>``, ``ulaw_8000``). ``alignment`` stays null: no aligner is loaded.
+``mp3_<rate>_<kbps>``, ``ulaw_8000``). With an aligner loaded (``--aligner``), each utterance's
+audio is followed by ``{"audio": "", "isFinal": false, "alignment", "normalizedAlignment"}``
+(``{chars, charStartTimesMs, charDurationsMs}`` of the utterance's text, both the same: the
+text is not normalised; times from the utterance's start, as ElevenLabs restarts them at zero
+in every message); without one they stay null (no invented times).
 Errors are ElevenLabs' ``{"message", "error", "code"}`` (+ ``contextId``); the socket stays
 open after a bad message. Keys: ``xi-api-key`` header or query (or a bearer token).
 ``voice_id`` is a voice of the served model or a saved voice; ``voice_settings.speed`` sets
@@ -34,6 +38,7 @@ from aiohttp import WSCloseCode, web
 
 from service.access.auth import bearer_key
 from service.errors import ApiError
+from service.synthesis.timestamps import char_times
 from service.ws.contexts import Context, ContextSocket, serve
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.wire_audio import WireEncoder
@@ -156,6 +161,7 @@ class ElevenLabsSocket(ContextSocket):
             return None
         context = self.open_context(context_id)
         context.extra["encoder"] = None
+        context.timestamps = True  # ElevenLabs always sends alignment (asked of an engine with an aligner only)
         await context.on_config({"voice": self.voice, **speed_of(message.get("voice_settings") or {})})
         return context
 
@@ -189,6 +195,16 @@ class ElevenLabsSocket(ContextSocket):
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
         await self.send_audio(context, context.extra["encoder"].encode(pcm))
+
+    async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
+        chars = char_times(alignment)
+        # The sentence cutter dropped the space after the utterance; clients join the chars of
+        # successive messages into their text, so it comes back (no time of its own).
+        chars["chars"].append(" ")
+        chars["charStartTimesMs"].append(round(alignment.duration_ms))
+        chars["charDurationsMs"].append(0)
+        await self.send_json(self.reply(context, {"audio": "", "isFinal": False, "alignment": chars,
+                                                  "normalizedAlignment": chars}))
 
     async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
         encoder = context.extra.pop("encoder", None)

@@ -2,8 +2,10 @@
 ``{"text", "model_id"?, "voice_settings"?}``, the audio streamed back as it is generated in
 the ``output_format`` of the query (as the sockets: ``pcm_<rate>``, ``mp3_<rate>_<kbps>``,
 ``ulaw_8000``). ``/stream/with-timestamps`` streams newline-separated JSON objects
-``{"audio_base64", "alignment": null, "normalized_alignment": null}`` (no aligner: no
-times). Errors are ElevenLabs' ``{"detail": {"status", "message"}}``; keys as the sockets."""
+``{"audio_base64", "alignment": null, "normalized_alignment": null}``; with an aligner loaded
+(``--aligner``) a last object ``{"audio_base64": "", "alignment", "normalized_alignment"}``
+carries ElevenLabs' HTTP timing shape ``{characters, character_start_times_seconds,
+character_end_times_seconds}`` of the whole text (without one: null, no invented times). Errors are ElevenLabs' ``{"detail": {"status", "message"}}``; keys as the sockets."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.params import check_work, resolve_voice
 from service.synthesis.schema import SynthesisParams
 from service.synthesis.submit import open_stream, prepare
+from service.synthesis.timestamps import char_times
 from service.voices.routes import saved_clone
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.elevenlabs import DEFAULT_FORMAT, elevenlabs_key, parse_output_format, speed_of
@@ -71,7 +74,7 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
     check_work(state.engine, text, params, state.settings)
     clone = await saved_clone(request, voice)
     prepared = prepare(state.engine, request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone,
-                       tenant=identity)
+                       tenant=identity, timestamps=timestamps)
     state.limits.open_stream(identity)
     chunks = None
     try:
@@ -95,6 +98,14 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
                     break
             if not chunk.error:
                 await send(encoder.finish())
+            if timestamps and chunk.alignment is not None and not chunk.error:
+                chars = char_times(chunk.alignment)
+                seconds = {"characters": chars["chars"],
+                           "character_start_times_seconds": [s / 1000 for s in chars["charStartTimesMs"]],
+                           "character_end_times_seconds": [(s + d) / 1000 for s, d in
+                                                           zip(chars["charStartTimesMs"], chars["charDurationsMs"])]}
+                await response.write(json.dumps({"audio_base64": "", "alignment": seconds,
+                                                 "normalized_alignment": seconds}).encode() + b"\n")
             await response.write_eof()
         except (ConnectionResetError, ConnectionError):
             pass

@@ -123,3 +123,42 @@ def test_agents_venv_keeps_its_own_packages():
                               "print(u.find_spec('livekit') is None and u.find_spec('pipecat') is None)"],
                              capture_output=True, text=True, timeout=60)
     assert project.stdout.strip() == "True"
+
+
+ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"
+
+
+@pytest.fixture(scope="module")
+def aligned_engine():
+    if not (ALIGNER / "config.json").exists():
+        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
+    from engines.build import build_engine
+
+    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["livekit-elevenlabs", "livekit-cartesia", "pipecat-elevenlabs", "pipecat-cartesia"])
+async def test_agent_sdk_gets_word_timestamps(aligned_engine, engine, tmp_path, kind):
+    """With an aligner each SDK whose protocol has timestamps turns ours into its own timed
+    words: the words of the text it sent, in order, at non-decreasing times; without one, none."""
+    from engines.pipelines.aligner.words import split_words
+
+    server = await start_server(aligned_engine, tmp_path / "aligned", api_keys=(KEY,))
+    try:
+        result = await run_client(kind, server.url)
+    finally:
+        await server.stop()
+    assert result["peak"] > 0.01
+    words = [w.strip() for w, _ in result["timed"] if w.strip()]
+    assert [split_words(w, "english")[0] for w in words if split_words(w, "english")] == split_words(TEXT, "english"), result["timed"]
+    starts = [s for _, s in result["timed"] if s is not None]
+    if kind != "livekit-elevenlabs":  # (it reads ElevenLabs' per-message times as the context's: see docs/API.md)
+        assert starts == sorted(starts)
+    plain = await start_server(engine, tmp_path / "plain", api_keys=(KEY,))
+    try:
+        assert not (await run_client(kind, plain.url))["timed"]
+    finally:
+        await plain.stop()
