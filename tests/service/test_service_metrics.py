@@ -6,7 +6,7 @@ import aiohttp
 from conftest import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
-STAGES = {"deliver", "plan", "admit", "tick", "vocalize"}
+STAGES = {"deliver", "plan", "admit", "tick", "vocalize", "align"}
 
 
 async def stage_seconds(http, url) -> dict[str, float]:
