@@ -100,6 +100,7 @@ async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) ->
     )
     from service.settings import Settings
 
+    assert set(overrides) <= set(Settings.model_fields), f"no such settings: {set(overrides) - set(Settings.model_fields)}"
     settings = Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu",
                         data_dir=data_dir).model_copy(update=overrides)
     app = create_app(settings, engine)
