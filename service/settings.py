@@ -29,7 +29,6 @@ from engines.config import RuntimeSwitches
 
 ENV_PREFIX = "STREAMVOX_"
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def option(default: Any, help: str, *, flag: str | None = None, env: str | None = None,
