@@ -14,7 +14,6 @@ import logging
 import signal
 import socket
 import sys
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -136,7 +135,7 @@ def resolve_model(settings: Settings) -> Settings:
     from engines.checkpoints.hub import resolve, served_name
 
     served = resolve(settings.checkpoint)
-    return replace(settings, checkpoint=served_name(served.name), checkpoint_dir=served.path)
+    return settings.model_copy(update={"checkpoint": served_name(served.name), "checkpoint_dir": served.path})
 
 
 def build_engine_for(settings: Settings):

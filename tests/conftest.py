@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -101,7 +100,9 @@ async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) ->
     )
     from service.settings import Settings
 
-    settings = replace(Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=data_dir), **overrides)
+    assert set(overrides) <= set(Settings.model_fields), f"no such settings: {set(overrides) - set(Settings.model_fields)}"
+    settings = Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu",
+                        data_dir=data_dir).model_copy(update=overrides)
     app = create_app(settings, engine)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()

@@ -7,16 +7,18 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from service.settings import _OPTIONS, ENV_API_KEYS
+from service.settings import ENV_API_KEYS, OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_serve_flag_and_env_var_is_in_the_readme_table():
     readme = (REPO / "README.md").read_text()
-    for flag, env, _, _ in _OPTIONS:
-        assert f"`{flag}`" in readme, f"README configuration table lacks {flag}"
-        assert f"`{env}`" in readme, f"README configuration table lacks {env}"
+    for option in OPTIONS:
+        for flag in (option.flag, *option.flag_aliases):
+            assert f"`{flag}`" in readme, f"README configuration table lacks {flag}"
+        for env in option.envs:
+            assert f"`{env}`" in readme, f"README configuration table lacks {env}"
     assert ENV_API_KEYS in readme
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engines.build import default_preset
-from service.settings import Settings, add_arguments, from_args
+from service.settings import OPTIONS, Settings, add_arguments, from_args
 
 
 def parse(argv: list[str], env: dict[str, str]) -> Settings:
@@ -125,3 +125,51 @@ def test_model_flag_env_and_their_older_names():
     assert parse([], {"STREAMVOX_MODEL": " "}).checkpoint is None
     assert parse(["--model", "random"], {"STREAMVOX_MODEL": model_id}).checkpoint == "random"
     assert parse([], {}).checkpoint_dir is None  # filled in by the server once resolved
+
+
+def numeric_options():
+    """(option, a value other than its default) for every int / float setting with a flag."""
+    for option in OPTIONS:
+        info = Settings.model_fields[option.field]
+        kind = next((k for k in (int, float) if info.annotation in (k, k | None)), None)
+        if kind is not None:
+            yield option, kind((info.default or 0) + 1)
+
+
+@pytest.mark.parametrize("option, value", list(numeric_options()), ids=lambda o: getattr(o, "flag", ""))
+def test_every_numeric_setting_has_a_working_flag_and_variable(option, value):
+    """Each is derived from the field's declaration: the flag sets it, the variable sets it, the
+    flag wins over the variable, and a value below its bound is refused naming the flag."""
+    assert getattr(parse([option.flag, str(value)], {}), option.field) == value
+    assert getattr(parse([], {option.env: str(value)}), option.field) == value
+    assert getattr(parse([option.flag, str(value)], {option.env: str(value + 1)}), option.field) == value
+    with pytest.raises(ValueError, match=option.flag):
+        parse([option.flag, "-1000000"], {})
+
+
+def test_settings_without_a_flag_have_no_variable_and_no_flag():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    assert "--max-body-bytes" not in flags and "--seed" not in flags and "--ws-idle-seconds" in flags
+    settings = from_args(None, {"STREAMVOX_MAX_BODY_BYTES": "5", "STREAMVOX_SEED": "3"})
+    assert (settings.max_body_bytes, settings.seed) == (1 << 20, 0)
+    assert Settings(max_body_bytes=5).model_copy(update={"seed": 3}).seed == 3  # tests override them by keyword
+
+
+def test_keywords_never_read_the_process_environment(monkeypatch):
+    monkeypatch.setenv("STREAMVOX_PORT", "9001")
+    assert Settings().port == 8000  # tests stay hermetic
+    assert from_args(None).port == 9001  # the server reads it
+    with pytest.raises(ValueError):
+        Settings(no_such_setting=1)  # a misspelt override fails loudly
+
+
+def test_help_names_every_variable_and_default():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for option in OPTIONS:
+        for env in option.envs:
+            assert env in text
+    assert "[env STREAMVOX_PORT; default 8000]" in text and "{tiny,small,base}" in text

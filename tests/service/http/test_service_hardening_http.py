@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -26,9 +25,9 @@ async def start_live(engine, data_dir, **overrides):
         from service.server import start_http
     except ImportError:  # the code before the read timeouts: a plain runner, so each test shows what it fixes
         start_http = None
-        overrides = {k: v for k, v in overrides.items() if hasattr(Settings, k)}
-    settings = replace(Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=data_dir),
-                       **overrides)
+        overrides = {k: v for k, v in overrides.items() if k in Settings.model_fields}
+    settings = Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu",
+                        data_dir=data_dir).model_copy(update=overrides)
     app = create_app(settings, engine)
     if start_http is not None:
         runner = await start_http(app, settings, port=0)
