@@ -39,6 +39,7 @@ How (every number printed comes from this procedure):
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -209,8 +210,12 @@ def ours_worker(args) -> None:
     def run(b: int, steps: int) -> dict:
         nonlocal serial
         warm = 1 if args.variant == "ours" or device.type != "cuda" else 12  # step graphs capture first
+        # Every row says the same text: the prompt-prefix cache (where the tree has one) would
+        # serve all but the first from memory, while the official rows are all prefilled.
+        no_prefix = {"prefix_cache_fraction": 0.0} if "prefix_cache_fraction" in inspect.signature(
+            TalkerSource.__init__).parameters else {}
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
-                                          kv_cache_gb=64.0)
+                                          kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor
         if args.variant in ("ours+graphs", "ours+ctalk"):
             from engines.runtime.cuda_graphs import compile_backend
