@@ -59,13 +59,15 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
-                 prefill_token_budget: int | None = None) -> Engine:
+                 prefill_token_budget: int | None = None, prefix_cache_fraction: float | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
     ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
     ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
+    ``prefix_cache_fraction``: share of the talker's KV pool that shared prompt prefixes may
+    keep (engines/models/prefix_cache.py; None = the source's default, 0 = off).
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be)."""
     if checkpoint and not Path(checkpoint).exists():
@@ -104,7 +106,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                    ("prefill_token_budget", prefill_token_budget)) if v is not None})
+                                                    ("prefill_token_budget", prefill_token_budget),
+                                                    ("prefix_cache_fraction", prefix_cache_fraction))
+                                  if v is not None})
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
