@@ -162,8 +162,11 @@ def serve(run) -> None:
             reply({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def stats_of(step_s: list[float]) -> dict:
-    return {"step_min_ms": min(step_s) * 1e3, "step_med_ms": statistics.median(step_s) * 1e3}
+def stats_of(step_s: list[float], cpu_s: list[float] | None = None) -> dict:
+    out = {"step_min_ms": min(step_s) * 1e3, "step_med_ms": statistics.median(step_s) * 1e3}
+    if cpu_s:  # the worker thread's CPU time (torch at 1 thread runs on it): robust to a busy machine
+        out["step_cpu_ms"] = statistics.median(cpu_s) * 1e3
+    return out
 
 
 # --------------------------------------------------------------------------- ours (this tree or an old one)
@@ -235,19 +238,21 @@ def ours_worker(args) -> None:
             prefill = time.perf_counter() - t0
             for _ in range(warm):
                 source.tick()
-            times = []
+            times, cpu = [], []
             for _ in range(steps):
                 sync(device)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 out = source.tick()
                 sync(device)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
                 if sum(f.codes.shape[0] for f in out) != b:
                     raise RuntimeError(f"a tick emitted {sum(f.codes.shape[0] for f in out)} frames, not {b}")
         for rid in source.rows:
             source.cancel(rid)
         kv_positions = prompt_len + warm + steps / 2  # mean positions a row reads over the timed steps
-        return {"prefill_ms": prefill * 1e3, **stats_of(times), "prompt_len": prompt_len,
+        return {"prefill_ms": prefill * 1e3, **stats_of(times, cpu if args.threads == 1 else None),
+                "prompt_len": prompt_len,
                 "weight_bytes": weight_bytes, "weight_elems": weight_elems,
                 "kv_bytes": b * kv_positions * kv_pos_bytes}
 
@@ -292,9 +297,12 @@ def official_worker(args) -> None:
     model = official.Qwen3TTSForConditionalGeneration(cfg).eval().to(dev, getattr(torch, args.dtype))
     stamps: list[float] = []
 
+    cpu_stamps: list[float] = []
+
     def stamp(*_):
         sync(dev)
         stamps.append(time.perf_counter())
+        cpu_stamps.append(time.thread_time())
 
     model.talker.register_forward_pre_hook(stamp)
     g = torch.Generator().manual_seed(0)
@@ -304,6 +312,7 @@ def official_worker(args) -> None:
         ids = [torch.cat([torch.tensor([[500, 10, 11]]), torch.randint(20, 400, (1, args.body_tokens), generator=g),
                           torch.tensor([[501, 12, 500, 10, 11]])], dim=1).to(dev) for _ in range(b)]
         stamps.clear()
+        cpu_stamps.clear()
         with torch.no_grad():
             sync(dev)
             t0 = time.perf_counter()
@@ -314,7 +323,9 @@ def official_worker(args) -> None:
         times = [b1 - a1 for a1, b1 in zip(starts, starts[1:])][1:steps + 1]  # the first decode step is warm-up
         if len(times) < steps:
             raise RuntimeError(f"official generate() made {len(stamps)} talker calls, {steps + 3} expected")
-        return {"prefill_ms": (starts[0] - t0) * 1e3, **stats_of(times)}
+        cpu_starts = cpu_stamps[1:]
+        cpu = [b1 - a1 for a1, b1 in zip(cpu_starts, cpu_starts[1:])][1:steps + 1]
+        return {"prefill_ms": (starts[0] - t0) * 1e3, **stats_of(times, cpu if args.threads == 1 else None)}
 
     serve(run)
 
@@ -502,7 +513,8 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
           "turn's median; ms/frame = min step / B; floor = max(bytes read / bandwidth, 2 x B x weights / GEMM FLOP/s); 'GEMV floor': the same with the "
           "bandwidth torch's own matrix-vector product reaches")
     cols = (f"{'variant':>14} | {'B':>3} | {'prefill ms min / med':>21} | {'step ms min / med':>19} | "
-            f"{'ms/frame':>9} | {'floor ms':>9} | {'x floor':>7} | {'GEMV floor':>10} | {'x GEMV fl':>9}")
+            f"{'ms/frame':>9} | {'floor ms':>9} | {'x floor':>7} | {'GEMV floor':>10} | {'x GEMV fl':>9} | "
+            f"{'CPU ms/step':>11}")
     print(cols)
     print("-" * len(cols))
     for b in args.batches:
@@ -522,17 +534,19 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
             best = min(step)
             fl = (f"{floor_ms:9.4g} | {best / floor_ms:7.2f} | {gemv_ms:10.4g} | {best / gemv_ms:9.2f}" if floor_ms
                   else f"{'-':>9} | {'-':>7} | {'-':>10} | {'-':>9}")
+            cpu = [t["step_cpu_ms"] for t in mine if "step_cpu_ms" in t]
+            cpu_cell = f"{min(cpu):11.1f}" if cpu else f"{'-':>11}"
             print(f"{name:>14} | {b:3d} | {min(pre):9.1f} / {statistics.median(pre):9.1f} | "
-                  f"{best:8.1f} / {statistics.median(step):8.1f} | {best / b:9.2f} | {fl}")
+                  f"{best:8.1f} / {statistics.median(step):8.1f} | {best / b:9.2f} | {fl} | {cpu_cell}")
     print("\nratios within a round (other / ours; > 1 = ours faster), min .. median .. max over rounds:")
     for b in args.batches:
         for name in names[1:]:
-            for what, key in (("decode", "step_med_ms"), ("prefill", "prefill_ms")):
+            for what, key in (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"), ("prefill", "prefill_ms")):
                 rs = []
                 for r in range(args.rounds):
                     a = next((t for t in turns if t["variant"] == "ours" and t["batch"] == b and t["round"] == r), None)
                     o = next((t for t in turns if t["variant"] == name and t["batch"] == b and t["round"] == r), None)
-                    if a and o:
+                    if a and o and key in a and key in o:
                         rs.append(o[key] / a[key])
                 if rs:
                     print(f"  B={b:3d} {what:>7} {name:>14} / ours: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "

@@ -25,8 +25,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # fp32 input: no casts at all (each is a dispatched op; a decode step runs ~400 norms)
+        wide = x.dtype == torch.float32
+        xf = x if wide else x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if not wide:
+            y = y.to(x.dtype)
         return self.weight * y if self.weight is not None else y
 
 
@@ -108,11 +112,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]. The rotation runs in the promoted dtype of x and
-    cos/sin and the result has x's dtype: tables in x's dtype give the official Qwen3 math,
-    fp32 tables (the DiT's) rotate bf16 activations in fp32."""
-    cos, sin = cos[:, None], sin[:, None]
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    """x [B, H, S, hd]; cos/sin [B, S, hd], or [B, 1, S, hd] from :func:`prepare_rope`. The
+    rotation runs in the promoted dtype of x and cos/sin and the result has x's dtype: tables
+    in x's dtype give the official Qwen3 math, fp32 tables (the DiT's) rotate bf16 activations
+    in fp32."""
+    if cos.dim() == 4:  # prepared: rotate_half(x) * sin == roll(x, hd/2) * sin_signed, bit for bit
+        out = x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+    else:
+        out = x * cos[:, None] + rotate_half(x) * sin[:, None]
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, S, hd] -> [B, 1, S, hd] with sin's first half negated, which
+    :func:`apply_rope` applies with one roll instead of rotate_half's chunk/neg/cat (fewer
+    ops per layer; (-a) * b == a * (-b) exactly, so the result is the same). Prepare once per
+    forward, every layer reuses it."""
+    h = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[..., :h], sin[..., h:]), dim=-1)[:, None]
 
 
 # --------------------------------------------------------------------------- attention

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.models.configs import Qwen3LayerConfig
-from engines.models.layers import DecoderLayer, RMSNorm, compile_block_call, mrope_cos_sin, rope_inv_freq
+from engines.models.layers import DecoderLayer, RMSNorm, compile_block_call, mrope_cos_sin, prepare_rope, rope_inv_freq
 from engines.models.paged_kv import PagedKVCache, gather_pool, write_pool
 
 
@@ -224,7 +224,7 @@ class Talker(nn.Module):
         positions' own slots) lets padding write into the null block. ``rope`` is
         :meth:`rope_table`'s (cos, sin)."""
         b, s, _ = x.shape
-        cos, sin = rope[0][positions], rope[1][positions]  # [B, S, hd]
+        cos, sin = prepare_rope(rope[0][positions], rope[1][positions])  # [B, 1, S, hd], once for every layer
         if write_slots is None:
             write_slots = cache.slots(rows, positions)
         read_slots = cache.read_slots(rows, n_blocks)
