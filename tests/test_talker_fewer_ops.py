@@ -55,3 +55,21 @@ def test_a_tick_dispatches_fewer_ops_than_the_plain_layers():
         talker_module.prepare_rope = original
     layers = bundle.talker.cfg.num_hidden_layers
     assert plain - fast >= 4 * layers, (plain, fast)  # unsqueeze x2 + chunk/neg/cat vs roll, per layer
+
+
+def test_fused_or_separate_gemms_give_the_same_codes():
+    """Whatever ``choose_fused_rows`` measured, the talker's codes are the same bits."""
+    bundle = make_bundle(seed=2, max_new_tokens=16)
+    got = []
+    for rows in (0.0, float("inf")):
+        source = TalkerSource.from_bundle(bundle, max_slots=3, max_seq_len=128)
+        for layer in bundle.talker.model.layers:
+            layer.self_attn.fused_rows = layer.mlp.fused_rows = rows
+        for i, text in enumerate(["Hello world.", "the quick brown fox", "你好，世界。"]):
+            source.admit(SynthesisRequest(id=f"r{i}", text=text, voice="Vivian", temperature=0))
+        codes: dict[str, list] = {}
+        while source.active_slots:
+            for f in source.tick():
+                codes.setdefault(f.request_id, []).append(f.codes)
+        got.append({k: torch.cat(v) for k, v in codes.items()})
+    assert got[0].keys() == got[1].keys() and all(torch.equal(got[0][k], got[1][k]) for k in got[0])

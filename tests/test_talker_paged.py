@@ -133,8 +133,12 @@ class _CountOps(TorchDispatchMode):
 
 
 def _decode_ops(bundle, rows: int) -> int:
-    """Dispatched ops of one steady-state tick with ``rows`` decoding rows (same settings)."""
+    """Dispatched ops of one steady-state tick with ``rows`` decoding rows (same settings). The
+    fused-GEMM choice is pinned as on CUDA (on CPU it is measured and may switch to separate
+    GEMMs above some rows, which changes the op count, not the ops' shapes' static-ness)."""
     source = TalkerSource.from_bundle(bundle, max_slots=rows, max_seq_len=128, prefill_token_budget=4096)
+    for layer in bundle.talker.model.layers:
+        layer.self_attn.fused_rows = layer.mlp.fused_rows = float("inf")
     for i in range(rows):
         source.admit(SynthesisRequest(id=f"s{i}", text=TEXTS[i % 8], voice=VOICES[i % 8], language=LANGS[i % 8],
                                       temperature=0.8, seed=i, top_p=0.9), max_new_tokens=40)
