@@ -79,16 +79,25 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def frame_weight_bytes(talker, predictor) -> int:
-    """Weight bytes one frame reads: the talker step, then G-1 code-predictor steps."""
-    def size(module) -> int:
-        return sum(p.numel() * p.element_size() for p in module.parameters())
+def frame_weights(talker, predictor) -> tuple[int, int]:
+    """Weight bytes and elements one frame reads: the talker step, then G-1 code-predictor
+    steps (int8 layers, engines/models/quantize.py, count their int8 bytes and scales)."""
+    def size(module) -> tuple[int, int]:
+        b = sum(p.numel() * p.element_size() for p in module.parameters())
+        n = sum(p.numel() for p in module.parameters())
+        for m in module.modules():
+            if hasattr(m, "weight_bytes"):
+                b += m.weight_bytes
+                n += m.in_features * m.out_features
+        return b, n
 
-    head_row = talker.codec_head.weight[0].numel() * talker.codec_head.weight.element_size()
-    talker_bytes = size(talker.model.layers) + size(talker.model.norm) + talker.valid_ids.numel() * head_row
+    w = talker.codec_head.weight
+    parts = [size(talker.model.layers), size(talker.model.norm), (talker.valid_ids.numel() * w[0].numel() *
+                                                                   w.element_size(), talker.valid_ids.numel() * w[0].numel())]
     p = predictor
-    step = size(p.model.layers) + size(p.model.norm) + size(p.small_to_mtp_projection) + size(p.lm_head[0])
-    return talker_bytes + (talker.cfg.num_code_groups - 1) * step
+    step = [size(p.model.layers), size(p.model.norm), size(p.small_to_mtp_projection), size(p.lm_head[0])]
+    g = talker.cfg.num_code_groups - 1
+    return (sum(b for b, _ in parts) + g * sum(b for b, _ in step), sum(n for _, n in parts) + g * sum(n for _, n in step))
 
 
 def read_bandwidth(device, nbytes: int = 512 << 20, reps: int = 5) -> float:
@@ -182,14 +191,17 @@ def ours_worker(args) -> None:
     from tests.talker_helpers import make_bundle
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    mode = args.quantize[0] if args.quantize else None
+    if mode == "bf16":  # the whole talker in bfloat16 (weights, activations, KV)
+        dtype = torch.bfloat16
     bundle = make_bundle(seed=0, max_new_tokens=100_000, eos_gain=1.0, device=device, dtype=dtype,
                          **SIZES[args.size])
     # EOS blocked (as the official run makes it unreachable): every row emits one frame per tick.
     bundle.generation = dataclasses.replace(bundle.generation, min_new_tokens=10**9)
-    if getattr(args, "quantize", None):
+    if mode == "int8":
         from engines.models.quantize import quantize_talker
 
-        quantize_talker(bundle.talker, bundle.predictor, args.quantize)
+        quantize_talker(bundle.talker, bundle.predictor, mode)
     predictor = bundle.predictor
     if device.type == "cuda" and args.variant == "ours":  # the code predictor's graphs, as the engine runs it
         from engines.runtime.cuda_graphs import compile_backend
@@ -203,10 +215,9 @@ def ours_worker(args) -> None:
         from engines.runtime.cuda_graphs import compile_backend
 
         bundle.talker.compile_layers(compile_backend("predictor"))
-    weight_bytes = frame_weight_bytes(bundle.talker, bundle.predictor)
+    weight_bytes, weight_elems = frame_weights(bundle.talker, bundle.predictor)
     cfg = bundle.talker.cfg
     kv_pos_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
-    weight_elems = weight_bytes // dtype.itemsize
     prompt_len = len(bundle.prompt.build(TEXT, "Ryan", non_streaming_mode=True).text_ids)
     serial = 0
 
@@ -398,7 +409,8 @@ def main() -> None:
     ap.add_argument("--steps", "--ticks", type=int, default=4, dest="steps", help="timed decode steps per turn")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every process (0 = default)")
     ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
-    ap.add_argument("--quantize", default=None, help="also time ours with weight-only quantization (int8, bf16)")
+    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "bf16"],
+                    help="also time ours with int8 weights (engines/models/quantize.py) and/or all in bf16")
     ap.add_argument("--step-graphs", action="store_true", help="CUDA: also ours with the whole step as CUDA graphs")
     ap.add_argument("--compile-talker", action="store_true", help="CUDA: also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
@@ -433,9 +445,8 @@ def main() -> None:
         specs.append(("ours+graphs", me + ["--worker", str(REPO), "--variant", "ours+graphs"], REPO))
     if device.type == "cuda" and args.compile_talker:
         specs.append(("ours+ctalk", me + ["--worker", str(REPO), "--variant", "ours+ctalk"], REPO))
-    if args.quantize:
-        specs.append((f"ours {args.quantize}", me + ["--worker", str(REPO), "--variant", "ours", "--quantize",
-                                                     args.quantize], REPO))
+    for mode in args.quantize:
+        specs.append((f"ours {mode}", me + ["--worker", str(REPO), "--variant", "ours", "--quantize", mode], REPO))
     old_tree = None
     if args.baseline_commit:
         old_tree = export_commit(args.baseline_commit)
@@ -518,17 +529,20 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
     print(cols)
     print("-" * len(cols))
     for b in args.batches:
-        ref = next((t for t in turns if t["batch"] == b and "weight_bytes" in t), None)
-        floor_ms = gemv_ms = None
-        if ref:
-            bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
-            comp = 2 * b * ref["weight_elems"] / flops
-            floor_ms = max(bytes_read / bw, comp) * 1e3
-            gemv_ms = max(bytes_read / gemv, comp) * 1e3
+        fp = next((t for t in turns if t["batch"] == b and t["variant"] == "ours"), None)
         for name in names:
             mine = [t for t in turns if t["variant"] == name and t["batch"] == b]
             if not mine:
                 continue
+            # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads
+            ref = mine[0] if "weight_bytes" in mine[0] else fp
+            floor_ms = gemv_ms = None
+            if ref:
+                bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
+                # compute floor from the fp32 GEMM rate: not a bound for int8 kernels, left out there
+                comp = 0.0 if "int8" in name else 2 * b * ref["weight_elems"] / flops
+                floor_ms = max(bytes_read / bw, comp) * 1e3
+                gemv_ms = max(bytes_read / gemv, comp) * 1e3
             pre = [t["prefill_ms"] for t in mine]
             step = [t["step_med_ms"] for t in mine]
             best = min(step)

@@ -59,7 +59,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
-                 prefill_token_budget: int | None = None, prefix_cache_fraction: float | None = None) -> Engine:
+                 prefill_token_budget: int | None = None, prefix_cache_fraction: float | None = None,
+                 quantize: str | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -68,6 +69,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
     ``prefix_cache_fraction``: share of the talker's KV pool that shared prompt prefixes may
     keep (engines/models/prefix_cache.py; None = the source's default, 0 = off).
+    ``quantize="int8"``: the talker's and code predictor's linear layers with int8 weights (CPU,
+    float32; engines/models/quantize.py; greedy codes then differ from the official ones).
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be)."""
     if checkpoint and not Path(checkpoint).exists():
@@ -93,6 +96,10 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
             from engines.pipelines.talker.reference import TalkerBundle
 
             talker = TalkerBundle.from_checkpoint(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+            if quantize:
+                from engines.models.quantize import quantize_talker
+
+                quantize_talker(talker.talker, talker.predictor, quantize)
     else:
         models = build_models(config, seed)
     if backend != "torch":

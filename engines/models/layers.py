@@ -57,8 +57,8 @@ class SwiGLU(nn.Module):
     def fuse(self) -> None:
         """One [gate; up] weight matrix; the two parameters become views of it (no extra memory,
         state_dict unchanged). Call after the module is on its device and dtype."""
-        if self.gate_up is not None:
-            return
+        if self.gate_up is not None or not all(isinstance(p, nn.Linear) for p in (self.gate_proj, self.up_proj)):
+            return  # fused already, or quantized (engines/models/quantize.py)
         fused = torch.cat([self.gate_proj.weight, self.up_proj.weight])
         n = self.gate_proj.out_features
         self.gate_proj.weight.data, self.up_proj.weight.data = fused[:n], fused[n:]
@@ -220,9 +220,10 @@ class Attention(nn.Module):
         """One [q; k; v] weight matrix for self-attention without biases; the three parameters
         become views of it (no extra memory, state_dict unchanged). Call after the module is on
         its device and dtype."""
-        if self.qkv_weight is not None or self.q_proj.bias is not None or (
+        if self.qkv_weight is not None or not all(isinstance(p, nn.Linear) for p in (
+                self.q_proj, self.k_proj, self.v_proj)) or self.q_proj.bias is not None or (
                 self.q_proj.in_features != self.k_proj.in_features):
-            return  # fused already, biased, or cross-attention
+            return  # fused already, quantized, biased, or cross-attention
         projs = (self.q_proj, self.k_proj, self.v_proj)
         fused = torch.cat([p.weight for p in projs])
         self._qkv_sizes = [p.out_features for p in projs]
