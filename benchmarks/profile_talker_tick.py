@@ -35,7 +35,7 @@ def steady_source(size: str, batch: int, quantize: str | None = None) -> TalkerS
         from engines.models.quantize import quantize_talker
 
         quantize_talker(bundle.talker, bundle.predictor, quantize)
-    source = TalkerSource.from_bundle(bundle, max_slots=batch, max_seq_len=512)
+    source = TalkerSource.from_bundle(bundle, max_slots=batch, max_seq_len=512, kv_cache_gb=64.0)
     for i in range(batch):
         source.admit(SynthesisRequest(id=f"u{i}", text=TEXT, voice="Ryan", temperature=0), max_new_tokens=400)
     for _ in range(3):

@@ -73,3 +73,19 @@ def test_fused_or_separate_gemms_give_the_same_codes():
                 codes.setdefault(f.request_id, []).append(f.codes)
         got.append({k: torch.cat(v) for k, v in codes.items()})
     assert got[0].keys() == got[1].keys() and all(torch.equal(got[0][k], got[1][k]) for k in got[0])
+
+
+def test_grouped_query_attention_without_the_kv_copy_is_bit_identical():
+    """``attend`` on CPU lets SDPA map query heads to K/V heads (enable_gqa) instead of
+    expanding K/V: the same bits as the expanded path, decode and prefill shapes."""
+    import torch.nn.functional as F
+
+    from engines.models.layers import attend, expand_kv
+
+    g = torch.Generator().manual_seed(0)
+    for b, s, length in [(1, 1, 40), (8, 1, 70), (2, 30, 30)]:
+        q = torch.randn(b, 16, s, 64, generator=g)
+        k, v = torch.randn(b, 8, length, 64, generator=g), torch.randn(b, 8, length, 64, generator=g)
+        mask = torch.arange(length)[None, None, None, :] <= (torch.arange(s) + length - s)[None, None, :, None]
+        want = F.scaled_dot_product_attention(q, expand_kv(k, 2), expand_kv(v, 2), attn_mask=mask, scale=0.125)
+        assert torch.equal(attend(q, k, v, mask, 0.125), want.transpose(1, 2).reshape(b, s, 16 * 64))
