@@ -43,6 +43,13 @@ ticks that happened). A decoding row whose next block is not free sits the step 
 again once other streams have freed blocks (``stalls``); only when every row waits that way
 does the youngest end with ``kv_cache_exhausted`` (it outgrew the pool), never corrupting another.
 
+Prompt prefixes (engines/models/prefix_cache.py): a prompt whose first positions equal an
+earlier prompt's under the same owner (``SynthesisRequest.prefix_owner``, else ``tenant``; a
+cloned voice needs one) shares that prompt's full KV blocks, copies its partially matched
+block, and prefills only the rest; every completed prompt is indexed, within
+``prefix_cache_fraction`` of the pool (least recently used blocks nobody holds are evicted
+first, also when the pool runs short). ``kv_cache_stats()`` counts hits, misses, evictions.
+
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
 keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
