@@ -11,7 +11,7 @@ oneDNN with VNNI where the CPU has it): each call also quantises its input rows 
 (per tensor, from their range) and accumulates in int32, so it is int8 weights AND dynamic
 int8 activations, not weight-only. The weight-only kernel (``aten::_weight_int8pack_mm``,
 int8 weights, fp32 activations) measured 3-4x SLOWER than fp32 on this project's CPU; the
-dynamic one 3.7-4.3x faster at batch 1 and 7-10x at batch 8 (benchmarks/RESULTS.md).
+dynamic one 3.7-4.3x faster at batch 1 and 7-10x at batch 8 (docs/QUANTIZATION.md).
 
 Left in fp32: embeddings (a step reads one row of each), norms, the talker's codec head
 (compact rows, ~8 MB) and everything outside the decoder. Greedy codes are no longer the
