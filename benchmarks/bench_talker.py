@@ -1,43 +1,56 @@
-"""Talker source: ms per talker step and per frame at batch 1/8/64 (ours), next to the
-official ``generate()`` when the oracle venv (.venv-oracle) is present.
+"""Talker speed, measured so it cannot flatter either side: ours vs the official ``generate()``,
+prefill and decode timed apart, variants taking turns, next to the machine's floor.
 
-    python benchmarks/bench_talker.py [--size small] [--device auto] [--batches 1 8 32] [--no-official]
-    python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 256 \
-        --official-batches 1 8 64 --oracle-python /tmp/oracle-python
+    python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --rounds 3 --steps 4 --threads 1
+    python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --baseline-commit HEAD~3   # + ours then
+    python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
+        --official-batches 1 8 --step-graphs --oracle-python /tmp/oracle-python
 
-Random weights at the chosen sizes (timing does not depend on their values).
-* ours, "talker step": one batched talker forward (decode, query length 1) at B rows over the
-  paged KV cache (engines/models/paged_kv.py); "KV MiB used": the pool blocks the rows hold;
-* ours, "tick": TalkerSource.tick() = code predictor for B frames + talker step + code-0
-  sampling, in steady state (finished utterances are replaced at once, so the batch stays
-  full: continuous batching; a replacement's chunked prefill runs inside the next tick, as
-  served); ms per frame = tick / frames emitted;
-* official: ``Qwen3TTSForConditionalGeneration.generate`` (HF generate, dynamic cache) on
-  B utterances, greedy, EOS made unreachable so it runs exactly N steps; decode only:
-  ms per step = (wall of N steps - wall of 2 steps) / (N - 2), so its prefill is left out as
-  ours is; ms per frame = that / B. Runs in .venv-oracle as a subprocess (this script, --official-worker);
-* floor (CUDA): the weights one frame must read (talker layers + final norm + the valid
-  codec-head rows, then G-1 code-predictor steps of its layers, norm, projection and one
-  lm_head) / the measured device copy bandwidth, per frame = that / batch (KV reads and
-  activations ignored, so it is a lower bound while weight-bound).
+How (every number printed comes from this procedure):
+* **Variants are long-lived processes** (``--worker``), each holding its own model (random
+  weights at the chosen sizes: timing does not depend on their values) and built before the
+  first round: "ours" (this tree), "official" (``qwen-tts`` in ``.venv-oracle``), "ours@REV"
+  (``--baseline-commit``: that commit's engine, exported with ``git archive``), and on CUDA the
+  step-graph variants. Only one works at a time; the others wait on their stdin.
+* **Rounds**: at each batch size, every round runs each variant once, in an order rotated by
+  one per round (so no variant always goes first, or always runs right after another), and
+  the coordinator measures the machine's bandwidth in its own turn of the same round. Ratios
+  are taken between figures of the SAME round (same machine load), then summarised.
+* **Prefill and decode apart**, in every variant:
+  - ours: prefill = admitting B requests (tokenize, prompt, KV blocks) + the chunked prefill
+    forward(s) + code 0 of frame 0, i.e. until every row decodes; decode = one
+    ``TalkerSource.tick()`` in steady state (code predictor + talker step + sampling; no
+    admission, EOS blocked so every row emits one frame per tick);
+  - official: a forward pre-hook on its talker stamps each call; prefill = ``generate()``'s
+    start until the 2nd talker call starts (input embeds + prefill forward + first sampling);
+    decode step k = start of call k+1 .. start of call k+2 (code predictor's 15-step
+    ``generate()`` + talker step + HF's sampling loop), EOS unreachable;
+  - both drop their first decode step (warm-up after the other process ran) and time
+    ``--steps`` more; a turn reports its min and median step.
+* **Summary per variant and batch**: min and median over rounds of the turn medians (the
+  min is the least disturbed figure), ms per frame = step / B.
+* **Floor**: bytes one step must read (the weights of one frame: talker layers, norm, the
+  valid codec-head rows, 15 code-predictor passes; plus every row's K/V over its positions)
+  / the best measured read bandwidth (``sum`` over a 512 MiB tensor, same threads); and the
+  compute floor 2 x B x weights / the best measured GEMM FLOP/s; the floor is the larger.
+  "x floor" = the variant's min / that floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import torch  # noqa: E402
 
 SIZES = {  # talker hidden/layers/heads/kv/head_dim, predictor hidden/layers, G, codebook, text hidden
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, predictor_hidden=64, predictor_layers=2,
@@ -53,116 +66,228 @@ SIZES = {  # talker hidden/layers/heads/kv/head_dim, predictor hidden/layers, G,
                  predictor_kv_heads=8, groups=16, codebook=2048, text_hidden=2048),
 }
 TEXT = "Streaming speech from the talker, one frame at a time, for every utterance in the batch."
+REPLY = "BENCH "  # prefix of a worker's answer lines (anything else a library prints is ignored)
 
 
-def sync(device: torch.device) -> None:
+# --------------------------------------------------------------------------- shared helpers
+
+
+def sync(device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def frame_weight_bytes(talker, predictor) -> int:
-    """Weight bytes one frame reads: the talker step, then G-1 code-predictor steps."""
-    def size(module) -> int:
-        return sum(p.numel() * p.element_size() for p in module.parameters())
+def frame_weights(talker, predictor) -> tuple[int, int]:
+    """Weight bytes and elements one frame reads: the talker step, then G-1 code-predictor
+    steps (int8 layers, engines/models/quantize.py, count their int8 bytes and scales)."""
+    def size(module) -> tuple[int, int]:
+        b = sum(p.numel() * p.element_size() for p in module.parameters())
+        n = sum(p.numel() for p in module.parameters())
+        for m in module.modules():
+            if hasattr(m, "weight_bytes"):
+                b += m.weight_bytes
+                n += m.in_features * m.out_features
+        return b, n
 
-    head_row = talker.codec_head.weight[0].numel() * talker.codec_head.weight.element_size()
-    talker_bytes = size(talker.model.layers) + size(talker.model.norm) + talker.valid_ids.numel() * head_row
+    w = talker.codec_head.weight
+    parts = [size(talker.model.layers), size(talker.model.norm), (talker.valid_ids.numel() * w[0].numel() *
+                                                                   w.element_size(), talker.valid_ids.numel() * w[0].numel())]
     p = predictor
-    step = size(p.model.layers) + size(p.model.norm) + size(p.small_to_mtp_projection) + size(p.lm_head[0])
-    return talker_bytes + (talker.cfg.num_code_groups - 1) * step
+    step = [size(p.model.layers), size(p.model.norm), size(p.small_to_mtp_projection), size(p.lm_head[0])]
+    g = talker.cfg.num_code_groups - 1
+    return (sum(b for b, _ in parts) + g * sum(b for b, _ in step), sum(n for _, n in parts) + g * sum(n for _, n in step))
 
 
-def ours(size: str, device: torch.device, dtype: torch.dtype, batches: list[int], ticks: int,
-         graphed: bool = True, step_graphs: bool = False, compile_talker: bool = False) -> tuple[list[dict], float | None]:
-    """``step_graphs``: the whole decode step per static bucket (engines/runtime/graphed_talker.py,
-    captured on first use: the warm-up ticks) instead of the code predictor's graphs.
-    ``compile_talker``: the talker's layers through torch.compile too (STREAMVOX_COMPILE_TALKER=1)."""
-    from engines.contract import SynthesisRequest
-    from engines.pipelines.talker.source import TalkerSource
-    from service.settings import runtime_switches
-    from tests.talker_helpers import make_bundle
 
-    compile_backend = runtime_switches().compile_backend  # the engine's switches (STREAMVOX_COMPILE=0: none)
+def compile_backend(part: str) -> str | None:
+    """The engine's torch.compile switch for ``part`` (STREAMVOX_COMPILE*, read by the service's
+    settings); an older tree (``--variant`` at a previous commit) kept it in cuda_graphs."""
+    try:
+        from service.settings import runtime_switches
+    except ImportError:
+        from engines.runtime.cuda_graphs import compile_backend as older
 
-    bundle = make_bundle(seed=0, max_new_tokens=10_000, eos_gain=1.0, device=device, dtype=dtype, **SIZES[size])
-    if compile_talker and compile_backend("predictor"):  # the same switch as the engine's (STREAMVOX_COMPILE)
-        bundle.talker.compile_layers(compile_backend("predictor"))
-    floor_ms = None
+        return older(part)
+    return runtime_switches().compile_backend(part)
+
+def read_bandwidth(device, nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """Bytes/s of the fastest of ``reps`` full reads (a sum) of an ``nbytes`` tensor."""
+    import torch
+
     if device.type == "cuda":
         from bench_code_predictor import copy_bandwidth
 
-        floor_ms = frame_weight_bytes(bundle.talker, bundle.predictor) / copy_bandwidth(device) * 1e3
-    rows = []
-    predictor = bundle.predictor
-    if device.type == "cuda" and graphed and not step_graphs:  # as the engine runs it (engines/core/engine.py)
-        from engines.runtime.graphed_predictor import (
-            DEFAULT_BUCKETS,
-            GraphedCodePredictor,
-        )
+        return copy_bandwidth(device)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
 
-        predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(
-            b for b in DEFAULT_BUCKETS if b < max(batches)) + (max(batches),),
-            compile_backend=compile_backend("predictor"))
+
+def gemv_bandwidth(device, dtype, nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """Bytes/s of weights read by the library's own matrix-vector product (one row times a
+    [n, 4096] weight of ``nbytes``): what a weight-bound step can reach with these kernels."""
+    import torch
+    import torch.nn.functional as F
+
+    k = 4096
+    w = torch.ones(nbytes // (k * dtype.itemsize), k, device=device, dtype=dtype)
+    x = torch.ones(1, k, device=device, dtype=dtype)
+    F.linear(x, w)
+    sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        F.linear(x, w)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return w.numel() * dtype.itemsize / best
+
+
+def gemm_flops(device, dtype, n: int = 1024, reps: int = 5) -> float:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def reply(obj) -> None:
+    print(REPLY + json.dumps(obj), flush=True)
+
+
+def serve(run) -> None:
+    """A worker's loop: one JSON request per stdin line -> one reply line; EOF ends it."""
+    reply({"ready": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            reply(run(req["batch"], req["steps"]))
+        except Exception as exc:  # the coordinator prints it and goes on without this variant
+            import traceback
+
+            traceback.print_exc()
+            reply({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def stats_of(step_s: list[float], cpu_s: list[float] | None = None) -> dict:
+    out = {"step_min_ms": min(step_s) * 1e3, "step_med_ms": statistics.median(step_s) * 1e3}
+    if cpu_s:  # the worker thread's CPU time (torch at 1 thread runs on it): robust to a busy machine
+        out["step_cpu_ms"] = statistics.median(cpu_s) * 1e3
+    return out
+
+
+# --------------------------------------------------------------------------- ours (this tree or an old one)
+
+
+def ours_worker(args) -> None:
+    import dataclasses
+
+    import torch
+
+    from engines.contract import SynthesisRequest
+    from engines.pipelines.talker.source import TalkerSource
+    from tests.talker_helpers import make_bundle
+
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    mode = args.quantize[0] if args.quantize else None
+    if mode == "bf16":  # the whole talker in bfloat16 (weights, activations, KV)
+        dtype = torch.bfloat16
+    bundle = make_bundle(seed=0, max_new_tokens=100_000, eos_gain=1.0, device=device, dtype=dtype,
+                         **SIZES[args.size])
+    # EOS blocked (as the official run makes it unreachable): every row emits one frame per tick.
+    bundle.generation = dataclasses.replace(bundle.generation, min_new_tokens=10**9)
+    if mode == "int8":
+        from engines.models.quantize import quantize_talker
+
+        quantize_talker(bundle.talker, bundle.predictor, mode)
+    predictor = bundle.predictor
+    if device.type == "cuda" and args.variant == "ours":  # the code predictor's graphs, as the engine runs it
+        from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
+
+        top = max(args.batches)
+        predictor = GraphedCodePredictor(bundle.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < top) + (top,),
+                                         compile_backend=compile_backend("predictor"))
         predictor.capture_all()
-    for b in batches:
-        # The paged pool holds every row at 256 positions (prompt + 200 frames) with room to spare.
-        source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=256, kv_cache_gb=1024.0)
+    if args.variant == "ours+ctalk":
+        bundle.talker.compile_layers(compile_backend("predictor"))
+    weight_bytes, weight_elems = frame_weights(bundle.talker, bundle.predictor)
+    cfg = bundle.talker.cfg
+    kv_pos_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+    prompt_len = len(bundle.prompt.build(TEXT, "Ryan", non_streaming_mode=True).text_ids)
+    serial = 0
+
+    def run(b: int, steps: int) -> dict:
+        nonlocal serial
+        warm = 1 if args.variant == "ours" or device.type != "cuda" else 12  # step graphs capture first
+        # Every row says the same text: the prompt-prefix cache (where the tree has one) would
+        # serve all but the first from memory, while the official rows are all prefilled.
+        no_prefix = {"prefix_cache_fraction": 0.0} if "prefix_cache_fraction" in inspect.signature(
+            TalkerSource.__init__).parameters else {}
+        source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
+                                          kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor
-        if step_graphs:
+        if args.variant in ("ours+graphs", "ours+ctalk"):
             from engines.runtime.graphed_talker import GraphedTalkerStep
 
             source.step_runner = GraphedTalkerStep(source, compile_backend=compile_backend("predictor"))
-        serial = 0
-
-        def fill():
-            nonlocal serial
-            while source.free_slots():
-                source.admit(SynthesisRequest(id=f"u{serial}", text=TEXT, voice="Ryan", temperature=0),
-                             max_new_tokens=200)
-                serial += 1
-
-        fill()
-        for _ in range(3 if not step_graphs else 12):  # warm-up (step graphs: captures of the first block buckets)
-            source.tick()
-            fill()
-        sync(device)
-        frames, spent = 0, 0.0
-        for _ in range(ticks):
-            t0 = time.perf_counter()
-            out = source.tick()
-            sync(device)
-            spent += time.perf_counter() - t0
-            frames += sum(f.codes.shape[0] for f in out)
-            fill()  # a replacement's prefill runs in the next tick (chunked, beside the decode step)
-        # The talker step alone, at B rows, over the source's own paged cache.
-        t = bundle.talker
-        x = torch.randn(b, 1, t.cfg.hidden_size, device=device, dtype=dtype)
-        rows_idx = torch.arange(b, device=device)
-        pos = source.state.pos[:b, None].clone()
-        n_blocks = max(source.cache.row_blocks(r) for r in range(b))
         with torch.no_grad():
-            for _ in range(2):
-                t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
             sync(device)
             t0 = time.perf_counter()
-            reps = max(3, ticks // 2)
-            for _ in range(reps):
-                t.forward_paged(x, pos, source.cache, rows_idx, n_blocks, source.rope)
+            for _ in range(b):
+                source.admit(SynthesisRequest(id=f"u{serial}", text=TEXT, voice="Ryan", temperature=0,
+                                              non_streaming_mode=True), max_new_tokens=warm + steps + 8)
+                serial += 1
+            while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
+                source._prefill()
             sync(device)
-            step_ms = (time.perf_counter() - t0) * 1e3 / reps
-        variant = ("graphs+ctalk" if compile_talker else "step graphs") if step_graphs else "eager step"
-        rows.append(dict(variant=variant, batch=b, talker_step_ms=step_ms, tick_ms=spent * 1e3 / ticks,
-                         frame_ms=spent * 1e3 / max(frames, 1), frames=frames,
-                         kv_mib=source.cache.used_blocks * source.cache.memory_bytes() / source.cache.num_blocks / 2**20))
-    return rows, floor_ms
+            prefill = time.perf_counter() - t0
+            for _ in range(warm):
+                source.tick()
+            times, cpu = [], []
+            for _ in range(steps):
+                sync(device)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                out = source.tick()
+                sync(device)
+                times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                if sum(f.codes.shape[0] for f in out) != b:
+                    raise RuntimeError(f"a tick emitted {sum(f.codes.shape[0] for f in out)} frames, not {b}")
+        for rid in source.rows:
+            source.cancel(rid)
+        kv_positions = prompt_len + warm + steps / 2  # mean positions a row reads over the timed steps
+        return {"prefill_ms": prefill * 1e3, **stats_of(times, cpu if args.threads == 1 else None),
+                "prompt_len": prompt_len,
+                "weight_bytes": weight_bytes, "weight_elems": weight_elems,
+                "kv_bytes": b * kv_positions * kv_pos_bytes}
+
+    serve(run)
 
 
-def official_worker(size: str, device: str, dtype: str, batches: list[int], steps: int) -> None:
-    """Inside .venv-oracle: time the official generate(); prints one JSON line."""
+# --------------------------------------------------------------------------- official generate()
+
+
+def official_worker(args) -> None:
+    import torch
+
     sys.path.insert(0, str(REPO / "tests" / "oracle"))
     import official  # noqa: F401  (stubs, version pin)
 
-    s = SIZES[size]
+    s = SIZES[args.size]
     cb = s["codebook"]
     special = cb
     talker = dict(
@@ -187,33 +312,97 @@ def official_worker(size: str, device: str, dtype: str, batches: list[int], step
     cfg = official.Qwen3TTSConfig(talker_config=talker, speaker_encoder_config={}, tokenizer_type="qwen3_tts_tokenizer_12hz",
                                   tts_model_size="bench", tts_model_type="custom_voice", im_start_token_id=500,
                                   im_end_token_id=501, tts_pad_token_id=502, tts_bos_token_id=503, tts_eos_token_id=504)
-    dev = torch.device(device)
-    model = official.Qwen3TTSForConditionalGeneration(cfg).eval().to(dev, getattr(torch, dtype))
+    dev = torch.device(args.device)
+    model = official.Qwen3TTSForConditionalGeneration(cfg).eval().to(dev, getattr(torch, args.dtype))
+    stamps: list[float] = []
+
+    cpu_stamps: list[float] = []
+
+    def stamp(*_):
+        sync(dev)
+        stamps.append(time.perf_counter())
+        cpu_stamps.append(time.thread_time())
+
+    model.talker.register_forward_pre_hook(stamp)
     g = torch.Generator().manual_seed(0)
-    rows = []
-    for b in batches:
-        ids = [torch.cat([torch.tensor([[500, 10, 11]]), torch.randint(20, 400, (1, 20), generator=g),
+
+    def run(b: int, steps: int) -> dict:
+        # The same prompt length as ours: role, the body's token count, im_end + the next role.
+        ids = [torch.cat([torch.tensor([[500, 10, 11]]), torch.randint(20, 400, (1, args.body_tokens), generator=g),
                           torch.tensor([[501, 12, 500, 10, 11]])], dim=1).to(dev) for _ in range(b)]
-
-        def run(n):
-            model.generate(input_ids=ids, languages=["English"] * b, speakers=["ryan"] * b, non_streaming_mode=True,
-                           max_new_tokens=n, do_sample=False, subtalker_dosample=False,
-                           eos_token_id=special + 100)  # codec_pad: suppressed, so never generated
-
-        def timed(n):
+        stamps.clear()
+        cpu_stamps.clear()
+        with torch.no_grad():
             sync(dev)
             t0 = time.perf_counter()
-            run(n)
-            sync(dev)
-            return time.perf_counter() - t0
+            model.generate(input_ids=ids, languages=["English"] * b, speakers=["ryan"] * b, non_streaming_mode=True,
+                           max_new_tokens=steps + 3, do_sample=False, subtalker_dosample=False,
+                           eos_token_id=special + 100)  # codec_pad: suppressed, so never generated
+        starts = stamps[1:]  # call 1 is the prefill
+        times = [b1 - a1 for a1, b1 in zip(starts, starts[1:])][1:steps + 1]  # the first decode step is warm-up
+        if len(times) < steps:
+            raise RuntimeError(f"official generate() made {len(stamps)} talker calls, {steps + 3} expected")
+        cpu_starts = cpu_stamps[1:]
+        cpu = [b1 - a1 for a1, b1 in zip(cpu_starts, cpu_starts[1:])][1:steps + 1]
+        return {"prefill_ms": (starts[0] - t0) * 1e3, **stats_of(times, cpu if args.threads == 1 else None)}
 
-        run(3)
-        # Decode only: the same prompt run for 2 and for `steps` new tokens; the difference
-        # leaves the prefill (and the first step) out, as our tick figures do.
-        short, long = timed(2), timed(steps)
-        step_ms = max(long - short, 0.0) * 1e3 / (steps - 2)
-        rows.append(dict(batch=b, step_ms=step_ms, frame_ms=step_ms / b, prefill_ms=max(short * 1e3 - step_ms, 0.0)))
-    print(json.dumps(rows))
+    serve(run)
+
+
+# --------------------------------------------------------------------------- coordinator
+
+
+class Worker:
+    """A variant's long-lived process; ``ask`` sends one request and waits for its reply."""
+
+    def __init__(self, name: str, cmd: list[str], cwd: Path, env: dict):
+        self.name = name
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.alive = self._read() is not None
+
+    def _read(self) -> dict | None:
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])
+        return None
+
+    def ask(self, batch: int, steps: int) -> dict | None:
+        if not self.alive:
+            return None
+        self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
+        self.proc.stdin.flush()
+        got = self._read()
+        if got is None or "error" in got:
+            print(f"  {self.name} at batch {batch}: {got and got['error'] or 'the process died'}", flush=True)
+            self.alive = got is not None
+            return None
+        return got
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def export_commit(rev: str) -> Path:
+    """That commit's tree in a temporary folder (git archive: the checkout itself is untouched)."""
+    out = Path(tempfile.mkdtemp(prefix="bench-talker-"))
+    archive = subprocess.run(["git", "archive", rev], cwd=REPO, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+def machine_line(device) -> str:
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+    return (f"device {device} ({name}); {os.cpu_count()} CPUs; torch {torch.__version__}; "
+            f"threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
@@ -221,74 +410,169 @@ def main() -> None:
     ap.add_argument("--size", default="small", choices=sorted(SIZES))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--official-batches", type=int, nargs="+", default=None,
-                    help="batches for the official baseline (default: --batches; it is slow at large ones)")
-    ap.add_argument("--eager-predictor", action="store_true", help="CUDA: skip the code predictor's graphs")
-    # both variants compile the code predictor's layers as the engine does (STREAMVOX_COMPILE=0: not)
-    ap.add_argument("--step-graphs", action="store_true",
-                    help="CUDA: also time the whole decode step replayed as one graph per bucket (same run)")
-    ap.add_argument("--compile-talker", action="store_true",
-                    help="also time the step graphs with the talker's layers compiled (STREAMVOX_COMPILE_TALKER=1)")
-    ap.add_argument("--ticks", type=int, default=20, help="timed ticks per batch size")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
-    ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle baseline")
-    ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"),
-                    help="python with qwen-tts for the official baseline (default: .venv-oracle)")
-    ap.add_argument("--official-worker", action="store_true", help=argparse.SUPPRESS)
+                    help="batches the official variant runs at (default: --batches; it is slow at large ones)")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of every variant per batch size")
+    ap.add_argument("--steps", "--ticks", type=int, default=4, dest="steps", help="timed decode steps per turn")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every process (0 = default)")
+    ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
+    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "bf16"],
+                    help="also time ours with int8 weights (engines/models/quantize.py) and/or all in bf16")
+    ap.add_argument("--step-graphs", action="store_true", help="CUDA: also ours with the whole step as CUDA graphs")
+    ap.add_argument("--compile-talker", action="store_true", help="CUDA: also step graphs + compiled talker layers")
+    ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
+    ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
+    ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
+    ap.add_argument("--json", default=None, help="write every turn's figures here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
+    ap.add_argument("--variant", default="ours", help=argparse.SUPPRESS)
+    ap.add_argument("--body-tokens", type=int, default=20, help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    if args.official_worker:
-        with torch.no_grad():
-            official_worker(args.size, str(device), args.dtype, args.batches, args.ticks + 1)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    if args.worker:
+        sys.path.insert(0, args.worker if args.worker != "official" else str(REPO))
+        sys.path.insert(1, str(REPO / "benchmarks"))
+        (official_worker if args.worker == "official" else ours_worker)(args)
         return
+    sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-    print(f"talker bench: size={args.size} device={device} dtype={args.dtype} threads={torch.get_num_threads()}")
-    mine, floor_ms = ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks,
-                          graphed=not args.eager_predictor)
-    for wanted, compile_talker in ((args.step_graphs, False), (args.compile_talker, True)):
-        if not wanted:
-            continue
-        try:
-            mine += ours(args.size, device, getattr(torch, args.dtype), args.batches, args.ticks, step_graphs=True,
-                         compile_talker=compile_talker)[0]
-        except Exception:  # the other rows still print
-            traceback.print_exc()
-            print(f"step graphs{' with the talker compiled' if compile_talker else ''} failed (traceback above)")
-    theirs: dict[int, dict] = {}
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1")
+    common = ["--size", args.size, "--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads),
+              "--batches", *map(str, args.batches)]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    specs = [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
+    if device.type == "cuda" and args.step_graphs:
+        specs.append(("ours+graphs", me + ["--worker", str(REPO), "--variant", "ours+graphs"], REPO))
+    if device.type == "cuda" and args.compile_talker:
+        specs.append(("ours+ctalk", me + ["--worker", str(REPO), "--variant", "ours+ctalk"], REPO))
+    for mode in args.quantize:
+        specs.append((f"ours {mode}", me + ["--worker", str(REPO), "--variant", "ours", "--quantize", mode], REPO))
+    old_tree = None
+    if args.baseline_commit:
+        old_tree = export_commit(args.baseline_commit)
+        rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_commit], cwd=REPO, capture_output=True,
+                             text=True).stdout.strip()
+        specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
     oracle = Path(args.oracle_python)
-    if not args.no_official and oracle.is_file():
-        cmd = [str(oracle), __file__, "--official-worker", "--size", args.size, "--device", str(device),
-               "--dtype", args.dtype, "--ticks", str(args.ticks),
-               "--batches", *map(str, args.official_batches or args.batches)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        env = dict(os.environ, TRANSFORMERS_VERBOSITY="error")
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-        if res.returncode == 0:
-            theirs = {r["batch"]: r for r in json.loads(res.stdout.strip().splitlines()[-1])}
+    if not args.no_official:
+        if oracle.is_file():
+            from tests.talker_helpers import make_tokenizer  # the body length of ours' prompt, for the same prompt
+
+            body = len(make_tokenizer().encode(f"<|im_start|>assistant\n{TEXT}<|im_end|>\n<|im_start|>assistant\n")) - 8
+            specs.append(("official", [str(oracle), str(Path(__file__).resolve()), "--worker", "official",
+                                       "--body-tokens", str(body)], REPO))
         else:
-            print("official baseline failed:\n" + res.stderr[-2000:])
-    elif not args.no_official:
-        print("(no .venv-oracle: official baseline skipped; build it with scripts/oracle-env.sh)")
-    if floor_ms is not None:
-        print(f"memory floor: one frame's weights / measured copy bandwidth = {floor_ms:.3f} ms at batch 1")
-    print(f"{'variant':>12} | {'batch':>5} | {'talker step ms':>14} | {'tick ms':>8} | {'ms/frame':>8} | {'KV MiB used':>11} | "
-          f"{'floor ms/frame':>14} | {'x floor':>7} || {'official step ms':>16} | {'official ms/frame':>17} | "
-          f"{'official/ours':>13}")
-    for r in mine:
-        o = theirs.get(r["batch"])
-        off = (f"{o['step_ms']:16.2f} | {o['frame_ms']:17.2f} | {o['frame_ms'] / r['frame_ms']:13.2f}" if o
-               else f"{'-':>16} | {'-':>17} | {'-':>13}")
-        floor = f"{floor_ms / r['batch']:14.4f} | {r['frame_ms'] / (floor_ms / r['batch']):7.1f}" if floor_ms else (
-            f"{'n/a':>14} | {'n/a':>7}")
-        print(f"{r['variant']:>12} | {r['batch']:5d} | {r['talker_step_ms']:14.2f} | {r['tick_ms']:8.2f} | {r['frame_ms']:8.2f} | "
-              f"{r['kv_mib']:11.1f} | {floor} || {off}")
-    skipped = sorted(set(args.batches) - set(theirs)) if theirs else []
-    if skipped:
-        print(f"(official baseline not run at batch {', '.join(map(str, skipped))}: --official-batches)")
+            print("(no .venv-oracle: the official variant is skipped; build it with scripts/oracle-env.sh)")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    print(f"talker bench: size={args.size} dtype={args.dtype} rounds={args.rounds} steps/turn={args.steps} "
+          f"commit {head.strip()}{' (+ local changes)' if dirty else ''}")
+    print(machine_line(device), flush=True)
+
+    workers = []
+    try:
+        for name, cmd, cwd in specs:  # built one after another: the loads do not overlap the rounds
+            w = Worker(name, cmd + common, cwd, env)
+            print(f"  {name}: {'ready' if w.alive else 'FAILED to start'}", flush=True)
+            workers.append(w)
+        turns = run_rounds(args, device, workers)
+    finally:
+        for w in workers:
+            w.close()
+    report(args, device, [w.name for w in workers], turns)
+    if args.json:
+        Path(args.json).write_text(json.dumps(turns, indent=1))
+
+
+def run_rounds(args, device, workers: list[Worker]) -> list[dict]:
+    """Every (batch, round, variant) turn, rotating the variants' order by one per round; the
+    coordinator's own turn measures bandwidth and GEMM throughput."""
+    import torch
+
+    turns = []
+    official_batches = set(args.official_batches or args.batches)
+    for b in args.batches:
+        for r in range(args.rounds):
+            players = [w for w in workers if w.name != "official" or b in official_batches] + [None]
+            k = r % len(players)
+            for w in players[k:] + players[:k]:
+                if w is None:
+                    dtype = getattr(torch, args.dtype)
+                    turns.append(dict(variant="machine", batch=b, round=r, bandwidth=read_bandwidth(device),
+                                      gemv=gemv_bandwidth(device, dtype), flops=gemm_flops(device, dtype)))
+                    continue
+                got = w.ask(b, args.steps)
+                if got is not None:
+                    turns.append(dict(variant=w.name, batch=b, round=r, **got))
+                    print(f"  batch {b} round {r} {w.name}: prefill {got['prefill_ms']:.1f} ms, decode step "
+                          f"min {got['step_min_ms']:.1f} / median {got['step_med_ms']:.1f} ms", flush=True)
+    return turns
+
+
+def report(args, device, names: list[str], turns: list[dict]) -> None:
+    machine = [t for t in turns if t["variant"] == "machine"]
+    if not machine:
+        return
+    bw = max(t["bandwidth"] for t in machine)
+    flops = max(t["flops"] for t in machine)
+    gemv = max(t["gemv"] for t in machine)
+    print(f"\nmachine: best read bandwidth {bw / 1e9:.1f} GB/s (median {statistics.median(t['bandwidth'] for t in machine) / 1e9:.1f}), "
+          f"best GEMV {gemv / 1e9:.1f} GB/s of weights, best GEMM {flops / 1e9:.1f} GFLOP/s ({args.dtype}, {args.threads or 'default'} threads); "
+          f"load average now {os.getloadavg()[0]:.2f}")
+    print("decode = one step of B rows (code predictor + talker step + sampling); min / median over rounds of each "
+          "turn's median; ms/frame = min step / B; floor = max(bytes read / bandwidth, 2 x B x weights / GEMM FLOP/s); 'GEMV floor': the same with the "
+          "bandwidth torch's own matrix-vector product reaches")
+    cols = (f"{'variant':>14} | {'B':>3} | {'prefill ms min / med':>21} | {'step ms min / med':>19} | "
+            f"{'ms/frame':>9} | {'floor ms':>9} | {'x floor':>7} | {'GEMV floor':>10} | {'x GEMV fl':>9} | "
+            f"{'CPU ms/step':>11}")
+    print(cols)
+    print("-" * len(cols))
+    for b in args.batches:
+        fp = next((t for t in turns if t["batch"] == b and t["variant"] == "ours"), None)
+        for name in names:
+            mine = [t for t in turns if t["variant"] == name and t["batch"] == b]
+            if not mine:
+                continue
+            # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads
+            ref = mine[0] if "weight_bytes" in mine[0] else fp
+            floor_ms = gemv_ms = None
+            if ref:
+                bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
+                # compute floor from the fp32 GEMM rate: not a bound for int8 kernels, left out there
+                comp = 0.0 if "int8" in name else 2 * b * ref["weight_elems"] / flops
+                floor_ms = max(bytes_read / bw, comp) * 1e3
+                gemv_ms = max(bytes_read / gemv, comp) * 1e3
+            pre = [t["prefill_ms"] for t in mine]
+            step = [t["step_med_ms"] for t in mine]
+            best = min(step)
+            fl = (f"{floor_ms:9.4g} | {best / floor_ms:7.2f} | {gemv_ms:10.4g} | {best / gemv_ms:9.2f}" if floor_ms
+                  else f"{'-':>9} | {'-':>7} | {'-':>10} | {'-':>9}")
+            cpu = [t["step_cpu_ms"] for t in mine if "step_cpu_ms" in t]
+            cpu_cell = f"{min(cpu):11.1f}" if cpu else f"{'-':>11}"
+            print(f"{name:>14} | {b:3d} | {min(pre):9.1f} / {statistics.median(pre):9.1f} | "
+                  f"{best:8.1f} / {statistics.median(step):8.1f} | {best / b:9.2f} | {fl} | {cpu_cell}")
+    print("\nratios within a round (other / ours; > 1 = ours faster), min .. median .. max over rounds:")
+    for b in args.batches:
+        for name in names[1:]:
+            for what, key in (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"), ("prefill", "prefill_ms")):
+                rs = []
+                for r in range(args.rounds):
+                    a = next((t for t in turns if t["variant"] == "ours" and t["batch"] == b and t["round"] == r), None)
+                    o = next((t for t in turns if t["variant"] == name and t["batch"] == b and t["round"] == r), None)
+                    if a and o and key in a and key in o:
+                        rs.append(o[key] / a[key])
+                if rs:
+                    print(f"  B={b:3d} {what:>7} {name:>14} / ours: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "
+                          f"{max(rs):.2f}")
 
 
 if __name__ == "__main__":

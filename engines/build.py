@@ -60,13 +60,18 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  backend: str = "torch", artifacts_dir: str | None = None,
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
                  prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None,
-                 aligner: str | None = None) -> Engine:
+                 aligner: str | None = None, prefix_cache_fraction: float | None = None,
+                 quantize: str | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
     ``source=None`` picks the talker when the checkpoint has trained talker weights, else the DiT.
     ``backend`` runs the DiT and codec decoder with torch, onnxruntime or tensorrt
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
+    ``prefix_cache_fraction``: share of the talker's KV pool that shared prompt prefixes may
+    keep (engines/models/prefix_cache.py; None = the source's default, 0 = off).
+    ``quantize="int8"``: the talker's and code predictor's linear layers with int8 weights (CPU,
+    float32; engines/models/quantize.py; greedy codes then differ from the official ones).
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
     ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
@@ -95,6 +100,10 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
             from engines.pipelines.talker.reference import TalkerBundle
 
             talker = TalkerBundle.from_checkpoint(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+            if quantize:
+                from engines.models.quantize import quantize_talker
+
+                quantize_talker(talker.talker, talker.predictor, quantize)
     else:
         models = build_models(config, seed)
     if backend != "torch":
@@ -116,7 +125,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
                   switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                    ("prefill_token_budget", prefill_token_budget)) if v is not None})
+                                                    ("prefill_token_budget", prefill_token_budget),
+                                                    ("prefix_cache_fraction", prefix_cache_fraction))
+                                  if v is not None})
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:

@@ -120,6 +120,11 @@ class SynthesisRequest:
     # Fairness: who asked, for identity-fair slot ordering (core/scheduler.py).
     # The service sets the API key digest or the client address; "" = no identity (FIFO).
     tenant: str = ""
+    # Talker prompt-prefix cache namespace (engines/models/prefix_cache.py): K/V of a prompt
+    # prefix is shared only between requests with the same owner. None = ``tenant``. A cloned
+    # voice (``clone``) with an empty owner is never cached. The service sets the API key's
+    # digest for saved voices, and may set "" for built-in speakers so every key shares them.
+    prefix_owner: str | None = None
 
     timestamps: bool = False
     """Word timestamps wanted: the final chunk carries the :class:`Alignment` of the request's

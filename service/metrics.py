@@ -109,8 +109,9 @@ class _StageCollector:
 
 
 class _KVCacheCollector:
-    """The talker's paged KV pool: ``streamvox_kv_cache_blocks{state=used|total}`` and
-    ``streamvox_kv_cache_admission_waits_total`` (steps in which a free row waited for blocks)."""
+    """The talker's paged KV pool: ``streamvox_kv_cache_blocks{state=used|total}``,
+    ``streamvox_kv_cache_admission_waits_total`` (steps in which a free row waited for blocks) and
+    the prompt-prefix cache's ``streamvox_prefix_cache_*`` (lookups by outcome, evictions, reused positions)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -127,3 +128,18 @@ class _KVCacheCollector:
                                     "Steps in which a free talker row waited for KV cache blocks")
         waits.add_metric([], stats["admission_waits"])
         yield waits
+        if "prefix_hits" not in stats:  # the prompt-prefix cache is off
+            return
+        lookups = CounterMetricFamily("streamvox_prefix_cache_lookups",
+                                      "Talker prompt-prefix cache lookups by outcome", labels=["outcome"])
+        lookups.add_metric(["hit"], stats["prefix_hits"])
+        lookups.add_metric(["miss"], stats["prefix_misses"])
+        yield lookups
+        evictions = CounterMetricFamily("streamvox_prefix_cache_evictions",
+                                        "Prompt-prefix KV blocks evicted to make room (LRU)")
+        evictions.add_metric([], stats["prefix_evictions"])
+        yield evictions
+        reused = CounterMetricFamily("streamvox_prefix_cache_reused_positions",
+                                     "Prompt positions served from the prefix cache instead of prefilled")
+        reused.add_metric([], stats["prefix_hit_positions"])
+        yield reused

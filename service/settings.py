@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         "wait when it is full", gt=0)
     prefill_token_budget: int = option(
         512, "talker prompt positions prefilled per step, interleaved with decoding", ge=1)
+    prefix_cache_fraction: float | None = option(
+        None, "share of the talker's KV pool that shared prompt prefixes (speaker prompts, saved voices) may "
+        "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)
+    quantize: Literal["int8"] | None = option(
+        None, "talker and code predictor linear layers with int8 weights (CPU, float32; docs/QUANTIZATION.md)")
     # --- end talker at scale
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")

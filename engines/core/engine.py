@@ -142,7 +142,7 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
-            # talker_options: kv_cache_gb, prefill_token_budget (engines/pipelines/talker/source.py)
+            # talker_options: kv_cache_gb, prefill_token_budget, prefix_cache_fraction (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
             talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready

@@ -27,6 +27,7 @@ from engines.models.layers import (
     DecoderLayer,
     RMSNorm,
     compile_block_call,
+    prepare_rope,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -125,15 +126,30 @@ class CodePredictor(nn.Module):
             self.kv_cache = c
         return c
 
+    def _tables(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions 0..G-1, their cos/sin [1, G, hd] and the causal mask [G, G], computed once per
+        device and dtype (a frame's 15 passes only slice them: fewer ops per step)."""
+        key = (canonical_device(device), dtype)
+        if self._table_key != key:
+            g = self.cfg.num_code_groups
+            positions = torch.arange(g, device=device)
+            cos, sin = prepare_rope(*self._rope(positions, 1, dtype))  # [1, 1, G, hd]
+            # Query at position p sees cache slots <= p; slots beyond hold stale rows and are masked.
+            self._table = (positions, cos, sin, positions[None, :] <= positions[:, None])
+            self._table_key = key
+        return self._table
+
+    _table_key = None
+    _table: tuple | None = None
+
     def _run(self, x: torch.Tensor, pos: int, cache: StaticKVCache, head: int) -> torch.Tensor:
         """Inputs x [B, S, D] at positions pos.. through the layers (KV written to the cache);
         only the last position goes through the final norm and lm_head[head] -> [B, V]."""
         b, s, _ = x.shape
-        g = self.cfg.num_code_groups
-        positions = torch.arange(pos, pos + s, device=x.device)
-        cos, sin = self._rope(positions, b, x.dtype)
-        # Query at position p sees cache slots <= p; slots beyond hold stale rows and are masked.
-        mask = torch.arange(g, device=x.device)[None, :] <= positions[:, None]  # [S, G]
+        all_positions, all_cos, all_sin, all_mask = self._tables(x.device, x.dtype)
+        positions = all_positions[pos:pos + s]
+        cos, sin = all_cos[:, :, pos:pos + s], all_sin[:, :, pos:pos + s]  # [1, 1, S, hd]: broadcast over rows
+        mask = all_mask[pos:pos + s]  # [S, G]
         step = self.layer_step or _call_layer
         for i, layer in enumerate(self.model.layers):
             x = step(layer, x, cos, sin, mask, *cache.layer(i, b), positions)

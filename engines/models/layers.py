@@ -25,8 +25,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        # fp32 input: no casts at all (each is a dispatched op; a decode step runs ~400 norms)
+        wide = x.dtype == torch.float32
+        xf = x if wide else x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if not wide:
+            y = y.to(x.dtype)
         return self.weight * y if self.weight is not None else y
 
 
@@ -40,19 +44,21 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:  # fused at load (``fuse``): one GEMM for gate and up
+        # fused at load (``fuse``): one GEMM for gate and up, up to ``fused_rows`` rows
+        if self.gate_up is not None and x.numel() <= self.fused_rows * x.shape[-1]:
             gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     gate_up: torch.Tensor | None = None
+    fused_rows: float = float("inf")  # more rows: the separate GEMMs (``choose_fused_rows``)
 
     @torch.no_grad()
     def fuse(self) -> None:
         """One [gate; up] weight matrix; the two parameters become views of it (no extra memory,
         state_dict unchanged). Call after the module is on its device and dtype."""
-        if self.gate_up is not None:
-            return
+        if self.gate_up is not None or not all(isinstance(p, nn.Linear) for p in (self.gate_proj, self.up_proj)):
+            return  # fused already, or quantized (engines/models/quantize.py)
         fused = torch.cat([self.gate_proj.weight, self.up_proj.weight])
         n = self.gate_proj.out_features
         self.gate_proj.weight.data, self.up_proj.weight.data = fused[:n], fused[n:]
@@ -108,11 +114,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]. The rotation runs in the promoted dtype of x and
-    cos/sin and the result has x's dtype: tables in x's dtype give the official Qwen3 math,
-    fp32 tables (the DiT's) rotate bf16 activations in fp32."""
-    cos, sin = cos[:, None], sin[:, None]
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+    """x [B, H, S, hd]; cos/sin [B, S, hd], or [B, 1, S, hd] from :func:`prepare_rope`. The
+    rotation runs in the promoted dtype of x and cos/sin and the result has x's dtype: tables
+    in x's dtype give the official Qwen3 math, fp32 tables (the DiT's) rotate bf16 activations
+    in fp32."""
+    if cos.dim() == 4:  # prepared: rotate_half(x) * sin == roll(x, hd/2) * sin_signed, bit for bit
+        out = x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+    else:
+        out = x * cos[:, None] + rotate_half(x) * sin[:, None]
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, S, hd] -> [B, 1, S, hd] with sin's first half negated, which
+    :func:`apply_rope` applies with one roll instead of rotate_half's chunk/neg/cat (fewer
+    ops per layer; (-a) * b == a * (-b) exactly, so the result is the same). Prepare once per
+    forward, every layer reuses it."""
+    h = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[..., :h], sin[..., h:]), dim=-1)[:, None]
 
 
 # --------------------------------------------------------------------------- attention
@@ -138,7 +157,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ``scale`` None is SDPA's own 1/sqrt(hd), which is not always the same float as the
     ``hd ** -0.5`` the official Qwen3 code passes: each caller keeps its own."""
     rep = q.shape[1] // k.shape[1]
-    out = F.scaled_dot_product_attention(q, expand_kv(k, rep), expand_kv(v, rep), attn_mask=mask, scale=scale)
+    if rep > 1 and q.device.type == "cpu" and not torch.onnx.is_in_onnx_export():
+        # the kernel maps query heads to K/V heads itself: no copy of K/V per query head (at 64
+        # rows over the talker's cache that copy was ~8 % of a step); same bits on CPU (tested)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    else:
+        out = F.scaled_dot_product_attention(q, expand_kv(k, rep), expand_kv(v, rep), attn_mask=mask, scale=scale)
     b, h, s, hd = out.shape
     return out.transpose(1, 2).reshape(b, s, h * hd)
 
@@ -179,7 +203,7 @@ class Attention(nn.Module):
         # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
         # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
         (b, s), n = x.shape[:2], src.shape[1]
-        if self.qkv_weight is not None and memory is None:  # fused at load (``fuse_qkv``): one GEMM
+        if self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
             q, k, v = F.linear(x, self.qkv_weight).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(src), self.v_proj(src)
@@ -194,15 +218,17 @@ class Attention(nn.Module):
         return q, k, v
 
     qkv_weight: torch.Tensor | None = None
+    fused_rows: float = float("inf")  # more rows: the separate GEMMs (``choose_fused_rows``)
 
     @torch.no_grad()
     def fuse_qkv(self) -> None:
         """One [q; k; v] weight matrix for self-attention without biases; the three parameters
         become views of it (no extra memory, state_dict unchanged). Call after the module is on
         its device and dtype."""
-        if self.qkv_weight is not None or self.q_proj.bias is not None or (
+        if self.qkv_weight is not None or not all(isinstance(p, nn.Linear) for p in (
+                self.q_proj, self.k_proj, self.v_proj)) or self.q_proj.bias is not None or (
                 self.q_proj.in_features != self.k_proj.in_features):
-            return  # fused already, biased, or cross-attention
+            return  # fused already, quantized, biased, or cross-attention
         projs = (self.q_proj, self.k_proj, self.v_proj)
         fused = torch.cat([p.weight for p in projs])
         self._qkv_sizes = [p.out_features for p in projs]
@@ -268,6 +294,36 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.finish(x, *self.qkv(x, cos, sin), mask)
+
+
+def choose_fused_rows(fused: torch.Tensor, sizes: list[int], rows: tuple[int, ...] = (1, 8, 64),
+                      reps: int = 9, margin: float = 1.08) -> float:
+    """The most rows at which one GEMM over the fused weight (then split) is not slower than
+    one GEMM per part, measured here (median thread CPU time over ``reps``; both give the same
+    bits on CPU). Above it the separate GEMMs run; inf when fused wins at every size tried
+    (e.g. on this project's 2-core CPU, separate ones are ~15 % faster from 8 rows up)."""
+    import time
+
+    parts = fused.split(sizes)
+    best = 0.0
+    for r in rows:
+        x = torch.randn(r, fused.shape[1], dtype=fused.dtype, device=fused.device)
+
+        def median(fn) -> float:
+            fn()
+            samples = []
+            for _ in range(reps):
+                t0 = time.thread_time()
+                fn()
+                samples.append(time.thread_time() - t0)
+            return sorted(samples)[reps // 2]
+
+        one = median(lambda: F.linear(x, fused).split(sizes, dim=-1))
+        several = median(lambda: [F.linear(x, p) for p in parts])
+        if one > margin * several:  # clearly slower (equal within noise: fewer ops, keep fused)
+            return best if best else 0.0
+        best = float(r)
+    return float("inf")
 
 
 def compile_block_call(fn, backend: str):

@@ -68,6 +68,12 @@ class PagedKVCache:
         self._free = list(range(num_blocks - 1, 0, -1))  # pop() hands out low ids first; 0 is the null block
         self._table_writes: list[tuple[int, int, int]] = []  # (row, column, block) not yet on the device
         self._offsets = torch.arange(block_size, device=device, dtype=torch.int64)
+        # Holders per block: rows that own it + the prefix index (engines/models/prefix_cache.py);
+        # a block returns to the free list when its last holder lets go.
+        self._holders = [0] * num_blocks
+        # A prefix index (engines/models/prefix_cache.py) sets itself here: evictable() -> blocks
+        # only it holds, evict(n) -> how many of them it gave back to the free list.
+        self.evictor = None
 
     @classmethod
     def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: float, block_size: int, rows: int,
@@ -88,11 +94,12 @@ class PagedKVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a row can be given now: the free list plus prefix-index blocks nobody uses."""
+        return len(self._free) + (self.evictor.evictable() if self.evictor is not None else 0)
 
     @property
     def used_blocks(self) -> int:
-        return self.capacity_blocks - len(self._free)
+        return self.capacity_blocks - self.free_blocks
 
     def blocks_for(self, positions: int) -> int:
         return math.ceil(positions / self.block_size)
@@ -109,6 +116,8 @@ class PagedKVCache:
         if self.blocks_for(positions) > self.max_blocks_per_row:
             raise KVPoolExhausted(f"{positions} positions pass the cache's {self.max_blocks_per_row * self.block_size}"
                                   f"-position limit per stream")
+        if need > len(self._free) and self.evictor is not None:
+            self.evictor.evict(need - len(self._free))
         if need > len(self._free):
             raise KVPoolExhausted(f"the KV cache pool has {len(self._free)} free blocks of {self.block_size} "
                                   f"positions, {need} more needed (pool: {self.capacity_blocks} blocks; raise "
@@ -116,8 +125,42 @@ class PagedKVCache:
         owned = self._owned[row]
         for _ in range(need):
             block = self._free.pop()
+            self._holders[block] = 1
             self._table_writes.append((row, len(owned), block))
             owned.append(block)
+
+    def adopt(self, row: int, blocks: list[int]) -> None:
+        """Append blocks another holder keeps (a shared prompt prefix) to an empty ``row``:
+        read-only for it, since it writes only positions past them."""
+        owned = self._owned[row]
+        if owned:
+            raise ValueError("a row adopts shared blocks before it takes any of its own")
+        for block in blocks:
+            self.hold(block)
+            self._table_writes.append((row, len(owned), block))
+            owned.append(block)
+
+    def owned(self, row: int) -> list[int]:
+        return list(self._owned[row])
+
+    def holders(self, block: int) -> int:
+        return self._holders[block]
+
+    def hold(self, block: int) -> None:
+        self._holders[block] += 1
+
+    def drop(self, block: int) -> None:
+        """One holder lets go; the last one returns the block to the free list."""
+        self._holders[block] -= 1
+        if self._holders[block] == 0:
+            self._free.append(block)
+
+    def copy_positions(self, src: int, dst: int, n: int) -> None:
+        """The first ``n`` slots of block ``src`` into block ``dst``, every layer's K and V
+        (copy-on-write of a partially shared block)."""
+        a, b = src * self.block_size, dst * self.block_size
+        for pool in (*self.k, *self.v):
+            pool[b:b + n] = pool[a:a + n]
 
     def flush(self) -> None:
         """The block-table entries handed out since the last flush reach the device: one upload
@@ -134,7 +177,8 @@ class PagedKVCache:
         if owned:
             self.flush()  # entries still queued for this row land before they are cleared
             self.table[row, : len(owned)] = 0
-            self._free.extend(reversed(owned))
+            for block in reversed(owned):
+                self.drop(block)
             owned.clear()
 
     # ---------------------------------------------------------------- device: addressing

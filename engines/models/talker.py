@@ -29,7 +29,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.models.configs import Qwen3LayerConfig
-from engines.models.layers import DecoderLayer, RMSNorm, compile_block_call, mrope_cos_sin, rope_inv_freq
+from engines.models.layers import (
+    DecoderLayer,
+    RMSNorm,
+    choose_fused_rows,
+    compile_block_call,
+    mrope_cos_sin,
+    prepare_rope,
+    rope_inv_freq,
+)
 from engines.models.paged_kv import PagedKVCache, gather_pool, write_pool
 
 
@@ -192,13 +200,26 @@ class Talker(nn.Module):
             x = layer(x, cos, sin, mask, kv, rows, positions)
         return self.model.norm(x[:, -1])
 
-    def fuse_projections(self) -> None:
+    def fuse_projections(self, measure: bool | None = None) -> None:
         """At load: each layer's q/k/v and gate/up weights as one matrix each (one GEMM instead of
         three / two; the parameters become views, so no extra memory). Bitwise the same
-        outputs on CPU (tests/engines/pipelines/talker/test_talker_paged.py); call once the talker is on its device."""
+        outputs on CPU (tests/engines/pipelines/talker/test_talker_paged.py); call once the talker is on its device.
+        ``measure`` (default: on CPU) times fused against separate GEMMs on the first layer
+        and keeps the fused one only up to the rows where it is not slower (``choose_fused_rows``);
+        on CUDA the step is launch bound and fused always."""
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse()
+        first = self.model.layers[0]
+        if measure is None:
+            measure = first.mlp.gate_up is not None and first.mlp.gate_up.device.type == "cpu"
+        if not measure or first.self_attn.qkv_weight is None or first.mlp.gate_up is None:
+            return
+        with torch.no_grad():
+            attn_rows = choose_fused_rows(first.self_attn.qkv_weight, first.self_attn._qkv_sizes)
+            mlp_rows = choose_fused_rows(first.mlp.gate_up, [first.mlp.gate_up.shape[0] // 2] * 2)
+        for layer in self.model.layers:
+            layer.self_attn.fused_rows, layer.mlp.fused_rows = attn_rows, mlp_rows
 
     def rope_table(self, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [positions, hd] for text-only positions 0..positions-1 (the three M-RoPE
@@ -219,7 +240,7 @@ class Talker(nn.Module):
         positions' own slots) lets padding write into the null block. ``rope`` is
         :meth:`rope_table`'s (cos, sin)."""
         b, s, _ = x.shape
-        cos, sin = rope[0][positions], rope[1][positions]  # [B, S, hd]
+        cos, sin = prepare_rope(rope[0][positions], rope[1][positions])  # [B, 1, S, hd], once for every layer
         if write_slots is None:
             write_slots = cache.slots(rows, positions)
         read_slots = cache.read_slots(rows, n_blocks)

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from engines.checkpoints.qwen3_aligner import AlignerParts, load_aligner
-from engines.models.mel import WhisperLogMel
 from engines.models.forced_aligner import cnn_output_length
+from engines.models.mel import WhisperLogMel
 from engines.pipelines.aligner.timestamps import class_times, fix_timestamps
 from engines.pipelines.aligner.words import (
     UnsupportedLanguage,

@@ -57,6 +57,22 @@ class TalkerPrompt:
     def __len__(self) -> int:
         return len(self.text_ids)
 
+    def position_inputs(self) -> list[bytes]:
+        """What defines each prefill position's input, as bytes (the prefix cache's key
+        material): its text and codec ids, and for an EMBEDDED position the vector itself, or
+        the reference frame's codes it is the embedding of."""
+        embedded = [i for i, c in enumerate(self.codec_ids) if c == EMBEDDED]
+        frames = 0 if self.reference_frames is None else self.reference_frames.shape[0]
+        vectors = len(embedded) - frames  # the x-vector; the reference frames follow it
+        detail: dict[int, bytes] = {}
+        if vectors:
+            rows = self.codec_embeds[:vectors].detach().to("cpu", torch.float32).contiguous()
+            detail.update({i: b"v" + rows[n].numpy().tobytes() for n, i in enumerate(embedded[:vectors])})
+        if frames:
+            codes = self.reference_frames.to("cpu", torch.int64).contiguous()
+            detail.update({i: b"f" + codes[n].numpy().tobytes() for n, i in enumerate(embedded[vectors:])})
+        return [f"{t},{c}".encode() + detail.get(i, b"") for i, (t, c) in enumerate(zip(self.text_ids, self.codec_ids))]
+
 
 NO_CODEC = -1
 EMBEDDED = -2

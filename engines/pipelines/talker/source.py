@@ -43,6 +43,13 @@ ticks that happened). A decoding row whose next block is not free sits the step 
 again once other streams have freed blocks (``stalls``); only when every row waits that way
 does the youngest end with ``kv_cache_exhausted`` (it outgrew the pool), never corrupting another.
 
+Prompt prefixes (engines/models/prefix_cache.py): a prompt whose first positions equal an
+earlier prompt's under the same owner (``SynthesisRequest.prefix_owner``, else ``tenant``; a
+cloned voice needs one) shares that prompt's full KV blocks, copies its partially matched
+block, and prefills only the rest; every completed prompt is indexed, within
+``prefix_cache_fraction`` of the pool (least recently used blocks nobody holds are evicted
+first, also when the pool runs short). ``kv_cache_stats()`` counts hits, misses, evictions.
+
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
 keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
@@ -60,6 +67,7 @@ from engines.contract import SynthesisRequest
 from engines.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
+from engines.models.prefix_cache import PrefixCache, position_keys
 from engines.models.sampling import (
     FrameSampling,
     SamplingSettings,
@@ -80,6 +88,7 @@ DEFAULT_KV_CACHE_GB_CPU = 1.0
 DEFAULT_KV_FRACTION_CUDA = 0.4  # of the device memory free when the source is built
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_PREFILL_TOKEN_BUDGET = 512
+DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefix index may keep
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,7 @@ class _Utterance:
     admitted: int = 0  # admission order (the youngest ends first when the pool is deadlocked)
     live: LiveText | None = None  # issue 16: text still arriving (live_text.py)
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
+    prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
 
     @property
     def request_id(self) -> str:
@@ -190,7 +200,8 @@ class TalkerSource:
     def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, kv_blocks: int | None = None):
+                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, kv_blocks: int | None = None,
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION):
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
         if prefill_token_budget <= 0:
@@ -215,6 +226,11 @@ class TalkerSource:
         else:
             self.cache = PagedKVCache.for_budget(*kv_shape, kv_cache_bytes(kv_cache_gb, self.device), block_size,
                                                  max_slots + 1, max_seq_len, self.device, dtype)
+        if not 0.0 <= prefix_cache_fraction <= 1.0:
+            raise ValueError(f"prefix_cache_fraction must be in [0, 1], got {prefix_cache_fraction}")
+        # Shared prompt prefixes' K/V, inside the pool (engines/models/prefix_cache.py); 0 = off.
+        self.prefix = PrefixCache(self.cache, int(prefix_cache_fraction * self.cache.capacity_blocks)) if (
+            prefix_cache_fraction > 0) else None
         talker.fuse_projections()  # one GEMM for q/k/v and one for gate/up per layer (views: no extra memory)
         self.rope = talker.rope_table(max_seq_len, dtype)  # precomputed once: a step only gathers
         # Row max_slots is the scratch row: padding of a static batch bucket steps it (its
@@ -308,8 +324,11 @@ class TalkerSource:
 
     def kv_cache_stats(self) -> dict[str, float]:
         c = self.cache
-        return {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
-                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
+        stats = {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
+                 "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
+        if self.prefix is not None:  # hits, misses, evictions, positions not prefilled, blocks indexed
+            stats.update(self.prefix.stats())
+        return stats
 
     # ---------------------------------------------------------------- admission
 
@@ -357,7 +376,8 @@ class TalkerSource:
         if n_max < 1:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
         row = min(set(range(self.max_slots)) - set(self._utts))
-        self.cache.reserve(row, s_len)  # raises before anything changes
+        keys = self._prefix_keys(request, prompt)
+        cached = self._take_blocks(row, s_len, keys)  # raises before anything changes
         st = self.state
         t = trailing.shape[0]
         self._ensure_trail(t + 1)
@@ -375,10 +395,45 @@ class TalkerSource:
         st.ntok[row] = 0
         st.seen[row] = False
         self._admissions += 1
-        u = _Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, next_pos=s_len,
-                       admitted=self._admissions, live=live)
+        u = _Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, prefilled=cached, next_pos=s_len,
+                       admitted=self._admissions, live=live, prefix_keys=keys)
         self._utts[row] = u
         self._prefill_queue.append(u)
+
+    def _prefix_keys(self, request: SynthesisRequest, prompt) -> list[bytes] | None:
+        """The prompt's per-position prefix-cache keys under the request's owner; None when the
+        cache is off, or for a cloned voice whose owner is unknown (never shared by accident)."""
+        if self.prefix is None:
+            return None
+        owner = request.prefix_owner if request.prefix_owner is not None else request.tenant
+        if request.clone is not None and not owner:
+            return None
+        return position_keys(owner, prompt.position_inputs())
+
+    def _take_blocks(self, row: int, s_len: int, keys: list[bytes] | None) -> int:
+        """The row's blocks for its prompt: an indexed prefix's full blocks shared, its partial
+        block copied, the rest new. -> the positions already in the cache (prefill starts
+        there). KVPoolExhausted with nothing taken when the pool cannot hold the prompt."""
+        cache = self.cache
+        if keys is None:
+            cache.reserve(row, s_len)
+            return 0
+        hit = self.prefix.lookup(keys, limit=s_len - 1)
+        source = hit.partial[0] if hit.partial else None
+        cache.adopt(row, hit.blocks)  # held now: an eviction while reserving cannot take them
+        if source is not None:
+            cache.hold(source)
+        try:
+            cache.reserve(row, s_len)
+            if source is not None:  # copy-on-write: the row writes its next positions into this block
+                cache.copy_positions(source, cache.owned(row)[len(hit.blocks)], hit.partial[1])
+        except KVPoolExhausted:
+            cache.release(row)
+            raise
+        finally:
+            if source is not None:
+                cache.drop(source)
+        return hit.positions(cache.block_size)
 
     # ---------------------------------------------------------------- sampling
 
@@ -453,6 +508,9 @@ class TalkerSource:
             u.prefilled = start + take
             if u.prefilled == u.prompt_len:
                 done.append(i)
+                if u.prefix_keys is not None:  # its prompt's K/V is queued: later requests may share it
+                    self.prefix.insert(u.prefix_keys, self.cache.owned(u.row), u.prompt_len)
+                    u.prefix_keys = None
         if not done:
             return
         keep = upload(done, torch.int64, dev)

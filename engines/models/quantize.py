@@ -1,0 +1,104 @@
+"""Int8 weights for the talker and its code predictor (``--quantize int8``), CPU.
+
+    quantize_talker(talker, predictor, "int8")   # in place, before TalkerSource is built
+
+What a decode step reads is weights (fp32: 5.67 GB per frame at the 0.6B sizes, 15 code
+predictor passes included), so a quarter of the bytes is the lever on CPU. Every linear
+layer of the talker's and the predictor's decoder layers, the predictor's 15 heads and its
+input projection get int8 weights, symmetric per output channel (scale = max |w| / 127 of
+each row). The multiply is PyTorch's x86 int8 kernel (``quantized::linear_dynamic``, FBGEMM /
+oneDNN with VNNI where the CPU has it): each call also quantises its input rows to 8 bits
+(per tensor, from their range) and accumulates in int32, so it is int8 weights AND dynamic
+int8 activations, not weight-only. The weight-only kernel (``aten::_weight_int8pack_mm``,
+int8 weights, fp32 activations) measured 3-4x SLOWER than fp32 on this project's CPU; the
+dynamic one 3.7-4.3x faster at batch 1 and 7-10x at batch 8 (docs/QUANTIZATION.md).
+
+Left in fp32: embeddings (a step reads one row of each), norms, the talker's codec head
+(compact rows, ~8 MB) and everything outside the decoder. Greedy codes are no longer the
+official ones: docs/QUANTIZATION.md reports code agreement and log-mel distance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+QUANTIZE_MODES = ("int8",)
+
+
+def _has_vnni() -> bool:
+    """x86 CPUs with VNNI (or AMX) accumulate u8 x s8 products in int32 directly; older ones
+    go through saturating int16 sums, which 7-bit activations keep in range."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+# 8-bit activations where the kernel cannot saturate (agreement with fp32 measured higher:
+# docs/QUANTIZATION.md), 7-bit elsewhere.
+REDUCE_RANGE = not _has_vnni()
+
+
+class Int8Linear(nn.Module):
+    """A frozen ``nn.Linear`` with per-output-channel int8 weights (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear, reduce_range: bool = REDUCE_RANGE):
+        super().__init__()
+        w = linear.weight.detach().to("cpu", torch.float32)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).double()
+        q = torch.quantize_per_channel(w, scales, torch.zeros(w.shape[0], dtype=torch.int64), 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().to("cpu", torch.float32)
+        self._packed = torch.ops.quantized.linear_prepack(q, bias)
+        self.reduce_range = reduce_range  # 7-bit activations (see REDUCE_RANGE)
+        self.weight_bytes = w.numel() + scales.numel() * 4
+
+    @property
+    def bias(self):  # read by the fusing code: a quantized layer is never fused
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]), self._packed, self.reduce_range)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def _swap_linears(module: nn.Module) -> int:
+    """Every nn.Linear under ``module`` -> Int8Linear, in place; -> how many."""
+    n = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child))
+            n += 1
+        else:
+            n += _swap_linears(child)
+    return n
+
+
+def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
+    """In place: the decoder layers' linear layers of both models (and the predictor's heads
+    and input projection) -> int8 weights. -> the number of layers converted."""
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
+    for model in (talker, predictor):
+        p = next(model.parameters())
+        if p.device.type != "cpu" or p.dtype != torch.float32:
+            raise ValueError(f"--quantize {mode} runs on CPU in float32 (got {p.device.type}, {p.dtype}); "
+                             f"on CUDA use --dtype bfloat16")
+        for layer in model.model.layers:
+            if getattr(layer.self_attn, "qkv_weight", None) is not None or getattr(layer.mlp, "gate_up", None) is not None:
+                raise ValueError("quantize before the projections are fused (before TalkerSource is built)")
+    n = sum(_swap_linears(layer) for layer in talker.model.layers)
+    n += sum(_swap_linears(layer) for layer in predictor.model.layers)
+    n += _swap_linears(predictor.lm_head)
+    if isinstance(predictor.small_to_mtp_projection, nn.Linear):
+        predictor.small_to_mtp_projection = Int8Linear(predictor.small_to_mtp_projection)
+        n += 1
+    return n
+
+
+__all__ = ["QUANTIZE_MODES", "Int8Linear", "quantize_talker"]
