@@ -126,30 +126,32 @@ class CodePredictor(nn.Module):
             self.kv_cache = c
         return c
 
-    def _tables(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Positions 0..G-1, their cos/sin [1, G, hd] and the causal mask [G, G], computed once per
-        device and dtype (a frame's 15 passes only slice them: fewer ops per step)."""
+    def _tables(self, pos: int, s: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Positions pos..pos+s-1, their cos/sin [1, 1, s, hd] (``prepare_rope``) and the causal
+        mask rows [s, G], computed once per device and dtype (a frame's 15 passes only look
+        them up: fewer ops per step). Separate tensors per (pos, s), not views of one table, so
+        a compiled layer sees the same strides and offsets at every step."""
         key = (canonical_device(device), dtype)
         if self._table_key != key:
-            g = self.cfg.num_code_groups
-            positions = torch.arange(g, device=device)
-            cos, sin = prepare_rope(*self._rope(positions, 1, dtype))  # [1, 1, G, hd]
-            # Query at position p sees cache slots <= p; slots beyond hold stale rows and are masked.
-            self._table = (positions, cos, sin, positions[None, :] <= positions[:, None])
+            self._table = {}
             self._table_key = key
-        return self._table
+        if (pos, s) not in self._table:
+            g = self.cfg.num_code_groups
+            positions = torch.arange(pos, pos + s, device=device)
+            cos, sin = prepare_rope(*self._rope(positions, 1, dtype))
+            # Query at position p sees cache slots <= p; slots beyond hold stale rows and are masked.
+            mask = torch.arange(g, device=device)[None, :] <= positions[:, None]
+            self._table[(pos, s)] = (positions, cos, sin, mask)
+        return self._table[(pos, s)]
 
     _table_key = None
-    _table: tuple | None = None
+    _table: dict | None = None
 
     def _run(self, x: torch.Tensor, pos: int, cache: StaticKVCache, head: int) -> torch.Tensor:
         """Inputs x [B, S, D] at positions pos.. through the layers (KV written to the cache);
         only the last position goes through the final norm and lm_head[head] -> [B, V]."""
         b, s, _ = x.shape
-        all_positions, all_cos, all_sin, all_mask = self._tables(x.device, x.dtype)
-        positions = all_positions[pos:pos + s]
-        cos, sin = all_cos[:, :, pos:pos + s], all_sin[:, :, pos:pos + s]  # [1, 1, S, hd]: broadcast over rows
-        mask = all_mask[pos:pos + s]  # [S, G]
+        positions, cos, sin, mask = self._tables(pos, s, x.device, x.dtype)  # cos/sin broadcast over rows
         step = self.layer_step or _call_layer
         for i, layer in enumerate(self.model.layers):
             x = step(layer, x, cos, sin, mask, *cache.layer(i, b), positions)

@@ -318,8 +318,8 @@ def choose_fused_rows(fused: torch.Tensor, sizes: list[int], rows: tuple[int, ..
                 samples.append(time.thread_time() - t0)
             return sorted(samples)[reps // 2]
 
-        one = median(lambda: F.linear(x, fused).split(sizes, dim=-1))
-        several = median(lambda: [F.linear(x, p) for p in parts])
+        one = median(lambda x=x: F.linear(x, fused).split(sizes, dim=-1))
+        several = median(lambda x=x: [F.linear(x, p) for p in parts])
         if one > margin * several:  # clearly slower (equal within noise: fewer ops, keep fused)
             return best if best else 0.0
         best = float(r)

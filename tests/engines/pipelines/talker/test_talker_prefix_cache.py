@@ -12,6 +12,8 @@ in-process talker (tests/talker_helpers.py) against the cache off.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -37,8 +39,6 @@ def run_twice(source: TalkerSource, requests: list[tuple[SynthesisRequest, dict]
     out: dict[str, list[torch.Tensor]] = {}
     for again in range(2):
         for request, admit in requests:
-            from dataclasses import replace
-
             out.setdefault(request.id, []).append(run_one(source, replace(request, id=f"{request.id}#{again}"), **admit))
     return out
 
