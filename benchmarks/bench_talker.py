@@ -199,6 +199,7 @@ def ours_worker(args) -> None:
     import torch
 
     from engines.contract import SynthesisRequest
+    from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
     from tests.talker_helpers import make_bundle
 
@@ -243,7 +244,7 @@ def ours_worker(args) -> None:
         if args.variant in ("ours+graphs", "ours+ctalk"):
             from engines.runtime.graphed_talker import GraphedTalkerStep
 
-            source.step_runner = GraphedTalkerStep(source, compile_backend=compile_backend("predictor"))
+            source.step_runner = GraphedTalkerStep(source.step_spec(), compile_backend=compile_backend("predictor"))
         with torch.no_grad():
             sync(device)
             t0 = time.perf_counter()
@@ -256,12 +257,12 @@ def ours_worker(args) -> None:
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
-                source.tick()
+                source.tick(Scheduler.step_plan(source.capacity()))
             times, cpu = [], []
             for _ in range(steps):
                 sync(device)
                 t0, c0 = time.perf_counter(), time.thread_time()
-                out = source.tick()
+                out = source.tick(Scheduler.step_plan(source.capacity()))
                 sync(device)
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.thread_time() - c0)

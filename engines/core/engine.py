@@ -153,7 +153,7 @@ class Engine:
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
-                talker_source.step_runner = GraphedTalkerStep(talker_source,
+                talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs

@@ -2,7 +2,8 @@
 
     source = TalkerSource.from_bundle(TalkerBundle.from_checkpoint(path, device, dtype), max_slots=64)
     source.admit(request)              # tokenize, build the prompt, take KV blocks for it, queue its prefill
-    frames = source.tick()             # prefill chunks under a token budget, then ONE decode step
+    plan = Scheduler.step_plan(source.capacity())   # engines/core/scheduler.py decides the budgets
+    frames = source.tick(plan)         # the planned prefill chunks, then ONE decode step
     # -> [TalkerFrames(request_id, codes [n, G], frame_start, is_last, error), ...]
 
 Rows are stable: an utterance keeps its row (and its KV blocks, engines/models/paged_kv.py)
@@ -14,8 +15,8 @@ request's overrides, engines/models/sampling.py ``SamplingSettings``).
 
 One tick:
  0. **prefill**: queued prompts go through the talker together, at most
-    ``prefill_token_budget`` positions per tick (a long prompt takes several ticks), so an
-    arriving request never stalls the streams already speaking; a prompt that completes
+    ``prefill_token_budget`` positions per tick (a long prompt takes several ticks; the
+    scheduler says how many each gets), so an arriving request never stalls the streams already speaking; a prompt that completes
     samples its code 0 and joins the decode step of the same tick.
  1. **decode**, for the rows chosen by :meth:`_rows_to_step` (every decoding row today; a row
     may sit a step out without any state change, e.g. while its next text has not arrived):
@@ -36,9 +37,9 @@ same ops at every batch size, run eagerly or by ``step_runner`` (a
 :class:`~engines.runtime.graphed_talker.GraphedTalkerStep`: static buckets, CUDA graphs).
 
 KV memory: a row takes the blocks of its prompt at admission and one more block whenever its
-position crosses a block boundary. ``free_slots()`` counts only the rows the pool can give the
-longest waiting prompt plus one block of growth (after one block of growth per decoding row),
-so new requests wait in the engine's queue (``kv_cache_stats()["admission_waits"]`` counts the
+position crosses a block boundary. ``capacity()`` reports free rows and blocks, and the
+scheduler admits only the rows the pool can give the longest waiting prompt plus one block of
+growth (after one block of growth per decoding row), so new requests wait in the engine's queue (``kv_cache_stats()["admission_waits"]`` counts the
 ticks that happened). A decoding row whose next block is not free sits the step out and steps
 again once other streams have freed blocks (``stalls``); only when every row waits that way
 does the youngest end with ``kv_cache_exhausted`` (it outgrew the pool), never corrupting another.
@@ -76,6 +77,7 @@ from engines.models.sampling import (
     split_seed,
 )
 from engines.models.talker import Talker
+from engines.pipelines.base import Capacity, StepPlan
 from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import (
@@ -83,6 +85,7 @@ from engines.pipelines.talker.reference import (
     frame_embedding,
     prompt_tensors,
 )
+from engines.runtime.graphed_talker import StepSpec
 
 DEFAULT_KV_CACHE_GB_CPU = 1.0
 DEFAULT_KV_FRACTION_CUDA = 0.4  # of the device memory free when the source is built
@@ -281,15 +284,15 @@ class TalkerSource:
     def free_rows(self) -> int:
         return self.max_slots - len(self._utts)
 
-    def free_slots(self) -> int:
-        """Rows that may be filled now: free rows, as many as the KV pool can give the longest
-        waiting prompt plus one block of growth each, after one block of growth per row
-        already decoding (the other requests wait in the engine's queue)."""
-        rows = self.free_rows()
-        if not rows or not self._waiting_prompt_blocks:
-            return rows
-        spare = self.cache.free_blocks - self._growth_reserve()
-        return max(0, min(rows, spare // (self._waiting_prompt_blocks + 1)))
+    def capacity(self) -> Capacity:
+        """What the scheduler decides from (engines/core/scheduler.py): free rows, free KV blocks,
+        the decoding rows' growth, the blocks the longest waiting prompt needs, and the prompt
+        positions each queued prompt has left (oldest first) under the step's prefill budget."""
+        return Capacity(free_rows=self.free_rows(), free_blocks=self.cache.free_blocks,
+                        growth_blocks=self._growth_reserve(), waiting_blocks=self._waiting_prompt_blocks,
+                        prefill_waiting=tuple(u.prompt_len - u.prefilled for u in self._prefill_queue
+                                              if u.max_frames > 0),
+                        prefill_budget=self.prefill_token_budget)
 
     def check_fits(self, prompt_positions: int) -> None:
         """ValueError for a prompt this source could never admit (longer than the per-stream
@@ -302,7 +305,7 @@ class TalkerSource:
                              f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
 
     def wait_for(self, prompt_positions: int) -> None:
-        """The longest prompt waiting for a row, in positions (``free_slots`` keeps room for it)."""
+        """The longest prompt waiting for a row, in positions (the scheduler keeps room for it)."""
         self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
 
     def _growth_reserve(self) -> int:
@@ -477,17 +480,11 @@ class TalkerSource:
 
     # ---------------------------------------------------------------- prefill
 
-    def _prefill(self) -> None:
-        """Chunks of queued prompts, at most ``prefill_token_budget`` positions in all, in one
-        padded talker forward (padding writes into the null block); completed prompts sample
-        their code 0 and start decoding."""
-        budget, work = self.prefill_token_budget, []
-        for u in self._prefill_queue:
-            take = min(u.prompt_len - u.prefilled, budget)
-            if take <= 0:
-                break
-            work.append((u, u.prefilled, take))
-            budget -= take
+    def _prefill(self, takes: tuple[int, ...]) -> None:
+        """Chunks of queued prompts, ``takes`` positions each (oldest first, as the scheduler
+        planned under the prefill budget), in one padded talker forward (padding writes into the
+        null block); completed prompts sample their code 0 and start decoding."""
+        work = [(u, u.prefilled, take) for u, take in zip(self._prefill_queue, takes)]
         if not work:
             return
         self.cache.flush()  # the prompts' blocks (taken at admission) into the device table
@@ -615,6 +612,24 @@ class TalkerSource:
         # 3. code 0 of frame k+1.
         return codes, self._sample(h, idx, all_greedy=all_greedy, any_top_p=any_top_p)
 
+    def step_spec(self) -> StepSpec:
+        """What a :class:`GraphedTalkerStep` captures: :meth:`decode_step` and its static sizes."""
+        def before_capture(rows: int) -> None:
+            self.predictor.ensure_cache(rows, self.device, self.dtype)
+
+        def compiled() -> bool:
+            return self.predictor.layer_step is not None or self.talker.layer_step is not None
+
+        def uncompile() -> None:
+            self.predictor.layer_step = None
+            self.talker.layer_step = None
+
+        return StepSpec(step=self.decode_step, max_rows=self.max_slots, scratch_row=self.scratch_row,
+                        max_blocks_per_row=self.cache.max_blocks_per_row, device=self.device,
+                        buffers_version=lambda: self.buffers_version, before_capture=before_capture,
+                        compile_layers=lambda backend: self.predictor.compile_layers(backend=backend),
+                        compiled=compiled, uncompile=uncompile)
+
     def _eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
                     any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
         idx = upload(rows, torch.int64, self.device)  # no stream sync for the upload
@@ -657,16 +672,17 @@ class TalkerSource:
         return out
 
     @torch.no_grad()
-    def tick(self) -> list[TalkerFrames]:
-        """Prefill under the token budget, then one decode step of the rows that step."""
+    def tick(self, plan: StepPlan) -> list[TalkerFrames]:
+        """The scheduler's prefill positions (``plan``, from :meth:`capacity`), then one decode
+        step of the rows that step."""
         out: list[TalkerFrames] = []
-        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute.
+        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute
+        # (``capacity`` left them out of the prefill queue it reported).
         for u in [u for u in self._utts.values() if u.max_frames <= 0]:
             out.append(self._final(u))
             self._release(u)
-        if self.free_rows() and self._waiting_prompt_blocks and not self.free_slots():
-            self.admission_waits += 1
-        self._prefill()
+        self.admission_waits += plan.kv_wait
+        self._prefill(plan.prefill)
         utts, failed = self._grow(self._rows_to_step())
         self.cache.flush()
         out += failed
