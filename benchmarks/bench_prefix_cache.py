@@ -39,12 +39,12 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_talker import SIZES, machine_line  # noqa: E402
+
 from engines.contract import SynthesisRequest, VoiceClone  # noqa: E402
+from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.prompt import PromptBuilder  # noqa: E402
 from engines.pipelines.talker.reference import frame_embedder  # noqa: E402
-from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
 from tests.talker_helpers import make_bundle  # noqa: E402
 

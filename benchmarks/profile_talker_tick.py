@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import torch  # noqa: E402
+from bench_talker import SIZES, TEXT, machine_line  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench_talker import SIZES, TEXT, machine_line  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
