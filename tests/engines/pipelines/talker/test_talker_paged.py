@@ -102,7 +102,7 @@ def test_a_row_without_a_free_block_waits_then_continues_exactly(bundle):
 
 
 def test_admission_waits_for_blocks(bundle):
-    """free_slots() counts the rows the pool can give the waiting prompt plus growth; it is 0
+    """The scheduler admits the rows the pool can give the waiting prompt plus growth; it is 0
     while a stream holds the blocks, opens again when it ends, and the wait is counted."""
     prompt = TalkerSource.from_bundle(bundle, max_slots=1).prompt_positions(request(3))
     blocks = -(-(prompt + 1) // 8)
