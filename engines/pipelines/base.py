@@ -7,7 +7,7 @@ pipeline knows which one ran.
 * :class:`engines.pipelines.dit.source.DiTSource` - the flow DiT stream: a request is planned
   into frame chunks at admission; a slot holds one chunk, which advances one denoising step
   per tick; finished latents go through the pipeline's own codec head and code predictor.
-* :class:`engines.pipelines.talker.pipeline.TalkerLatentSource` - the Qwen3-TTS talker: a slot
+* :class:`engines.pipelines.talker.pipeline.TalkerPipeline` - the Qwen3-TTS talker: a slot
   holds one utterance, which advances one talker step (codes included) per tick.
 
 The core owns queueing, priorities, back-pressure, delivery and errors; a pipeline owns its

@@ -11,7 +11,7 @@ from engines.contract import SynthesisRequest
 from engines.models.sampling import GREEDY_SETTINGS
 from engines.pipelines.base import Capacity, Produced, StepPlan
 from engines.pipelines.dit.codes import FrameCoder, LatentChunk
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 from engines.pipelines.dit.planner import UtterancePlanner
 
 
@@ -33,7 +33,7 @@ class DiTSource:
 
     name = "dit"
 
-    def __init__(self, planner: UtterancePlanner, scheduler: StreamScheduler, context_frames: int,
+    def __init__(self, planner: UtterancePlanner, scheduler: Denoiser, context_frames: int,
                  coder: FrameCoder, graphed: tuple = ()):
         self.planner = planner
         self.scheduler = scheduler

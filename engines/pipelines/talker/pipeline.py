@@ -17,7 +17,7 @@ from engines.pipelines.talker.live_text import LiveText
 FIRST_CHUNK_FRAMES = 4
 
 
-class TalkerLatentSource:
+class TalkerPipeline:
     """Qwen3-TTS talker utterances with continuous batching (engines/pipelines/talker/source.py)."""
 
     name = "talker"
