@@ -380,10 +380,7 @@ class TalkerSource:
             out.append(self._final(u))
             self._release(u)
         self.admission_waits += plan.kv_wait
-        prefilled = self.prefill.run(self._prefill_queue, plan.prefill)
-        if prefilled is not None:  # prompts completed: their code 0 is on its way to the host
-            self._pending.append(prefilled)
-            self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
+        self._prefill(plan.prefill)
         utts, failed = self._grow(self._rows_to_step())
         self.cache.flush()
         out += failed
@@ -391,6 +388,13 @@ class TalkerSource:
         if utts:
             out += self._decode(utts)
         return out
+
+    def _prefill(self, takes: tuple[int, ...]) -> None:
+        """The planned prefill positions of the queued prompts (prefill.py); completed ones leave the queue."""
+        prefilled = self.prefill.run(self._prefill_queue, takes)
+        if prefilled is not None:  # prompts completed: their code 0 is on its way to the host
+            self._pending.append(prefilled)
+            self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
 
     def _final(self, u: Utterance) -> TalkerFrames:
         empty = torch.zeros(0, self.num_code_groups, dtype=torch.int64, device=self.device)
