@@ -112,7 +112,6 @@ class TalkerSource:
         if prefill_token_budget <= 0:
             raise ValueError(f"prefill_token_budget must be > 0, got {prefill_token_budget}")
         self.talker = talker.eval()
-        self.predictor = predictor.eval()
         self.prompt = prompt
         self.generation = generation
         self.device = canonical_device(device)
@@ -122,9 +121,7 @@ class TalkerSource:
         self.prefill_token_budget = prefill_token_budget
         cfg = talker.cfg
         self.num_code_groups = cfg.num_code_groups
-        self.valid_ids = talker.valid_ids.to(self.device)  # [n_valid] compact column -> codec id
-        n_valid = self.valid_ids.numel()
-        self.eos_col = int((self.valid_ids == cfg.codec_eos_token_id).nonzero()[0, 0])
+        n_valid = talker.valid_ids.numel()  # compact code-0 columns (codebook + EOS)
         kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
             self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots + 1, max_seq_len, self.device, dtype)
@@ -142,7 +139,7 @@ class TalkerSource:
         # block table stays null); it never holds an utterance.
         self.scratch_row = max_slots
         self.state = RowState.allocate(max_slots + 1, cfg.hidden_size, n_valid, dtype, self.device)
-        self.decoder = DecodeStep(self.talker, self.predictor, generation, self.state, self.cache, self.rope,
+        self.decoder = DecodeStep(self.talker, predictor.eval(), generation, self.state, self.cache, self.rope,
                                   max_seq_len, self.device, dtype)
         self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device)
         self.live_rows = LiveRows(self.talker, self.state, prompt.config.tts_pad_token_id, self.device)
@@ -159,14 +156,12 @@ class TalkerSource:
 
     @property
     def predictor(self) -> CodePredictor:
-        return self._predictor
+        """The decode step's code predictor (the engine may wrap it: GraphedCodePredictor)."""
+        return self.decoder.predictor
 
     @predictor.setter
     def predictor(self, predictor: CodePredictor) -> None:
-        """A wrapped predictor (the engine's GraphedCodePredictor) reaches the decode step too."""
-        self._predictor = predictor
-        if hasattr(self, "decoder"):
-            self.decoder.predictor = predictor
+        self.decoder.predictor = predictor
 
     @property
     def buffers_version(self) -> int:
