@@ -39,9 +39,10 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_talker import SIZES, machine_line  # noqa: E402
+
 from engines.contract import SynthesisRequest, VoiceClone  # noqa: E402
+from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.prompt import PromptBuilder  # noqa: E402
 from engines.pipelines.talker.reference import frame_embedder  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
@@ -70,7 +71,7 @@ def first_audio(source: TalkerSource, request: SynthesisRequest) -> tuple[float,
     source.admit(request, max_new_tokens=CHUNK + 2)
     frames, first = 0, None
     while frames < CHUNK:
-        frames += sum(f.codes.shape[0] for f in source.tick() if f.request_id == request.id)
+        frames += sum(f.codes.shape[0] for f in source.tick(Scheduler.step_plan(source.capacity())) if f.request_id == request.id)
         if frames and first is None:
             first = (time.perf_counter() - t0, time.thread_time() - c0)
     chunk = (time.perf_counter() - t0, time.thread_time() - c0)

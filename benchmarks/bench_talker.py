@@ -199,6 +199,7 @@ def ours_worker(args) -> None:
     import torch
 
     from engines.contract import SynthesisRequest
+    from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
     from tests.talker_helpers import make_bundle
 
@@ -243,7 +244,7 @@ def ours_worker(args) -> None:
         if args.variant in ("ours+graphs", "ours+ctalk"):
             from engines.runtime.graphed_talker import GraphedTalkerStep
 
-            source.step_runner = GraphedTalkerStep(source, compile_backend=compile_backend("predictor"))
+            source.step_runner = GraphedTalkerStep(source.step_spec(), compile_backend=compile_backend("predictor"))
         with torch.no_grad():
             sync(device)
             t0 = time.perf_counter()
@@ -252,16 +253,16 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source._prefill()
+                source._prefill(Scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
-                source.tick()
+                source.tick(Scheduler.step_plan(source.capacity()))
             times, cpu = [], []
             for _ in range(steps):
                 sync(device)
                 t0, c0 = time.perf_counter(), time.thread_time()
-                out = source.tick()
+                out = source.tick(Scheduler.step_plan(source.capacity()))
                 sync(device)
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.thread_time() - c0)

@@ -26,7 +26,7 @@ from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
 from engines.models.sampling import keyed_normal
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 from engines.runtime.graphed_dit import GraphedDiT, default_enc_buckets
 
 FRAMES_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5
@@ -40,7 +40,7 @@ def sync(device: torch.device) -> None:
 class Feeder:
     """Keeps ``depth`` slots busy: admits staggered jobs, replaces finished ones."""
 
-    def __init__(self, sched: StreamScheduler, depth: int, frames: int, context: int, steps: int,
+    def __init__(self, sched: Denoiser, depth: int, frames: int, context: int, steps: int,
                  scale: float, text_len: int, device: torch.device, dtype: torch.dtype):
         cfg = sched.dit.cfg
         self.sched, self.frames, self.context, self.steps, self.scale = sched, frames, context, steps, scale
@@ -88,11 +88,11 @@ class Feeder:
 FUSION_PAYS = 1.1  # two-pass / fused below this: within noise of no gain
 
 
-def make_scheduler(dit, base_cfg, depth: int, fused: bool, device, dtype) -> StreamScheduler:
+def make_scheduler(dit, base_cfg, depth: int, fused: bool, device, dtype) -> Denoiser:
     ceiling = 2 * depth if fused else depth
     cfg = dataclasses.replace(base_cfg, max_slots=depth, batch_ceiling=ceiling, guidance="cfg",
                               guidance_timing="full", memo_size=max(8, base_cfg.memo_size))
-    return StreamScheduler(dit, cfg, device, dtype)
+    return Denoiser(dit, cfg, device, dtype)
 
 
 def check_fused_equals_two_pass(dit, stream_cfg, args, device, dtype, other=None) -> float:

@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import torch  # noqa: E402
+from bench_talker import SIZES, TEXT, machine_line  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench_talker import SIZES, TEXT, machine_line  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
+from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
 from tests.talker_helpers import make_bundle  # noqa: E402
 
@@ -39,7 +40,7 @@ def steady_source(size: str, batch: int, quantize: str | None = None) -> TalkerS
     for i in range(batch):
         source.admit(SynthesisRequest(id=f"u{i}", text=TEXT, voice="Ryan", temperature=0), max_new_tokens=400)
     for _ in range(3):
-        source.tick()
+        source.tick(Scheduler.step_plan(source.capacity()))
     return source
 
 
@@ -62,11 +63,11 @@ def main() -> None:
     source = steady_source(args.size, args.batch, args.quantize)
     t0 = time.perf_counter()
     for _ in range(args.ticks):
-        source.tick()
+        source.tick(Scheduler.step_plan(source.capacity()))
     plain = (time.perf_counter() - t0) / args.ticks
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.ticks):
-            source.tick()
+            source.tick(Scheduler.step_plan(source.capacity()))
     ops = top_level_ops(prof)
     total = sum(ops.values()) / args.ticks
     print(f"size {args.size} batch {args.batch}: {total:.0f} top-level op calls per tick "

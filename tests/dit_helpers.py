@@ -10,7 +10,7 @@ from engines.config import get_preset
 from engines.models.dit import FlowDiT
 from engines.models.init import init_module_
 from engines.models.sampling import keyed_normal
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 
 CFG = get_preset("tiny")
 D, C = CFG.dit.latent_dim, CFG.dit.cond_dim
@@ -42,7 +42,7 @@ def make_job(i: int, *, frames=12, context=4, steps=4, scale=2.0, guided=True, f
                     guidance_scale=scale)
 
 
-def run(sched: StreamScheduler, admissions: list[tuple[int, ChunkJob]]) -> dict:
+def run(sched: Denoiser, admissions: list[tuple[int, ChunkJob]]) -> dict:
     """Admit each job at its tick, tick until all finished; {key: latents}."""
     out, tick, pending = {}, 0, list(admissions)
     while pending or sched.active_slots:

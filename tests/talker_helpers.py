@@ -99,3 +99,18 @@ def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int 
     device = torch.device(device)
     return TalkerBundle(talker.to(device, dtype).eval(), predictor.to(device, dtype).eval(),
                         PromptBuilder(prompt_cfg, tok), generation, "<random>", device, dtype)
+
+
+def step(source):
+    """One tick of a TalkerSource driven directly (no engine), under the core scheduler's plan:
+    the admission and prefill decisions are the scheduler's (engines/core/scheduler.py)."""
+    from engines.core.scheduler import Scheduler
+
+    return source.tick(Scheduler.step_plan(source.capacity()))
+
+
+def admissible(source) -> int:
+    """Rows the core scheduler would fill now from what the source reports."""
+    from engines.core.scheduler import Scheduler
+
+    return Scheduler.admissible(source.capacity())

@@ -40,7 +40,7 @@ from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
 from engines.pipelines.dit.codes import FrameCoder
-from engines.pipelines.dit.denoiser import StreamScheduler
+from engines.pipelines.dit.denoiser import Denoiser
 from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
 from engines.pipelines.dit.weights import Models
@@ -111,7 +111,7 @@ class Engine:
                 # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
                 # longest context + chunk, rows up to the batch ceiling; captured in start().
                 dit = GraphedDiT.for_config(dit, cfg, compile_backend=switches.compile_backend("dit"))
-            self.scheduler = StreamScheduler(dit, cfg.stream, device, dtype)
+            self.scheduler = Denoiser(dit, cfg.stream, device, dtype)
             coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
             graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
             if device.type == "cuda":
@@ -123,7 +123,7 @@ class Engine:
             self.source = DiTSource(self.planner, self.scheduler, cfg.dit.context_frames, coder, graphed=tuple(graphed))
             max_slots, random_components = cfg.stream.max_slots, models.random_components
         else:
-            from engines.pipelines.talker.pipeline import FIRST_CHUNK_FRAMES, TalkerLatentSource
+            from engines.pipelines.talker.pipeline import FIRST_CHUNK_FRAMES, TalkerPipeline
             from engines.pipelines.talker.source import TalkerSource
 
             self.task_type = talker.task_type
@@ -153,7 +153,7 @@ class Engine:
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
-                talker_source.step_runner = GraphedTalkerStep(talker_source,
+                talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
@@ -166,7 +166,7 @@ class Engine:
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
                     + (talker_slots,), compile_backend=switches.compile_backend("predictor"))
-            self.source = TalkerLatentSource(talker_source, speakers,
+            self.source = TalkerPipeline(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
                                              chunk_frames=cfg.stream.chunk_frames,
                                              graphed=(talker_source.step_runner,) if step_graphs else (

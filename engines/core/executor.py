@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from engines.pipelines.base import Pipeline, Produced
+from engines.pipelines.base import Pipeline, Produced, StepPlan
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer, VocalizeResult
 
 log = logging.getLogger("streamvox.worker")
@@ -21,9 +21,10 @@ class Executor:
         self.vocalizer = vocalizer
         self.trace = trace
 
-    def generate(self) -> list[Produced]:
-        """One step for every occupied slot (DiT: one batched forward; talker: one talker step)."""
-        produced = self.pipeline.tick()
+    def generate(self, plan: StepPlan) -> list[Produced]:
+        """One step for every occupied slot (DiT: one batched forward; talker: one talker step),
+        as the scheduler planned it."""
+        produced = self.pipeline.tick(plan)
         if self.trace is not None:
             self.trace.append(("generate", self.pipeline.last_batch_rows))
         return produced

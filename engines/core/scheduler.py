@@ -14,6 +14,12 @@ frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs w
   time (they lose nothing: their listener is that far ahead). Their work waits for one
   first chunk only, so the newcomer's chunk runs on a device that is not busy with audio
   nobody needs yet - a client with many streams cannot multiply others' time to first audio.
+* KV blocks: a free row is admissible only while the pipeline's KV pool can give the longest
+  waiting prompt its blocks plus one block of growth, after one block of growth per row
+  already decoding (the others wait in the engine's queue; a free row that waits is counted).
+* Prefill tokens: queued prompts prefill oldest first, each as much as the step's
+  ``prefill_budget`` has left (a long prompt takes several steps), so an arriving request
+  never stalls the streams already speaking.
 * Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
   listener runs out of audio - so a burst of finished chunks from many streams never holds
   up the next generation step by more than one piece. The bound is ``vocoder_frames`` code
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
-from engines.pipelines.base import Produced
+from engines.pipelines.base import Capacity, Produced, StepPlan
 
 FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
 
@@ -96,6 +102,35 @@ class Scheduler:
     def piece_frames(self) -> int:
         """This step's bound on a vocoder piece, in code frames."""
         return max(self.vocoder_frames, math.ceil(self.keep_up * self._rate))
+
+    @staticmethod
+    def admissible(capacity: Capacity) -> int:
+        """Rows that may be filled now: the free rows, as many as the KV pool can give the
+        longest waiting prompt plus one block of growth each, after the decoding rows' growth."""
+        rows = capacity.free_rows
+        if not rows or not capacity.waiting_blocks:
+            return rows
+        spare = capacity.free_blocks - capacity.growth_blocks
+        return max(0, min(rows, spare // (capacity.waiting_blocks + 1)))
+
+    @staticmethod
+    def prefill_tokens(waiting: tuple[int, ...], budget: int) -> tuple[int, ...]:
+        """Positions each queued prompt (oldest first, ``waiting`` positions left each) prefills
+        this step: each takes what the budget has left, until it is spent."""
+        takes = []
+        for left in waiting:
+            take = min(left, budget)
+            if take <= 0:
+                break
+            takes.append(take)
+            budget -= take
+        return tuple(takes)
+
+    @classmethod
+    def step_plan(cls, capacity: Capacity) -> StepPlan:
+        """This step's prefill positions per queued prompt, and whether a free row waits for blocks."""
+        kv_wait = bool(capacity.free_rows and capacity.waiting_blocks and not cls.admissible(capacity))
+        return StepPlan(cls.prefill_tokens(capacity.prefill_waiting, capacity.prefill_budget), kv_wait)
 
     def slot_order(self, states: list[RequestState], free: int, wants_slot: Callable[[str], bool]
                    ) -> list[RequestState]:

@@ -326,7 +326,8 @@ class Worker:
                 self._end_piece(piece, None, error="cancelled")
 
     def _fill_slots(self) -> None:
-        for active in self.scheduler.slot_order(list(self._active.values()), self.source.free_slots(),
+        for active in self.scheduler.slot_order(list(self._active.values()),
+                                                self.scheduler.admissible(self.source.capacity()),
                                                 self.source.wants_slot):
             try:
                 self._hook(active.request_id, "admit")
@@ -342,7 +343,7 @@ class Worker:
     def _generate(self) -> tuple[int, int, int]:
         """One generation step; its code frames join their requests' pending work."""
         with self._stage("tick"):
-            produced = self.executor.generate()
+            produced = self.executor.generate(self.scheduler.step_plan(self.source.capacity()))
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
         rows = self.source.last_batch_rows
         slots = self.source.active_slots + sum(1 for p in produced if p.is_last)

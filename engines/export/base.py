@@ -1,6 +1,6 @@
 """The backend seam: what the tick loop and the vocalizer call, whatever runs the math.
 
-* The :class:`~engines.pipelines.dit.denoiser.StreamScheduler` calls ``dit(x, positions, context_mask,
+* The :class:`~engines.pipelines.dit.denoiser.Denoiser` calls ``dit(x, positions, context_mask,
   frame_mask, t, enc, enc_mask) -> v`` and reads ``dit.cfg``.
 * The :class:`~engines.pipelines.vocoder.Vocalizer` calls ``decoder.decode_step(codes, state)``,
   ``decoder.init_state(batch, device, dtype)``, reads ``decoder.cfg`` /

@@ -7,7 +7,7 @@ pipeline knows which one ran.
 * :class:`engines.pipelines.dit.source.DiTSource` - the flow DiT stream: a request is planned
   into frame chunks at admission; a slot holds one chunk, which advances one denoising step
   per tick; finished latents go through the pipeline's own codec head and code predictor.
-* :class:`engines.pipelines.talker.pipeline.TalkerLatentSource` - the Qwen3-TTS talker: a slot
+* :class:`engines.pipelines.talker.pipeline.TalkerPipeline` - the Qwen3-TTS talker: a slot
   holds one utterance, which advances one talker step (codes included) per tick.
 
 The core owns queueing, priorities, back-pressure, delivery and errors; a pipeline owns its
@@ -40,6 +40,27 @@ class Produced:
         return self.codes.shape[0]
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What a pipeline reports before a step; the scheduler (engines/core/scheduler.py) decides
+    from it who is admitted and how many prompt positions each queued prompt prefills."""
+
+    free_rows: int
+    free_blocks: int = 0  # KV blocks free now (a pipeline without a KV pool: 0, waiting_blocks 0)
+    growth_blocks: int = 0  # blocks the rows already decoding may take for their next positions
+    waiting_blocks: int = 0  # blocks the longest prompt waiting for a row needs (0: none waits)
+    prefill_waiting: tuple[int, ...] = ()  # prompt positions still to prefill, per queued prompt, oldest first
+    prefill_budget: int = 0  # prompt positions one step may prefill in all
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The scheduler's decision for one step, which the pipeline executes."""
+
+    prefill: tuple[int, ...] = ()  # positions each queued prompt prefills this step (oldest first)
+    kv_wait: bool = False  # a free row waits for KV blocks this step (counted in kv_cache_stats)
+
+
 class Pipeline(Protocol):
     name: str
 
@@ -57,10 +78,11 @@ class Pipeline(Protocol):
     def start(self, request_id: str) -> None:
         """Put the request's next unit of work into a free slot."""
 
-    def free_slots(self) -> int: ...
+    def capacity(self) -> Capacity:
+        """Free rows, and for a KV-paged pipeline its blocks and the prompts it must prefill."""
 
-    def tick(self) -> list[Produced]:
-        """One step for every occupied slot; the code frames finished in it."""
+    def tick(self, plan: StepPlan) -> list[Produced]:
+        """One step for every occupied slot, as ``plan`` says; the code frames finished in it."""
 
     def drop(self, request_id: str) -> None:
         """Forget the request and free its slot (cancel, error or done)."""

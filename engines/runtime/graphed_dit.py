@@ -2,7 +2,7 @@
 
 ``GraphedDiT(dit, max_rows, frames, enc_buckets)`` calls like FlowDiT,
 ``dit(x [R, T, D], positions [R, T], context_mask, frame_mask, t [R], enc [R, L, C],
-enc_mask [R, L]) -> v [R, T, D]``, and exposes ``.cfg``, so the StreamScheduler uses it
+enc_mask [R, L]) -> v [R, T, D]``, and exposes ``.cfg``, so the Denoiser uses it
 unchanged. The padded shape is fixed per bucket:
 
 * frames: ONE padded length ``frames`` (context + the largest chunk the preset plans,
@@ -29,7 +29,7 @@ rows never mix, so the first R rows and T frames of the bucket output equal the
 unpadded forward up to GEMM summation order (~1e-6 in fp32; tests/engines/runtime/test_graphed_dit.py).
 
 Output: a VIEW ``out[:R, :T]`` of the bucket's static output tensor, valid until the
-next call of this wrapper (the next call overwrites it). The StreamScheduler's fused
+next call of this wrapper (the next call overwrites it). The Denoiser's fused
 path consumes it within the tick, and its two-pass path copies the first output out
 before the second forward (ARCHITECTURE.md, tick-loop rule 1). Copy it if you keep it.
 

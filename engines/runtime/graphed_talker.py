@@ -1,17 +1,19 @@
 """The talker's whole decode step behind static buffers, one CUDA graph per bucket.
 
-    source.step_runner = GraphedTalkerStep(source)    # engines/pipelines/talker/source.py
+    source.step_runner = GraphedTalkerStep(source.step_spec())    # the pipeline says what to capture
     codes, cols = source.step_runner(rows, n_blocks, all_greedy, any_top_p)
 
-``TalkerSource.decode_step(idx, n_blocks, all_greedy, any_top_p)`` is the whole step on the
+The pipeline hands this wrapper a :class:`StepSpec`: the step to capture and the static sizes
+it needs; the runtime knows nothing else of the pipeline. The talker's ``spec.step(idx, n_blocks,
+all_greedy, any_top_p)`` is the whole step on the
 device - code predictor (15 steps), frame embedding + text part, talker forward over the
 paged KV cache, code-0 logits processing and sampling, state updates - with no host read.
 This wrapper runs it over a STATIC row-index buffer per (rows bucket, KV-blocks bucket,
 sampling mode): the rows are copied into the smallest rows bucket that fits (1, 2, 4, ...,
-the slot count), the rest of the bucket is the source's scratch row (its own state, a null
+the slot count), the rest of the bucket is the spec's scratch row (its own state, a null
 block table), and ``n_blocks`` is rounded up to a power of two. Every per-row tensor the step
-touches has a fixed address for the source's lifetime (state rows, block table, KV pool,
-rotary table), except the trailing-text buffer, which grows: ``source.buffers_version``
+touches has a fixed address for the pipeline's lifetime (state rows, block table, KV pool,
+rotary table), except the trailing-text buffer, which grows: ``spec.buffers_version()``
 changes then and every graph is dropped and recaptured.
 
 On CUDA a (bucket, blocks, mode) is captured the first time it is needed (``capture_all``
@@ -27,6 +29,9 @@ issues thousands of small kernels and the GPU idled ~80 % of each step (H200, 64
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from engines.devices import upload
@@ -36,50 +41,66 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 WARMUP_ITERS = 2
 
 
+@dataclass(frozen=True)
+class StepSpec:
+    """What the pipeline hands the runtime to capture: the step and the static sizes around it."""
+
+    step: Callable[[torch.Tensor, int, bool, bool], tuple[torch.Tensor, torch.Tensor]]  # (idx, blocks, greedy, top-p)
+    max_rows: int  # rows the largest bucket holds (the slot count)
+    scratch_row: int  # a row padding may step: it writes only its own state and the null block
+    max_blocks_per_row: int  # the KV-block bucket never exceeds it
+    device: torch.device
+    buffers_version: Callable[[], int]  # changes when a buffer the step reads moved: recapture
+    before_capture: Callable[[int], None]  # (largest bucket) sizes caches the step uses before a capture
+    compile_layers: Callable[[str], None]  # (backend) compiles the layers the step runs
+    compiled: Callable[[], bool]  # whether compiled layers run inside the step
+    uncompile: Callable[[], None]  # back to the plain layers (their capture failed)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
 class GraphedTalkerStep:
-    def __init__(self, source, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS,
+    def __init__(self, spec: StepSpec, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS,
                  compile_backend: str | None = None):
         """``compile_backend`` ("inductor" in the engine, CUDA only): the code predictor's layers
         run through ``torch.compile`` inside the graphs; if capturing them fails, the plain
         layers are captured instead (warned)."""
-        self.source = source
-        slots = source.max_slots
+        self.spec = spec
+        slots = spec.max_rows
         self.buckets = buckets or tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
-        self.device = source.device
+        self.device = spec.device
         self.cuda = self.device.type == "cuda"
         self.warmup_iters = warmup_iters
-        self._idx = {b: torch.full((b,), source.scratch_row, dtype=torch.int64, device=self.device)
+        self._idx = {b: torch.full((b,), spec.scratch_row, dtype=torch.int64, device=self.device)
                      for b in self.buckets}
         self._graphs: dict[tuple[int, int, bool, bool], tuple[object, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._version = source.buffers_version
+        self._version = spec.buffers_version()
         self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.captures = 0
         self._cpu_static: dict[tuple[int, int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         if self.cuda and compile_backend:
-            source.predictor.compile_layers(backend=compile_backend)
+            spec.compile_layers(compile_backend)
 
     def shape(self, rows: int, n_blocks: int) -> tuple[int, int]:
         """The static (rows bucket, KV blocks) a step of ``rows`` rows over ``n_blocks`` runs at."""
         bucket = next((b for b in self.buckets if b >= rows), None)
         if bucket is None:
             raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
-        return bucket, min(_pow2_at_least(n_blocks), self.source.cache.max_blocks_per_row)
+        return bucket, min(_pow2_at_least(n_blocks), self.spec.max_blocks_per_row)
 
     def __call__(self, rows: list[int], n_blocks: int, all_greedy: bool,
                  any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(rows)
         bucket, blocks = self.shape(n, n_blocks)
         idx = self._idx[bucket]
-        padded = rows + [self.source.scratch_row] * (bucket - n)
+        padded = rows + [self.spec.scratch_row] * (bucket - n)
         if not self.cuda:
             idx.copy_(upload(padded, torch.int64, self.device))
             codes, cols = self._cpu_outputs(bucket, blocks, all_greedy, any_top_p,
-                                            self.source.decode_step(idx, blocks, all_greedy, any_top_p))
+                                            self.spec.step(idx, blocks, all_greedy, any_top_p))
         else:
             graph, (codes, cols) = self._graph(bucket, blocks, all_greedy, any_top_p)
             idx.copy_(upload(padded, torch.int64, self.device))
@@ -101,16 +122,16 @@ class GraphedTalkerStep:
         return self._cpu_static[key]
 
     def _graph(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool):
-        if self._version != self.source.buffers_version:  # a state buffer moved: every graph is stale
+        if self._version != self.spec.buffers_version():  # a state buffer moved: every graph is stale
             self._graphs.clear()
-            self._version = self.source.buffers_version
+            self._version = self.spec.buffers_version()
         key = (bucket, blocks, all_greedy, any_top_p)
         if key not in self._graphs:
             idx = self._idx[bucket]
-            idx.fill_(self.source.scratch_row)  # warm-up and capture step only the scratch row
-            self.source.predictor.ensure_cache(self.buckets[-1], self.device, self.source.dtype)
+            idx.fill_(self.spec.scratch_row)  # warm-up and capture step only the scratch row
+            self.spec.before_capture(self.buckets[-1])
             with torch.no_grad():
-                self._graphs[key] = capture(lambda: self.source.decode_step(idx, blocks, all_greedy, any_top_p),
+                self._graphs[key] = capture(lambda: self.spec.step(idx, blocks, all_greedy, any_top_p),
                                             self.device, self.stream, self.pool, self.warmup_iters)
             self.captures += 1
         return self._graphs[key]
@@ -123,19 +144,17 @@ class GraphedTalkerStep:
 
         def capture_missing() -> None:
             blocks = 1
-            while blocks <= min(max_blocks, self.source.cache.max_blocks_per_row):
+            while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
                 for bucket in self.buckets:
                     for all_greedy, any_top_p in ((True, False), (False, False)):
                         self._graph(bucket, blocks, all_greedy, any_top_p)
                 blocks *= 2
 
-        compiled = self.source.predictor.layer_step is not None or self.source.talker.layer_step is not None
-        capture_or_uncompiled(capture_missing, compiled, self._uncompile, "talker and predictor layers")
+        capture_or_uncompiled(capture_missing, self.spec.compiled(), self._uncompile, "talker and predictor layers")
 
     def _uncompile(self) -> None:
-        self.source.predictor.layer_step = None
-        self.source.talker.layer_step = None
+        self.spec.uncompile()
         self._graphs.clear()
 
 
-__all__ = ["GraphedTalkerStep"]
+__all__ = ["GraphedTalkerStep", "StepSpec"]

@@ -124,7 +124,9 @@ class _Layout:
     frame_mask: torch.Tensor  # [R, Tmax] bool
 
 
-class StreamScheduler:
+class Denoiser:
+    """The DiT tick loop: slots at staggered denoising steps, fused CFG, Euler steps."""
+
     def __init__(self, dit: FlowDiT, cfg: StreamConfig, device, dtype: torch.dtype = torch.float32):
         if cfg.guidance not in GUIDANCE_MODES:
             raise ValueError(f"guidance must be one of {GUIDANCE_MODES}, got {cfg.guidance!r}")

@@ -9,9 +9,9 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.models.sampling import GREEDY_SETTINGS
-from engines.pipelines.base import Produced
+from engines.pipelines.base import Capacity, Produced, StepPlan
 from engines.pipelines.dit.codes import FrameCoder, LatentChunk
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 from engines.pipelines.dit.planner import UtterancePlanner
 
 
@@ -33,7 +33,7 @@ class DiTSource:
 
     name = "dit"
 
-    def __init__(self, planner: UtterancePlanner, scheduler: StreamScheduler, context_frames: int,
+    def __init__(self, planner: UtterancePlanner, scheduler: Denoiser, context_frames: int,
                  coder: FrameCoder, graphed: tuple = ()):
         self.planner = planner
         self.scheduler = scheduler
@@ -104,10 +104,10 @@ class DiTSource:
         r.in_flight = key
         r.next_chunk += 1
 
-    def free_slots(self) -> int:
-        return self.scheduler.free_slots()
+    def capacity(self) -> Capacity:
+        return Capacity(free_rows=self.scheduler.free_slots())  # no KV pool, no prompt prefill
 
-    def tick(self) -> list[Produced]:
+    def tick(self, plan: StepPlan | None = None) -> list[Produced]:
         done = []  # (request id, chunk, latents)
         for fc in self.scheduler.tick():
             r = self._requests.get(fc.key[0])

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.pipelines.base import Produced
+from engines.pipelines.base import Capacity, Produced, StepPlan
 from engines.pipelines.talker.live_text import LiveText
 
 # Frames before a talker stream's first audio (320 ms). The talker makes one frame per step,
@@ -17,7 +17,7 @@ from engines.pipelines.talker.live_text import LiveText
 FIRST_CHUNK_FRAMES = 4
 
 
-class TalkerLatentSource:
+class TalkerPipeline:
     """Qwen3-TTS talker utterances with continuous batching (engines/pipelines/talker/source.py)."""
 
     name = "talker"
@@ -91,15 +91,15 @@ class TalkerLatentSource:
             self.prime(request.id, torch.from_numpy(np.asarray(request.clone.ref_codes, dtype=np.int64)))
         self.source.admit(request, live=self._live.pop(request_id, None))
 
-    def free_slots(self) -> int:
-        return self.source.free_slots()
+    def capacity(self) -> Capacity:
+        return self.source.capacity()
 
     def languages(self) -> list[str]:
         return self.source.languages()
 
-    def tick(self) -> list[Produced]:
+    def tick(self, plan: StepPlan) -> list[Produced]:
         return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes,
-                         error=f.error) for f in self.source.tick()]
+                         error=f.error) for f in self.source.tick(plan)]
 
     def kv_cache_stats(self) -> dict[str, float]:
         return self.source.kv_cache_stats()

@@ -22,6 +22,7 @@ from engines.contract import SynthesisRequest
 from engines.pipelines.talker.reference import TalkerBundle
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import talker_fixtures as fx
+from tests.talker_helpers import step
 
 pytestmark = pytest.mark.parity  # needs the oracle fixtures
 
@@ -123,7 +124,7 @@ def test_half_precision_runs_batched(ckpt, dtype):
     source.admit(SynthesisRequest(id="b", text="Streaming speech.", voice="Vivian"), max_new_tokens=5)
     got = []
     while source.active_slots:
-        got += [f.codes for f in source.tick() if f.request_id == "a"]
+        got += [f.codes for f in step(source) if f.request_id == "a"]
     codes = torch.cat(got)
     assert codes.shape[1] == 4 and int(codes.max()) < 64 and int(codes.min()) >= 0
     assert torch.equal(codes, solo)

@@ -15,7 +15,7 @@ import torch
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import RequestState, Scheduler
 from engines.core.worker import Worker
-from engines.pipelines.base import Produced
+from engines.pipelines.base import Capacity, Produced
 from engines.pipelines.vocoder import VocalizeResult
 
 G = 4
@@ -47,10 +47,10 @@ class FakePipeline:
     def start(self, request_id):
         self.in_slot[request_id] = self.steps
 
-    def free_slots(self):
-        return self.slots - len(self.in_slot)
+    def capacity(self):
+        return Capacity(free_rows=self.slots - len(self.in_slot))
 
-    def tick(self):
+    def tick(self, plan):
         self.last_batch_rows = len(self.in_slot)
         out = []
         for rid in list(self.in_slot):

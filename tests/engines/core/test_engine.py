@@ -166,11 +166,11 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
     real_tick = eng.source.tick
     state = {"armed": False}
 
-    def failing_tick():  # fault injection: the batched forward raises once (as a CUDA OOM would)
+    def failing_tick(plan):  # fault injection: the batched forward raises once (as a CUDA OOM would)
         if state["armed"]:
             state["armed"] = False
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real_tick()
+        return real_tick(plan)
 
     eng.source.tick = failing_tick
     try:

@@ -35,7 +35,7 @@ from engines.export.manifest import Manifest, weights_hash  # noqa: E402
 from engines.export.onnx_export import default_profiles, export_models  # noqa: E402
 from engines.export.parity import example_dit_batch  # noqa: E402
 from engines.models.sampling import keyed_normal  # noqa: E402
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler  # noqa: E402
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser  # noqa: E402
 from engines.pipelines.dit.weights import build_models  # noqa: E402
 
 TOL = 1e-4
@@ -202,8 +202,8 @@ def _job(i: int, cfg, guided=True, frames=12, context=4, steps=3) -> ChunkJob:
 def test_stream_scheduler_through_ort_matches_torch(tiny, ort_dit, ceiling):
     stream = dataclasses.replace(tiny.config.stream, batch_ceiling=ceiling, max_slots=min(16, ceiling))
     jobs = [_job(0, tiny.config), _job(1, tiny.config), _job(2, tiny.config, guided=False, context=0)]
-    ref_sched = StreamScheduler(tiny.dit, stream, "cpu")
-    ort_sched = StreamScheduler(ort_dit, stream, "cpu")
+    ref_sched = Denoiser(tiny.dit, stream, "cpu")
+    ort_sched = Denoiser(ort_dit, stream, "cpu")
     ref, got = run_chunks(ref_sched, jobs), run_chunks(ort_sched, jobs)
     assert ort_sched.forward_count == ref_sched.forward_count == (3 if ceiling == 32 else 6)
     assert set(got) == set(ref) == {j.key for j in jobs}

@@ -38,7 +38,7 @@ from engines.export.tensorrt_backend import (
     TrtRunner,
 )
 from engines.models.sampling import keyed_normal
-from engines.pipelines.dit.denoiser import ChunkJob, StreamScheduler
+from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 from engines.pipelines.dit.weights import build_models
 
 TOL = 1e-4
@@ -214,14 +214,14 @@ def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_
     config = fit_stream_to_profile(tiny.config, trt_dit.max_batch)
     assert config.stream.batch_ceiling == 8 and config.stream.max_slots == 8
     jobs = [_job(i, tiny.config) for i in range(slots)]
-    sched = StreamScheduler(trt_dit, config.stream, "cpu")
+    sched = Denoiser(trt_dit, config.stream, "cpu")
     got = run_chunks(sched, jobs)
     assert sched.forward_count == 3 * forwards_per_tick
     executes = [e for e in log if e[0] == "execute_async_v3"]
     assert len(executes) == 3 * forwards_per_tick
     if forwards_per_tick == 2:  # both passes ran on the same output buffer
         assert len(trt_dit.runner._buffers) == 1
-    ref = run_chunks(StreamScheduler(tiny.dit, config.stream, "cpu"), jobs)
+    ref = run_chunks(Denoiser(tiny.dit, config.stream, "cpu"), jobs)
     for k in ref:
         assert (got[k] - ref[k]).abs().max().item() < TOL, k
 
@@ -306,10 +306,10 @@ def test_apply_backend_tensorrt_loads_engines_and_uses_their_ceiling(tiny, tmp_p
     assert isinstance(models.dit, TrtDiT) and isinstance(models.decoder, TrtDecoder)
     assert models.config.stream.batch_ceiling == 6 and models.config.stream.max_slots == 6
     jobs = [_job(i, tiny.config) for i in range(3)]  # 6 rows: fused
-    sched = StreamScheduler(models.dit, models.config.stream, "cpu")
+    sched = Denoiser(models.dit, models.config.stream, "cpu")
     got = run_chunks(sched, jobs)
     assert sched.forward_count == 3
-    ref = run_chunks(StreamScheduler(tiny.dit, models.config.stream, "cpu"), jobs)
+    ref = run_chunks(Denoiser(tiny.dit, models.config.stream, "cpu"), jobs)
     assert all((got[k] - ref[k]).abs().max().item() < TOL for k in ref)
     codes = torch.randint(0, tiny.decoder.cfg.codebook_size, (1, tiny.decoder.cfg.num_quantizers, 5))
     wav, _ = models.decoder.decode_step(codes, models.decoder.init_state(1))

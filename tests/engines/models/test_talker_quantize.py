@@ -12,7 +12,7 @@ from torch import nn
 from engines.contract import SynthesisRequest
 from engines.models.quantize import REDUCE_RANGE, Int8Linear, quantize_talker
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle
+from tests.talker_helpers import make_bundle, step
 
 
 def naive_int8_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,7 @@ def test_source_runs_int8_and_the_greedy_codes_follow_the_reference_loop():
     source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
     frames = []
     while source.active_slots:
-        frames += [f.codes for f in source.tick()]
+        frames += [f.codes for f in step(source)]
     got = torch.cat(frames)
     assert got.shape == want.shape and torch.equal(got, want)
 

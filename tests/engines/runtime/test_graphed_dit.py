@@ -23,7 +23,7 @@ from dit_helpers import (
 from host_read_helpers import NoHostReads
 
 from engines.config import get_preset
-from engines.pipelines.dit.denoiser import StreamScheduler
+from engines.pipelines.dit.denoiser import Denoiser
 from engines.pipelines.dit.planner import chunk_layout
 from engines.runtime.graphed_dit import (
     GraphedDiT,
@@ -199,9 +199,9 @@ def test_scheduler_ticks_equal_the_plain_dit(guidance, timing):
             for i in range(7)]
     admissions = [(i // 2, j) for i, j in enumerate(jobs)]
     cfg = stream_cfg(max_slots=8, batch_ceiling=16, guidance=guidance, guidance_timing=timing)
-    want = run(StreamScheduler(dit, cfg, "cpu"), admissions)
+    want = run(Denoiser(dit, cfg, "cpu"), admissions)
     g = graphed(dit)
-    sched = StreamScheduler(g, cfg, "cpu")
+    sched = Denoiser(g, cfg, "cpu")
     rows_seen = []
     orig = g._load
     g._load = lambda rows, le, *a: (rows_seen.append((a[0].shape[0], rows, le)), orig(rows, le, *a))[1]
@@ -219,9 +219,9 @@ def test_two_pass_ticks_copy_the_reused_output_out():
     (a view of the static output) must be copied out before the second."""
     dit = make_dit()
     jobs = [(0, make_job(i, steps=3, frames=8, context=4, length=6)) for i in range(4)]  # equal shapes
-    want = run(StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
+    want = run(Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
     g = graphed(dit, max_rows=4)
-    got = run(StreamScheduler(g, stream_cfg(max_slots=4, batch_ceiling=4), "cpu"), jobs)
+    got = run(Denoiser(g, stream_cfg(max_slots=4, batch_ceiling=4), "cpu"), jobs)
     assert set(g._out) == {(4, 8)}  # both passes used one bucket (one output buffer)
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
@@ -231,9 +231,9 @@ def test_scheduler_falls_back_when_rows_exceed_the_buckets():
     dit = make_dit()
     jobs = [(0, make_job(i, steps=2, frames=5, context=2)) for i in range(4)]  # 8 fused rows
     cfg = stream_cfg(max_slots=4, batch_ceiling=8)
-    want = run(StreamScheduler(dit, cfg, "cpu"), jobs)
+    want = run(Denoiser(dit, cfg, "cpu"), jobs)
     g = graphed(dit, max_rows=4)
-    got = run(StreamScheduler(g, cfg, "cpu"), jobs)
+    got = run(Denoiser(g, cfg, "cpu"), jobs)
     assert g.fallback_calls == 2
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
@@ -287,10 +287,10 @@ def test_cuda_scheduler_ticks_graphed_equal_plain_and_never_sync():
     jobs = [make_job(i, frames=3 + 2 * i, context=i % 4, steps=4, guided=i != 2, device="cuda") for i in range(5)]
     admissions = [(i // 2, j) for i, j in enumerate(jobs)]
     cfg = stream_cfg(max_slots=8, batch_ceiling=16)
-    want = run(StreamScheduler(dit, cfg, "cuda"), admissions)
+    want = run(Denoiser(dit, cfg, "cuda"), admissions)
     g = GraphedDiT(dit, 16, FRAMES, ENC)
     g.capture_all()
-    sched = StreamScheduler(g, cfg, "cuda")
+    sched = Denoiser(g, cfg, "cuda")
     for i in range(3):  # staggered; then steady-state ticks under the sync checker
         sched.admit(jobs[i])
         sched.tick()
@@ -302,7 +302,7 @@ def test_cuda_scheduler_ticks_graphed_equal_plain_and_never_sync():
             sched.tick()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    got = run(StreamScheduler(g, cfg, "cuda"), admissions)
+    got = run(Denoiser(g, cfg, "cuda"), admissions)
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
 

@@ -20,7 +20,7 @@ from engines.pipelines.dit.denoiser import (
     APG_MOMENTUM,
     APG_NORM_THRESHOLD,
     ChunkJob,
-    StreamScheduler,
+    Denoiser,
 )
 
 
@@ -87,7 +87,7 @@ class ForwardRecorder:
 
 def test_one_fused_forward_per_tick_with_2n_rows():
     dit = make_dit()
-    sched = StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
+    sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
     rec = ForwardRecorder(dit)
     for i in range(4):
         sched.admit(make_job(i, steps=3))
@@ -102,9 +102,9 @@ def test_one_fused_forward_per_tick_with_2n_rows():
 def test_two_passes_above_the_ceiling_give_the_fused_result():
     jobs = [(0, make_job(i, steps=3)) for i in range(4)]
     dit = make_dit()
-    fused = run(StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
+    fused = run(Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
     rec = ForwardRecorder(dit)
-    split_sched = StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=4), "cpu")
+    split_sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=4), "cpu")
     split = run(split_sched, jobs)
     assert rec.rows() == [4, 4] * 3  # positive pass, negative pass, every tick
     assert split_sched.forward_count == 6
@@ -129,21 +129,21 @@ class BufferReusingDiT(torch.nn.Module):
 def test_two_passes_survive_a_backend_that_reuses_its_output_buffer():
     jobs = [(0, make_job(i, steps=3, frames=8, context=4, length=6)) for i in range(4)]  # equal shapes
     dit = make_dit()
-    fused = run(StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
-    split = run(StreamScheduler(BufferReusingDiT(dit), stream_cfg(max_slots=4, batch_ceiling=4), "cpu"), jobs)
+    fused = run(Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
+    split = run(Denoiser(BufferReusingDiT(dit), stream_cfg(max_slots=4, batch_ceiling=4), "cpu"), jobs)
     for key in fused:
         torch.testing.assert_close(split[key], fused[key], rtol=0, atol=TOL)
 
 
 def test_no_negative_rows_without_guidance():
     dit = make_dit()
-    sched = StreamScheduler(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
+    sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
     sched.admit(make_job(0, scale=1.0))  # scale <= 1: guidance off
     sched.admit(make_job(1, guided=False))  # no null states
     sched.admit(make_job(2, scale=3.0))
     sched.tick()
     assert sched.last_batch_rows == 4  # 3 positive + 1 negative
-    off = StreamScheduler(dit, stream_cfg(guidance="none"), "cpu")
+    off = Denoiser(dit, stream_cfg(guidance="none"), "cpu")
     off.admit(make_job(2, scale=3.0))
     off.tick()
     assert off.last_batch_rows == 1
@@ -152,7 +152,7 @@ def test_no_negative_rows_without_guidance():
 def test_context_frames_are_never_blanked_under_cfg():
     dit = make_dit()
     rec = ForwardRecorder(dit)
-    sched = StreamScheduler(dit, stream_cfg(), "cpu")
+    sched = Denoiser(dit, stream_cfg(), "cpu")
     jobs = [make_job(i, context=4 + i) for i in range(3)]
     for j in jobs:
         sched.admit(j)
@@ -178,7 +178,7 @@ def test_context_frames_are_never_blanked_under_cfg():
 
 def test_memo_hit_returns_identical_objects():
     dit = make_dit()
-    sched = StreamScheduler(dit, stream_cfg(), "cpu")
+    sched = Denoiser(dit, stream_cfg(), "cpu")
     encs = [make_job(i).enc for i in range(3)]
     caller_list = list(encs)
     a = sched.padded_encoder_states(tuple(caller_list))
@@ -188,7 +188,7 @@ def test_memo_hit_returns_identical_objects():
     assert sched.memo_rebuilds == rebuilds
     assert caller_list == encs  # callers' lists are not touched
     # A rebuild gives the same values as the hit.
-    fresh = StreamScheduler(dit, stream_cfg(), "cpu").padded_encoder_states(tuple(encs))
+    fresh = Denoiser(dit, stream_cfg(), "cpu").padded_encoder_states(tuple(encs))
     torch.testing.assert_close(fresh[0], a[0], rtol=0, atol=0)
     torch.testing.assert_close(fresh[1], a[1], rtol=0, atol=0)
 
@@ -196,7 +196,7 @@ def test_memo_hit_returns_identical_objects():
 def test_memo_survives_ticks_and_chunk_handover():
     dit = make_dit()
     rec = ForwardRecorder(dit)
-    sched = StreamScheduler(dit, stream_cfg(), "cpu")
+    sched = Denoiser(dit, stream_cfg(), "cpu")
     jobs = [make_job(i, steps=2) for i in range(3)]
     for j in jobs:
         sched.admit(j)
@@ -218,7 +218,7 @@ def test_memo_survives_ticks_and_chunk_handover():
 
 def _steady_state_ticks(device: str, guidance: str, timing: str = "full"):
     dit = make_dit(device)
-    sched = StreamScheduler(dit, stream_cfg(guidance=guidance, guidance_timing=timing), device)
+    sched = Denoiser(dit, stream_cfg(guidance=guidance, guidance_timing=timing), device)
     for i in range(3):  # staggered admissions, ragged rows, mixed guidance
         sched.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, guided=i != 2, device=device))
         sched.tick()
@@ -251,7 +251,7 @@ def test_host_read_detector_can_fail(read):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_steady_state_tick_never_syncs_on_cuda():
     dit = make_dit("cuda")
-    sched = StreamScheduler(dit, stream_cfg(), "cuda")
+    sched = Denoiser(dit, stream_cfg(), "cuda")
     for i in range(3):
         sched.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda"))
         sched.tick()
@@ -271,10 +271,10 @@ def test_steady_state_tick_never_syncs_on_cuda():
 def test_job_alone_equals_job_in_a_crowd():
     dit = make_dit()
     target = make_job(0, frames=9, context=3)
-    alone = run(StreamScheduler(dit, stream_cfg(), "cpu"), [(0, target)])
+    alone = run(Denoiser(dit, stream_cfg(), "cpu"), [(0, target)])
     crowd = [(0, target)] + [(i % 3, make_job(i, frames=4 + 2 * i, context=i % 5, guided=i % 2 == 0))
                              for i in range(1, 8)]
-    together = run(StreamScheduler(dit, stream_cfg(), "cpu"), crowd)
+    together = run(Denoiser(dit, stream_cfg(), "cpu"), crowd)
     torch.testing.assert_close(together[target.key], alone[target.key], rtol=0, atol=TOL)
 
 
@@ -284,7 +284,7 @@ def test_scheduler_matches_naive_reference(guidance, timing):
     jobs = [make_job(i, frames=4 + 3 * i, context=i % 4, steps=3 + i % 3, scale=1.5 + i / 2, guided=i != 1)
             for i in range(6)]
     admissions = [(i // 2, j) for i, j in enumerate(jobs)]  # staggered steps
-    got = run(StreamScheduler(dit, stream_cfg(guidance=guidance, guidance_timing=timing), "cpu"), admissions)
+    got = run(Denoiser(dit, stream_cfg(guidance=guidance, guidance_timing=timing), "cpu"), admissions)
     for j in jobs:
         want = naive_reference(dit, j, guidance=guidance, timing=timing)
         torch.testing.assert_close(got[j.key], want, rtol=0, atol=TOL)
@@ -294,7 +294,7 @@ def test_scheduler_matches_naive_reference(guidance, timing):
 def test_noise_depends_on_seed_and_global_frames_only():
     dit = make_dit()
     a = make_job(0, seed=5, frame_start=40)
-    got = run(StreamScheduler(dit, stream_cfg(), "cpu"),
+    got = run(Denoiser(dit, stream_cfg(), "cpu"),
               [(0, a), (0, dataclasses.replace(a, key=("b", 0), seed=6)),
                (0, dataclasses.replace(a, key=("c", 0), frame_start=41))])
     assert (got[("b", 0)] - got[a.key]).abs().max() > 1e-2
@@ -306,7 +306,7 @@ def test_noise_depends_on_seed_and_global_frames_only():
 
 def test_cancel_frees_the_slot_immediately():
     dit = make_dit()
-    sched = StreamScheduler(dit, stream_cfg(max_slots=2, batch_ceiling=4), "cpu")
+    sched = Denoiser(dit, stream_cfg(max_slots=2, batch_ceiling=4), "cpu")
     a, b = make_job(0, steps=3), make_job(1, steps=3)
     sched.admit(a)
     sched.admit(b)
@@ -322,7 +322,7 @@ def test_cancel_frees_the_slot_immediately():
 
 def test_admission_rejects_bad_jobs():
     dit = make_dit()
-    sched = StreamScheduler(dit, stream_cfg(max_slots=1, batch_ceiling=2), "cpu")
+    sched = Denoiser(dit, stream_cfg(max_slots=1, batch_ceiling=2), "cpu")
     good = make_job(0)
     with pytest.raises(ValueError, match="steps"):
         sched.admit(dataclasses.replace(good, steps=0))
@@ -338,9 +338,9 @@ def test_admission_rejects_bad_jobs():
     with pytest.raises(RuntimeError, match="no free slot"):
         sched.admit(make_job(1))
     with pytest.raises(ValueError, match="guidance"):
-        StreamScheduler(dit, stream_cfg(guidance="bogus"), "cpu")
+        Denoiser(dit, stream_cfg(guidance="bogus"), "cpu")
     with pytest.raises(ValueError, match="max_slots"):
-        StreamScheduler(dit, stream_cfg(max_slots=8, batch_ceiling=4), "cpu")
+        Denoiser(dit, stream_cfg(max_slots=8, batch_ceiling=4), "cpu")
 
 
 @pytest.mark.cuda
@@ -349,7 +349,7 @@ def test_admission_and_ticks_never_sync_on_cuda():
     """Chunk admission is part of the steady state (every stream admits a chunk every few
     ticks): admitting, like ticking, must not wait for the device."""
     dit = make_dit("cuda")
-    sched = StreamScheduler(dit, stream_cfg(), "cuda")
+    sched = Denoiser(dit, stream_cfg(), "cuda")
     jobs = [make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda") for i in range(3)]
     sched.admit(jobs[0])
     sched.tick()  # first use of every kernel outside the check

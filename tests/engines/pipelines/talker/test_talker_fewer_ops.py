@@ -12,7 +12,7 @@ import torch
 from engines.contract import SynthesisRequest
 from engines.models.layers import apply_rope, mrope_cos_sin, prepare_rope, rope_inv_freq
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle
+from tests.talker_helpers import make_bundle, step
 
 
 def test_prepared_rope_is_bit_identical():
@@ -31,7 +31,7 @@ def _tick_ops(source: TalkerSource) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        source.tick()
+        step(source)
     return sum(1 for e in prof.events() if e.name.startswith("aten::")
                and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
 
@@ -45,7 +45,7 @@ def test_a_tick_dispatches_fewer_ops_than_the_plain_layers():
     source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=128)
     source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
     for _ in range(3):
-        source.tick()
+        step(source)
     fast = _tick_ops(source)
     original = talker_module.prepare_rope
     talker_module.prepare_rope = lambda cos, sin: (cos, sin)  # the talker's layers on the plain path
@@ -69,7 +69,7 @@ def test_fused_or_separate_gemms_give_the_same_codes():
             source.admit(SynthesisRequest(id=f"r{i}", text=text, voice="Vivian", temperature=0))
         codes: dict[str, list] = {}
         while source.active_slots:
-            for f in source.tick():
+            for f in step(source):
                 codes.setdefault(f.request_id, []).append(f.codes)
         got.append({k: torch.cat(v) for k, v in codes.items()})
     assert got[0].keys() == got[1].keys() and all(torch.equal(got[0][k], got[1][k]) for k in got[0])

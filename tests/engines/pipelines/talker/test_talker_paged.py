@@ -13,7 +13,7 @@ from engines.contract import SynthesisRequest
 from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle
+from tests.talker_helpers import admissible, make_bundle, step
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_a_stream_outgrowing_the_pool_ends_with_an_error_and_spares_the_others(b
     got: dict[str, list] = {"r5": [], "r6": []}
     errors = {}
     while source.active_slots:
-        for f in source.tick():
+        for f in step(source):
             got[f.request_id].append(f.codes)
             if f.error:
                 errors[f.request_id] = f.error
@@ -93,7 +93,7 @@ def test_a_row_without_a_free_block_waits_then_continues_exactly(bundle):
         source.admit(request(i), max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
     got: dict[str, list] = {"r3": [], "r5": []}
     while source.active_slots:
-        for f in source.tick():
+        for f in step(source):
             assert f.error is None, f.error
             got[f.request_id].append(f.codes)
     assert source.kv_stalls > 0
@@ -102,19 +102,19 @@ def test_a_row_without_a_free_block_waits_then_continues_exactly(bundle):
 
 
 def test_admission_waits_for_blocks(bundle):
-    """free_slots() counts the rows the pool can give the waiting prompt plus growth; it is 0
+    """The scheduler admits the rows the pool can give the waiting prompt plus growth; it is 0
     while a stream holds the blocks, opens again when it ends, and the wait is counted."""
     prompt = TalkerSource.from_bundle(bundle, max_slots=1).prompt_positions(request(3))
     blocks = -(-(prompt + 1) // 8)
     source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128, block_size=8, kv_blocks=1 + blocks + 1)
     source.wait_for(prompt)
-    assert source.free_slots() == 1, "one prompt plus its growth block fits, not two"
+    assert admissible(source) == 1, "one prompt plus its growth block fits, not two"
     source.admit(request(3), max_new_tokens=6, non_streaming_mode=MODES[3])
-    source.tick()  # prefilled and decoding: holds its prompt's blocks + 1 reserve
-    assert source.free_slots() == 0 and source.free_rows() == 3
+    step(source)  # prefilled and decoding: holds its prompt's blocks + 1 reserve
+    assert admissible(source) == 0 and source.free_rows() == 3
     while source.active_slots:
-        source.tick()
-    assert source.admission_waits > 0 and source.free_slots() == 1 and source.cache.used_blocks == 0
+        step(source)
+    assert source.admission_waits > 0 and admissible(source) == 1 and source.cache.used_blocks == 0
     source.check_fits(prompt)
     with pytest.raises(ValueError, match="--kv-cache-gb"):
         source.check_fits(8 * (blocks + 1))  # more blocks than the pool: it would wait forever
@@ -142,9 +142,9 @@ def _decode_ops(bundle, rows: int) -> int:
     for i in range(rows):
         source.admit(SynthesisRequest(id=f"s{i}", text=TEXTS[i % 8], voice=VOICES[i % 8], language=LANGS[i % 8],
                                       temperature=0.8, seed=i, top_p=0.9), max_new_tokens=40)
-    source.tick()  # prefill + first step
+    step(source)  # prefill + first step
     with torch.no_grad(), _CountOps() as counter:
-        source.tick()
+        step(source)
     assert source.last_batch_rows == rows
     return counter.ops
 
@@ -162,7 +162,7 @@ def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
     seeds = [31, 32, 33, 34, 35, 36, 37, 38]
     expected = {f"r{i}": solo(bundle, i, greedy=greedy, seed=seeds[i]) for i in range(8)}
     source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4, prefill_token_budget=16)
-    source.step_runner = GraphedTalkerStep(source)
+    source.step_runner = GraphedTalkerStep(source.step_spec())
     assert source.step_runner.buckets == (1, 2, 4, 6) and source.step_runner.shape(5, 3) == (6, 4)
     codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds)
     for rid, want in expected.items():
@@ -179,7 +179,7 @@ def test_cuda_graph_per_bucket_equals_the_eager_step():
     eager = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
     want, _, _ = run(eager, list(range(8)), greedy=False, seeds=list(range(8)))
     graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
-    graphed.step_runner = GraphedTalkerStep(graphed)
+    graphed.step_runner = GraphedTalkerStep(graphed.step_spec())
     graphed.step_runner.capture_all(max_blocks=2)
     got, _, _ = run(graphed, list(range(8)), greedy=False, seeds=list(range(8)))
     assert graphed.step_runner.captures > 0
@@ -215,17 +215,17 @@ def test_a_long_prompt_prefills_in_chunks_while_others_keep_speaking(bundle):
     source.admit(request(0), max_new_tokens=MAX_NEW[0], non_streaming_mode=MODES[0])
     got: dict[str, list] = {"r0": [], "r3": []}
     for _ in range(5):  # r0: prompt in 4 ticks, then speaking
-        for f in source.tick():
+        for f in step(source):
             got[f.request_id].append(f.codes)
     source.admit(request(3), max_new_tokens=MAX_NEW[3], non_streaming_mode=MODES[3])
     for tick in range(3):
-        out = source.tick()
+        out = step(source)
         speaking = [f.request_id for f in out if f.codes.shape[0]]
         assert speaking == (["r0"] if tick < 2 else ["r0", "r3"]), (tick, speaking)
         for f in out:
             got[f.request_id].append(f.codes)
     while source.active_slots:
-        for f in source.tick():
+        for f in step(source):
             got[f.request_id].append(f.codes)
     for i in (0, 3):
         assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
@@ -244,7 +244,7 @@ def test_greedy_rows_mixed_with_sampled_rows_keep_their_codes(bundle):
         source.admit(req, max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
     got: dict[str, list] = {}
     while source.active_slots:
-        for f in source.tick():
+        for f in step(source):
             got.setdefault(f.request_id, []).append(f.codes)
     for i in range(4):
         assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
@@ -256,7 +256,7 @@ def test_greedy_rows_mixed_with_sampled_rows_keep_their_codes(bundle):
         alone.admit(req, max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
         want = []
         while alone.active_slots:
-            want += [f.codes for f in alone.tick()]
+            want += [f.codes for f in step(alone)]
         assert torch.equal(torch.cat(got[f"r{i}"]), torch.cat(want)), i
 
 

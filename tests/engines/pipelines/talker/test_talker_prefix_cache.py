@@ -22,7 +22,7 @@ from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import clone_fixtures as cfx
 from tests.oracle import talker_fixtures as tfx
-from tests.talker_helpers import make_bundle
+from tests.talker_helpers import make_bundle, step
 
 pytestmark = pytest.mark.parity
 
@@ -31,7 +31,7 @@ def run_one(source: TalkerSource, request: SynthesisRequest, **admit) -> torch.T
     source.admit(request, **admit)
     frames = []
     while source.active_slots:
-        frames += [f.codes for f in source.tick() if f.request_id == request.id]
+        frames += [f.codes for f in step(source) if f.request_id == request.id]
     return torch.cat(frames)
 
 
@@ -120,7 +120,7 @@ def test_live_text_codes_equal_official_with_a_warm_cache():
                     feed.append(rest.pop(0))
                 elif not feed.finished:
                     feed.finish()
-                frames += [f.codes for f in source.tick()]
+                frames += [f.codes for f in step(source)]
             assert torch.equal(torch.cat(frames), refs[f"case/{case}/codes"]), (case, again)
     assert source.kv_cache_stats()["prefix_hits"] >= len(cases)
 

@@ -13,7 +13,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle
+from tests.talker_helpers import admissible, make_bundle, step
 
 TEXTS = ["Hello world.", "the quick brown fox", "你好，世界。", "Numbers 2026 and 42, jumps over the lazy dog.", "a",
          "small test of streaming speech", "lazy dog", "this is"]
@@ -46,13 +46,13 @@ def run(source: TalkerSource, pending: list[int], greedy: bool = True, seeds=Non
     pending = list(pending)
     unfinished = set()
     while pending or source.active_slots:
-        while pending and source.free_slots():
+        while pending and admissible(source):
             i = pending.pop(0)
             source.admit(request(i, greedy, seeds[i] if seeds else 0), max_new_tokens=MAX_NEW[i],
                          non_streaming_mode=MODES[i])
             unfinished.add(f"r{i}")
         before = set(unfinished)
-        out = source.tick()
+        out = step(source)
         ticks.append((source.last_batch_rows, len(before)))
         for f in out:
             got = frames.setdefault(f.request_id, [])
@@ -81,7 +81,7 @@ def test_batched_with_seven_others_equals_solo(bundle):
     assert ticks[0][0] == 8 and ticks[-1][0] == 1
     assert sum(rows for rows, _ in ticks) == sum(n + (1 if n < MAX_NEW[int(r[1:])] - 1 else 0)
                                                  for r, n in finals.items())  # + one EOS step each
-    assert source.active_slots == 0 and source.free_slots() == 8
+    assert source.active_slots == 0 and admissible(source) == 8
 
 
 def test_joining_between_ticks_equals_solo(bundle):
@@ -112,12 +112,12 @@ def test_cancel_frees_the_slot_and_leaves_others_alone(bundle):
         source.admit(request(i), max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
     got = {"r3": [], "r5": []}
     for _ in range(2):
-        for f in source.tick():
+        for f in step(source):
             got.setdefault(f.request_id, []).append(f.codes)
-    assert source.cancel("r0") and not source.cancel("r0") and source.free_slots() == 1
+    assert source.cancel("r0") and not source.cancel("r0") and admissible(source) == 1
     assert source.rows == ["r3", "r5"]  # stable rows: r0's row is free, nothing moved
     while source.active_slots:
-        for f in source.tick():
+        for f in step(source):
             assert f.request_id != "r0"
             got[f.request_id].append(f.codes)
     assert torch.equal(torch.cat(got["r3"]), solo(bundle, 3))
@@ -127,7 +127,7 @@ def test_cancel_frees_the_slot_and_leaves_others_alone(bundle):
 def test_limits_and_errors(bundle):
     source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=64)
     source.admit(request(0), max_new_tokens=1)  # one token, no frame: ends at once
-    out = source.tick()
+    out = step(source)
     assert len(out) == 1 and out[0].is_last and out[0].codes.shape == (0, 4) and source.active_slots == 0
     with pytest.raises(ValueError, match="speaker"):
         source.admit(SynthesisRequest(id="x", text="hi", voice="nobody"))
@@ -143,7 +143,7 @@ def test_limits_and_errors(bundle):
     source.admit(request(3), max_new_tokens=1000)
     n = 0
     while source.active_slots:
-        n += sum(f.codes.shape[0] for f in source.tick())
+        n += sum(f.codes.shape[0] for f in step(source))
     prompt_len = len(bundle.prompt.build(TEXTS[3], VOICES[3], LANGS[3]))
     assert n <= 64 - prompt_len
 
@@ -163,7 +163,7 @@ def test_all_oracle_cases_in_one_batch_equal_official():
                          non_streaming_mode=c["non_streaming_mode"], instruct=c["instruct"])
         got: dict[str, list] = {case: [] for case in cases}
         while source.active_slots:
-            for f in source.tick():
+            for f in step(source):
                 got[f.request_id].append(f.codes)
         for case in cases:
             assert torch.equal(torch.cat(got[case]), refs[f"case/{case}/codes"]), (name, case)
@@ -181,7 +181,7 @@ def test_tick_reads_nothing_from_the_device(bundle):
     finished = 0
     with torch.no_grad(), NoHostReads():
         while source.active_slots:
-            finished += sum(f.is_last for f in source.tick())
+            finished += sum(f.is_last for f in step(source))
     assert finished == 3
 
 
@@ -195,14 +195,14 @@ def test_steady_state_tick_never_syncs_on_cuda():
     source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128)
     for i in range(3):
         source.admit(request(i, greedy=i != 1, seed=i), max_new_tokens=6 + 4 * i, non_streaming_mode=MODES[i])
-    source.tick()
+    step(source)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     finished = 0
     try:
         with torch.no_grad():
             while source.active_slots:
-                finished += sum(f.is_last for f in source.tick())
+                finished += sum(f.is_last for f in step(source))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert finished == 3

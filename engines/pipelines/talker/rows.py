@@ -1,0 +1,170 @@
+"""The talker batch's rows: per-row device state, a request's resolved decoding settings, one
+utterance's host-side bookkeeping, and the in-flight copies of sampled ids.
+
+Rows are stable: an utterance keeps its row from admission to its end. Row ``max_slots`` is the
+scratch row: padding of a static batch bucket steps it (its block table stays null); it never
+holds an utterance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
+from engines.contract import SynthesisRequest
+from engines.models.sampling import SamplingSettings, split_seed
+from engines.pipelines.talker.live_text import LiveText
+
+
+@dataclass(frozen=True)
+class TalkerFrames:
+    request_id: str
+    codes: torch.Tensor  # [n, G] int64 on the device: frames finished this tick (n = 1, or 0 on an end)
+    frame_start: int  # global index of codes[0] in the utterance
+    is_last: bool  # EOS reached (or max tokens, or an error): the utterance is complete
+    error: str | None = None  # the utterance failed (e.g. the KV pool could not hold it)
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """A request's decoding settings, resolved against the checkpoint's generation config."""
+
+    talker: SamplingSettings  # code 0
+    predictor: SamplingSettings  # codes 1..G-1
+    repetition_penalty: float
+    max_new_tokens: int
+
+    @property
+    def sampled(self) -> bool:
+        return not (self.talker.greedy and self.predictor.greedy)
+
+    @property
+    def any_top_p(self) -> bool:
+        return (not self.talker.greedy and self.talker.top_p < 1.0) or (
+            not self.predictor.greedy and self.predictor.top_p < 1.0)
+
+
+def resolve_settings(gen: TalkerGenerationConfig, request: SynthesisRequest) -> RowSettings:
+    """The checkpoint's ``generation_config.json`` with the request's overrides: temperature,
+    top_k, top_p apply to code 0 (the official ``generate()`` keeps the code predictor's own
+    ``subtalker_*`` settings); greedy (``temperature`` 0 or ``greedy``) applies to both."""
+    talker = SamplingSettings(not gen.do_sample, gen.temperature, gen.top_k, gen.top_p).for_request(request)
+    predictor = SamplingSettings(not gen.subtalker_dosample, gen.subtalker_temperature, gen.subtalker_top_k,
+                                 gen.subtalker_top_p)
+    if request.greedy or request.temperature == 0:
+        predictor = predictor.override(greedy=True)
+    penalty = gen.repetition_penalty if request.repetition_penalty is None else float(request.repetition_penalty)
+    max_new = gen.max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
+    return RowSettings(talker, predictor, penalty, max_new)
+
+
+@dataclass
+class Utterance:
+    request: SynthesisRequest
+    row: int
+    settings: RowSettings
+    prompt: torch.Tensor | None  # [S, D] prefill inputs until prefilled
+    prompt_len: int
+    max_frames: int  # max_new_tokens - 1 (bounded by the per-stream position limit)
+    prefilled: int = 0  # prompt positions in the cache
+    decoding: bool = False  # prefill done, code 0 of frame 0 sampled
+    next_pos: int = 0  # host copy of the row's next talker position
+    frames: int = 0  # frames emitted so far
+    code0: int | None = None  # host value of the row's current code 0, once its copy landed
+    admitted: int = 0  # admission order (the youngest ends first when the pool is deadlocked)
+    live: LiveText | None = None  # issue 16: text still arriving (live_text.py)
+    fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
+    prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.id
+
+
+@dataclass
+class HostIds:
+    """A device->host copy of sampled code-0 ids in flight: which request each entry is for."""
+
+    request_ids: list[str]
+    host: torch.Tensor  # [n] int64 (pinned on CUDA)
+    event: object | None = None  # torch.cuda.Event on CUDA
+
+    def resolve(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()  # type: ignore[attr-defined]
+        return self.host[: len(self.request_ids)].tolist()
+
+
+@dataclass
+class RowState:
+    """Per-row device state, R rows (stable: a row belongs to one utterance until it ends)."""
+
+    h: torch.Tensor  # [R, D] talker hidden after the final norm, last position
+    code0: torch.Tensor  # [R] int64 compact code-0 column of the row's current frame
+    pos: torch.Tensor  # [R] int64 next talker position
+    ntok: torch.Tensor  # [R] int64 code-0 tokens sampled so far
+    seen: torch.Tensor  # [R, n_valid] bool: repetition-penalty set
+    trail: torch.Tensor  # [R, Tcap, D] trailing text parts; trail[r, trail_len[r]] = tts_pad part
+    trail_len: torch.Tensor  # [R] int64
+    seed_lo: torch.Tensor
+    seed_hi: torch.Tensor
+    penalty: torch.Tensor  # [R] float32 repetition penalty
+    greedy: torch.Tensor  # [R] bool (talker)
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    sub_greedy: torch.Tensor  # [R] bool (code predictor)
+    sub_temperature: torch.Tensor
+    sub_top_k: torch.Tensor
+    sub_top_p: torch.Tensor
+
+
+    version: int = 0  # bumped when a per-row buffer is reallocated (captured graphs must recapture)
+
+    @classmethod
+    def allocate(cls, rows: int, hidden: int, n_valid: int, dtype: torch.dtype, device) -> "RowState":
+        """Zeroed state for ``rows`` rows (the slots plus the scratch row)."""
+        def z(*shape, dt=torch.int64):
+            return torch.zeros(*shape, dtype=dt, device=device)
+
+        r, d, f32 = rows, hidden, torch.float32
+        return cls(
+            h=z(r, d, dt=dtype), code0=z(r), pos=z(r), ntok=z(r), seen=z(r, n_valid, dt=torch.bool),
+            trail=z(r, 8, d, dt=dtype), trail_len=z(r), seed_lo=z(r), seed_hi=z(r), penalty=z(r, dt=f32),
+            greedy=z(r, dt=torch.bool), temperature=z(r, dt=f32), top_k=z(r), top_p=z(r, dt=f32),
+            sub_greedy=z(r, dt=torch.bool), sub_temperature=z(r, dt=f32), sub_top_k=z(r), sub_top_p=z(r, dt=f32))
+
+    def ensure_trail(self, length: int) -> None:
+        """Room for ``length`` trailing text parts per row (the buffer doubles; ``version`` changes)."""
+        if self.trail.shape[1] >= length:
+            return
+        bigger = torch.zeros(self.trail.shape[0], max(length, 2 * self.trail.shape[1]), self.trail.shape[2],
+                             dtype=self.trail.dtype, device=self.trail.device)
+        bigger[:, : self.trail.shape[1]] = self.trail
+        self.trail = bigger
+        self.version += 1
+
+    def start(self, row: int, request: SynthesisRequest, settings: RowSettings, trailing: torch.Tensor,
+              pad: torch.Tensor, prompt_len: int) -> None:
+        """A new utterance's row: its trailing text parts, seed, sampling settings, position."""
+        t = trailing.shape[0]
+        self.ensure_trail(t + 1)
+        self.trail[row, :t] = trailing
+        self.trail[row, t] = pad
+        self.trail_len[row] = t
+        lo, hi = split_seed(request.seed)
+        self.seed_lo[row], self.seed_hi[row] = lo, hi
+        self.penalty[row] = settings.repetition_penalty
+        a, b = settings.talker, settings.predictor
+        self.greedy[row], self.temperature[row], self.top_k[row], self.top_p[row] = (
+            a.greedy, a.temperature, a.top_k, a.top_p)
+        self.sub_greedy[row], self.sub_temperature[row] = b.greedy, b.temperature
+        self.sub_top_k[row], self.sub_top_p[row] = b.top_k, b.top_p
+        self.pos[row] = prompt_len
+        self.ntok[row] = 0
+        self.seen[row] = False
+
+
+__all__ = ["HostIds", "RowSettings", "RowState", "TalkerFrames", "Utterance", "resolve_settings"]
