@@ -1,4 +1,4 @@
-"""The text side of one live utterance (issue 16): text that is still arriving.
+"""The text side of one live utterance: text that is still arriving.
 
     live = LiveText(request.text_feed, prompt_builder)   # on the worker thread
     live.pull()                       # drain new deltas -> committed text ids (stable_tokens.py)

@@ -34,7 +34,7 @@ class TalkerPipeline:
         # In-context cloning: the vocoder runs over the reference codes before the generated
         # frames (the official decode of [reference, generated] with the reference's audio cut).
         self.prime = prime  # callable(stream_id, codes [T, G]) or None
-        self._live: dict[str, LiveText] = {}  # issue 16: live utterances waiting for their first text id
+        self._live: dict[str, LiveText] = {}  # live utterances waiting for their first text id
         self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:

@@ -74,7 +74,7 @@ class Utterance:
     frames: int = 0  # frames emitted so far
     code0: int | None = None  # host value of the row's current code 0, once its copy landed
     admitted: int = 0  # admission order (the youngest ends first when the pool is deadlocked)
-    live: LiveText | None = None  # issue 16: text still arriving (live_text.py)
+    live: LiveText | None = None  # text still arriving (live_text.py)
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
     prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
 

@@ -271,7 +271,7 @@ class TalkerSource:
         if max_new_tokens is not None:
             request = replace(request, max_new_tokens=max_new_tokens)
         settings = resolve_settings(self.generation, request)
-        if live is not None:  # --- live text (issue 16): the prompt of the text committed so far
+        if live is not None:  # --- live text: the prompt of the text committed so far
             prompt = live.prompt(request, instruct=instruct)
         else:
             prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
@@ -299,7 +299,7 @@ class TalkerSource:
     def _rows_to_step(self) -> list[Utterance]:
         """The utterances that take a decode step this tick, by row. A row left out keeps its
         state untouched and steps again in a later tick: a live row whose next text id has
-        not arrived yet (issue 16) sits out until it does."""
+        not arrived yet sits out until it does."""
         waiting = self.live_rows.feed(self._utts)
         return [self._utts[r] for r in sorted(self._utts) if self._utts[r].decoding and r not in waiting]
 

@@ -1,4 +1,4 @@
-"""Live utterances in the talker (issue 16): text that arrives while the row speaks.
+"""Live utterances in the talker: text that arrives while the row speaks.
 
 The reference is the official ``generate()`` in streaming-text mode (``non_streaming_mode=False``)
 on the whole text: the oracle fixtures' ``*_stream`` cases. Greedy codes must be identical
