@@ -222,3 +222,19 @@ def talker_engine():
     engine.start()
     yield engine
     engine.stop()
+
+
+ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"  # the random aligner scripts/aligner-oracle-env.sh makes
+
+
+@pytest.fixture(scope="module")
+def aligned_engine():
+    """The tiny DiT engine with the random forced aligner: word timestamps on every surface."""
+    if not (ALIGNER / "config.json").exists():
+        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
+    from engines.build import build_engine
+
+    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
+    engine.start()
+    yield engine
+    engine.stop()

@@ -76,6 +76,16 @@ async def test_on_a_websocket_the_utterance_ends_with_an_overloaded_error(small_
         await live.stop()
 
 
+async def finished(http: aiohttp.ClientSession, job_url: str) -> dict:
+    """The job once it has ended (the caller's assertions say how)."""
+    while True:
+        async with http.get(job_url) as response:
+            job = await response.json()
+        if job["status"] in ("succeeded", "failed"):
+            return job
+        await asyncio.sleep(0.1)
+
+
 async def test_a_job_that_outgrows_the_kv_pool_is_queued_again_then_fails_with_the_reason(small_pool_engine, tmp_path):
     """A job is not a client waiting on a socket: running out of KV cache gives it back to the
     queue for another turn, a bounded number of times (this one can never fit: it then fails,
@@ -90,21 +100,11 @@ async def test_a_job_that_outgrows_the_kv_pool_is_queued_again_then_fails_with_t
                 job_id = (await response.json())["id"]
             async with http.post(live.url + "/v1/jobs", json={**BODY, "seed": 0}) as response:
                 short_id = (await response.json())["id"]
-            for _ in range(600):
-                async with http.get(f"{live.url}/v1/jobs/{job_id}") as response:
-                    job = await response.json()
-                if job["status"] in ("succeeded", "failed"):
-                    break
-                await asyncio.sleep(0.1)
+            job = await finished(http, f"{live.url}/v1/jobs/{job_id}")
             assert job["status"] == "failed" and "kv_cache_exhausted" in job["error"], job
             stored = await live.state.jobs.store.get(job_id)
             assert stored.attempts == CAPACITY_ATTEMPTS, stored.attempts
-            for _ in range(600):
-                async with http.get(f"{live.url}/v1/jobs/{short_id}") as response:
-                    short = await response.json()
-                if short["status"] in ("succeeded", "failed"):
-                    break
-                await asyncio.sleep(0.1)
+            short = await finished(http, f"{live.url}/v1/jobs/{short_id}")
             assert short["status"] == "succeeded", short
     finally:
         await live.stop()

@@ -8,29 +8,15 @@ import asyncio
 import re
 
 import aiohttp
-import pytest
 import soundfile
-from conftest import REPO, start_server
+from conftest import start_server
 
 from engines.pipelines.aligner.words import split_words
 
-ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"
 TEXT = "Hello there, my friend. How are you today? I am fine, thanks for asking."
 ALICE, BOB = "alice-key-1", "bob-key-2"
 SRT_CUE = re.compile(r"^(\d+)\n(\d\d):(\d\d):(\d\d),(\d\d\d) --> (\d\d):(\d\d):(\d\d),(\d\d\d)\n(.+)$")
 VTT_CUE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d):(\d\d)\.(\d\d\d)\n(.+)$")
-
-
-@pytest.fixture(scope="module")
-def aligned_engine():
-    if not (ALIGNER / "config.json").exists():
-        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
-    from engines.build import build_engine
-
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 async def finished_job(http, url: str, key: str) -> str:

@@ -18,26 +18,13 @@ import threading
 import aiohttp
 import pytest
 import websockets
-from conftest import REPO, start_server
+from conftest import ALIGNER, start_server
 
 from engines.pipelines.aligner.words import split_words
 
-ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"
 PIECES = ["Hello there, ", "my friend. How are ", "you today?"]
 TEXT = "".join(PIECES)
 SENTENCES = ["Hello there, my friend.", "How are you today?"]
-
-
-@pytest.fixture(scope="module")
-def aligned_engine():
-    if not (ALIGNER / "config.json").exists():
-        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
-    from engines.build import build_engine
-
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture

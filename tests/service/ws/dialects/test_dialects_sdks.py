@@ -125,19 +125,6 @@ def test_agents_venv_keeps_its_own_packages():
     assert project.stdout.strip() == "True"
 
 
-ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"
-
-
-@pytest.fixture(scope="module")
-def aligned_engine():
-    if not (ALIGNER / "config.json").exists():
-        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
-    from engines.build import build_engine
-
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 @pytest.mark.parametrize("kind", ["livekit-elevenlabs", "livekit-cartesia", "pipecat-elevenlabs", "pipecat-cartesia"])
