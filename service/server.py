@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -223,11 +224,34 @@ def raise_open_file_limit() -> None:
         log.warning("could not raise the open-file limit: %s", exc)
 
 
+M_ARENA_MAX = -8  # glibc mallopt parameter
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
+    """glibc gives every thread that allocates its own malloc arena (up to 8 per core), and an
+    arena keeps what it once held: whole-sentence encodes and reference decodes on executor
+    threads then grow the server's RSS with every large request (a soak with 100 s mp3
+    sentences: +230 MiB in 2 minutes and still rising; with 2 arenas it stays at the working
+    set, +120 MiB, flat). ``MALLOC_ARENA_MAX`` in the environment still wins; no-op off glibc."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        if libc.mallopt(M_ARENA_MAX, arenas) != 1:
+            log.warning("could not limit malloc arenas (mallopt refused)")
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to limit
+        pass
+
+
 def run(settings: Settings) -> int:
     from engines.checkpoints.hub import ModelUnavailable
 
     configure_logging(settings.log_level)
     raise_open_file_limit()
+    limit_malloc_arenas()
     try:
         sock = reserve_address(settings.host, settings.port)  # a busy port fails before any download
     except PortUnavailable as exc:
