@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from service.errors import StoreUnavailable
-    from service.jobs.store.base import redact_url
+    from service.db.urls import redact_url
     from service.jobs.store.copy import copy_embedded_store
     from service.jobs.store.untrusted import UnreadableStore
     from service.settings import from_args

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextlib import asynccontextmanager
 
 import asyncpg
 
 from service.db.schema import MIGRATIONS, SCHEMA_VERSION
+from service.db.urls import redact_url
 from service.errors import StoreUnavailable
 
 log = logging.getLogger("streamvox.db")
@@ -36,11 +36,6 @@ REOPEN_AFTER_S = 1.0  # after a failed open, callers fail at once for this long
 UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError,
                asyncpg.exceptions.InvalidAuthorizationSpecificationError, asyncpg.exceptions.InvalidCatalogNameError)
-
-
-def redact_url(url: str) -> str:
-    """A database URL fit for a log line: the password replaced."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 class Database:

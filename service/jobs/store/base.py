@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from service.db.postgres import redact_url  # noqa: F401  (re-exported: callers import it from here)
 from service.synthesis.audio import CONTENT_TYPES
 from service.voices.store import FileVoiceStore, VoiceStore
 
