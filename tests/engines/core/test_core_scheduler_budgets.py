@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from engines.core.scheduler import Scheduler
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, Scheduler
 from engines.pipelines.base import Capacity
 
 
@@ -30,10 +32,27 @@ def test_prefill_positions_go_oldest_first_until_the_budget_is_spent():
 
 
 def test_step_plan_counts_a_free_row_that_waits_for_blocks():
-    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, waiting_blocks=3,
-                       prefill_waiting=(6, 6), prefill_budget=10)
-    plan = Scheduler.step_plan(waiting)
+    scheduler = Scheduler(max_slots=4, prefill_token_budget=10)
+    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, waiting_blocks=3, prefill_waiting=(6, 6))
+    plan = scheduler.step_plan(waiting)
     assert plan.kv_wait and plan.prefill == (6, 4)
     fits = Capacity(free_rows=3, free_blocks=9, growth_blocks=1, waiting_blocks=3)
-    assert not Scheduler.step_plan(fits).kv_wait and Scheduler.step_plan(fits).prefill == ()
-    assert not Scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, waiting_blocks=3)).kv_wait
+    assert not scheduler.step_plan(fits).kv_wait and scheduler.step_plan(fits).prefill == ()
+    assert not scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, waiting_blocks=3)).kv_wait
+
+
+@pytest.mark.parametrize("budget, planned", [(1, (1,)), (5, (5,)), (9, (7, 2)), (12, (7, 4, 1)), (512, (7, 4, 30))])
+def test_the_scheduler_alone_sets_each_steps_prefill_allowance(budget, planned):
+    """The pipeline reports only what its prompts have left; how many positions a step prefills in
+    all is the scheduler's configured budget, spread over the prompts oldest first."""
+    assert not [f.name for f in fields(Capacity) if "budget" in f.name], "a pipeline reports no budget"
+    report = Capacity(free_rows=0, prefill_waiting=(7, 4, 30))
+    plan = Scheduler(max_slots=4, prefill_token_budget=budget).step_plan(report)
+    assert plan.prefill == planned
+    assert sum(plan.prefill) == min(budget, sum(report.prefill_waiting))
+
+
+def test_the_default_prefill_budget_and_a_bad_one():
+    assert Scheduler(max_slots=4).prefill_token_budget == DEFAULT_PREFILL_TOKEN_BUDGET == 512
+    with pytest.raises(ValueError, match="prefill_token_budget"):
+        Scheduler(max_slots=4, prefill_token_budget=0)
