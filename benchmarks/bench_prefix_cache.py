@@ -67,11 +67,12 @@ def first_audio(source: TalkerSource, request: SynthesisRequest) -> tuple[float,
     same two in this thread's CPU seconds (torch runs on it with --threads 1: the work done,
     whatever else the shared machine runs)."""
     positions = source.prompt_positions(request)
+    scheduler = Scheduler(max_slots=source.max_slots)  # plans each tick's prefill (its default token budget)
     t0, c0 = time.perf_counter(), time.thread_time()
     source.admit(request, max_new_tokens=CHUNK + 2)
     frames, first = 0, None
     while frames < CHUNK:
-        frames += sum(f.codes.shape[0] for f in source.tick(Scheduler.step_plan(source.capacity())) if f.request_id == request.id)
+        frames += sum(f.codes.shape[0] for f in source.tick(scheduler.step_plan(source.capacity())) if f.request_id == request.id)
         if frames and first is None:
             first = (time.perf_counter() - t0, time.thread_time() - c0)
     chunk = (time.perf_counter() - t0, time.thread_time() - c0)

@@ -241,6 +241,7 @@ def ours_worker(args) -> None:
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
                                           kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor
+        scheduler = Scheduler(max_slots=b)  # plans each step's prefill (its default token budget)
         if args.variant in ("ours+graphs", "ours+ctalk"):
             from engines.runtime.graphed_talker import GraphedTalkerStep
 
@@ -253,16 +254,16 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source._prefill(Scheduler.step_plan(source.capacity()).prefill)
+                source._prefill(scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
-                source.tick(Scheduler.step_plan(source.capacity()))
+                source.tick(scheduler.step_plan(source.capacity()))
             times, cpu = [], []
             for _ in range(steps):
                 sync(device)
                 t0, c0 = time.perf_counter(), time.thread_time()
-                out = source.tick(Scheduler.step_plan(source.capacity()))
+                out = source.tick(scheduler.step_plan(source.capacity()))
                 sync(device)
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.thread_time() - c0)

@@ -40,7 +40,7 @@ def steady_source(size: str, batch: int, quantize: str | None = None) -> TalkerS
     for i in range(batch):
         source.admit(SynthesisRequest(id=f"u{i}", text=TEXT, voice="Ryan", temperature=0), max_new_tokens=400)
     for _ in range(3):
-        source.tick(Scheduler.step_plan(source.capacity()))
+        source.tick(Scheduler(max_slots=batch).step_plan(source.capacity()))
     return source
 
 
@@ -61,13 +61,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(machine_line(torch.device("cpu")))
     source = steady_source(args.size, args.batch, args.quantize)
+    scheduler = Scheduler(max_slots=args.batch)  # plans each tick's prefill (its default token budget)
     t0 = time.perf_counter()
     for _ in range(args.ticks):
-        source.tick(Scheduler.step_plan(source.capacity()))
+        source.tick(scheduler.step_plan(source.capacity()))
     plain = (time.perf_counter() - t0) / args.ticks
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.ticks):
-            source.tick(Scheduler.step_plan(source.capacity()))
+            source.tick(scheduler.step_plan(source.capacity()))
     ops = top_level_ops(prof)
     total = sum(ops.values()) / args.ticks
     print(f"size {args.size} batch {args.batch}: {total:.0f} top-level op calls per tick "

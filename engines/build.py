@@ -17,6 +17,7 @@ from engines.checkpoints.hub import resolve_model
 from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
@@ -121,11 +122,13 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         # fp32 on CPU; on CUDA the engine's dtype (the aligner's official inference runs in bf16)
         loaded_aligner = Aligner.load(Path(aligner) if Path(aligner).exists() else aligner, device=dev, dtype=dtype)
         log.info("loaded the forced aligner %s (word timestamps)", aligner)
+    if prefill_token_budget is None:
+        prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET  # the scheduler's, which decides each step's prefill
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
                   switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
+                  prefill_token_budget=prefill_token_budget,
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                    ("prefill_token_budget", prefill_token_budget),
                                                     ("prefix_cache_fraction", prefix_cache_fraction))
                                   if v is not None})
 

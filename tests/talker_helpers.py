@@ -101,12 +101,14 @@ def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int 
                         PromptBuilder(prompt_cfg, tok), generation, "<random>", device, dtype)
 
 
-def step(source):
+def step(source, scheduler=None):
     """One tick of a TalkerSource driven directly (no engine), under the core scheduler's plan:
-    the admission and prefill decisions are the scheduler's (engines/core/scheduler.py)."""
+    the admission and prefill decisions, the prefill token budget included, are the scheduler's
+    (engines/core/scheduler.py; ``None``: one with the default budget)."""
     from engines.core.scheduler import Scheduler
 
-    return source.tick(Scheduler.step_plan(source.capacity()))
+    scheduler = scheduler or Scheduler(max_slots=source.max_slots)
+    return source.tick(scheduler.step_plan(source.capacity()))
 
 
 def admissible(source) -> int:

@@ -36,6 +36,7 @@ from engines.contract import (
     TickReport,
     VoiceClone,
 )
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -82,12 +83,13 @@ class Engine:
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
-                 aligner=None):
+                 aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
         runs on the device (compilation, talker step graphs, stage timing), from the service's settings.
-        ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none)."""
+        ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
+        ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -142,7 +144,7 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
-            # talker_options: kv_cache_gb, prefill_token_budget, prefix_cache_fraction (engines/pipelines/talker/source.py)
+            # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
             talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
@@ -177,7 +179,7 @@ class Engine:
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
-                             aligner=aligner)
+                             aligner=aligner, prefill_token_budget=prefill_token_budget)
         self.aligner = aligner
         self._warmup = warmup
         self._ready = threading.Event()

@@ -17,9 +17,10 @@ frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs w
 * KV blocks: a free row is admissible only while the pipeline's KV pool can give the longest
   waiting prompt its blocks plus one block of growth, after one block of growth per row
   already decoding (the others wait in the engine's queue; a free row that waits is counted).
-* Prefill tokens: queued prompts prefill oldest first, each as much as the step's
-  ``prefill_budget`` has left (a long prompt takes several steps), so an arriving request
-  never stalls the streams already speaking.
+* Prefill tokens: at most ``prefill_token_budget`` prompt positions per step, in all; queued
+  prompts prefill oldest first, each as much as the budget has left (a long prompt takes
+  several steps), so an arriving request never stalls the streams already speaking. The
+  pipeline reports what its prompts have left and prefills what the plan says.
 * Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
   listener runs out of audio - so a burst of finished chunks from many streams never holds
   up the next generation step by more than one piece. The bound is ``vocoder_frames`` code
@@ -39,6 +40,7 @@ from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
 from engines.pipelines.base import Capacity, Produced, StepPlan
 
 FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
+DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
 
 
 @dataclass
@@ -81,9 +83,12 @@ class VocoderWork:
 
 class Scheduler:
     def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
-                 keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0):
+                 keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0,
+                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET):
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
+        if prefill_token_budget < 1:
+            raise ValueError(f"prefill_token_budget must be >= 1, got {prefill_token_budget}")
         # Batch work may hold at most this share of the slots, so realtime arrivals always find one.
         self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
         self.vocoder_frames = vocoder_frames
@@ -92,6 +97,7 @@ class Scheduler:
         # more than a quarter of the slots, so one tenant alone keeps most of the device.
         self.newcomer_slots = min(newcomer_slots, max_slots // 4)
         self.ahead_seconds = ahead_seconds
+        self.prefill_token_budget = prefill_token_budget  # prompt positions one step may prefill in all
         self._rate = 0.0  # frames produced per generation step, moving average
 
     def observe(self, frames_produced: int) -> None:
@@ -126,11 +132,11 @@ class Scheduler:
             budget -= take
         return tuple(takes)
 
-    @classmethod
-    def step_plan(cls, capacity: Capacity) -> StepPlan:
-        """This step's prefill positions per queued prompt, and whether a free row waits for blocks."""
-        kv_wait = bool(capacity.free_rows and capacity.waiting_blocks and not cls.admissible(capacity))
-        return StepPlan(cls.prefill_tokens(capacity.prefill_waiting, capacity.prefill_budget), kv_wait)
+    def step_plan(self, capacity: Capacity) -> StepPlan:
+        """This step's prefill positions per queued prompt (``prefill_token_budget`` in all), and
+        whether a free row waits for blocks."""
+        kv_wait = bool(capacity.free_rows and capacity.waiting_blocks and not self.admissible(capacity))
+        return StepPlan(self.prefill_tokens(capacity.prefill_waiting, self.prefill_token_budget), kv_wait)
 
     def slot_order(self, states: list[RequestState], free: int, wants_slot: Callable[[str], bool]
                    ) -> list[RequestState]:

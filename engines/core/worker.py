@@ -40,7 +40,7 @@ from engines.contract import (
 from engines.core.aligning import AlignQueue, Piece, alignment_language
 from engines.core.executor import Executor
 from engines.core.outbox import Outbox, deliver_final, emit_audio
-from engines.core.scheduler import RequestState, Scheduler, VocoderWork
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, RequestState, Scheduler, VocoderWork
 from engines.pipelines.base import Pipeline
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
@@ -75,12 +75,14 @@ class Worker:
         trace: list | None = None,
         stage_sync: bool = False,
         aligner=None,
+        prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
     ):
         self.source = source
         self.vocalizer = vocalizer
         self.voice_index = voice_index
         self.max_queue = max_queue
-        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up)
+        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
+                                   prefill_token_budget=prefill_token_budget)
         self.executor = Executor(source, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()

@@ -50,14 +50,15 @@ class Capacity:
     growth_blocks: int = 0  # blocks the rows already decoding may take for their next positions
     waiting_blocks: int = 0  # blocks the longest prompt waiting for a row needs (0: none waits)
     prefill_waiting: tuple[int, ...] = ()  # prompt positions still to prefill, per queued prompt, oldest first
-    prefill_budget: int = 0  # prompt positions one step may prefill in all
 
 
 @dataclass(frozen=True)
 class StepPlan:
     """The scheduler's decision for one step, which the pipeline executes."""
 
-    prefill: tuple[int, ...] = ()  # positions each queued prompt prefills this step (oldest first)
+    # positions each queued prompt prefills this step (oldest first; at most the scheduler's
+    # prefill_token_budget in all): the pipeline's whole prefill allowance, it keeps none of its own
+    prefill: tuple[int, ...] = ()
     kv_wait: bool = False  # a free row waits for KV blocks this step (counted in kv_cache_stats)
 
 

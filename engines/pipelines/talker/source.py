@@ -2,7 +2,7 @@
 
     source = TalkerSource.from_bundle(TalkerBundle.from_checkpoint(path, device, dtype), max_slots=64)
     source.admit(request)              # tokenize, build the prompt, take KV blocks for it, queue its prefill
-    plan = Scheduler.step_plan(source.capacity())   # engines/core/scheduler.py decides the budgets
+    plan = scheduler.step_plan(source.capacity())   # engines/core/scheduler.py decides the budgets
     frames = source.tick(plan)         # the planned prefill chunks, then ONE decode step
     # -> [TalkerFrames(request_id, codes [n, G], frame_start, is_last, error), ...]
 
@@ -14,10 +14,10 @@ and its resolved sampling settings (the checkpoint's generation_config.json with
 request's overrides, engines/models/sampling.py ``SamplingSettings``).
 
 One tick:
- 0. **prefill**: queued prompts go through the talker together, at most
-    ``prefill_token_budget`` positions per tick (a long prompt takes several ticks; the
-    scheduler says how many each gets), so an arriving request never stalls the streams already speaking; a prompt that completes
-    samples its code 0 and joins the decode step of the same tick.
+ 0. **prefill**: queued prompts go through the talker together, as many positions of each as
+    the step's plan says (the scheduler's prefill token budget: a long prompt takes several
+    ticks), so an arriving request never stalls the streams already speaking; a prompt that
+    completes samples its code 0 and joins the decode step of the same tick.
  1. **decode**, for the rows chosen by :meth:`_rows_to_step` (every decoding row today; a row
     may sit a step out without any state change, e.g. while its next text has not arrived):
     code predictor on [h, emb(code 0)] -> codes 1..G-1 of frame k;
@@ -54,8 +54,8 @@ first, also when the pool runs short). ``kv_cache_stats()`` counts hits, misses,
 The batch is split by concern: rows.py (row state, settings, an utterance's bookkeeping),
 prefill.py (prompt blocks, prefix-cache hits, chunked prefill), decode.py (the device step),
 live.py (text still arriving); this module coordinates them. The budgets - who is admitted,
-how many prompt positions each queued prompt prefills - are the scheduler's
-(engines/core/scheduler.py), decided from :meth:`TalkerSource.capacity`.
+how many prompt positions each queued prompt prefills, the prefill token budget itself - are
+the scheduler's (engines/core/scheduler.py), decided from :meth:`TalkerSource.capacity`.
 
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
@@ -94,7 +94,6 @@ from engines.runtime.graphed_talker import StepSpec
 DEFAULT_KV_CACHE_GB_CPU = 1.0
 DEFAULT_KV_FRACTION_CUDA = 0.4  # of the device memory free when the source is built
 DEFAULT_BLOCK_SIZE = 16
-DEFAULT_PREFILL_TOKEN_BUDGET = 512
 DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefix index may keep
 
 
@@ -105,12 +104,10 @@ class TalkerSource:
     def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, kv_blocks: int | None = None,
+                 kv_blocks: int | None = None,
                  prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION):
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
-        if prefill_token_budget <= 0:
-            raise ValueError(f"prefill_token_budget must be > 0, got {prefill_token_budget}")
         self.talker = talker.eval()
         self.prompt = prompt
         self.generation = generation
@@ -118,7 +115,6 @@ class TalkerSource:
         self.dtype = dtype
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len  # positions per stream (prompt + frames)
-        self.prefill_token_budget = prefill_token_budget
         cfg = talker.cfg
         self.num_code_groups = cfg.num_code_groups
         n_valid = talker.valid_ids.numel()  # compact code-0 columns (codebook + EOS)
@@ -198,12 +194,11 @@ class TalkerSource:
     def capacity(self) -> Capacity:
         """What the scheduler decides from (engines/core/scheduler.py): free rows, free KV blocks,
         the decoding rows' growth, the blocks the longest waiting prompt needs, and the prompt
-        positions each queued prompt has left (oldest first) under the step's prefill budget."""
+        positions each queued prompt has left (oldest first)."""
         return Capacity(free_rows=self.free_rows(), free_blocks=self.cache.free_blocks,
                         growth_blocks=self._growth_reserve(), waiting_blocks=self._waiting_prompt_blocks,
                         prefill_waiting=tuple(u.prompt_len - u.prefilled for u in self._prefill_queue
-                                              if u.max_frames > 0),
-                        prefill_budget=self.prefill_token_budget)
+                                              if u.max_frames > 0))
 
     def check_fits(self, prompt_positions: int) -> None:
         """ValueError for a prompt this source could never admit (longer than the per-stream

@@ -1,11 +1,15 @@
 """The scheduler's KV-block admission and prefill-token decisions, on hand-made pipeline reports
-(engines/pipelines/base.py ``Capacity``): the pipeline reports, the scheduler decides."""
+(engines/pipelines/base.py ``Capacity``) and in a served engine: the pipeline reports, the
+scheduler decides (the prefill token budget included), the pipeline executes."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+import numpy as np
 import pytest
 
-from engines.core.scheduler import Scheduler
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, Scheduler
 from engines.pipelines.base import Capacity
 
 
@@ -30,10 +34,66 @@ def test_prefill_positions_go_oldest_first_until_the_budget_is_spent():
 
 
 def test_step_plan_counts_a_free_row_that_waits_for_blocks():
-    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, waiting_blocks=3,
-                       prefill_waiting=(6, 6), prefill_budget=10)
-    plan = Scheduler.step_plan(waiting)
+    scheduler = Scheduler(max_slots=4, prefill_token_budget=10)
+    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, waiting_blocks=3, prefill_waiting=(6, 6))
+    plan = scheduler.step_plan(waiting)
     assert plan.kv_wait and plan.prefill == (6, 4)
     fits = Capacity(free_rows=3, free_blocks=9, growth_blocks=1, waiting_blocks=3)
-    assert not Scheduler.step_plan(fits).kv_wait and Scheduler.step_plan(fits).prefill == ()
-    assert not Scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, waiting_blocks=3)).kv_wait
+    assert not scheduler.step_plan(fits).kv_wait and scheduler.step_plan(fits).prefill == ()
+    assert not scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, waiting_blocks=3)).kv_wait
+
+
+@pytest.mark.parametrize("budget, planned", [(1, (1,)), (5, (5,)), (9, (7, 2)), (12, (7, 4, 1)), (512, (7, 4, 30))])
+def test_the_scheduler_alone_sets_each_steps_prefill_allowance(budget, planned):
+    """The pipeline reports only what its prompts have left; how many positions a step prefills in
+    all is the scheduler's configured budget, spread over the prompts oldest first."""
+    assert not [f.name for f in fields(Capacity) if "budget" in f.name], "a pipeline reports no budget"
+    report = Capacity(free_rows=0, prefill_waiting=(7, 4, 30))
+    plan = Scheduler(max_slots=4, prefill_token_budget=budget).step_plan(report)
+    assert plan.prefill == planned
+    assert sum(plan.prefill) == min(budget, sum(report.prefill_waiting))
+
+
+def test_the_default_prefill_budget_and_a_bad_one():
+    assert Scheduler(max_slots=4).prefill_token_budget == DEFAULT_PREFILL_TOKEN_BUDGET == 512
+    with pytest.raises(ValueError, match="prefill_token_budget"):
+        Scheduler(max_slots=4, prefill_token_budget=0)
+
+
+def test_the_engine_prefills_what_its_scheduler_allows_and_the_audio_stays_the_same():
+    """--prefill-token-budget reaches the core scheduler, not the talker: with a budget of 3 every
+    step's plan (recorded where the pipeline receives it) prefills at most 3 prompt positions, the
+    prompt takes several steps, and the audio equals the default budget's (one step) bit for bit."""
+    from engine_helpers import run_requests
+
+    from engines.build import build_engine
+    from engines.contract import SynthesisRequest
+    from tests.oracle import talker_fixtures as fx
+
+    checkpoint = str(fx.checkpoint_dir("cv_proj"))
+    audio, planned = {}, {}
+    for budget in (3, None):
+        engine = build_engine(preset="tiny", device="cpu", checkpoint=checkpoint, warmup=False,
+                              prefill_token_budget=budget)
+        assert engine.worker.scheduler.prefill_token_budget == (budget or DEFAULT_PREFILL_TOKEN_BUDGET)
+        assert not hasattr(engine.source.source, "prefill_token_budget"), "the talker keeps no budget"
+        plans = planned[budget] = []
+        pipeline_tick = engine.source.tick
+
+        def recording_tick(plan, plans=plans, pipeline_tick=pipeline_tick):
+            plans.append(sum(plan.prefill))
+            return pipeline_tick(plan)
+
+        engine.source.tick = recording_tick
+        engine.start()
+        try:
+            [done] = run_requests(engine, [SynthesisRequest(id="p", text="Hello there, prefill.", seed=0,
+                                                            temperature=0, max_new_tokens=12)])
+        finally:
+            engine.stop()
+        assert done.error is None
+        audio[budget] = done.pcm
+    prompt = sum(planned[None])
+    assert prompt > 6 and [n for n in planned[None] if n] == [prompt], "the default budget: one step"
+    assert max(planned[3]) == 3 and sum(planned[3]) == prompt and sum(1 for n in planned[3] if n) >= prompt // 3
+    assert np.array_equal(audio[3], audio[None])

@@ -10,8 +10,10 @@ from test_talker_source import LANGS, MAX_NEW, MODES, TEXTS, VOICES, request, ru
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engines.contract import SynthesisRequest
+from engines.core.scheduler import Scheduler
 from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
+from engines.pipelines.base import StepPlan
 from engines.pipelines.talker.source import TalkerSource
 from tests.talker_helpers import admissible, make_bundle, step
 
@@ -26,9 +28,8 @@ def test_greedy_parity_across_block_boundaries_and_prefill_chunks(bundle, block_
     """Tiny blocks (a stream crosses many block boundaries) and small prefill budgets (a prompt
     is prefilled in several chunks, batched with other prompts' chunks) change no code."""
     expected = {f"r{i}": solo(bundle, i) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128, block_size=block_size,
-                                      prefill_token_budget=budget)
-    codes, _, _ = run(source, list(range(8)))
+    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128, block_size=block_size)
+    codes, _, _ = run(source, list(range(8)), scheduler=Scheduler(max_slots=8, prefill_token_budget=budget))
     for rid, want in expected.items():
         assert torch.equal(codes.get(rid, want[:0]), want), rid
     assert source.cache.used_blocks == 0, "every block went back to the pool"
@@ -37,8 +38,9 @@ def test_greedy_parity_across_block_boundaries_and_prefill_chunks(bundle, block_
 def test_sampled_rows_keep_their_draws_in_the_paged_batch(bundle):
     seeds = [21, 22, 23, 24, 25, 26, 27, 28]
     expected = {f"r{i}": solo(bundle, i, greedy=False, seed=seeds[i]) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=5, max_seq_len=128, block_size=4, prefill_token_budget=9)
-    codes, _, _ = run(source, list(range(8)), greedy=False, seeds=seeds)
+    source = TalkerSource.from_bundle(bundle, max_slots=5, max_seq_len=128, block_size=4)
+    codes, _, _ = run(source, list(range(8)), greedy=False, seeds=seeds,
+                      scheduler=Scheduler(max_slots=5, prefill_token_budget=9))
     for rid, want in expected.items():
         assert torch.equal(codes.get(rid, want[:0]), want), rid
 
@@ -136,15 +138,16 @@ def _decode_ops(bundle, rows: int) -> int:
     """Dispatched ops of one steady-state tick with ``rows`` decoding rows (same settings). The
     fused-GEMM choice is pinned as on CUDA (on CPU it is measured and may switch to separate
     GEMMs above some rows, which changes the op count, not the ops' shapes' static-ness)."""
-    source = TalkerSource.from_bundle(bundle, max_slots=rows, max_seq_len=128, prefill_token_budget=4096)
+    source = TalkerSource.from_bundle(bundle, max_slots=rows, max_seq_len=128)
+    scheduler = Scheduler(max_slots=rows, prefill_token_budget=4096)
     for layer in bundle.talker.model.layers:
         layer.self_attn.fused_rows = layer.mlp.fused_rows = float("inf")
     for i in range(rows):
         source.admit(SynthesisRequest(id=f"s{i}", text=TEXTS[i % 8], voice=VOICES[i % 8], language=LANGS[i % 8],
                                       temperature=0.8, seed=i, top_p=0.9), max_new_tokens=40)
-    step(source)  # prefill + first step
+    step(source, scheduler)  # prefill + first step
     with torch.no_grad(), _CountOps() as counter:
-        step(source)
+        step(source, scheduler)
     assert source.last_batch_rows == rows
     return counter.ops
 
@@ -161,10 +164,11 @@ def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
 
     seeds = [31, 32, 33, 34, 35, 36, 37, 38]
     expected = {f"r{i}": solo(bundle, i, greedy=greedy, seed=seeds[i]) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4, prefill_token_budget=16)
+    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4)
     source.step_runner = GraphedTalkerStep(source.step_spec())
     assert source.step_runner.buckets == (1, 2, 4, 6) and source.step_runner.shape(5, 3) == (6, 4)
-    codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds)
+    codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds,
+                          scheduler=Scheduler(max_slots=6, prefill_token_budget=16))
     for rid, want in expected.items():
         assert torch.equal(codes.get(rid, want[:0]), want), rid
     assert {rows for rows, _ in ticks} - {0, 1, 2, 4, 6}, "some steps really were padded"
@@ -206,28 +210,53 @@ def test_fused_projections_are_views_and_change_no_output():
 
 
 def test_a_long_prompt_prefills_in_chunks_while_others_keep_speaking(bundle):
-    """prefill_token_budget 4: r3's 10-position prompt takes 3 ticks; r0 emits a frame in each of
-    them, r3 its first frame in the third (prefill done, decode in the same tick); both still
-    equal their solo codes. (The prefix cache is off: r3 would read r0's shared positions from
-    it and need fewer chunks.)"""
-    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, prefill_token_budget=4,
-                                      prefix_cache_fraction=0)
+    """The scheduler's prefill_token_budget 4: r3's 10-position prompt takes 3 ticks; r0 emits a
+    frame in each of them, r3 its first frame in the third (prefill done, decode in the same tick);
+    both still equal their solo codes. (The prefix cache is off: r3 would read r0's shared
+    positions from it and need fewer chunks.)"""
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, prefix_cache_fraction=0)
+    scheduler = Scheduler(max_slots=2, prefill_token_budget=4)
     source.admit(request(0), max_new_tokens=MAX_NEW[0], non_streaming_mode=MODES[0])
     got: dict[str, list] = {"r0": [], "r3": []}
     for _ in range(5):  # r0: prompt in 4 ticks, then speaking
-        for f in step(source):
+        for f in step(source, scheduler):
             got[f.request_id].append(f.codes)
     source.admit(request(3), max_new_tokens=MAX_NEW[3], non_streaming_mode=MODES[3])
     for tick in range(3):
-        out = step(source)
+        out = step(source, scheduler)
         speaking = [f.request_id for f in out if f.codes.shape[0]]
         assert speaking == (["r0"] if tick < 2 else ["r0", "r3"]), (tick, speaking)
         for f in out:
             got[f.request_id].append(f.codes)
     while source.active_slots:
-        for f in step(source):
+        for f in step(source, scheduler):
             got[f.request_id].append(f.codes)
     for i in (0, 3):
+        assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
+
+
+def test_the_source_prefills_exactly_what_the_plan_allows(bundle):
+    """The source keeps no prefill budget of its own: each tick it prefills the positions the
+    scheduler's plan gives (budget 5 here, three queued prompts), and a hand-made plan just as
+    exactly, however small; the codes still equal the solo ones."""
+    with pytest.raises(TypeError):
+        TalkerSource.from_bundle(bundle, max_slots=3, prefill_token_budget=5)
+    source = TalkerSource.from_bundle(bundle, max_slots=3, max_seq_len=128, prefix_cache_fraction=0)
+    for i in range(3):
+        source.admit(request(i), max_new_tokens=MAX_NEW[i], non_streaming_mode=MODES[i])
+    before = source.capacity().prefill_waiting
+    source.tick(StepPlan(prefill=(2,)))  # not the scheduler's: two positions of the oldest prompt
+    assert source.capacity().prefill_waiting == (before[0] - 2,) + before[1:]
+    scheduler = Scheduler(max_slots=3, prefill_token_budget=5)
+    got: dict[str, list] = {}
+    while source.active_slots:
+        waiting = source.capacity().prefill_waiting
+        plan = scheduler.step_plan(source.capacity())
+        assert sum(plan.prefill) == min(5, sum(waiting))
+        for f in source.tick(plan):
+            got.setdefault(f.request_id, []).append(f.codes)
+        assert sum(waiting) - sum(source.capacity().prefill_waiting) == sum(plan.prefill)
+    for i in range(3):
         assert torch.equal(torch.cat(got[f"r{i}"]), solo(bundle, i)), i
 
 

@@ -38,8 +38,9 @@ def solo(bundle, i: int, greedy: bool = True, seed: int = 0) -> torch.Tensor:
                                  non_streaming_mode=MODES[i], seed=seed)
 
 
-def run(source: TalkerSource, pending: list[int], greedy: bool = True, seeds=None):
-    """Admit whatever fits between ticks; collect frames; record (rows, unfinished) per tick."""
+def run(source: TalkerSource, pending: list[int], greedy: bool = True, seeds=None, scheduler=None):
+    """Admit whatever fits between ticks; collect frames; record (rows, unfinished) per tick
+    (``scheduler``: the core scheduler planning each tick, its prefill token budget included)."""
     frames: dict[str, list] = {}
     finals: dict[str, int] = {}
     ticks = []
@@ -52,7 +53,7 @@ def run(source: TalkerSource, pending: list[int], greedy: bool = True, seeds=Non
                          non_streaming_mode=MODES[i])
             unfinished.add(f"r{i}")
         before = set(unfinished)
-        out = step(source)
+        out = step(source, scheduler)
         ticks.append((source.last_batch_rows, len(before)))
         for f in out:
             got = frames.setdefault(f.request_id, [])
