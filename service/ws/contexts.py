@@ -32,7 +32,14 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.ws.reader import MessageReader
-from service.ws.session import SEND_ERROR_TIMEOUT_S, SOCKET_SEND_BUFFER, SessionClosed, StreamSession, wait_for_reader
+from service.ws.session import (
+    SEND_ERROR_TIMEOUT_S,
+    SOCKET_SEND_BUFFER,
+    SessionClosed,
+    StreamSession,
+    close_socket,
+    wait_for_reader,
+)
 
 log = logging.getLogger("streamvox.ws.contexts")
 
@@ -248,12 +255,7 @@ class ContextSocket(MessageReader):
     async def close(self, close_code: int = WSCloseCode.OK, reason: str = "") -> None:
         self.closed = True
         self.cancel_all()
-        try:
-            await asyncio.wait_for(self.ws.close(code=close_code, message=reason.encode()[:120]),
-                                   SEND_ERROR_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.close()
+        await close_socket(self.request, self.ws, close_code, reason.encode()[:120])
 
     async def abort(self, code: str, message: str) -> None:
         """Called by the drain when the grace period is over."""

@@ -64,6 +64,16 @@ async def wait_for_reader(request: web.Request) -> None:
         raise SessionClosed()
 
 
+async def close_socket(request: web.Request, ws: web.WebSocketResponse, close_code: int, reason: bytes) -> None:
+    """Close ``ws``; a client that does not answer the close within ``SEND_ERROR_TIMEOUT_S``
+    must not hold it open: its connection is dropped."""
+    try:
+        await asyncio.wait_for(ws.close(code=close_code, message=reason), SEND_ERROR_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        if request.transport is not None:
+            request.transport.close()
+
+
 @dataclass
 class Utterance:
     text: str
@@ -172,11 +182,7 @@ class StreamSession(MessageReader):
                                        SEND_ERROR_TIMEOUT_S)
         except (ConnectionError, RuntimeError, asyncio.TimeoutError):
             pass
-        try:
-            await asyncio.wait_for(self.ws.close(code=close_code, message=code.encode()), SEND_ERROR_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.close()
+        await close_socket(self.request, self.ws, close_code, code.encode())
 
     async def abort(self, code: str, message: str) -> None:
         """Called by the drain when the grace period is over."""
