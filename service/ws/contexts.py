@@ -25,20 +25,19 @@ import socket
 import uuid
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from service.access.auth import ACCEPTED_KEY
 from service.access.limits import client_identity
 from service.errors import ApiError
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
+from service.ws.reader import MessageReader
 from service.ws.session import (
     SEND_ERROR_TIMEOUT_S,
     SOCKET_SEND_BUFFER,
-    YIELD_EVERY_MESSAGES,
     SessionClosed,
     StreamSession,
-    decode_message,
-    surrogate_field,
+    close_socket,
     wait_for_reader,
 )
 
@@ -124,7 +123,7 @@ class Context(StreamSession):
         await self.on_cancel({})
 
 
-class ContextSocket:
+class ContextSocket(MessageReader):
     """A dialect's socket. Subclasses parse client messages (:meth:`on_message`) and write
     the events of their contexts (:meth:`utterance_start`, :meth:`audio`, ...)."""
 
@@ -187,9 +186,6 @@ class ContextSocket:
 
     async def context_error(self, context: Context | None, code: str, message: str) -> None:
         raise NotImplementedError
-
-    async def bad_frame(self) -> None:
-        await self.context_error(None, "binary_not_supported", "send JSON text messages; binary input is not accepted")
 
     # -- contexts ----------------------------------------------------------------------
     def open_context(self, context_id: str) -> Context:
@@ -259,12 +255,7 @@ class ContextSocket:
     async def close(self, close_code: int = WSCloseCode.OK, reason: str = "") -> None:
         self.closed = True
         self.cancel_all()
-        try:
-            await asyncio.wait_for(self.ws.close(code=close_code, message=reason.encode()[:120]),
-                                   SEND_ERROR_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.close()
+        await close_socket(self.request, self.ws, close_code, reason.encode()[:120])
 
     async def abort(self, code: str, message: str) -> None:
         """Called by the drain when the grace period is over."""
@@ -277,57 +268,13 @@ class ContextSocket:
             if context.speaker is not None and context.speaker is not asyncio.current_task():
                 context.speaker.cancel()
 
-    # -- the reader ----------------------------------------------------------------------
-    async def read_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        last_message = loop.time()
-        since_yield = 0
-        while not self.closed:
-            remaining = last_message + self.idle_timeout_s - loop.time()
-            try:
-                if remaining <= 0:
-                    raise asyncio.TimeoutError()
-                message = await asyncio.wait_for(self.ws.receive(), remaining)
-            except asyncio.TimeoutError:
-                if self.busy:  # audio is still being produced: listening is not idling
-                    last_message = loop.time()
-                    continue
-                await self.fatal("idle_timeout", f"no message for {self.idle_timeout_s:g} s", WSCloseCode.OK)
-                return
-            last_message = loop.time()
-            since_yield += 1
-            if since_yield >= YIELD_EVERY_MESSAGES:
-                since_yield = 0
-                await asyncio.sleep(0)  # a flood of messages does not hold the loop
-            if message.type == WSMsgType.TEXT:
-                await self.on_text(message.data)
-            elif message.type == WSMsgType.BINARY:
-                await self.bad_frame()
-            elif message.type == WSMsgType.ERROR:
-                too_large = isinstance(self.ws.exception(), ValueError)
-                await self.fatal("message_too_large" if too_large else "bad_frame", str(self.ws.exception()),
-                                 WSCloseCode.MESSAGE_TOO_BIG)
-                return
-            else:  # CLOSE / CLOSING / CLOSED
-                return
+    # -- the reader (service/ws/reader.py) ---------------------------------------------
+    def read_timeout(self, first: bool) -> tuple[float, str]:
+        return self.idle_timeout_s, "idle_timeout"
 
-    async def on_text(self, data: str) -> None:
-        try:
-            message = decode_message(data)
-        except ValueError as exc:
-            await self.context_error(None, "invalid_json", str(exc))
-            return
-        field = surrogate_field(message)
-        if field is not None:
-            await self.context_error(None, "invalid_field", f"{field}: contains a lone surrogate")
-            return
-        try:
-            await self.on_message(message)
-        except ApiError as exc:
-            await self.context_error(None, exc.code, exc.message)
-        except (ValueError, TypeError, ArithmeticError, RecursionError, KeyError) as exc:
-            log.debug("socket %s: message rejected: %s", self.socket_id, type(exc).__name__)
-            await self.context_error(None, "invalid_field", "a field has a value that cannot be used")
+    async def error(self, code: str, message: str) -> None:
+        """A client message was refused: the dialect's error, for no context in particular."""
+        await self.context_error(None, code, message)
 
 
 async def serve(request: web.Request, dialect: type[ContextSocket]) -> web.StreamResponse:

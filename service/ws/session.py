@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import socket
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from engines.contract import Priority, VoiceClone
 from engines.models.text import SentenceSplitter
@@ -29,11 +28,12 @@ from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
 from service.synthesis.params import SynthesisParams, check_work, parse, update_params
-from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, parse_json
+from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
 from service.voices.routes import clone_for, saved_clone
 from service.ws.live_input import LiveInput, LiveUtterance
+from service.ws.reader import MessageReader
 
 log = logging.getLogger("streamvox.ws")
 
@@ -46,30 +46,7 @@ CLOSE_OVERLOADED = 1013  # "try again later"
 SOCKET_SEND_BUFFER = 64 * 1024
 TRANSPORT_BUFFER_LIMIT = 64 * 1024
 ENDPOINT = "/v1/stream"
-# The reader yields to the event loop after this many messages that arrived together, so a
-# flood of cheap messages on one socket never holds the loop (every message is O(1) work).
-YIELD_EVERY_MESSAGES = 32
 SEND_ERROR_TIMEOUT_S = 2.0  # a fatal error to a client that does not read: give up and drop the socket
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def decode_message(data: str) -> dict:
-    """A client message as a dict (the service's one JSON decoder: nesting and absurd numbers
-    are errors, never crashes); ValueError with a message fit for the client otherwise."""
-    message = parse_json(data)
-    if not isinstance(message, dict):
-        raise ValueError("the message must be a JSON object")
-    return message
-
-
-def surrogate_field(message: dict) -> str | None:
-    """The first top-level key or string value holding a lone surrogate (not encodable as UTF-8)."""
-    for key, value in message.items():
-        if _SURROGATE.search(key):
-            return "a field name"
-        if isinstance(value, str) and _SURROGATE.search(value):
-            return key
-    return None
 
 
 class SessionClosed(Exception):
@@ -87,6 +64,16 @@ async def wait_for_reader(request: web.Request) -> None:
         raise SessionClosed()
 
 
+async def close_socket(request: web.Request, ws: web.WebSocketResponse, close_code: int, reason: bytes) -> None:
+    """Close ``ws``; a client that does not answer the close within ``SEND_ERROR_TIMEOUT_S``
+    must not hold it open: its connection is dropped."""
+    try:
+        await asyncio.wait_for(ws.close(code=close_code, message=reason), SEND_ERROR_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        if request.transport is not None:
+            request.transport.close()
+
+
 @dataclass
 class Utterance:
     text: str
@@ -99,7 +86,7 @@ class EndOfRound:
     """Marks where an ``input.done`` (or a cancel) ends a round: send ``session.done``."""
 
 
-class StreamSession:
+class StreamSession(MessageReader):
     def __init__(self, request: web.Request, ws: web.WebSocketResponse, state: AppState):
         self.request = request
         self.ws = ws
@@ -195,74 +182,33 @@ class StreamSession:
                                        SEND_ERROR_TIMEOUT_S)
         except (ConnectionError, RuntimeError, asyncio.TimeoutError):
             pass
-        try:
-            await asyncio.wait_for(self.ws.close(code=close_code, message=code.encode()), SEND_ERROR_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.close()
+        await close_socket(self.request, self.ws, close_code, code.encode())
 
     async def abort(self, code: str, message: str) -> None:
         """Called by the drain when the grace period is over."""
         await self.fatal(code, message, WSCloseCode.GOING_AWAY)
 
-    # -- the reader ----------------------------------------------------------------
-    async def read_loop(self) -> None:
-        settings = self.state.settings
-        loop = asyncio.get_running_loop()
-        first_message = True
-        last_message = loop.time()
-        since_yield = 0
-        while not self.closed:
-            # Idle means no client *message*: pings and pongs are answered inside receive()
-            # and must not restart the clock, so the deadline is kept here, not by receive().
-            timeout = settings.ws_config_timeout_s if first_message else settings.ws_idle_timeout_s
-            remaining = last_message + timeout - loop.time()
-            try:
-                if remaining <= 0:
-                    raise asyncio.TimeoutError()
-                async with asyncio.timeout(remaining):  # (no task per message, as wait_for would make)
-                    message = await self.ws.receive()
-            except asyncio.TimeoutError:
-                if self.live.open is not None:  # live text stopped without input.done: end it cleanly
-                    self.live.finish()
-                    last_message = loop.time()
-                    await self.error("input_idle", f"no text for {timeout:g} s: the live utterance was ended "
-                                                   "(its audio follows); send input.done to end one yourself")
-                    continue
-                if self.busy:
-                    last_message = loop.time()  # audio is still being produced: listening is not idling
-                    continue
-                code = "config_timeout" if first_message else "idle_timeout"
-                await self.fatal(code, f"no message for {timeout:g} s", WSCloseCode.OK)
-                return
-            first_message = False
-            last_message = loop.time()
-            since_yield += 1
-            if since_yield >= YIELD_EVERY_MESSAGES:
-                since_yield = 0
-                await asyncio.sleep(0)  # messages that arrived together do not hold the loop
-            if message.type == WSMsgType.TEXT:
-                await self.on_text_message(message.data)
-            elif message.type == WSMsgType.BINARY:
-                await self.error("binary_not_supported", "send JSON text messages; binary input is not accepted")
-            elif message.type == WSMsgType.ERROR:
-                await self.fatal("message_too_large" if isinstance(self.ws.exception(), ValueError) else "bad_frame",
-                                 str(self.ws.exception()), WSCloseCode.MESSAGE_TOO_BIG)
-                return
-            else:  # CLOSE / CLOSING / CLOSED
-                return
+    # -- the reader (service/ws/reader.py) ---------------------------------------------
+    LONE_SURROGATE = "contains a lone surrogate (not valid Unicode text)"
 
-    async def on_text_message(self, data: str) -> None:
-        # Bad input is never fatal: an error message, and the socket keeps working.
-        try:
-            message = decode_message(data)
-        except ValueError as exc:
-            await self.error("invalid_json", str(exc))
-            return
-        field = surrogate_field(message)
-        if field is not None:
-            await self.error("invalid_field", f"{field}: contains a lone surrogate (not valid Unicode text)")
-            return
+    def read_timeout(self, first: bool) -> tuple[float, str]:
+        settings = self.state.settings
+        if first:
+            return settings.ws_config_timeout_s, "config_timeout"
+        return settings.ws_idle_timeout_s, "idle_timeout"
+
+    async def quiet(self, timeout: float) -> bool:
+        if self.live.open is not None:  # live text stopped without input.done: end it cleanly
+            self.live.finish()
+            await self.error("input_idle", f"no text for {timeout:g} s: the live utterance was ended "
+                                           "(its audio follows); send input.done to end one yourself")
+            return True
+        return self.busy
+
+    def unusable_value(self, message: dict) -> str:
+        return f"{message.get('type')}: a field has a value that cannot be used"
+
+    async def on_message(self, message: dict) -> None:
         kind = message.get("type")
         handler = {
             "session.config": self.on_config,
@@ -274,12 +220,7 @@ class StreamSession:
         if handler is None:
             await self.error("unknown_type", f"unknown message type {str(kind)[:64]!r}")
             return
-        try:
-            await handler(message)
-        except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
-            # Schema checks raise ApiError; anything else a value could trigger stays non-fatal.
-            log.debug("session %s: %s rejected: %s", self.session_id, kind, type(exc).__name__)  # no log flood
-            await self.error("invalid_field", f"{kind}: a field has a value that cannot be used")
+        await handler(message)
 
     async def on_config(self, message: dict) -> None:
         try:

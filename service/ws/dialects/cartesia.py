@@ -27,14 +27,14 @@ import base64
 import time
 import uuid
 
-import numpy as np
 from aiohttp import web
 
 from service.access.auth import bearer_key
 from service.synthesis.timestamps import cartesia_words
-from service.ws.contexts import Context, ContextSocket, serve
+from service.ws.contexts import Context, serve
 from service.ws.dialects.common import known_voice, voice_list
-from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE, WireEncoder
+from service.ws.dialects.encoded_socket import EncodedAudioSocket
+from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 
 ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw")
 MAX_CONTEXTS = 16
@@ -66,7 +66,7 @@ def voice_id(value: object) -> str:
     return name
 
 
-class CartesiaSocket(ContextSocket):
+class CartesiaSocket(EncodedAudioSocket):
     ENDPOINT = "/tts/websocket"
     MAX_CONTEXTS = MAX_CONTEXTS
 
@@ -134,28 +134,19 @@ class CartesiaSocket(ContextSocket):
                 await context.flush(("done", None))
 
     # -- our events, in Cartesia's messages -------------------------------------------
-    async def utterance_start(self, context: Context, text: str) -> None:
-        context.extra["encoder"] = WireEncoder(context.extra["encoding"], context.extra["rate"])
-        context.extra["since"] = time.monotonic()
+    def wire_format(self, context: Context) -> tuple[str, int]:
+        return context.extra["encoding"], context.extra["rate"]
 
-    async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        await self.send_chunk(context, context.extra["encoder"].encode(pcm))
+    async def utterance_start(self, context: Context, text: str) -> None:
+        await super().utterance_start(context, text)
+        context.extra["since"] = time.monotonic()
 
     async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
         await self.send_json({"type": "timestamps", "done": False, "status_code": 206,
                               "context_id": context.context_id,
                               "word_timestamps": cartesia_words(alignment, offset_ms)})
 
-    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
-        encoder = context.extra.pop("encoder", None)
-        if encoder is not None and not cancelled:
-            await self.send_chunk(context, encoder.finish())
-        if failed:
-            await self.context_error(context, "generation_failed", "synthesis of an utterance failed")
-
-    async def send_chunk(self, context: Context, data: bytes) -> None:
-        if not data:
-            return
+    async def send_encoded(self, context: Context, data: bytes) -> None:
         now = time.monotonic()
         step_ms = round((now - context.extra.get("since", now)) * 1000)
         context.extra["since"] = now

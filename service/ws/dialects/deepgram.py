@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 from aiohttp import WSCloseCode, web
 
 from service.errors import ApiError
-from service.ws.contexts import Context, ContextSocket, serve
+from service.ws.contexts import Context, serve
 from service.ws.dialects.common import known_voice, voice_list
-from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE, WireEncoder
+from service.ws.dialects.encoded_socket import EncodedAudioSocket
+from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "pcm_mulaw"}
 DEFAULT_RATES = {"linear16": 24000, "mulaw": 8000}
@@ -46,7 +46,7 @@ def deepgram_key(request: web.Request) -> str | None:
     return None
 
 
-class DeepgramSocket(ContextSocket):
+class DeepgramSocket(EncodedAudioSocket):
     ENDPOINT = "/v1/speak"
 
     def __init__(self, request, ws, state):
@@ -129,22 +129,8 @@ class DeepgramSocket(ContextSocket):
                                                               "send Speak, Flush, Clear or Close")
 
     # -- our events, in Deepgram's messages -----------------------------------------
-    async def utterance_start(self, context: Context, text: str) -> None:
-        context.extra["encoder"] = WireEncoder(self.encoding, self.rate)
-
-    async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        data = context.extra["encoder"].encode(pcm)
-        if data:
-            await self.send_bytes(data)
-
-    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
-        encoder = context.extra.pop("encoder", None)
-        if encoder is not None and not cancelled:
-            tail = encoder.finish()
-            if tail:
-                await self.send_bytes(tail)
-        if failed:
-            await self.context_error(context, "GENERATION_FAILED", "synthesis of an utterance failed")
+    async def send_encoded(self, context: Context, data: bytes) -> None:
+        await self.send_bytes(data)  # Deepgram's audio is bare binary frames
 
     async def round_done(self, context: Context, label: object) -> None:
         kind, sequence = label

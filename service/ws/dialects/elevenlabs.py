@@ -33,15 +33,14 @@ from __future__ import annotations
 import base64
 import re
 
-import numpy as np
 from aiohttp import WSCloseCode, web
 
 from service.access.auth import bearer_key
 from service.errors import ApiError
 from service.synthesis.timestamps import char_times
-from service.ws.contexts import Context, ContextSocket, serve
+from service.ws.contexts import Context, serve
 from service.ws.dialects.common import known_voice, voice_list
-from service.ws.dialects.wire_audio import WireEncoder
+from service.ws.dialects.encoded_socket import EncodedAudioSocket
 
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 MP3_RATES = (22050, 24000, 44100)
@@ -79,7 +78,7 @@ def speed_of(voice_settings: dict) -> dict:
     return {"speed": speed} if speed is not None else {}
 
 
-class ElevenLabsSocket(ContextSocket):
+class ElevenLabsSocket(EncodedAudioSocket):
     ENDPOINT = "/v1/text-to-speech/{voice_id}/stream-input"
     MAX_CONTEXTS = 1
     MULTI = False
@@ -190,12 +189,6 @@ class ElevenLabsSocket(ContextSocket):
             message["contextId"] = context.context_id
         return message
 
-    async def utterance_start(self, context: Context, text: str) -> None:
-        context.extra["encoder"] = WireEncoder(self.encoding, self.rate)
-
-    async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        await self.send_audio(context, context.extra["encoder"].encode(pcm))
-
     async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
         chars = char_times(alignment)
         # The sentence cutter dropped the space after the utterance; clients join the chars of
@@ -206,17 +199,9 @@ class ElevenLabsSocket(ContextSocket):
         await self.send_json(self.reply(context, {"audio": "", "isFinal": False, "alignment": chars,
                                                   "normalizedAlignment": chars}))
 
-    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
-        encoder = context.extra.pop("encoder", None)
-        if encoder is not None and not cancelled:
-            await self.send_audio(context, encoder.finish())
-        if failed:
-            await self.context_error(context, "generation_failed", "synthesis of an utterance failed")
-
-    async def send_audio(self, context: Context, data: bytes) -> None:
-        if data:
-            await self.send_json(self.reply(context, {"audio": base64.b64encode(data).decode(), "isFinal": False,
-                                                      "normalizedAlignment": None, "alignment": None}))
+    async def send_encoded(self, context: Context, data: bytes) -> None:
+        await self.send_json(self.reply(context, {"audio": base64.b64encode(data).decode(), "isFinal": False,
+                                                  "normalizedAlignment": None, "alignment": None}))
 
     async def round_done(self, context: Context, label: object) -> None:
         if label == "close":

@@ -1,0 +1,41 @@
+"""The audio half the voice-agent dialects share: each utterance of a context gets its own
+:class:`~service.ws.dialects.wire_audio.WireEncoder` (the client's encoding and rate); its
+chunks, and the encoder's tail unless the utterance was cancelled, go out in the dialect's
+audio message; a failed utterance is the dialect's ``generation_failed`` error."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.ws.contexts import Context, ContextSocket
+from service.ws.dialects.wire_audio import WireEncoder
+
+
+class EncodedAudioSocket(ContextSocket):
+    """A dialect socket that writes its audio through a WireEncoder. Subclasses give
+    :meth:`send_encoded` (and :meth:`wire_format` when the format is per context)."""
+
+    def wire_format(self, context: Context) -> tuple[str, int]:
+        """The encoding and sample rate of ``context``'s audio (the socket's, set at the handshake)."""
+        return self.encoding, self.rate
+
+    async def send_encoded(self, context: Context, data: bytes) -> None:
+        """Write ``data`` (encoded audio, never empty) in the dialect's audio message."""
+        raise NotImplementedError
+
+    async def utterance_start(self, context: Context, text: str) -> None:
+        context.extra["encoder"] = WireEncoder(*self.wire_format(context))
+
+    async def audio(self, context: Context, pcm: np.ndarray) -> None:
+        data = context.extra["encoder"].encode(pcm)
+        if data:  # the resampler or the MP3 frame may hold the chunk's samples back
+            await self.send_encoded(context, data)
+
+    async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
+        encoder = context.extra.pop("encoder", None)
+        if encoder is not None and not cancelled:
+            tail = encoder.finish()
+            if tail:
+                await self.send_encoded(context, tail)
+        if failed:
+            await self.context_error(context, "generation_failed", "synthesis of an utterance failed")
