@@ -55,6 +55,15 @@ def smallest_bucket(buckets: Iterable[int], size: int) -> int | None:
     return next((b for b in buckets if b >= size), None)
 
 
+def resolve_use_graphs(use_graphs: bool | None, device: torch.device, what: str) -> bool:
+    """None: graphs on CUDA, the same static path eagerly elsewhere; True off CUDA is an error."""
+    if use_graphs is None:
+        return device.type == "cuda"
+    if use_graphs and device.type != "cuda":
+        raise ValueError(f"CUDA graphs need the {what} on a CUDA device, it is on {device}")
+    return use_graphs
+
+
 Key = Hashable
 
 
@@ -161,3 +170,19 @@ class BucketedGraphs:
             self.drop()
 
         capture_or_uncompiled(capture_missing, compiled, back_to_plain, what)
+
+
+class GraphedWrapper:
+    """What every graphed wrapper answers from its ``graphs`` (a :class:`BucketedGraphs`)."""
+
+    graphs: BucketedGraphs
+
+    @property
+    def use_graphs(self) -> bool:
+        """Whether calls replay CUDA graphs (else the same static path runs eagerly)."""
+        return self.graphs.use_graphs
+
+    @property
+    def captured(self) -> tuple:
+        """The bucket keys that have a CUDA graph, sorted."""
+        return self.graphs.captured

@@ -61,7 +61,7 @@ import torch
 
 from engines.devices import upload
 from engines.models.codec_decoder import CodecDecoder, DecoderState
-from engines.runtime.cuda_graphs import BucketedGraphs, smallest_bucket
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 from engines.runtime.graphed_dit import default_row_buckets, max_chunk_frames
 
 log = logging.getLogger("streamvox.graphed_decoder")
@@ -78,7 +78,7 @@ FOR_CONFIG_MAX_BUCKET = 16
 FOR_CONFIG_SPLIT_LENGTHS = (1, 2, 4, 8)
 
 
-class GraphedDecoder:
+class GraphedDecoder(GraphedWrapper):
     """Batched, stateful streaming decode over a static state pool; CUDA graphs on CUDA, the
     same static path eagerly on CPU."""
 
@@ -99,10 +99,7 @@ class GraphedDecoder:
         param = next(decoder.parameters())
         self.decoder = decoder
         self.device, self.dtype = param.device, param.dtype
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the decoder on a CUDA device, it is on {self.device}")
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "decoder")
         self.max_streams, self.chunk_lengths, self.row_buckets = max_streams, chunk_lengths, row_buckets
         self.scratch_row = max_streams
         self.num_code_groups = decoder.cfg.num_quantizers
@@ -130,15 +127,6 @@ class GraphedDecoder:
         return cls(decoder, max_streams, (s.first_chunk_frames, s.chunk_frames, max_chunk_frames(s)), **kwargs)
 
     # ------------------------------------------------------------------ public API
-
-    @property
-    def use_graphs(self) -> bool:
-        return self.graphs.use_graphs
-
-    @property
-    def captured(self) -> tuple[tuple[int, int], ...]:
-        """(rows, chunk length) buckets that have a CUDA graph."""
-        return self.graphs.captured
 
     def open_streams(self) -> int:
         return len(self._rows)

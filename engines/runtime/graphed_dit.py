@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.runtime.cuda_graphs import BucketedGraphs, smallest_bucket
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 
 log = logging.getLogger("streamvox.graphed_dit")
 
@@ -112,7 +112,7 @@ class _Inputs:
         return tuple(getattr(self, n) for n in self.NAMES)
 
 
-class GraphedDiT:
+class GraphedDiT(GraphedWrapper):
     """FlowDiT's call over static (rows, encoder-length) buckets; CUDA graphs on CUDA, the same path eagerly on CPU.
 
     Attributes it does not define (``cfg``, ``parameters``, ...) are the wrapped module's.
@@ -136,10 +136,7 @@ class GraphedDiT:
         self.dit = dit
         self.cfg = dit.cfg
         self.device, self.dtype = param.device, param.dtype
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the DiT on a CUDA device, it is on {self.device}")
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "DiT")
         if compile_backend:
             dit.compile_blocks(backend=compile_backend)
         self.max_rows, self.frames = max_rows, frames
@@ -176,15 +173,6 @@ class GraphedDiT:
 
     def eval(self) -> "GraphedDiT":
         return self
-
-    @property
-    def use_graphs(self) -> bool:
-        return self.graphs.use_graphs
-
-    @property
-    def captured(self) -> tuple[tuple[int, int], ...]:
-        """(rows, enc length) buckets that have a CUDA graph."""
-        return self.graphs.captured
 
     def bucket_for(self, rows: int, frames: int, enc_len: int) -> tuple[int, int] | None:
         """The smallest (rows, enc length) bucket holding the shape; None when none does."""

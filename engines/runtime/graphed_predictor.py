@@ -45,7 +45,7 @@ import torch
 
 from engines.models.code_predictor import CodePredictor
 from engines.models.sampling import FrameSampling
-from engines.runtime.cuda_graphs import BucketedGraphs, smallest_bucket
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODES = ("greedy", "sampled", "top_p")
@@ -107,7 +107,7 @@ class _Bucket:
         return {name: getattr(self, name).data_ptr() for name in self.TENSORS}
 
 
-class GraphedCodePredictor:
+class GraphedCodePredictor(GraphedWrapper):
     """``predict`` over static per-bucket buffers; CUDA graphs on CUDA, the same path eagerly on CPU.
 
     Attributes it does not define (``cfg``, ``naive_predict``, ``parameters``, ...) are the
@@ -128,10 +128,7 @@ class GraphedCodePredictor:
         self.device, self.dtype = param.device, param.dtype
         self.buckets = buckets
         self.max_rows = buckets[-1]
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the predictor on a CUDA device, it is on {self.device}")
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "predictor")
         if compile_backend:
             predictor.compile_layers(backend=compile_backend)
         width = predictor.cfg.talker_hidden_size
@@ -148,15 +145,6 @@ class GraphedCodePredictor:
         if name == "predictor":  # not set yet (during __init__ errors): avoid recursion
             raise AttributeError(name)
         return getattr(self.predictor, name)
-
-    @property
-    def use_graphs(self) -> bool:
-        return self.graphs.use_graphs
-
-    @property
-    def captured(self) -> tuple[tuple[int, str], ...]:
-        """(bucket, mode) pairs that have a CUDA graph."""
-        return self.graphs.captured
 
     def bucket_for(self, rows: int) -> int:
         """The smallest bucket holding ``rows`` (1 <= rows <= max_rows)."""

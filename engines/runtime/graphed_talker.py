@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from engines.devices import upload
-from engines.runtime.cuda_graphs import BucketedGraphs, smallest_bucket
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, smallest_bucket
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 WARMUP_ITERS = 2
@@ -61,7 +61,7 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class GraphedTalkerStep:
+class GraphedTalkerStep(GraphedWrapper):
     def __init__(self, spec: StepSpec, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS,
                  compile_backend: str | None = None):
         """``compile_backend`` ("inductor" in the engine, CUDA only): the code predictor's layers
