@@ -1,20 +1,26 @@
-"""The capture recipe every graphed wrapper (predictor, DiT, decoder) follows."""
+"""CUDA graphs over static buckets: the capture recipe and the per-wrapper graph cache.
+
+Every graphed wrapper (code predictor, DiT, codec decoder, talker step) owns static input
+buffers per bucket and says how inputs are copied in and outputs read out; what they share
+lives here: ``capture()`` (warm up on a side stream, capture into a pool), the compile
+fallback, and :class:`BucketedGraphs`, the cache of one graph per bucket key.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 
 log = logging.getLogger("streamvox.cuda_graphs")
 
 
-def capture(fn: Callable[[], torch.Tensor], device: torch.device, stream: "torch.cuda.Stream", pool,
-            warmup_iters: int) -> tuple["torch.cuda.CUDAGraph", torch.Tensor]:
+def capture(fn: Callable[[], Any], device: torch.device, stream: "torch.cuda.Stream", pool,
+            warmup_iters: int) -> tuple["torch.cuda.CUDAGraph", Any]:
     """Run ``fn`` ``warmup_iters`` times on the side ``stream`` (cuBLAS / cuDNN / SDPA
     initialisation, allocator, torch.compile), then capture one call into ``pool``.
-    Returns the graph and the output tensor the capture wrote (what each replay rewrites)."""
+    Returns the graph and the output the capture wrote (what each replay rewrites)."""
     current = torch.cuda.current_stream(device)
     stream.wait_stream(current)
     with torch.cuda.stream(stream):
@@ -42,3 +48,141 @@ def capture_or_uncompiled(capture_missing: Callable[[], None], compiled: bool, u
                     what, type(exc).__name__, exc, what.split()[-1])
         uncompile()
         capture_missing()
+
+
+def smallest_bucket(buckets: Iterable[int], size: int) -> int | None:
+    """The smallest of the (sorted) ``buckets`` that holds ``size``; None when none does."""
+    return next((b for b in buckets if b >= size), None)
+
+
+def resolve_use_graphs(use_graphs: bool | None, device: torch.device, what: str) -> bool:
+    """None: graphs on CUDA, the same static path eagerly elsewhere; True off CUDA is an error."""
+    if use_graphs is None:
+        return device.type == "cuda"
+    if use_graphs and device.type != "cuda":
+        raise ValueError(f"CUDA graphs need the {what} on a CUDA device, it is on {device}")
+    return use_graphs
+
+
+Key = Hashable
+
+
+class BucketedGraphs:
+    """One CUDA graph per bucket key, captured on first use; on CPU the same step runs eagerly.
+
+    ``step(key)`` runs the wrapper's computation for ``key`` over its static input buffers
+    and returns a tensor or a tuple of tensors. With graphs, ``run(key)`` captures it the
+    first time (``before_capture(key)`` then ``capture()``, then ``after_capture(key)``, all
+    graphs in ONE memory pool on one side stream: they run one at a time, so the pool costs
+    about one graph's scratch) and replays it; without, it runs ``step(key)`` eagerly and
+    copies the result into a static output per key. Either way the caller gets the key's
+    static output, rewritten by the next call of that key (or, with graphs, of any key that
+    shares the pool's scratch): copy what must outlive it.
+
+    ``version()`` (optional): changes when a buffer the graphs read was reallocated; every
+    graph is dropped then and recaptured on use. ``captures`` counts captures.
+    """
+
+    def __init__(self, step: Callable[[Key], Any], device: torch.device, use_graphs: bool, warmup_iters: int,
+                 before_capture: Callable[[Key], None] | None = None,
+                 after_capture: Callable[[Key], None] | None = None,
+                 version: Callable[[], Hashable] | None = None):
+        self.step = step
+        self.device = device
+        self.use_graphs = use_graphs
+        self.warmup_iters = warmup_iters
+        self.before_capture, self.after_capture = before_capture, after_capture
+        self.version = version
+        self._version = version() if version is not None else None
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.stream = torch.cuda.Stream(device) if use_graphs else None
+        self.graphs: dict[Key, "torch.cuda.CUDAGraph"] = {}
+        # Static outputs per key: with graphs the output a captured graph writes; without, a
+        # buffer the eager result is copied into (same contract: valid until the next call).
+        self.outputs: dict[Key, Any] = {}
+        self.captures = 0
+
+    @property
+    def captured(self) -> tuple[Key, ...]:
+        """The keys that have a CUDA graph, sorted."""
+        return tuple(sorted(self.graphs))
+
+    def drop(self) -> None:
+        """Forget every graph and static output (a buffer they read moved, or the step changed)."""
+        self.graphs.clear()
+        self.outputs.clear()
+
+    def ensure(self, key: Key) -> None:
+        """Drop every graph if the buffers moved; capture ``key`` if it has no graph."""
+        if self.version is not None and self._version != self.version():
+            self.drop()
+            self._version = self.version()
+        if key not in self.graphs:
+            self.capture(key)
+
+    def capture(self, key: Key) -> None:
+        """Warm up on the side stream, then capture ``step(key)`` into the shared pool."""
+        if self.before_capture is not None:
+            self.before_capture(key)
+        with torch.no_grad():
+            graph, out = capture(lambda: self.step(key), self.device, self.stream, self.pool, self.warmup_iters)
+        if self.after_capture is not None:
+            self.after_capture(key)
+        self.graphs[key] = graph
+        self.outputs[key] = out
+        self.captures += 1
+
+    def run(self, key: Key) -> Any:
+        """The key's static output after one step: a graph replay, or the eager step copied in."""
+        if self.use_graphs:
+            self.ensure(key)
+            self.graphs[key].replay()
+            return self.outputs[key]
+        result = self.step(key)
+        static = self.outputs.get(key)
+        if isinstance(result, tuple):
+            if static is None:
+                static = self.outputs[key] = tuple(torch.empty_like(t) for t in result)
+            for dst, src in zip(static, result):
+                dst.copy_(src)
+        else:
+            if static is None:
+                static = self.outputs[key] = torch.empty_like(result)
+            static.copy_(result)
+        return static
+
+    def capture_all(self, keys: Iterable[Key], compiled: bool = False, uncompile: Callable[[], None] | None = None,
+                    what: str = "layers") -> None:
+        """Capture every key in ``keys`` that has no graph (engine start). No-op without graphs.
+        ``compiled``: the step runs torch.compile'd code; if capturing it fails, ``uncompile()``,
+        drop what was captured and capture the plain step (warned, see ``capture_or_uncompiled``)."""
+        if not self.use_graphs:
+            return
+        keys = list(keys)
+
+        def capture_missing() -> None:
+            for key in keys:
+                self.ensure(key)
+
+        def back_to_plain() -> None:
+            if uncompile is not None:
+                uncompile()
+            self.drop()
+
+        capture_or_uncompiled(capture_missing, compiled, back_to_plain, what)
+
+
+class GraphedWrapper:
+    """What every graphed wrapper answers from its ``graphs`` (a :class:`BucketedGraphs`)."""
+
+    graphs: BucketedGraphs
+
+    @property
+    def use_graphs(self) -> bool:
+        """Whether calls replay CUDA graphs (else the same static path runs eagerly)."""
+        return self.graphs.use_graphs
+
+    @property
+    def captured(self) -> tuple:
+        """The bucket keys that have a CUDA graph, sorted."""
+        return self.graphs.captured

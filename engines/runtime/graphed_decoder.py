@@ -61,7 +61,7 @@ import torch
 
 from engines.devices import upload
 from engines.models.codec_decoder import CodecDecoder, DecoderState
-from engines.runtime.cuda_graphs import capture
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 from engines.runtime.graphed_dit import default_row_buckets, max_chunk_frames
 
 log = logging.getLogger("streamvox.graphed_decoder")
@@ -78,7 +78,7 @@ FOR_CONFIG_MAX_BUCKET = 16
 FOR_CONFIG_SPLIT_LENGTHS = (1, 2, 4, 8)
 
 
-class GraphedDecoder:
+class GraphedDecoder(GraphedWrapper):
     """Batched, stateful streaming decode over a static state pool; CUDA graphs on CUDA, the
     same static path eagerly on CPU."""
 
@@ -99,12 +99,7 @@ class GraphedDecoder:
         param = next(decoder.parameters())
         self.decoder = decoder
         self.device, self.dtype = param.device, param.dtype
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the decoder on a CUDA device, it is on {self.device}")
-        self.use_graphs = use_graphs
-        self.warmup_iters = warmup_iters
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "decoder")
         self.max_streams, self.chunk_lengths, self.row_buckets = max_streams, chunk_lengths, row_buckets
         self.scratch_row = max_streams
         self.num_code_groups = decoder.cfg.num_quantizers
@@ -114,12 +109,8 @@ class GraphedDecoder:
         self._index = torch.full((max_rows,), self.scratch_row, dtype=torch.int64, device=dev)
         self._codes = {t: torch.zeros(max_rows, self.num_code_groups, t, dtype=torch.int64, device=dev)
                        for t in chunk_lengths}
-        # Static outputs per (rows, T): on CUDA the tensor a captured graph writes; on CPU a
-        # buffer the eager result is copied into (same contract).
-        self._out: dict[tuple[int, int], torch.Tensor] = {}
-        self._graphs: dict[tuple[int, int], "torch.cuda.CUDAGraph"] = {}
-        self._pool_handle = torch.cuda.graph_pool_handle() if use_graphs else None
-        self._stream = torch.cuda.Stream(dev) if use_graphs else None
+        # One graph per (rows, T), all in one pool; warm-up and capture step only the scratch row.
+        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters, before_capture=self._before_capture)
         self._rows: dict[str, int] = {}  # stream id -> pool row
         self._free = list(range(max_streams))  # a heap: the lowest free row first
         self.fallback_calls = 0  # eager steps (chunk lengths or shapes outside the graphed buckets)
@@ -136,11 +127,6 @@ class GraphedDecoder:
         return cls(decoder, max_streams, (s.first_chunk_frames, s.chunk_frames, max_chunk_frames(s)), **kwargs)
 
     # ------------------------------------------------------------------ public API
-
-    @property
-    def captured(self) -> tuple[tuple[int, int], ...]:
-        """(rows, chunk length) buckets that have a CUDA graph."""
-        return tuple(sorted(self._graphs))
 
     def open_streams(self) -> int:
         return len(self._rows)
@@ -160,7 +146,7 @@ class GraphedDecoder:
 
     def bucket_rows(self, rows: int) -> int | None:
         """The smallest row bucket holding ``rows``; None when it exceeds the largest."""
-        return next((b for b in self.row_buckets if b >= rows), None)
+        return smallest_bucket(self.row_buckets, rows)
 
     def graph_length(self, frames: int, final: bool) -> int | None:
         """The chunk length a chunk of ``frames`` runs at: itself when it is a chunk length,
@@ -197,12 +183,7 @@ class GraphedDecoder:
     @torch.no_grad()
     def capture_all(self) -> None:
         """Capture every (rows, chunk length) bucket now (engine start, before /readyz). CPU: no-op."""
-        if not self.use_graphs:
-            return
-        for rows in self.row_buckets:
-            for t in self.chunk_lengths:
-                if (rows, t) not in self._graphs:
-                    self._capture(rows, t)
+        self.graphs.capture_all([(rows, t) for rows in self.row_buckets for t in self.chunk_lengths])
 
     @torch.no_grad()
     def decode(self, items: list[tuple[str, torch.Tensor, bool]]) -> list[torch.Tensor]:
@@ -312,9 +293,10 @@ class GraphedDecoder:
             if dst.numel():
                 dst.index_copy_(0, idx, src)
 
-    def _step(self, rows: int, t: int) -> torch.Tensor:
-        """Bucket (rows, t) from its static inputs: gather, decode_step, scatter -> wav [rows, t * 1920].
-        Exactly what a CUDA graph captures."""
+    def _step(self, key: tuple[int, int]) -> torch.Tensor:
+        """Bucket ``key`` = (rows, t) from its static inputs: gather, decode_step, scatter ->
+        wav [rows, t * 1920]. Exactly what a CUDA graph captures."""
+        rows, t = key
         idx = self._index[:rows]
         wav, new = self.decoder.decode_step(self._codes[t][:rows], self._gather(idx))
         self._scatter(idx, new)
@@ -343,18 +325,10 @@ class GraphedDecoder:
     def _run_graphed(self, items, group: list[int], T: int, wavs: list) -> None:
         rows = self.bucket_rows(len(group))
         key = (rows, T)
-        if self.use_graphs and key not in self._graphs:
-            self._capture(rows, T)  # before loading: warm-up and capture use the scratch row only
-        self._load(items, group, rows, T)
         if self.use_graphs:
-            self._graphs[key].replay()
-            out = self._out[key]
-        else:
-            result = self._step(rows, T)
-            out = self._out.get(key)
-            if out is None:
-                out = self._out[key] = torch.empty_like(result)
-            out.copy_(result)
+            self.graphs.ensure(key)  # before loading: warm-up and capture use the scratch row only
+        self._load(items, group, rows, T)
+        out = self.graphs.run(key)
         got = out[: len(group)].clone()  # the static output is overwritten by the next replay
         spf = self.samples_per_frame
         for j, i in enumerate(group):
@@ -375,11 +349,6 @@ class GraphedDecoder:
         for j, i in enumerate(group):
             wavs[i] = wav[j]
 
-    def _capture(self, rows: int, t: int) -> None:
-        """Warm up on a side stream, then capture bucket (rows, t) into the shared pool. The
-        index points at the scratch row, so the warm-up runs touch no stream's state."""
-        self._index[:rows].fill_(self.scratch_row)
-        graph, out = capture(lambda: self._step(rows, t), self.device, self._stream, self._pool_handle,
-                             self.warmup_iters)
-        self._graphs[(rows, t)] = graph
-        self._out[(rows, t)] = out
+    def _before_capture(self, key: tuple[int, int]) -> None:
+        """The index points at the scratch row, so the warm-up runs touch no stream's state."""
+        self._index[: key[0]].fill_(self.scratch_row)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 
 log = logging.getLogger("streamvox.graphed_dit")
 
@@ -112,7 +112,7 @@ class _Inputs:
         return tuple(getattr(self, n) for n in self.NAMES)
 
 
-class GraphedDiT:
+class GraphedDiT(GraphedWrapper):
     """FlowDiT's call over static (rows, encoder-length) buckets; CUDA graphs on CUDA, the same path eagerly on CPU.
 
     Attributes it does not define (``cfg``, ``parameters``, ...) are the wrapped module's.
@@ -136,12 +136,7 @@ class GraphedDiT:
         self.dit = dit
         self.cfg = dit.cfg
         self.device, self.dtype = param.device, param.dtype
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the DiT on a CUDA device, it is on {self.device}")
-        self.use_graphs = use_graphs
-        self.warmup_iters = warmup_iters
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "DiT")
         if compile_backend:
             dit.compile_blocks(backend=compile_backend)
         self.max_rows, self.frames = max_rows, frames
@@ -154,12 +149,7 @@ class GraphedDiT:
         self._t = torch.zeros(max_rows, dtype=torch.float32, device=dev)
         self._enc = {le: torch.zeros(max_rows, le, C, dtype=self.dtype, device=dev) for le in enc_buckets}
         self._enc_mask = {le: torch.zeros(max_rows, le, dtype=torch.bool, device=dev) for le in enc_buckets}
-        # Static outputs per (rows, Le): on CUDA the tensor a captured graph writes; on CPU a
-        # buffer the eager result is copied into (same contract: valid until the next call).
-        self._out: dict[tuple[int, int], torch.Tensor] = {}
-        self._graphs: dict[tuple[int, int], "torch.cuda.CUDAGraph"] = {}
-        self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        self._stream = torch.cuda.Stream(dev) if use_graphs else None
+        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters)  # per (rows, Le), one pool
         self.fallback_calls = 0  # calls that did not fit any bucket (ran the plain module)
         self._warned = False
 
@@ -184,16 +174,11 @@ class GraphedDiT:
     def eval(self) -> "GraphedDiT":
         return self
 
-    @property
-    def captured(self) -> tuple[tuple[int, int], ...]:
-        """(rows, enc length) buckets that have a CUDA graph."""
-        return tuple(sorted(self._graphs))
-
     def bucket_for(self, rows: int, frames: int, enc_len: int) -> tuple[int, int] | None:
         """The smallest (rows, enc length) bucket holding the shape; None when none does."""
         if rows > self.max_rows or frames > self.frames or enc_len > self.enc_buckets[-1]:
             return None
-        return (next(b for b in self.row_buckets if b >= rows), next(b for b in self.enc_buckets if b >= enc_len))
+        return smallest_bucket(self.row_buckets, rows), smallest_bucket(self.enc_buckets, enc_len)
 
     def static_pointers(self) -> dict[str, int]:
         """data_ptr of every static input buffer (they must never change)."""
@@ -213,21 +198,11 @@ class GraphedDiT:
 
         torch.compile is an optimisation, never a reason not to start: if warming up or
         capturing the compiled blocks fails, the plain blocks are captured instead (warned)."""
-        if not self.use_graphs:
-            return
-        capture_or_uncompiled(self._capture_missing, getattr(self.dit, "block_step", None) is not None,
-                              self._uncompile, "DiT blocks")
+        self.graphs.capture_all([(rows, le) for rows in self.row_buckets for le in self.enc_buckets],
+                                getattr(self.dit, "block_step", None) is not None, self._uncompile, "DiT blocks")
 
     def _uncompile(self) -> None:
-        self.dit.block_step = None
-        self._graphs.clear()
-        self._out.clear()
-
-    def _capture_missing(self) -> None:
-        for rows in self.row_buckets:
-            for le in self.enc_buckets:
-                if (rows, le) not in self._graphs:
-                    self._capture(rows, le)
+        self.dit.block_step = None  # BucketedGraphs drops the graphs captured so far
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, context_mask: torch.Tensor,
@@ -250,17 +225,7 @@ class GraphedDiT:
             return self.dit(x, positions, context_mask, frame_mask, t, enc, enc_mask)
         rows, le = key
         self._load(rows, le, x, positions, context_mask, frame_mask, t, enc, enc_mask)
-        if self.use_graphs:
-            if key not in self._graphs:
-                self._capture(rows, le)  # reads the static inputs, never writes them
-            self._graphs[key].replay()
-            out = self._out[key]
-        else:
-            result = self.dit(*self.static_inputs(rows, le).args())
-            out = self._out.get(key)
-            if out is None:
-                out = self._out[key] = torch.empty_like(result)
-            out.copy_(result)
+        out = self.graphs.run(key)  # a capture reads the static inputs, never writes them
         return out[:R, :T]
 
     forward = __call__
@@ -289,9 +254,6 @@ class GraphedDiT:
             s.frame_mask[R:, 0].fill_(True)
             s.enc_mask[R:, 0].fill_(True)
 
-    def _capture(self, rows: int, le: int) -> None:
-        """Warm up on a side stream, then capture bucket (rows, le) into the shared pool."""
-        args = self.static_inputs(rows, le).args()
-        graph, out = capture(lambda: self.dit(*args), self.device, self._stream, self._pool, self.warmup_iters)
-        self._graphs[(rows, le)] = graph
-        self._out[(rows, le)] = out
+    def _step(self, key: tuple[int, int]) -> torch.Tensor:
+        """The forward of bucket ``key`` = (rows, Le) over its static inputs (what a graph captures)."""
+        return self.dit(*self.static_inputs(*key).args())

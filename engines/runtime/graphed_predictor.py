@@ -45,7 +45,7 @@ import torch
 
 from engines.models.code_predictor import CodePredictor
 from engines.models.sampling import FrameSampling
-from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODES = ("greedy", "sampled", "top_p")
@@ -107,7 +107,7 @@ class _Bucket:
         return {name: getattr(self, name).data_ptr() for name in self.TENSORS}
 
 
-class GraphedCodePredictor:
+class GraphedCodePredictor(GraphedWrapper):
     """``predict`` over static per-bucket buffers; CUDA graphs on CUDA, the same path eagerly on CPU.
 
     Attributes it does not define (``cfg``, ``naive_predict``, ``parameters``, ...) are the
@@ -128,22 +128,14 @@ class GraphedCodePredictor:
         self.device, self.dtype = param.device, param.dtype
         self.buckets = buckets
         self.max_rows = buckets[-1]
-        if use_graphs is None:
-            use_graphs = self.device.type == "cuda"
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the predictor on a CUDA device, it is on {self.device}")
-        self.use_graphs = use_graphs
-        self.warmup_iters = warmup_iters
+        use_graphs = resolve_use_graphs(use_graphs, self.device, "predictor")
         if compile_backend:
             predictor.compile_layers(backend=compile_backend)
         width = predictor.cfg.talker_hidden_size
         self._buckets = {b: _Bucket.allocate(b, width, self.device, self.dtype) for b in buckets}
-        # Static outputs per (bucket, mode): on CUDA the tensor a captured graph writes; on CPU
-        # a buffer the eager result is copied into (same contract: valid until the next call).
-        self._out: dict[tuple[int, str], torch.Tensor] = {}
-        self._graphs: dict[tuple[int, str], "torch.cuda.CUDAGraph"] = {}
-        self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        self._stream = torch.cuda.Stream(self.device) if use_graphs else None
+        # One graph per (bucket, mode), all in one pool; the KV cache is checked around each capture.
+        self.graphs = BucketedGraphs(self._step, self.device, use_graphs, warmup_iters,
+                                     before_capture=self._before_capture, after_capture=self._after_capture)
         self._cache = None
         self._bind_cache()
 
@@ -154,17 +146,12 @@ class GraphedCodePredictor:
             raise AttributeError(name)
         return getattr(self.predictor, name)
 
-    @property
-    def captured(self) -> tuple[tuple[int, str], ...]:
-        """(bucket, mode) pairs that have a CUDA graph."""
-        return tuple(sorted(self._graphs))
-
     def bucket_for(self, rows: int) -> int:
         """The smallest bucket holding ``rows`` (1 <= rows <= max_rows)."""
-        for b in self.buckets:
-            if b >= rows:
-                return b
-        raise ValueError(f"{rows} rows exceed the largest bucket {self.max_rows}")
+        bucket = smallest_bucket(self.buckets, rows)
+        if bucket is None:
+            raise ValueError(f"{rows} rows exceed the largest bucket {self.max_rows}")
+        return bucket
 
     def static_pointers(self) -> dict[int, dict[str, int]]:
         """data_ptr of every static input, per bucket (they must never change)."""
@@ -176,18 +163,12 @@ class GraphedCodePredictor:
         if not self.use_graphs:
             return
         self._bind_cache()
-        capture_or_uncompiled(lambda: self._capture_missing(modes), self.predictor.layer_step is not None,
-                              self._uncompile, "predictor layers")
+        self.graphs.capture_all([(b, mode) for b in self.buckets for mode in modes],
+                                self.predictor.layer_step is not None, self._uncompile, "predictor layers")
 
     def _uncompile(self) -> None:
         self.predictor.layer_step = None
         self._bind_cache()  # drops the graphs captured so far
-
-    def _capture_missing(self, modes) -> None:
-        for b in self.buckets:
-            for mode in modes:
-                if (b, mode) not in self._graphs:
-                    self._capture(b, mode)
 
     @torch.no_grad()
     def predict(self, h: torch.Tensor, code0_emb: torch.Tensor, sampling: FrameSampling,
@@ -218,39 +199,28 @@ class GraphedCodePredictor:
     def _bind_cache(self) -> None:
         """Allocate the predictor's static KV cache for the largest bucket (before any capture);
         drop graphs captured against a previous cache."""
-        self._graphs.clear()
-        self._out.clear()
+        self.graphs.drop()
         self._cache = self.predictor.ensure_cache(self.max_rows, self.device, self.dtype)
 
     def _eager(self, buf: _Bucket, mode: str) -> torch.Tensor:
         return self.predictor.predict(buf.h, buf.code0_emb, buf.sampling(mode))
 
+    def _step(self, key: tuple[int, str]) -> torch.Tensor:
+        """The whole frame of bucket ``key`` = (rows, mode) over its static inputs (what a graph captures)."""
+        bucket, mode = key
+        return self._eager(self._buckets[bucket], mode)
+
     def _run_piece(self, h, code0_emb, sampling: FrameSampling, mode: str) -> torch.Tensor:
         b = h.shape[0]
         bucket = self.bucket_for(b)
-        buf = self._buckets[bucket]
-        buf.load(h, code0_emb, sampling)
-        key = (bucket, mode)
-        if self.use_graphs:
-            if key not in self._graphs:
-                self._capture(bucket, mode)  # reads the static inputs, never writes them
-            self._graphs[key].replay()
-            out = self._out[key]
-        else:
-            out = self._out.get(key)
-            result = self._eager(buf, mode)
-            if out is None:
-                out = self._out[key] = torch.empty_like(result)
-            out.copy_(result)
+        self._buckets[bucket].load(h, code0_emb, sampling)
+        out = self.graphs.run((bucket, mode))  # a capture reads the static inputs, never writes them
         return out[:b].clone()  # the static output is overwritten by the next call
 
-    def _capture(self, bucket: int, mode: str) -> None:
-        """Warm up on a side stream, then capture the whole frame for (bucket, mode) into the shared pool."""
+    def _before_capture(self, key) -> None:
         if self.predictor.kv_cache is not self._cache:
             self._bind_cache()
-        buf = self._buckets[bucket]
-        graph, out = capture(lambda: self._eager(buf, mode), self.device, self._stream, self._pool, self.warmup_iters)
+
+    def _after_capture(self, key) -> None:
         if self.predictor.kv_cache is not self._cache:
             raise RuntimeError("the code predictor reallocated its KV cache during capture")
-        self._graphs[(bucket, mode)] = graph
-        self._out[(bucket, mode)] = out

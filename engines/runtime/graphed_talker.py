@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from engines.devices import upload
-from engines.runtime.cuda_graphs import capture, capture_or_uncompiled
+from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, smallest_bucket
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 WARMUP_ITERS = 2
@@ -61,7 +61,7 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class GraphedTalkerStep:
+class GraphedTalkerStep(GraphedWrapper):
     def __init__(self, spec: StepSpec, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS,
                  compile_backend: str | None = None):
         """``compile_backend`` ("inductor" in the engine, CUDA only): the code predictor's layers
@@ -72,21 +72,23 @@ class GraphedTalkerStep:
         self.buckets = buckets or tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
         self.device = spec.device
         self.cuda = self.device.type == "cuda"
-        self.warmup_iters = warmup_iters
         self._idx = {b: torch.full((b,), spec.scratch_row, dtype=torch.int64, device=self.device)
                      for b in self.buckets}
-        self._graphs: dict[tuple[int, int, bool, bool], tuple[object, tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._version = spec.buffers_version()
-        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.captures = 0
-        self._cpu_static: dict[tuple[int, int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        # One graph per (bucket, blocks, all_greedy, any_top_p), all in one pool; a moved state
+        # buffer (spec.buffers_version) drops them all.
+        self.graphs = BucketedGraphs(self._step, self.device, self.cuda, warmup_iters,
+                                     before_capture=self._before_capture, version=spec.buffers_version)
         if self.cuda and compile_backend:
             spec.compile_layers(compile_backend)
 
+    @property
+    def captures(self) -> int:
+        """How many graphs were captured (recaptures after a moved buffer included)."""
+        return self.graphs.captures
+
     def shape(self, rows: int, n_blocks: int) -> tuple[int, int]:
         """The static (rows bucket, KV blocks) a step of ``rows`` rows over ``n_blocks`` runs at."""
-        bucket = next((b for b in self.buckets if b >= rows), None)
+        bucket = smallest_bucket(self.buckets, rows)
         if bucket is None:
             raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
         return bucket, min(_pow2_at_least(n_blocks), self.spec.max_blocks_per_row)
@@ -95,66 +97,39 @@ class GraphedTalkerStep:
                  any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(rows)
         bucket, blocks = self.shape(n, n_blocks)
-        idx = self._idx[bucket]
+        key = (bucket, blocks, all_greedy, any_top_p)
         padded = rows + [self.spec.scratch_row] * (bucket - n)
-        if not self.cuda:
-            idx.copy_(upload(padded, torch.int64, self.device))
-            codes, cols = self._cpu_outputs(bucket, blocks, all_greedy, any_top_p,
-                                            self.spec.step(idx, blocks, all_greedy, any_top_p))
-        else:
-            graph, (codes, cols) = self._graph(bucket, blocks, all_greedy, any_top_p)
-            idx.copy_(upload(padded, torch.int64, self.device))
-            graph.replay()
+        if self.cuda:
+            self.graphs.ensure(key)  # before the rows go in: warm-up and capture step only the scratch row
+        self._idx[bucket].copy_(upload(padded, torch.int64, self.device))
+        codes, cols = self.graphs.run(key)
         # The outputs are static: the next replay rewrites them, and every graph's scratch shares
         # one pool, so a replay of another bucket can overwrite them too. The frames outlive this
-        # step (the vocoder reads them ticks later): copy them out now.
+        # step (the vocoder reads them ticks later): copy them out now. (On CPU the step's results
+        # are copied into static buffers per key, as a replay leaves them, so the CPU tests check
+        # the same contract.)
         return codes[:n].clone(), cols[:n].clone()
 
-    def _cpu_outputs(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool,
-                     result: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """CPU: the step's results copied into static buffers per key, as a replay leaves them, so
-        the CPU tests check the same contract (outputs rewritten by the next step)."""
-        key = (bucket, blocks, all_greedy, any_top_p)
-        if key not in self._cpu_static:
-            self._cpu_static[key] = tuple(torch.empty_like(t) for t in result)
-        for static, t in zip(self._cpu_static[key], result):
-            static.copy_(t)
-        return self._cpu_static[key]
+    def _step(self, key: tuple[int, int, bool, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        bucket, blocks, all_greedy, any_top_p = key
+        return self.spec.step(self._idx[bucket], blocks, all_greedy, any_top_p)
 
-    def _graph(self, bucket: int, blocks: int, all_greedy: bool, any_top_p: bool):
-        if self._version != self.spec.buffers_version():  # a state buffer moved: every graph is stale
-            self._graphs.clear()
-            self._version = self.spec.buffers_version()
-        key = (bucket, blocks, all_greedy, any_top_p)
-        if key not in self._graphs:
-            idx = self._idx[bucket]
-            idx.fill_(self.spec.scratch_row)  # warm-up and capture step only the scratch row
-            self.spec.before_capture(self.buckets[-1])
-            with torch.no_grad():
-                self._graphs[key] = capture(lambda: self.spec.step(idx, blocks, all_greedy, any_top_p),
-                                            self.device, self.stream, self.pool, self.warmup_iters)
-            self.captures += 1
-        return self._graphs[key]
+    def _before_capture(self, key: tuple[int, int, bool, bool]) -> None:
+        self._idx[key[0]].fill_(self.spec.scratch_row)  # warm-up and capture step only the scratch row
+        self.spec.before_capture(self.buckets[-1])
 
     def capture_all(self, max_blocks: int = 8) -> None:
         """Capture every rows bucket at KV-block buckets up to ``max_blocks`` (greedy and sampled):
         the shapes of the first seconds of serving. Longer streams capture their bucket on first use."""
         if not self.cuda:
             return
-
-        def capture_missing() -> None:
-            blocks = 1
-            while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
-                for bucket in self.buckets:
-                    for all_greedy, any_top_p in ((True, False), (False, False)):
-                        self._graph(bucket, blocks, all_greedy, any_top_p)
-                blocks *= 2
-
-        capture_or_uncompiled(capture_missing, self.spec.compiled(), self._uncompile, "talker and predictor layers")
-
-    def _uncompile(self) -> None:
-        self.spec.uncompile()
-        self._graphs.clear()
+        keys, blocks = [], 1
+        while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
+            for bucket in self.buckets:
+                for all_greedy, any_top_p in ((True, False), (False, False)):
+                    keys.append((bucket, blocks, all_greedy, any_top_p))
+            blocks *= 2
+        self.graphs.capture_all(keys, self.spec.compiled(), self.spec.uncompile, "talker and predictor layers")
 
 
 __all__ = ["GraphedTalkerStep", "StepSpec"]

@@ -174,7 +174,7 @@ def test_padding_rows_and_other_streams_rows_are_untouched():
         assert torch.equal(x[untouched], y[untouched])  # streams d, e and the free row
         assert not torch.equal(x[busy], y[busy])
     assert (g.pool.position[busy] == 16).all() and (g.pool.position[[g.row_of("d"), g.row_of("e")]] == 4).all()
-    assert torch.isfinite(g._out[(4, 12)]).all()  # the padding row's output too
+    assert torch.isfinite(g.graphs.outputs[(4, 12)]).all()  # the padding row's output too
     for R, T in [(1, 4), (2, 12), (6, 4)]:
         g.decode([(s, codes(dec, T, R), False) for s in "abcdef"[:R]])
     assert g.static_pointers() == pointers
@@ -186,7 +186,7 @@ def test_output_is_a_fresh_tensor():
     (a,) = g.decode([("x", codes(dec, 4, 0), False)])
     kept = a.clone()
     g.decode([("x", codes(dec, 4, 1), False)])  # same bucket: overwrites the static output, not a
-    assert torch.equal(a, kept) and a.data_ptr() != g._out[(1, 4)].data_ptr()
+    assert torch.equal(a, kept) and a.data_ptr() != g.graphs.outputs[(1, 4)].data_ptr()
 
 
 def test_batches_beyond_the_largest_bucket_are_split():
@@ -195,7 +195,7 @@ def test_batches_beyond_the_largest_bucket_are_split():
     ref = Reference(dec)
     for n in range(2):
         check_call(g, ref, [(s, codes(dec, 4, 10 * n + i), False) for i, s in enumerate("vwxyz")])
-    assert g.fallback_calls == 0 and set(g._out) == {(1, 4), (2, 4)}
+    assert g.fallback_calls == 0 and set(g.graphs.outputs) == {(1, 4), (2, 4)}
 
 
 def test_pool_full_raises_before_any_state_changes():
@@ -243,7 +243,7 @@ def test_step_has_no_host_reads():
     g.decode(items)
     g._load(items, [0, 1, 2], 4, 4)
     with torch.no_grad(), HostReadOrUpload(), NoHostReads():
-        g._step(4, 4)
+        g._step((4, 4))
     with torch.no_grad(), NoHostReads():
         g.decode([("a", codes(dec, 3, 5), True), ("b", codes(dec, 12, 6), False), ("c", codes(dec, 7, 7), False)])
     with pytest.raises(AssertionError, match="capture hazard"), torch.no_grad(), HostReadOrUpload():

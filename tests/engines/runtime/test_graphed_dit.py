@@ -25,6 +25,7 @@ from host_read_helpers import NoHostReads
 from engines.config import get_preset
 from engines.pipelines.dit.denoiser import Denoiser
 from engines.pipelines.dit.planner import chunk_layout
+from engines.runtime import cuda_graphs
 from engines.runtime.graphed_dit import (
     GraphedDiT,
     default_enc_buckets,
@@ -157,7 +158,7 @@ def test_padding_rows_stay_finite():
     dit = make_dit()
     g = graphed(dit)
     g(*random_inputs(5, 9, 10, seed=5))  # bucket (8, 16): three padding rows
-    out = g._out[(8, 16)]
+    out = g.graphs.outputs[(8, 16)]
     assert out.shape == (8, FRAMES, D) and torch.isfinite(out).all()
     # Whether SDPA returns NaN for a row whose keys are all masked depends on the backend
     # and version (this CPU build returns finite values; the math kernel gives NaN), so the
@@ -177,7 +178,7 @@ def test_oversize_inputs_fall_back_to_the_plain_module(caplog):
             torch.testing.assert_close(got, dit(*args), rtol=0, atol=0)  # the very same eager module
     assert g.fallback_calls == 3
     assert sum("outside the graphed buckets" in r.getMessage() for r in caplog.records) == 1  # warned once
-    assert g._out == {}  # no bucket ran
+    assert g.graphs.outputs == {}  # no bucket ran
 
 
 def test_call_has_no_host_reads():
@@ -222,7 +223,7 @@ def test_two_pass_ticks_copy_the_reused_output_out():
     want = run(Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
     g = graphed(dit, max_rows=4)
     got = run(Denoiser(g, stream_cfg(max_slots=4, batch_ceiling=4), "cpu"), jobs)
-    assert set(g._out) == {(4, 8)}  # both passes used one bucket (one output buffer)
+    assert set(g.graphs.outputs) == {(4, 8)}  # both passes used one bucket (one output buffer)
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=TOL)
 
@@ -273,7 +274,7 @@ def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype):
             torch.cuda.set_sync_debug_mode("default")
         m = args[3][..., None].expand_as(ref)
         assert torch.equal(got[m], ref[m]), (R, T, L)  # the graph replays exactly what it captured
-        assert torch.isfinite(g._out[g.bucket_for(R, T, L)]).all()
+        assert torch.isfinite(g.graphs.outputs[g.bucket_for(R, T, L)]).all()
         if dtype == torch.float32:
             torch.testing.assert_close(got[m], dit(*args)[m], rtol=0, atol=TOL)
     assert g.static_pointers() == pointers
@@ -371,23 +372,23 @@ def test_capture_falls_back_to_plain_blocks_when_compiled_capture_fails(monkeypa
     import copy
 
     g = graphed(copy.deepcopy(make_dit()), compile_backend="eager")
-    g.use_graphs = True  # take capture_all's CUDA branch; _capture below stands in for the CUDA capture
+    g.graphs.use_graphs = True  # take capture_all's CUDA branch; the fake capture stands in for CUDA's
     seen = []
 
-    def capture(rows, le):
-        seen.append((rows, le, g.dit.block_step is not None))
+    def capture(fn, device, stream, pool, warmup_iters):
+        seen.append(g.dit.block_step is not None)
         if g.dit.block_step is not None:
             raise RuntimeError("inductor failed")
-        g._graphs[(rows, le)] = object()
+        return object(), None
 
-    monkeypatch.setattr(g, "_capture", capture)
+    monkeypatch.setattr(cuda_graphs, "capture", capture)
     with caplog.at_level(logging.WARNING):
         g.capture_all()
     assert g.dit.block_step is None and "capturing the plain blocks" in caplog.text
-    assert seen[0][2] and not any(compiled for _, _, compiled in seen[1:])
-    assert set(g._graphs) == {(r, le) for r in g.row_buckets for le in g.enc_buckets}
+    assert seen[0] and not any(seen[1:])
+    assert set(g.graphs.graphs) == {(r, le) for r in g.row_buckets for le in g.enc_buckets}
     # Without compilation a capture failure is not swallowed.
-    monkeypatch.setattr(g, "_capture", lambda rows, le: (_ for _ in ()).throw(RuntimeError("real failure")))
-    g._graphs.clear()
+    monkeypatch.setattr(cuda_graphs, "capture", lambda *a: (_ for _ in ()).throw(RuntimeError("real failure")))
+    g.graphs.drop()
     with pytest.raises(RuntimeError, match="real failure"):
         g.capture_all()

@@ -19,6 +19,7 @@ from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
 from engines.models.sampling import FrameSampling
+from engines.runtime import cuda_graphs
 from engines.runtime.graphed_predictor import (
     DEFAULT_BUCKETS,
     GraphedCodePredictor,
@@ -307,16 +308,16 @@ def test_capture_falls_back_to_plain_layers_when_compiled_capture_fails(monkeypa
 
     head, predictor = make()
     graphed = GraphedCodePredictor(predictor, buckets=SMALL_BUCKETS, compile_backend="eager")
-    graphed.use_graphs = True  # take capture_all's CUDA branch; _capture below stands in for the CUDA capture
+    graphed.graphs.use_graphs = True  # take capture_all's CUDA branch; the fake capture stands in for CUDA's
     seen = []
 
-    def capture(bucket, mode):
+    def capture(fn, device, stream, pool, warmup_iters):
         seen.append(predictor.layer_step is not None)
         if predictor.layer_step is not None:
             raise RuntimeError("inductor failed")
-        graphed._graphs[(bucket, mode)] = object()
+        return object(), None
 
-    monkeypatch.setattr(graphed, "_capture", capture)
+    monkeypatch.setattr(cuda_graphs, "capture", capture)
     with caplog.at_level(logging.WARNING):
         graphed.capture_all()
     assert predictor.layer_step is None and "capturing the plain layers" in caplog.text
