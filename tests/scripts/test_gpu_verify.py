@@ -44,5 +44,6 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     assert (out / "trace_talker.json.gz").is_file()
     # the prefix-cache table, cold beside warm per scenario
     assert "prefix cache TTFA: size=tiny fp32 rounds=1" in log
-    scenarios = ("built-in speaker, new text", "saved voice (in-context), same text", "VoiceDesign instructions, new text")
+    scenarios = ("built-in speaker, new text", "saved voice (in-context), same text",
+                 "VoiceDesign instructions, new text")
     assert all(f"| {scenario} |" in log for scenario in scenarios), log[-4000:]
