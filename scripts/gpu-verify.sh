@@ -4,7 +4,7 @@
 # leaves the figures of the steps it finished.
 #
 #   bash scripts/gpu-verify.sh quick        # the prepared measurement (below), <= QUICK_BUDGET_S
-#   bash scripts/gpu-verify.sh STEP...      # chosen steps (names below)
+#   bash scripts/gpu-verify.sh STEP...      # chosen steps (names below; `quick` among them stands for its list)
 #   GPU_VERIFY_DRY=1 bash scripts/gpu-verify.sh quick   # CPU dry run at tiny sizes (tests/scripts/test_gpu_verify.py)
 #
 # quick, in this order, each step bounded by its own limit and by what is left of the budget:
@@ -21,7 +21,8 @@
 #   talker_e2e_ctalk   the served talker with its layers compiled too (STREAMVOX_COMPILE_TALKER=1) at 1/64
 #   talker_e2e_eager   the served talker again with its step eager (STREAMVOX_TALKER_STEP_GRAPHS=0) at 1/64
 #   tests          the CUDA tests (pytest -m cuda), with whatever time is left
-# Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md).
+# Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md);
+#   prefix_cache   time to first audio with the talker's prompt-prefix cache cold vs warm (in-process talker)
 #
 # Wheels the GPU host lacks travel in .whl/ (docs/GPU.md says how to download them):
 #   .whl/proj  the project's runtime and test packages missing from the host image
@@ -43,6 +44,7 @@ if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny siz
   TALKER_LEVELS=${TALKER_LEVELS:-1,2} DIT_LEVELS=${DIT_LEVELS:-1,2} PROFILE_AT=2 TALKER_SLOTS=4
   PY=${PYTHON:-.venv/bin/python} ORACLE_PY=${ORACLE_PYTHON:-.venv-oracle/bin/python}
   COMPILE=0  # the compiled variants' plumbing runs; inductor on a 2-core CPU would take minutes
+  PREFIX_ROUNDS=1
 else
   DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
   TALKER_BATCHES=${TALKER_BATCHES:-1 8 64 256} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1 8 64} TALKER_TICKS=10
@@ -50,6 +52,7 @@ else
   TALKER_SLOTS=${TALKER_SLOTS:-256}
   PY=${PYTHON:-python3} ORACLE_PY=python3
   COMPILE=${STREAMVOX_COMPILE:-1}
+  PREFIX_ROUNDS=3
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
@@ -137,12 +140,19 @@ step() {
         --levels 1,8,32,64,128 --rounds 2 --max-slots 128 ;;
     clone)
       run_step clone 300 60 "$PY" benchmarks/bench_clone_ttfa.py --device "$DEVICE" --runs 9 ;;
+    prefix_cache)
+      run_step prefix_cache 90 30 "$PY" benchmarks/bench_prefix_cache.py --size "$SIZE" --device "$DEVICE" \
+        --dtype "$DTYPE" --rounds "$PREFIX_ROUNDS" ;;
     *) say "unknown step $1" ;;
   esac
 }
 
-STEPS=${*:-quick}
-[ "$STEPS" = quick ] && STEPS="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_ctalk talker_e2e_eager tests"
+QUICK="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_ctalk talker_e2e_eager tests"
+STEPS=""
+for s in ${*:-quick}; do
+  if [ "$s" = quick ]; then STEPS="$STEPS $QUICK"; else STEPS="$STEPS $s"; fi
+done
+STEPS=${STEPS# }
 say "steps: $STEPS; budget ${BUDGET_S}s; device $DEVICE, talker $SIZE, dtype $DTYPE"
 for s in $STEPS; do
   case " ${SKIP_STEPS:-} " in *" $s "*) say "SKIP $s (SKIP_STEPS)" ;; *) step "$s" ;; esac

@@ -1,6 +1,7 @@
 """The prepared GPU measurement (scripts/gpu-verify.sh quick) dry-run on the CPU at tiny sizes:
 every step runs (checkpoint, talker benchmark beside the official code, served talker, profile,
-served DiT) and prints its table, so the script a GPU session runs once cannot rot."""
+served DiT, and the prefix-cache benchmark named after ``quick``) and prints its table, so the
+script a GPU session runs once cannot rot."""
 
 from __future__ import annotations
 
@@ -25,13 +26,13 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
                CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
                ORACLE_PYTHON=str(ORACLE), TESTS="tests/engines/pipelines/talker/test_talker_paged.py")  # on a CPU: collected, skipped
-    proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=590)
+    proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick", "prefix_cache"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=590)  # prefix_cache: a few seconds at tiny size
     log = (out / "gpu-verify.log").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]
     for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_ctalk",
                  "talker_e2e_eager",
-                 "tests"):
+                 "tests", "prefix_cache"):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
     # each step's figures, not only its exit status
@@ -41,3 +42,8 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     assert log.count("largest concurrency with no underrun and no error") == 4  # talker, DiT, compiled, eager
     assert "top kernels by CPU time" in log  # the profile's summary
     assert (out / "trace_talker.json.gz").is_file()
+    # the prefix-cache table, cold beside warm per scenario
+    assert "prefix cache TTFA: size=tiny fp32 rounds=1" in log
+    scenarios = ("built-in speaker, new text", "saved voice (in-context), same text",
+                 "VoiceDesign instructions, new text")
+    assert all(f"| {scenario} |" in log for scenario in scenarios), log[-4000:]
