@@ -28,10 +28,5 @@ if ! venv_has_pins "$VENV" "torch==$TORCH_VERSION" "transformers==4.57.6" "qwen-
 fi
 echo "aligner-oracle-env: venv ready after $(( $(date +%s) - start ))s"
 
-if fixtures_current "$OUT" tests/oracle/make_aligner_fixtures.py; then
-  echo "aligner-oracle-env: fixtures up to date ($OUT)"
-else
-  fixtures_write "$OUT" "$VENV/bin/python" tests/oracle/make_aligner_fixtures.py
-  echo "aligner-oracle-env: fixtures written to $OUT"
-fi
+fixtures_refresh "$VENV" "$OUT" tests/oracle/make_aligner_fixtures.py
 echo "aligner-oracle-env: done in $(( $(date +%s) - start ))s"

@@ -11,19 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_TAG=oracle-clone-fixtures
 source scripts/lib/venv.sh
-VENV=.venv-oracle
-OUT=tests/fixtures/oracle/clone
-start=$(date +%s)
-
-if [ ! -x "$VENV/bin/python" ]; then
+if [ ! -x .venv-oracle/bin/python ]; then
   bash scripts/oracle-env.sh
 fi
-
 # Same list as tests/oracle/clone_fixtures.py (CLONE_FIXTURE_SCRIPTS).
-if fixtures_current "$OUT" tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py \
-    tests/oracle/make_talker_fixtures.py tests/oracle/make_clone_fixtures.py; then
-  echo "oracle-clone-fixtures: up to date ($OUT)"
-  exit 0
-fi
-fixtures_write "$OUT" "$VENV/bin/python" tests/oracle/make_clone_fixtures.py
-echo "oracle-clone-fixtures: written to $OUT in $(( $(date +%s) - start ))s"
+fixtures_refresh .venv-oracle tests/fixtures/oracle/clone tests/oracle/official.py tests/oracle/randomize.py \
+  tests/oracle/make_fixtures.py tests/oracle/make_talker_fixtures.py tests/oracle/make_clone_fixtures.py

@@ -36,15 +36,9 @@ if ! venv_has_pins "$VENV" "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}" "qwen-tts
 fi
 echo "oracle-env: venv ready after $(( $(date +%s) - start ))s"
 
-# Fixtures: rebuild only when the fixture scripts changed (or ORACLE_FORCE=1).
+# Fixtures: rewritten only when the fixture scripts changed (or ORACLE_FORCE=1; about a minute).
 # (tests/oracle/fixtures.py is the pytest-side reader, not part of the build.)
-if fixtures_current "$OUT" tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py; then
-  echo "oracle-env: fixtures up to date ($OUT)"
-else
-  echo "oracle-env: writing the parity fixtures with the official code (about a minute)"
-  fixtures_write "$OUT" "$VENV/bin/python" tests/oracle/make_fixtures.py
-  echo "oracle-env: fixtures written to $OUT"
-fi
+fixtures_refresh "$VENV" "$OUT" tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py
 
 # The talker's parity fixtures (tests/fixtures/oracle/talker/) use the same venv; build
 # them here too so dev-setup / CI get every oracle fixture from one entry point.

@@ -40,23 +40,24 @@ venv_install_cpu_torch() {
     --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 }
 
-# fixtures_current OUT SCRIPT...: true when OUT/STAMP holds the sha256 of the SCRIPTs that write
-# the fixtures (and ORACLE_FORCE is not 1). Sets FIXTURES_STAMP for fixtures_write either way.
-fixtures_current() {
-  local out=$1
-  shift
-  FIXTURES_STAMP=$(cat "$@" | sha256sum | cut -d' ' -f1)
-  [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$FIXTURES_STAMP" ]
-}
-
-# fixtures_write OUT COMMAND...: empty OUT, run COMMAND with OUT as its last argument, then stamp
-# OUT (only once COMMAND succeeded, so a failed build is redone next time). Single-threaded torch
-# keeps the 2-core CI box usable and the numerics reproducible.
-fixtures_write() {
-  local out=$1
-  shift
+# fixtures_refresh VENV OUT SCRIPT...: the fixtures in OUT, written by the last SCRIPT (run as
+# `VENV/bin/python SCRIPT OUT`) with the others it imports. OUT/STAMP holds the sha256 of all the
+# SCRIPTs in this order (the tests compute the same to tell stale fixtures): a matching stamp keeps
+# OUT unless ORACLE_FORCE=1. The stamp is written only once the build succeeded, so a failed build
+# is redone next time. Single-threaded torch keeps the 2-core CI box usable and the numerics
+# reproducible.
+fixtures_refresh() {
+  local venv=$1 out=$2 stamp
+  shift 2
+  stamp=$(cat "$@" | sha256sum | cut -d' ' -f1)
+  if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$stamp" ]; then
+    echo "$LOG_TAG: fixtures up to date ($out)"
+    return 0
+  fi
+  echo "$LOG_TAG: writing $out with ${!#}"
   rm -rf "$out"
   mkdir -p "$out"
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$@" "$out"
-  echo "$FIXTURES_STAMP" > "$out/STAMP"
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$venv/bin/python" "${!#}" "$out"
+  echo "$stamp" > "$out/STAMP"
+  echo "$LOG_TAG: fixtures written to $out"
 }
