@@ -9,7 +9,8 @@
 # Idempotent: an existing venv whose packages match the pins is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+LOG_TAG=agents-env
+source scripts/lib/venv.sh
 VENV=.venv-agents
 PKGS=(
   "elevenlabs==2.78.0"
@@ -20,18 +21,8 @@ PKGS=(
   "pipecat-ai[elevenlabs,cartesia]==1.14.0"
 )
 start=$(date +%s)
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "agents-env: creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-if "$VENV/bin/python" - "${PKGS[@]}" <<'PYEOF' 2>/dev/null
-import sys, re, importlib.metadata as md
-for spec in sys.argv[1:]:
-    name, version = re.sub(r"\[.*\]", "", spec).split("==")
-    if md.version(name) != version:
-        raise SystemExit(1)
-PYEOF
-then
+venv_create "$VENV"
+if venv_has_pins "$VENV" "${PKGS[@]}"; then
   echo "agents-env: $VENV is up to date"
 else
   "$VENV/bin/python" -m pip install -q --upgrade pip

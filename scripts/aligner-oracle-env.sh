@@ -12,42 +12,21 @@
 # the fixture script changed (stamp = its sha256). Env: ORACLE_FORCE=1 rebuilds; PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+LOG_TAG=aligner-oracle-env
+source scripts/lib/venv.sh
 VENV=.venv-aligner
 OUT=tests/fixtures/aligner
-TORCH_VERSION=${STREAMVOX_TORCH_VERSION:-2.13.0}
 start=$(date +%s)
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "aligner-oracle-env: creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-OPY="$VENV/bin/python"
-if ! "$OPY" - "$TORCH_VERSION" <<'PYEOF' 2>/dev/null
-import sys, importlib.metadata as md
-want = {"torch": sys.argv[1], "transformers": "4.57.6", "qwen-asr": "0.0.6", "librosa": "0.11.0",
-        "nagisa": "0.2.11", "soynlp": "0.0.493"}
-for name, version in want.items():
-    if md.version(name).split("+")[0] != version:
-        raise SystemExit(1)
-PYEOF
-then
+venv_create "$VENV"
+if ! venv_has_pins "$VENV" "torch==$TORCH_VERSION" "transformers==4.57.6" "qwen-asr==0.0.6" "librosa==0.11.0" \
+    "nagisa==0.2.11" "soynlp==0.0.493"; then
   echo "aligner-oracle-env: installing torch==$TORCH_VERSION (CPU), transformers 4.57.6, librosa, nagisa, soynlp, qwen-asr 0.0.6 --no-deps"
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION" --no-deps --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
-    || echo "aligner-oracle-env: the torch index did not answer; trying pip's configured sources"
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION" "transformers==4.57.6" "librosa==0.11.0" soundfile psutil "nagisa==0.2.11"
-  "$OPY" -m pip install -q --no-deps "soynlp==0.0.493" "qwen-asr==0.0.6"
+  venv_install_cpu_torch "$VENV" || echo "aligner-oracle-env: the torch index did not answer; trying pip's configured sources"
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "transformers==4.57.6" "librosa==0.11.0" soundfile psutil "nagisa==0.2.11"
+  "$VENV/bin/python" -m pip install -q --no-deps "soynlp==0.0.493" "qwen-asr==0.0.6"
 fi
 echo "aligner-oracle-env: venv ready after $(( $(date +%s) - start ))s"
 
-stamp=$(cat tests/oracle/make_aligner_fixtures.py | sha256sum | cut -d' ' -f1)
-if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
-  echo "aligner-oracle-env: fixtures up to date ($OUT)"
-else
-  rm -rf "$OUT"
-  mkdir -p "$OUT"
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$OPY" tests/oracle/make_aligner_fixtures.py "$OUT"
-  echo "$stamp" > "$OUT/STAMP"
-  echo "aligner-oracle-env: fixtures written to $OUT"
-fi
+fixtures_refresh "$VENV" "$OUT" tests/oracle/make_aligner_fixtures.py
 echo "aligner-oracle-env: done in $(( $(date +%s) - start ))s"

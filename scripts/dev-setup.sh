@@ -8,19 +8,15 @@
 #   postgresql    server binaries for the shared job store's tests, via apt as root when missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+LOG_TAG=dev-setup
+source scripts/lib/venv.sh
 
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
+venv_create .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# The CPU build of torch from PyTorch's CPU index: PyPI's Linux `torch` wheel is the CUDA
-# build and pulls GBs of nvidia-* wheels. (A local wheel folder in pip's config still wins.)
+# The CPU build of torch first (scripts/lib/venv.sh says why); the oracle venvs below use the same index.
 export STREAMVOX_TORCH_INDEX=${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
-echo "dev-setup: torch ${STREAMVOX_TORCH_VERSION:-2.13.0} (CPU build) from $STREAMVOX_TORCH_INDEX"
-# --no-deps: only torch comes from that index (one query); its plain-Python dependencies come
-# from PyPI with the project below (an unreachable index is then asked once, not per package).
-.venv/bin/python -m pip install -q "torch==${STREAMVOX_TORCH_VERSION:-2.13.0}" --no-deps --index-url "$STREAMVOX_TORCH_INDEX"
+echo "dev-setup: torch $TORCH_VERSION (CPU build) from $STREAMVOX_TORCH_INDEX"
+venv_install_cpu_torch .venv
 echo "dev-setup: streamvox with the test and onnx extras"
 .venv/bin/python -m pip install -q -e '.[test,onnx]'
 

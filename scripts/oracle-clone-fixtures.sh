@@ -9,25 +9,11 @@
 # (stamp = their sha256). Env: ORACLE_FORCE=1 rebuilds. About 20 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=.venv-oracle
-OUT=tests/fixtures/oracle/clone
-start=$(date +%s)
-
-if [ ! -x "$VENV/bin/python" ]; then
+LOG_TAG=oracle-clone-fixtures
+source scripts/lib/venv.sh
+if [ ! -x .venv-oracle/bin/python ]; then
   bash scripts/oracle-env.sh
 fi
-
 # Same list as tests/oracle/clone_fixtures.py (CLONE_FIXTURE_SCRIPTS).
-SCRIPTS=(tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py
-         tests/oracle/make_talker_fixtures.py tests/oracle/make_clone_fixtures.py)
-stamp=$(cat "${SCRIPTS[@]}" | sha256sum | cut -d' ' -f1)
-if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
-  echo "oracle-clone-fixtures: up to date ($OUT)"
-  exit 0
-fi
-rm -rf "$OUT"
-mkdir -p "$OUT"
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$VENV/bin/python" \
-  tests/oracle/make_clone_fixtures.py "$OUT"
-echo "$stamp" > "$OUT/STAMP"
-echo "oracle-clone-fixtures: written to $OUT in $(( $(date +%s) - start ))s"
+fixtures_refresh .venv-oracle tests/fixtures/oracle/clone tests/oracle/official.py tests/oracle/randomize.py \
+  tests/oracle/make_fixtures.py tests/oracle/make_talker_fixtures.py tests/oracle/make_clone_fixtures.py

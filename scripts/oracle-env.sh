@@ -12,10 +12,10 @@
 # Env: ORACLE_FORCE=1 rebuilds the fixtures; PYTHON picks the base interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+LOG_TAG=oracle-env
+source scripts/lib/venv.sh
 VENV=.venv-oracle
 OUT=tests/fixtures/oracle
-TORCH_VERSION=${STREAMVOX_TORCH_VERSION:-2.13.0}
 start=$(date +%s)
 
 # What the two model files (and the package modules they pull in) really need.
@@ -26,45 +26,19 @@ start=$(date +%s)
 # transformers brings tokenizers, huggingface-hub, safetensors, numpy, regex, pyyaml.
 ORACLE_PKGS=("transformers==4.57.3" "librosa==0.11.0")   # transformers: the version qwen-tts 0.1.1 pins
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "oracle-env: creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-OPY="$VENV/bin/python"
-
-if ! "$OPY" - "$TORCH_VERSION" <<'EOF' 2>/dev/null
-import sys, importlib.metadata as md
-want = {"torch": sys.argv[1], "transformers": "4.57.3", "qwen-tts": "0.1.1", "librosa": "0.11.0"}
-for name, version in want.items():
-    if md.version(name).split("+")[0] != version:
-        raise SystemExit(1)
-EOF
-then
+venv_create "$VENV"
+if ! venv_has_pins "$VENV" "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}" "qwen-tts==0.1.1"; then
   echo "oracle-env: installing torch==$TORCH_VERSION (CPU build), transformers 4.57.3, librosa 0.11.0, qwen-tts 0.1.1 --no-deps (about 2 minutes)"
-  # Pinned torch first, the CPU build (PyTorch's CPU index; a local wheel folder still wins); never a bare `torch`.
-  # --no-deps: torch's own dependencies come from PyPI with the next line.
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION" --no-deps --index-url "${STREAMVOX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-  "$OPY" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
+  venv_install_cpu_torch "$VENV"
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "${ORACLE_PKGS[@]}"
   # The official code itself, without its declared (heavy) dependencies.
-  "$OPY" -m pip install -q --no-deps "qwen-tts==0.1.1"
+  "$VENV/bin/python" -m pip install -q --no-deps "qwen-tts==0.1.1"
 fi
 echo "oracle-env: venv ready after $(( $(date +%s) - start ))s"
 
-# Fixtures: rebuild only when the fixture scripts changed (or ORACLE_FORCE=1).
+# Fixtures: rewritten only when the fixture scripts changed (or ORACLE_FORCE=1; about a minute).
 # (tests/oracle/fixtures.py is the pytest-side reader, not part of the build.)
-FIXTURE_SCRIPTS=(tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py)
-stamp=$(cat "${FIXTURE_SCRIPTS[@]}" | sha256sum | cut -d' ' -f1)
-if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
-  echo "oracle-env: fixtures up to date ($OUT)"
-else
-  rm -rf "$OUT"
-  mkdir -p "$OUT"
-  echo "oracle-env: writing the parity fixtures with the official code (about a minute)"
-  # Single-threaded torch keeps the 2-core CI box usable and the numerics reproducible.
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$OPY" tests/oracle/make_fixtures.py "$OUT"
-  echo "$stamp" > "$OUT/STAMP"
-  echo "oracle-env: fixtures written to $OUT"
-fi
+fixtures_refresh "$VENV" "$OUT" tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py
 
 # The talker's parity fixtures (tests/fixtures/oracle/talker/) use the same venv; build
 # them here too so dev-setup / CI get every oracle fixture from one entry point.

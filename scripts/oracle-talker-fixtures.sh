@@ -9,25 +9,11 @@
 # tests/fixtures/oracle/ when its own fixtures change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=.venv-oracle
-OUT=tests/fixtures/oracle/talker
-start=$(date +%s)
-
-if [ ! -x "$VENV/bin/python" ]; then
+LOG_TAG=oracle-talker-fixtures
+source scripts/lib/venv.sh
+if [ ! -x .venv-oracle/bin/python ]; then
   bash scripts/oracle-env.sh
 fi
-
 # Same list as tests/oracle/talker_fixtures.py (TALKER_FIXTURE_SCRIPTS).
-SCRIPTS=(tests/oracle/official.py tests/oracle/randomize.py tests/oracle/make_fixtures.py
-         tests/oracle/make_talker_fixtures.py)
-stamp=$(cat "${SCRIPTS[@]}" | sha256sum | cut -d' ' -f1)
-if [ "${ORACLE_FORCE:-0}" != "1" ] && [ -f "$OUT/STAMP" ] && [ "$(cat "$OUT/STAMP")" = "$stamp" ]; then
-  echo "oracle-talker-fixtures: up to date ($OUT)"
-  exit 0
-fi
-rm -rf "$OUT"
-mkdir -p "$OUT"
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TRANSFORMERS_VERBOSITY=error "$VENV/bin/python" \
-  tests/oracle/make_talker_fixtures.py "$OUT"
-echo "$stamp" > "$OUT/STAMP"
-echo "oracle-talker-fixtures: written to $OUT in $(( $(date +%s) - start ))s"
+fixtures_refresh .venv-oracle tests/fixtures/oracle/talker tests/oracle/official.py tests/oracle/randomize.py \
+  tests/oracle/make_fixtures.py tests/oracle/make_talker_fixtures.py

@@ -22,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from service.errors import StoreUnavailable
     from service.db.urls import redact_url
+    from service.errors import StoreUnavailable
     from service.jobs.store.copy import copy_embedded_store
     from service.jobs.store.untrusted import UnreadableStore
     from service.settings import from_args

@@ -44,11 +44,6 @@ class AlignerParts:
     path: Path
 
 
-def _fields(cls, section: Mapping[str, Any]) -> dict[str, Any]:
-    names = set(cls.__dataclass_fields__)
-    return {k: v for k, v in section.items() if k in names}
-
-
 def read_config(config: Mapping[str, Any], where: str = "config.json") -> ForcedAlignerConfig:
     thinker = require(config, "thinker_config", dict, where)
     tw = f"{where} [thinker_config]"
@@ -65,8 +60,8 @@ def read_config(config: Mapping[str, Any], where: str = "config.json") -> Forced
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise CheckpointError(f"{tw} [text_config]: rope type {rope.get('rope_type')!r} is not supported")
     return ForcedAlignerConfig(
-        audio=AudioEncoderConfig(**_fields(AudioEncoderConfig, audio)),
-        text=TextDecoderConfig(**_fields(TextDecoderConfig, text)),
+        audio=AudioEncoderConfig.from_dict(audio),
+        text=TextDecoderConfig.from_dict(text),
         classify_num=classify_num,
         audio_token_id=int(thinker.get("audio_token_id", 151646)),
         timestamp_token_id=require(config, "timestamp_token_id", int, where),

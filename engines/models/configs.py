@@ -8,12 +8,14 @@ config maps onto them one to one (see ``engines/checkpoints/files.py``).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Mapping
 
 
-class _FromDict:
+class FromDict:
+    """Mixin of the config dataclasses: built from a checkpoint's config.json section by name."""
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):
+    def from_dict(cls, data: Mapping[str, Any]):
         """Build from a dict, ignoring keys this dataclass does not know."""
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in names}
@@ -24,7 +26,7 @@ class _FromDict:
 
 
 @dataclass(frozen=True)
-class TextEncoderConfig(_FromDict):
+class TextEncoderConfig(FromDict):
     """Byte-level text frontend + bidirectional condition encoder."""
 
     vocab_size: int = 259  # 256 bytes + pad/bos/eos
@@ -40,7 +42,7 @@ class TextEncoderConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class DurationConfig(_FromDict):
+class DurationConfig(FromDict):
     """Predicts frames per text token from encoder states (scaled by 1/speed)."""
 
     hidden_size: int = 128
@@ -51,7 +53,7 @@ class DurationConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class DiTConfig(_FromDict):
+class DiTConfig(FromDict):
     """Flow-matching DiT over unit-RMS frame latents of width ``latent_dim``."""
 
     latent_dim: int = 64  # = talker hidden size D
@@ -66,7 +68,7 @@ class DiTConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class CodecHeadConfig(_FromDict):
+class CodecHeadConfig(FromDict):
     """Talker-side parts the vocalizer needs: final norm, codec head, codec embedding.
 
     ``vocab_size`` is the talker's codec vocabulary (codebook ids + special ids);
@@ -83,7 +85,7 @@ class CodecHeadConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class Qwen3LayerConfig(_FromDict):
+class Qwen3LayerConfig(FromDict):
     """The Qwen3 decoder-layer keys (``layers.DecoderLayer``) of the talker and its code predictor."""
 
     hidden_size: int = 64
@@ -106,7 +108,7 @@ class CodePredictorConfig(Qwen3LayerConfig):
 
 
 @dataclass(frozen=True)
-class CodecDecoderConfig(_FromDict):
+class CodecDecoderConfig(FromDict):
     """Qwen3-TTS 12 Hz speech-tokenizer decoder (keys of ``decoder_config``)."""
 
     codebook_size: int = 64
@@ -132,7 +134,7 @@ class CodecDecoderConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class StreamConfig(_FromDict):
+class StreamConfig(FromDict):
     """Tick-loop knobs (see engines/pipelines/dit/denoiser.py)."""
 
     max_slots: int = 16  # slots in flight; batch ceiling is 2 * max_slots rows under fused CFG
@@ -150,7 +152,7 @@ class StreamConfig(_FromDict):
 
 
 @dataclass(frozen=True)
-class ModelConfig(_FromDict):
+class ModelConfig(FromDict):
     """Everything one preset (or checkpoint) needs to build the models."""
 
     name: str = "tiny"

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.models.configs import Qwen3LayerConfig
+from engines.models.configs import FromDict, Qwen3LayerConfig
 from engines.models.layers import DecoderLayer, RMSNorm, attend, key_padding_mask, rope_cos_sin, rope_inv_freq
 
 
 @dataclass(frozen=True)
-class AudioEncoderConfig:
+class AudioEncoderConfig(FromDict):
     """Keys of ``thinker_config.audio_config`` that the encoder needs."""
 
     num_mel_bins: int = 128

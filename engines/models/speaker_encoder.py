@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.models.configs import FromDict
+
 
 @dataclass(frozen=True)
-class SpeakerEncoderConfig:
+class SpeakerEncoderConfig(FromDict):
     """``speaker_encoder_config`` of config.json (official keys and defaults)."""
 
     mel_dim: int = 128
@@ -34,9 +36,7 @@ class SpeakerEncoderConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SpeakerEncoderConfig":
-        fields = cls.__dataclass_fields__
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in fields}
-        cfg = cls(**kw)
+        cfg = super().from_dict(data)
         if not len(cfg.enc_channels) == len(cfg.enc_kernel_sizes) == len(cfg.enc_dilations):
             raise ValueError("enc_channels, enc_kernel_sizes and enc_dilations must have the same length")
         return cfg

@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.models.configs import FromDict
 from engines.models.layers import Attention, LayerScale, rope_cos_sin, rope_inv_freq
 
 
 @dataclass(frozen=True)
-class SpeechEncoderConfig:
+class SpeechEncoderConfig(FromDict):
     """``encoder_config`` of speech_tokenizer/config.json (MimiConfig keys)."""
 
     sampling_rate: int = 24_000
@@ -61,11 +62,9 @@ class SpeechEncoderConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SpeechEncoderConfig":
-        fields = cls.__dataclass_fields__
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in fields}
-        if "frame_rate" not in kw and "_frame_rate" in data:
-            kw["frame_rate"] = data["_frame_rate"]
-        cfg = cls(**kw)
+        # MimiConfig saves its frame rate as "_frame_rate" (a plain "frame_rate" wins).
+        renamed = {"frame_rate": data["_frame_rate"]} if "_frame_rate" in data else {}
+        cfg = super().from_dict({**renamed, **data})
         if not cfg.use_causal_conv:
             raise ValueError("speech encoder: only causal convolutions (use_causal_conv) are supported")
         if cfg.hidden_act != "gelu":

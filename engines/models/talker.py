@@ -60,12 +60,10 @@ class TalkerConfig(Qwen3LayerConfig):
         rope = talker.get("rope_scaling") or {}
         head_dim = talker.get("head_dim") or talker["hidden_size"] // talker["num_attention_heads"]
         section = tuple(rope.get("mrope_section") or (head_dim // 2, 0, 0))
-        names = {f for f in cls.__dataclass_fields__}
-        kw = {k: v for k, v in talker.items() if k in names and k not in ("mrope_section", "mrope_interleaved")}
-        return cls(**{**kw, "head_dim": head_dim, "mrope_section": section,
-                      "mrope_interleaved": bool(rope.get("interleaved", False)),
-                      "rope_theta": float(talker.get("rope_theta", 10_000.0)),
-                      "rms_norm_eps": float(talker.get("rms_norm_eps", 1e-6))})
+        return super().from_dict({**talker, "head_dim": head_dim, "mrope_section": section,
+                                  "mrope_interleaved": bool(rope.get("interleaved", False)),
+                                  "rope_theta": float(talker.get("rope_theta", 10_000.0)),
+                                  "rms_norm_eps": float(talker.get("rms_norm_eps", 1e-6))})
 
     def valid_code0_ids(self) -> list[int]:
         """Ids the official generate() can emit as code 0: [0, V - 1024) and EOS, ascending."""
