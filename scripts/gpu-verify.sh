@@ -126,9 +126,11 @@ step() {
         --levels "$DIT_LEVELS" --serve-arg=--max-queue=1024 ;;
     tests)
       # one pytest per file: a device-side assert aborts the process, and the other files still run
-      run_step tests 300 40 bash -c 'rc=0; for f in '"${TESTS:-$CUDA_TESTS}"'; do echo "== $f"; '"$PY"' -m pytest \
+      # the files travel as arguments ("$@"), never spliced into the script text (a newline in the list broke it)
+      # shellcheck disable=SC2086
+      run_step tests 300 40 bash -c 'py=$1; shift; rc=0; for f in "$@"; do echo "== $f"; "$py" -m pytest \
         -q -p no:cacheprovider -rs -m cuda --timeout 200 --continue-on-collection-errors "$f" > /tmp/gpu-verify-test.log \
-        2>&1 || rc=1; tail -40 /tmp/gpu-verify-test.log; done; exit $rc' ;;
+        2>&1 || rc=1; tail -40 /tmp/gpu-verify-test.log; done; exit $rc' gpu-verify-tests "$PY" ${TESTS:-$CUDA_TESTS} ;;
     cp)
       run_step cp 150 30 "$PY" benchmarks/bench_code_predictor.py --preset base --device "$DEVICE" --dtype "$DTYPE" \
         --batches 1 8 64 512 --min-seconds 0.5 --oracle-python "$ORACLE_PY" ;;

@@ -6,6 +6,7 @@ script a GPU session runs once cannot rot."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLE = REPO / ".venv-oracle" / "bin" / "python"
+
+
+# Two files on two lines, as the script's own list is written (a newline once broke the step).
+DRY_TESTS = "tests/engines/pipelines/talker/test_talker_paged.py\n  tests/engines/runtime/test_graphed_dit.py"
+
+
+def test_the_cuda_test_list_names_files_that_exist():
+    script = (REPO / "scripts" / "gpu-verify.sh").read_text()
+    listed = re.search(r'CUDA_TESTS="([^"]*)"', script).group(1).split()
+    assert len(listed) >= 7 and all((REPO / f).is_file() for f in listed), [f for f in listed if not (REPO / f).is_file()]
 
 
 @pytest.mark.slow
@@ -25,7 +36,7 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
                CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
-               ORACLE_PYTHON=str(ORACLE), TESTS="tests/engines/pipelines/talker/test_talker_paged.py")  # on a CPU: collected, skipped
+               ORACLE_PYTHON=str(ORACLE), TESTS=DRY_TESTS)  # on a CPU: collected, skipped
     proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick", "prefix_cache"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=590)  # prefix_cache: a few seconds at tiny size
     log = (out / "gpu-verify.log").read_text()
@@ -35,6 +46,7 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
                  "tests", "prefix_cache"):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
+    assert all(f"== {f}" in log for f in DRY_TESTS.split()), log[-4000:]  # every file of a multi-line list ran
     # each step's figures, not only its exit status
     # the talker table: every variant beside the official
     assert "official / ours" in log and all(f"{variant} |" in log for variant in ("ours", "ours+graphs", "ours+ctalk"))
