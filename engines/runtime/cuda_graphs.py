@@ -9,6 +9,7 @@ fallback, and :class:`BucketedGraphs`, the cache of one graph per bucket key.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Hashable, Iterable
 
 import torch
@@ -97,6 +98,7 @@ class BucketedGraphs:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self.stream = torch.cuda.Stream(device) if use_graphs else None
         self.graphs: dict[Key, "torch.cuda.CUDAGraph"] = {}
+        self.serving = False  # set by capture_all: a capture after it stalls every stream, and is logged
         # Static outputs per key: with graphs the output a captured graph writes; without, a
         # buffer the eager result is copied into (same contract: valid until the next call).
         self.outputs: dict[Key, Any] = {}
@@ -122,10 +124,14 @@ class BucketedGraphs:
 
     def capture(self, key: Key) -> None:
         """Warm up on the side stream, then capture ``step(key)`` into the shared pool."""
+        started = time.perf_counter()
         if self.before_capture is not None:
             self.before_capture(key)
         with torch.no_grad():
             graph, out = capture(lambda: self.step(key), self.device, self.stream, self.pool, self.warmup_iters)
+        if self.serving:
+            log.info("captured the %s graph %s on first use in %.0f ms (the step waited for it)",
+                     getattr(self.step, "__qualname__", "step").split(".")[0], key, (time.perf_counter() - started) * 1e3)
         if self.after_capture is not None:
             self.after_capture(key)
         self.graphs[key] = graph
@@ -170,6 +176,7 @@ class BucketedGraphs:
             self.drop()
 
         capture_or_uncompiled(capture_missing, compiled, back_to_plain, what)
+        self.serving = True
 
 
 class GraphedWrapper:

@@ -95,6 +95,11 @@ DEFAULT_KV_CACHE_GB_CPU = 1.0
 DEFAULT_KV_FRACTION_CUDA = 0.4  # of the device memory free when the source is built
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefix index may keep
+# Trailing text parts a row holds before its buffer must grow. Captured step graphs read that
+# buffer by address, so growing it drops every graph and each is captured again on first use,
+# while streams are playing (on an H200 that stalled the step and underran every stream): a
+# source that hands out a step spec sizes the buffer for this many first.
+GRAPHED_TRAIL_CAPACITY = 1024
 
 
 class TalkerSource:
@@ -170,7 +175,9 @@ class TalkerSource:
         return self.decoder(idx, n_blocks, all_greedy, any_top_p)
 
     def step_spec(self) -> StepSpec:
-        """What a GraphedTalkerStep captures: the decode step and its static sizes."""
+        """What a GraphedTalkerStep captures: the decode step and its static sizes (the
+        trailing-text buffer sized first, so that ordinary requests never move it)."""
+        self.state.ensure_trail(min(self.max_seq_len, GRAPHED_TRAIL_CAPACITY))
         return self.decoder.spec(self.max_slots, self.scratch_row)
 
 

@@ -174,6 +174,25 @@ def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
     assert {rows for rows, _ in ticks} - {0, 1, 2, 4, 6}, "some steps really were padded"
 
 
+def test_a_long_text_does_not_move_the_buffers_a_graphed_step_reads(bundle):
+    """Captured graphs read the per-row buffers by address; moving one drops every graph, and each
+    is captured again on first use while streams play. A source that hands out a step spec sizes
+    its trailing-text buffer first, so a long sentence (here ~120 trailing text parts) moves nothing."""
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=512)
+    spec = source.step_spec()
+    version = spec.buffers_version()
+    long_text = " ".join(["streaming speech, sentence by sentence"] * 20)
+    source.admit(SynthesisRequest(id="long", text=long_text, voice=VOICES[0], language=LANGS[0], greedy=True,
+                                  non_streaming_mode=False),  # streaming layout: the text trails
+                 max_new_tokens=6)
+    held = 0  # the most trailing text parts a row held (the long text's, while it speaks)
+    for _ in range(4):
+        step(source)
+        held = max(held, int(source.state.trail_len.max()))
+    assert held > 100
+    assert spec.buffers_version() == version
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_per_bucket_equals_the_eager_step():
