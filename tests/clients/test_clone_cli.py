@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import soundfile as sf
-from clone_helpers import assert_matches_official, wav_bytes
+from clone_helpers import assert_matches_official, voice_form, wav_bytes
 from conftest import start_server
 
 from tests.oracle import clone_fixtures as fx
@@ -48,10 +48,7 @@ async def test_say_speaks_with_a_saved_voice(base_engine, tmp_path):  # noqa: F8
     server = await start_server(base_engine, tmp_path / "data")
     try:
         async with aiohttp.ClientSession() as http:
-            form = aiohttp.FormData()
-            form.add_field("name", "carol")
-            form.add_field("ref_text", c["ref_text"])
-            form.add_field("audio_sample", wav_bytes(refs["ref/a/wav"].numpy()), filename="a.wav")
+            form = voice_form("carol", wav_bytes(refs["ref/a/wav"].numpy()), c["ref_text"])
             async with http.post(server.url + "/v1/audio/voices", data=form) as r:
                 assert r.status == 201, await r.text()
             async with http.post(server.url + "/v1/audio/speech",

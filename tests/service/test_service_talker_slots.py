@@ -16,6 +16,7 @@ import json
 import aiohttp
 import pytest
 import websockets
+from ws_helpers import read_until_session_done
 
 from service.server import serve
 from service.settings import add_arguments, from_args
@@ -45,18 +46,8 @@ async def one_session(url: str, go: asyncio.Event, created: list, release: async
         if release is not None:
             await release.wait()
         await ws.send(json.dumps({"type": "input.done"}))
-        done, audio_bytes = None, 0
-        while True:
-            message = await asyncio.wait_for(ws.recv(), timeout=240)
-            if isinstance(message, bytes):
-                audio_bytes += len(message)
-                continue
-            event = json.loads(message)
-            assert event["type"] != "error", event
-            if event["type"] == "audio.done":
-                done = event
-            if event["type"] == "session.done":
-                return {"done": done, "audio_bytes": audio_bytes}
+        read = await read_until_session_done(ws, timeout_s=240)
+        return {"done": read.last("audio.done"), "audio_bytes": len(read.audio)}
 
 
 def metric(metrics: str, name: str) -> float:

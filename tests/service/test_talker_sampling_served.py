@@ -16,6 +16,7 @@ import pytest
 import torch
 import websockets
 from conftest import start_server
+from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
 from engines.contract import SynthesisRequest
@@ -151,16 +152,7 @@ async def ws_chunks(url: str, config: dict) -> list[bytes]:
         await ws.send(json.dumps({"type": "session.config", **config}))
         await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
         await ws.send(json.dumps({"type": "input.done"}))
-        chunks = []
-        async for message in ws:
-            if isinstance(message, bytes):
-                chunks.append(message)
-                continue
-            event = json.loads(message)
-            assert event["type"] != "error", event
-            if event["type"] == "session.done":
-                return chunks
-    raise AssertionError("no session.done")
+        return (await read_until_session_done(ws)).frames
 
 
 async def test_initial_codec_chunk_frames_sets_the_first_piece(engine, tmp_path):

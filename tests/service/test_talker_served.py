@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import websockets
 from conftest import start_server
+from ws_helpers import read_until_session_done
 
 from engines.checkpoints.qwen3_tts import has_talker_weights
 from tests.oracle import talker_fixtures as fx
@@ -66,18 +67,9 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
                                       "text_streaming": False}))  # sentence mode: the non-streaming reference
             await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
             await ws.send(json.dumps({"type": "input.done"}))
-            ws_pcm, done = bytearray(), None
-            async for msg in ws:
-                if isinstance(msg, bytes):
-                    ws_pcm += msg
-                    continue
-                event = json.loads(msg)
-                assert event["type"] != "error", event
-                if event["type"] == "audio.done":
-                    done = event
-                if event["type"] == "session.done":
-                    break
-        ws_audio = np.frombuffer(bytes(ws_pcm), dtype="<i2").astype(np.float32) / 32768
+            read = await read_until_session_done(ws)
+        done = read.last("audio.done")
+        ws_audio = np.frombuffer(read.audio, dtype="<i2").astype(np.float32) / 32768
         assert done["samples"] == len(ws_audio) == len(expected)
         np.testing.assert_allclose(ws_audio, expected, atol=2 * LSB, rtol=0)
 
@@ -87,7 +79,7 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
                                        "response_format": "pcm", "temperature": 0}) as r:
                 assert r.status == 200, await r.text()
                 http_pcm = await r.read()
-        assert http_pcm == bytes(ws_pcm), "both endpoints deliver the same greedy audio"
+        assert http_pcm == read.audio, "both endpoints deliver the same greedy audio"
         assert np.abs(ws_audio).max() > 1e-3
     finally:
         await server.stop()

@@ -18,6 +18,7 @@ import av
 import numpy as np
 import pytest
 import websockets
+from ws_helpers import read_until_session_done
 
 from service.synthesis.audio import STREAMABLE, output_rate
 from service.synthesis.schema import SPEECH_FORMATS
@@ -105,22 +106,11 @@ async def test_the_omni_socket_sends_each_sentence_at_the_declared_rate(server, 
         for _ in range(2):  # the session survives the first sentence and speaks a second
             await ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
             await ws.send(json.dumps({"type": "input.done"}))
-            start, audio = None, bytearray()
-            while True:
-                message = await ws.recv()
-                if isinstance(message, bytes):
-                    audio += message
-                    continue
-                event = json.loads(message)
-                assert event["type"] != "error", event
-                if event["type"] == "audio.start":
-                    start = event
-                elif event["type"] == "audio.done":
-                    assert not event["error"], event
-                elif event["type"] == "session.done":
-                    break
+            read = await read_until_session_done(ws)
+            assert all(not e["error"] for e in read.events if e["type"] == "audio.done"), read.events
+            start = read.last("audio.start")
             assert start is not None and start["sample_rate"] == expected_rate(fmt, rate), start
-            check_audio(fmt, rate, bytes(audio))
+            check_audio(fmt, rate, read.audio)
 
 
 async def test_the_omni_socket_streams_pcm_at_any_rate(server):
@@ -129,16 +119,6 @@ async def test_the_omni_socket_streams_pcm_at_any_rate(server):
         await ws.send(json.dumps({"type": "session.config", "stream_audio": True, "sample_rate": 47999}))
         await ws.send(json.dumps({"type": "input.text", "text": "Hello there."}))
         await ws.send(json.dumps({"type": "input.done"}))
-        audio, start = bytearray(), None
-        while True:
-            message = await ws.recv()
-            if isinstance(message, bytes):
-                audio += message
-                continue
-            event = json.loads(message)
-            assert event["type"] != "error", event
-            start = event if event["type"] == "audio.start" else start
-            if event["type"] == "session.done":
-                break
-        assert start["sample_rate"] == 47999 and len(audio) > 0
-        assert np.frombuffer(bytes(audio), dtype="<i2").size > 0
+        read = await read_until_session_done(ws)
+        assert read.last("audio.start")["sample_rate"] == 47999 and len(read.audio) > 0
+        assert np.frombuffer(read.audio, dtype="<i2").size > 0

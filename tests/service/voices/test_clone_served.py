@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from aiohttp import web
-from clone_helpers import LSB, assert_matches_official, wav_bytes  # noqa: F401
+from clone_helpers import LSB, assert_matches_official, voice_form, wav_bytes  # noqa: F401
 from conftest import start_server
 
 from engines.build import build_engine
@@ -153,13 +153,7 @@ async def test_saved_voice_upload_speech_restart_delete(base_engine, tmp_path):
     data_dir = tmp_path / "data"
 
     def form(name: str, audio: bytes, ref_text: str | None = c["ref_text"]) -> aiohttp.FormData:
-        f = aiohttp.FormData()
-        f.add_field("name", name)
-        f.add_field("consent", "I am the speaker and I agree.")
-        if ref_text:
-            f.add_field("ref_text", ref_text)
-        f.add_field("audio_sample", audio, filename="ref.wav", content_type="audio/wav")
-        return f
+        return voice_form(name, audio, ref_text, consent="I am the speaker and I agree.")
 
     server = await start_server(base_engine, data_dir)
     try:
@@ -243,10 +237,7 @@ async def test_a_job_clones_a_saved_voice(base_engine, tmp_path):
     server = await start_server(base_engine, tmp_path / "data")
     try:
         async with aiohttp.ClientSession() as http:
-            form = aiohttp.FormData()
-            form.add_field("name", "dora")
-            form.add_field("ref_text", c["ref_text"])
-            form.add_field("audio_sample", wav_bytes(refs["ref/a/wav"].numpy()), filename="a.wav")
+            form = voice_form("dora", wav_bytes(refs["ref/a/wav"].numpy()), c["ref_text"])
             async with http.post(server.url + "/v1/audio/voices", data=form) as r:
                 assert r.status == 201, await r.text()
             async with http.post(server.url + "/v1/jobs", json={"input": "Hi.", "voice": "nobody"}) as r:
@@ -276,10 +267,7 @@ async def test_a_voice_saved_through_one_replica_clones_on_another_with_postgres
     replica A (its own data dir), spoken through replica B identically to the official
     clone, listed by both, deleted through B and gone for A. Nothing lands in either data dir."""
     refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
-    form = aiohttp.FormData()
-    form.add_field("name", "shared-alice")
-    form.add_field("ref_text", c["ref_text"])
-    form.add_field("audio_sample", wav_bytes(refs["ref/a/wav"].numpy()), filename="ref.wav", content_type="audio/wav")
+    form = voice_form("shared-alice", wav_bytes(refs["ref/a/wav"].numpy()), c["ref_text"])
     a = await start_server(base_engine, tmp_path / "a", jobs_db=pg_url)
     b = await start_server(base_engine, tmp_path / "b", jobs_db=pg_url)
     try:

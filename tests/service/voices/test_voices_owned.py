@@ -13,6 +13,7 @@ import json
 import aiohttp
 import pytest
 import soundfile as sf
+from clone_helpers import voice_form
 from conftest import start_server
 
 from engines.build import build_engine
@@ -46,17 +47,8 @@ def store_settings(request) -> dict:
     return {"jobs_db": request.getfixturevalue("pg_url")} if request.param == "postgresql" else {}
 
 
-def voice_form(name: str, reference: tuple[bytes, str]) -> aiohttp.FormData:
-    form = aiohttp.FormData()
-    form.add_field("name", name)
-    form.add_field("ref_text", reference[1])
-    form.add_field("consent", "A's consent record")
-    form.add_field("audio_sample", reference[0], filename="ref.wav", content_type="audio/wav")
-    return form
-
-
 async def upload(http, url: str, key: str | None, name: str, reference) -> tuple[int, dict]:
-    async with http.post(url + "/v1/audio/voices", data=voice_form(name, reference),
+    async with http.post(url + "/v1/audio/voices", data=voice_form(name, reference[0], reference[1], "A's consent record"),
                          headers=auth(key) if key else {}) as r:
         return r.status, await r.json()
 

@@ -15,6 +15,7 @@ import aiohttp
 import soundfile as sf
 import websockets
 from conftest import start_server
+from ws_helpers import read_until_session_done
 
 OMNI = "/v1/audio/speech/stream"
 # Generous: both cores may be busy. Encoding on the loop froze /healthz for the whole encode
@@ -49,26 +50,16 @@ async def test_a_long_mp3_sentence_leaves_healthz_responsive(engine, tmp_path):
             await ws.send(json.dumps({"type": "session.config", "response_format": "mp3", "steps": 1}))
             await ws.send(json.dumps({"type": "input.text", "text": LONG_SENTENCE}))
             await ws.send(json.dumps({"type": "input.done"}))
-            audio, done = bytearray(), None
-            while True:
-                message = await asyncio.wait_for(ws.recv(), 300)
-                if isinstance(message, bytes):
-                    audio.extend(message)
-                    continue
-                event = json.loads(message)
-                assert event["type"] != "error", event
-                if event["type"] == "audio.done":
-                    done = event
-                if event["type"] == "session.done":
-                    break
+            read = await read_until_session_done(ws, timeout_s=300)
         stop.set()
         latencies = await probe
     finally:
         stop.set()
         await asyncio.gather(probe, return_exceptions=True)
         await live.stop()
+    done, audio = read.last("audio.done"), read.audio
     assert done is not None and not done["error"] and done["total_bytes"] == len(audio)
-    samples, rate = sf.read(io.BytesIO(bytes(audio)))
+    samples, rate = sf.read(io.BytesIO(audio))
     assert rate == 24000 and len(samples) / rate > 60, len(samples) / rate  # a long sentence indeed
     assert len(latencies) > 20, latencies
     assert max(latencies) < HEALTHZ_BUDGET_S, sorted(latencies)[-5:]
