@@ -87,13 +87,14 @@ class BucketedGraphs:
     def __init__(self, step: Callable[[Key], Any], device: torch.device, use_graphs: bool, warmup_iters: int,
                  before_capture: Callable[[Key], None] | None = None,
                  after_capture: Callable[[Key], None] | None = None,
-                 version: Callable[[], Hashable] | None = None):
+                 version: Callable[[], Hashable] | None = None, name: str = "step"):
         self.step = step
         self.device = device
         self.use_graphs = use_graphs
         self.warmup_iters = warmup_iters
         self.before_capture, self.after_capture = before_capture, after_capture
         self.version = version
+        self.name = name  # what the log calls these graphs
         self._version = version() if version is not None else None
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self.stream = torch.cuda.Stream(device) if use_graphs else None
@@ -131,7 +132,7 @@ class BucketedGraphs:
             graph, out = capture(lambda: self.step(key), self.device, self.stream, self.pool, self.warmup_iters)
         if self.serving:
             log.info("captured the %s graph %s on first use in %.0f ms (the step waited for it)",
-                     getattr(self.step, "__qualname__", "step").split(".")[0], key, (time.perf_counter() - started) * 1e3)
+                     self.name, key, (time.perf_counter() - started) * 1e3)
         if self.after_capture is not None:
             self.after_capture(key)
         self.graphs[key] = graph

@@ -110,7 +110,8 @@ class GraphedDecoder(GraphedWrapper):
         self._codes = {t: torch.zeros(max_rows, self.num_code_groups, t, dtype=torch.int64, device=dev)
                        for t in chunk_lengths}
         # One graph per (rows, T), all in one pool; warm-up and capture step only the scratch row.
-        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters, before_capture=self._before_capture)
+        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters, before_capture=self._before_capture,
+                                     name="codec decoder")
         self._rows: dict[str, int] = {}  # stream id -> pool row
         self._free = list(range(max_streams))  # a heap: the lowest free row first
         self.fallback_calls = 0  # eager steps (chunk lengths or shapes outside the graphed buckets)

@@ -149,7 +149,7 @@ class GraphedDiT(GraphedWrapper):
         self._t = torch.zeros(max_rows, dtype=torch.float32, device=dev)
         self._enc = {le: torch.zeros(max_rows, le, C, dtype=self.dtype, device=dev) for le in enc_buckets}
         self._enc_mask = {le: torch.zeros(max_rows, le, dtype=torch.bool, device=dev) for le in enc_buckets}
-        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters)  # per (rows, Le), one pool
+        self.graphs = BucketedGraphs(self._step, dev, use_graphs, warmup_iters, name="DiT")  # per (rows, Le), one pool
         self.fallback_calls = 0  # calls that did not fit any bucket (ran the plain module)
         self._warned = False
 

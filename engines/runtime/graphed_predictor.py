@@ -135,7 +135,8 @@ class GraphedCodePredictor(GraphedWrapper):
         self._buckets = {b: _Bucket.allocate(b, width, self.device, self.dtype) for b in buckets}
         # One graph per (bucket, mode), all in one pool; the KV cache is checked around each capture.
         self.graphs = BucketedGraphs(self._step, self.device, use_graphs, warmup_iters,
-                                     before_capture=self._before_capture, after_capture=self._after_capture)
+                                     before_capture=self._before_capture, after_capture=self._after_capture,
+                                     name="code predictor")
         self._cache = None
         self._bind_cache()
 

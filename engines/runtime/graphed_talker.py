@@ -77,7 +77,8 @@ class GraphedTalkerStep(GraphedWrapper):
         # One graph per (bucket, blocks, all_greedy, any_top_p), all in one pool; a moved state
         # buffer (spec.buffers_version) drops them all.
         self.graphs = BucketedGraphs(self._step, self.device, self.cuda, warmup_iters,
-                                     before_capture=self._before_capture, version=spec.buffers_version)
+                                     before_capture=self._before_capture, version=spec.buffers_version,
+                                     name="talker step")
         if self.cuda and compile_backend:
             spec.compile_layers(compile_backend)
 

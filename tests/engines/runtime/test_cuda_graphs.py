@@ -154,3 +154,14 @@ def test_capture_all_falls_back_to_the_plain_step_when_the_compiled_one_fails(lo
     recorder.fail_while = lambda: True
     with pytest.raises(RuntimeError, match="inductor failed"):
         make(log).capture_all([(1,)], compiled=False, uncompile=uncompile)
+
+
+def test_a_capture_after_start_is_logged_with_its_name(log, caplog):
+    """capture_all happens before /readyz; a capture after it stalls every stream and is logged."""
+    g = make(log, name="talker step")
+    with caplog.at_level(logging.INFO, logger="streamvox.cuda_graphs"):
+        g.capture_all([(1, 1)])
+        assert not caplog.records  # captured at start: nothing to report
+        g.run((2, 1))
+    assert [r.getMessage().split(" on first use")[0] for r in caplog.records] == [
+        "captured the talker step graph (2, 1)"]
