@@ -412,10 +412,12 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
+    STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it."""
     env = os.environ if env is None else env
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
+                           static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1")

@@ -149,7 +149,8 @@ class Engine:
             talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
                 talker_source.talker.compile_layers(talker_backend)
-            step_graphs = device.type == "cuda" and switches.talker_step_graphs
+            step_graphs = (device.type == "cuda" and switches.talker_step_graphs) or (
+                device.type == "cpu" and switches.static_step_on_cpu)
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
@@ -248,6 +249,12 @@ class Engine:
         """The talker's KV pool (blocks total/used, admission waits); empty for the DiT."""
         stats = getattr(self.source, "kv_cache_stats", None)
         return stats() if stats is not None else {}
+
+    def graph_captures_after_start(self) -> int:
+        """CUDA graphs captured after start, on first use (each stalled every stream while it ran;
+        without graphs: the ones a GPU would have captured). Serving should keep this at 0."""
+        wrappers = (*getattr(self.source, "graphed", ()), self.vocalizer.graphed_decoder)
+        return sum(w.late_captures for w in wrappers if w is not None)
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""

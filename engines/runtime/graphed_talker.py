@@ -55,6 +55,9 @@ class StepSpec:
     compile_layers: Callable[[str], None]  # (backend) compiles the layers the step runs
     compiled: Callable[[], bool]  # whether compiled layers run inside the step
     uncompile: Callable[[], None]  # back to the plain layers (their capture failed)
+    # False: the step reads each row's KV length on the device (a paged-attention kernel), so one
+    # graph serves every length and the KV-blocks bucket is not part of a graph's key
+    bucket_blocks: bool = True
 
 
 def _pow2_at_least(n: int) -> int:
@@ -92,6 +95,8 @@ class GraphedTalkerStep(GraphedWrapper):
         bucket = smallest_bucket(self.buckets, rows)
         if bucket is None:
             raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
+        if not self.spec.bucket_blocks:
+            return bucket, self.spec.max_blocks_per_row
         return bucket, min(_pow2_at_least(n_blocks), self.spec.max_blocks_per_row)
 
     def __call__(self, rows: list[int], n_blocks: int, all_greedy: bool,
@@ -100,8 +105,7 @@ class GraphedTalkerStep(GraphedWrapper):
         bucket, blocks = self.shape(n, n_blocks)
         key = (bucket, blocks, all_greedy, any_top_p)
         padded = rows + [self.spec.scratch_row] * (bucket - n)
-        if self.cuda:
-            self.graphs.ensure(key)  # before the rows go in: warm-up and capture step only the scratch row
+        self.graphs.ensure(key)  # before the rows go in: warm-up and capture step only the scratch row
         self._idx[bucket].copy_(upload(padded, torch.int64, self.device))
         codes, cols = self.graphs.run(key)
         # The outputs are static: the next replay rewrites them, and every graph's scratch shares
@@ -120,16 +124,22 @@ class GraphedTalkerStep(GraphedWrapper):
         self.spec.before_capture(self.buckets[-1])
 
     def capture_all(self, max_blocks: int = 8) -> None:
-        """Capture every rows bucket at KV-block buckets up to ``max_blocks`` (greedy and sampled):
-        the shapes of the first seconds of serving. Longer streams capture their bucket on first use."""
-        if not self.cuda:
-            return
-        keys, blocks = [], 1
-        while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
-            for bucket in self.buckets:
-                for all_greedy, any_top_p in ((True, False), (False, False)):
-                    keys.append((bucket, blocks, all_greedy, any_top_p))
-            blocks *= 2
+        """Capture, before serving, every key a step can reach: each rows bucket in each sampling
+        mode (greedy, sampled, sampled with top-p), at the one KV shape when the step reads lengths
+        on the device. With KV-block buckets (the gather fallback) a capture per bucket would
+        lengthen the start many times over, so CUDA captures them up to ``max_blocks`` (the first
+        seconds of a stream) and a longer stream captures its bucket on first use, counted in
+        ``late_captures``; without graphs every bucket is noted (it costs nothing)."""
+        if not self.spec.bucket_blocks:
+            block_keys = [self.spec.max_blocks_per_row]
+        else:
+            top = min(max_blocks, self.spec.max_blocks_per_row) if self.cuda else self.spec.max_blocks_per_row
+            block_keys = [1 << i for i in range(top.bit_length()) if 1 << i <= top]
+            if top not in block_keys:
+                block_keys.append(top)
+        modes = ((True, False), (False, False), (False, True))
+        keys = [(bucket, blocks, greedy, top_p) for blocks in block_keys for bucket in self.buckets
+                for greedy, top_p in modes]
         self.graphs.capture_all(keys, self.spec.compiled(), self.spec.uncompile, "talker and predictor layers")
 
 
