@@ -44,8 +44,8 @@ async def level(url: str, clients: int, api_key: str | None, min_sessions: int =
             "underrun_sessions": sum(1 for s in ok if s.underruns), "audio_s_per_s": audio / (time.monotonic() - t0)}
 
 
-async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
-    """The server's streamvox_worker_stage_seconds_total by stage ({} if not exposed)."""
+async def metric_samples(url: str, api_key: str | None, family: str) -> list:
+    """The server's /metrics samples of one metric family ([] if not exposed)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -53,9 +53,20 @@ async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
         async with aiohttp.ClientSession() as http, http.get(url + "/metrics", headers=headers) as r:
             text = await r.text() if r.status == 200 else ""
     except aiohttp.ClientError:
-        return {}
-    return {s.labels["stage"]: s.value for f in text_string_to_metric_families(text)
-            if f.name == "streamvox_worker_stage_seconds" for s in f.samples if s.name.endswith("_total")}
+        return []
+    return [s for f in text_string_to_metric_families(text) if f.name == family for s in f.samples
+            if s.name.endswith("_total")]
+
+
+async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
+    """The server's streamvox_worker_stage_seconds_total by stage ({} if not exposed)."""
+    return {s.labels["stage"]: s.value for s in await metric_samples(url, api_key, "streamvox_worker_stage_seconds")}
+
+
+async def late_captures(url: str, api_key: str | None) -> int | None:
+    """streamvox_graph_captures_after_start_total: graphs captured while serving (None if not exposed)."""
+    samples = await metric_samples(url, api_key, "streamvox_graph_captures_after_start")
+    return int(samples[0].value) if samples else None
 
 
 def shares(before: dict[str, float], after: dict[str, float]) -> str:
@@ -114,6 +125,7 @@ def main() -> int:
             if r["errors"] == 0 and r["underrun_sessions"] == 0:
                 best = c
         print(f"largest concurrency with no underrun and no error: {best}")
+        print(f"graph captures after start (each stalls every stream): {asyncio.run(late_captures(url, args.api_key))}")
     except Exception:
         if server:
             print("server log (last lines):\n" + log_tail(server.log))
