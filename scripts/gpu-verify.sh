@@ -60,10 +60,11 @@ else
   PY=${PYTHON:-python3} ORACLE_PY=python3 PEER_PY=python3
   COMPILE=${STREAMVOX_COMPILE:-1}
   PREFIX_ROUNDS=3 PEER_CHUNKS=${PEER_CHUNKS:-1 2 4 8} PEER_ROUNDS=3
-  COST_GRID=""
+  COST_GRID=${COST_GRID:-}
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 KERNEL_TEST=tests/engines/models/test_paged_attention.py
+KERNEL_TESTS=${KERNEL_TESTS:-$([ "$DEVICE" = cuda ] && echo cuda || echo "not cuda")}  # on a GPU: the native kernel test alone
 CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
   tests/engines/core/test_gpu_engine.py tests/engines/pipelines/talker/test_talker_paged.py tests/engines/pipelines/talker/test_talker_source.py"
 
@@ -130,7 +131,7 @@ step() {
         --device "$DEVICE" --dtype "$DTYPE" --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES \
         --ticks "$TALKER_TICKS" --step-graphs --compile-talker --oracle-python "$ORACLE_PY" ;;
     kernel)
-      run_step kernel 90 20 "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 80 "$KERNEL_TEST"
+      run_step kernel 90 20 "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 80 "$KERNEL_TEST" -k "$KERNEL_TESTS"
       if [ "$DEVICE" = cuda ] && ! grep -q "END kernel ok" "$LOG"; then
         export STREAMVOX_PAGED_ATTENTION=0
         say "the paged-attention kernel failed its test: the steps below run the gather fallback"
