@@ -61,6 +61,29 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """The rows buckets of a step over at most ``max_rows`` rows: the defaults below it, and it."""
+    return tuple(b for b in DEFAULT_BUCKETS if b < max_rows) + (max_rows,)
+
+
+def kv_bucket(n_blocks: int, max_blocks_per_row: int) -> int:
+    """The KV-blocks bucket a step reading ``n_blocks`` blocks per row runs at."""
+    return min(_pow2_at_least(n_blocks), max_blocks_per_row)
+
+
+def start_keys(buckets: tuple[int, ...], max_blocks_per_row: int, max_blocks: int = 8) -> list[tuple]:
+    """The (rows, KV blocks, all_greedy, any_top_p) keys captured at engine start: every rows
+    bucket at KV-block buckets up to ``max_blocks``, greedy and sampled (the shapes of the first
+    seconds of serving; longer streams capture their bucket on first use)."""
+    keys, blocks = [], 1
+    while blocks <= min(max_blocks, max_blocks_per_row):
+        for bucket in buckets:
+            for all_greedy, any_top_p in ((True, False), (False, False)):
+                keys.append((bucket, blocks, all_greedy, any_top_p))
+        blocks *= 2
+    return keys
+
+
 class GraphedTalkerStep(GraphedWrapper):
     def __init__(self, spec: StepSpec, buckets: tuple[int, ...] | None = None, warmup_iters: int = WARMUP_ITERS,
                  compile_backend: str | None = None):
@@ -69,7 +92,7 @@ class GraphedTalkerStep(GraphedWrapper):
         layers are captured instead (warned)."""
         self.spec = spec
         slots = spec.max_rows
-        self.buckets = buckets or tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        self.buckets = buckets or row_buckets(slots)
         self.device = spec.device
         self.cuda = self.device.type == "cuda"
         self._idx = {b: torch.full((b,), spec.scratch_row, dtype=torch.int64, device=self.device)
@@ -92,7 +115,7 @@ class GraphedTalkerStep(GraphedWrapper):
         bucket = smallest_bucket(self.buckets, rows)
         if bucket is None:
             raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
-        return bucket, min(_pow2_at_least(n_blocks), self.spec.max_blocks_per_row)
+        return bucket, kv_bucket(n_blocks, self.spec.max_blocks_per_row)
 
     def __call__(self, rows: list[int], n_blocks: int, all_greedy: bool,
                  any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,17 +143,11 @@ class GraphedTalkerStep(GraphedWrapper):
         self.spec.before_capture(self.buckets[-1])
 
     def capture_all(self, max_blocks: int = 8) -> None:
-        """Capture every rows bucket at KV-block buckets up to ``max_blocks`` (greedy and sampled):
-        the shapes of the first seconds of serving. Longer streams capture their bucket on first use."""
+        """Capture the start keys (``start_keys``). Longer streams capture their bucket on first use."""
         if not self.cuda:
             return
-        keys, blocks = [], 1
-        while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
-            for bucket in self.buckets:
-                for all_greedy, any_top_p in ((True, False), (False, False)):
-                    keys.append((bucket, blocks, all_greedy, any_top_p))
-            blocks *= 2
+        keys = start_keys(self.buckets, self.spec.max_blocks_per_row, max_blocks)
         self.graphs.capture_all(keys, self.spec.compiled(), self.spec.uncompile, "talker and predictor layers")
 
 
-__all__ = ["GraphedTalkerStep", "StepSpec"]
+__all__ = ["GraphedTalkerStep", "StepSpec", "kv_bucket", "row_buckets", "start_keys"]
