@@ -178,6 +178,7 @@ class Server:
     proc: subprocess.Popen
     url: str
     log: list[str] = field(default_factory=list)
+    late_captures: int = 0  # "captured the ... graph ... on first use" log lines: captures after start
 
     @classmethod
     def start(cls, preset: str, device: str, data_dir: str, extra: list[str] | None = None,
@@ -211,6 +212,7 @@ class Server:
 
         def pump():
             for line in self.proc.stderr:  # type: ignore[union-attr]
+                self.late_captures += "on first use" in line and "captured the" in line
                 self.log.append(line)
                 del self.log[:-200]
 
