@@ -35,37 +35,32 @@ def _check_grid(rows: list[int], cols: list[int], ms: list[list[float]], what: s
         raise ValueError(f"{what}: ms must be >= 0")
 
 
-class DecodeStepCosts(_Frozen):
+class _Grid(_Frozen):
+    """Costs over two axes: the first two fields, then ``ms[first][second]``."""
+
+    @model_validator(mode="after")
+    def _grid(self) -> "_Grid":
+        rows, cols = (getattr(self, name) for name in list(type(self).model_fields)[:2])
+        _check_grid(rows, cols, self.ms, type(self).__name__)
+        return self
+
+
+class DecodeStepCosts(_Grid):
     rows: list[int]
     kv_blocks: list[int]
     ms: list[list[float]]
 
-    @model_validator(mode="after")
-    def _grid(self) -> "DecodeStepCosts":
-        _check_grid(self.rows, self.kv_blocks, self.ms, "decode_step")
-        return self
 
-
-class PrefillCosts(_Frozen):
+class PrefillCosts(_Grid):
     prompts: list[int]
     width: list[int]
     ms: list[list[float]]
 
-    @model_validator(mode="after")
-    def _grid(self) -> "PrefillCosts":
-        _check_grid(self.prompts, self.width, self.ms, "prefill")
-        return self
 
-
-class CodecDecodeCosts(_Frozen):
+class CodecDecodeCosts(_Grid):
     rows: list[int]
     frames: list[int]
     ms: list[list[float]]
-
-    @model_validator(mode="after")
-    def _grid(self) -> "CodecDecodeCosts":
-        _check_grid(self.rows, self.frames, self.ms, "codec_decode")
-        return self
 
 
 class CaptureCosts(_Frozen):
