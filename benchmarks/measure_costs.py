@@ -206,6 +206,7 @@ def main() -> int:
         "capture_ms": {"decode_step": 1e3 * talker_capture / max(1, n_talker),
                        "codec_decode": 1e3 * decoder_capture / max(1, n_decoder)},
         "start_s": start_s,
+        "kv_in_place": not getattr(getattr(step_runner, "spec", None), "bucket_blocks", True),
         "notes": ("measured: each call timed with the device synchronised around it, median of "
                   f"{args.repeats}; capture_ms = the start's capture time / graphs captured "
                   f"({n_talker} talker-step keys, {n_decoder} decoder keys)"),

@@ -120,6 +120,14 @@ class Settings(BaseSettings):
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)
     quantize: Literal["int8"] | None = option(
         None, "talker and code predictor linear layers with int8 weights (CPU, float32; docs/QUANTIZATION.md)")
+    virtual_device: str | None = option(
+        None, "scheduling work without a GPU: serve the talker on a virtual device, whose talker and codec-decoder "
+        "work are waits of this GPU cost table's times (benchmarks/costs/*.json) on the CPU; --model then names a "
+        "Qwen3-TTS directory whose config and tokenizer shape the prompts (no weights are read; "
+        "docs/VIRTUAL_DEVICE.md)", metavar="COSTS_JSON")
+    virtual_eos_frames: int | None = option(
+        None, "with --virtual-device: every utterance samples EOS after this many frames (default: none does; "
+        "utterances run to their frame budget, as on the random benchmark checkpoint)", ge=1)
     # --- end talker at scale
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
