@@ -5,11 +5,13 @@ Runs with the official code (the oracle: .venv-oracle, or the device's carried w
 
     .venv-oracle/bin/python benchmarks/make_checkpoint.py --size 0.6b OUT_DIR
     .venv-oracle/bin/python benchmarks/make_checkpoint.py --size tiny OUT_DIR   # seconds, for a CPU check
+    .venv-oracle/bin/python benchmarks/make_checkpoint.py --size 0.6b --print-config   # the configs as JSON, no weights
 
 The official ``Qwen3TTSForConditionalGeneration`` / ``Qwen3TTSTokenizerV2Model`` are built
 from released-size configs (REFERENCES.md: talker 28 layers, hidden 1024 (0.6B) or 2048
-(1.7B), predictor 5 x 1024, G = 16, codebook 2048, text vocabulary 151,936; decoder 8 x 512,
-window 72, decoder_dim 1536), every talker and decoder parameter fan-in randomised, saved in
+(1.7B), predictor 5 x 1024 with head_dim 128, G = 16, codebook 2048, text vocabulary 151,936;
+decoder 8 x 512, window 72, decoder_dim 1536; benchmarks/released/ keeps the released 0.6B size
+fields, tests/benchmarks/test_make_checkpoint.py compares them with these), every talker and decoder parameter fan-in randomised, saved in
 bf16 by ``save_pretrained``, with the test suite's small byte-level BPE as the text tokenizer
 (its ids fit the released vocabulary). Step time does not depend on the weights' values;
 the EOS row of the codec head is zero so utterances run to ``max_new_tokens``
@@ -62,7 +64,7 @@ def model_config(s: dict, text_ids: dict[str, int]):
             vocab_size=cb, hidden_size=s["predictor_hidden"], intermediate_size=3 * s["predictor_hidden"],
             num_hidden_layers=s["predictor_layers"], num_attention_heads=s["predictor_heads"],
             num_key_value_heads=s["predictor_kv"], head_dim=s.get("predictor_head_dim", s["predictor_hidden"] // s["predictor_heads"]),
-            rms_norm_eps=1e-6, rope_theta=1_000_000, max_position_embeddings=65, num_code_groups=s["groups"]),
+            rms_norm_eps=1e-6, rope_theta=1_000_000, max_position_embeddings=65536, num_code_groups=s["groups"]),
         vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
         head_dim=s["head_dim"], rope_theta=1_000_000, rms_norm_eps=1e-6, max_position_embeddings=32768,
@@ -129,13 +131,29 @@ def write(size: str, directory: Path, max_new_tokens: int, seed: int = 0) -> Non
     print(f"make_checkpoint: {size} -> {directory} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
 
+def configs(size: str) -> dict:
+    """The config.json and speech_tokenizer/config.json ``write`` saves for ``size`` (as dicts)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text_ids = write_text_tokenizer(Path(tmp))
+    return {"config.json": model_config(SIZES[size], text_ids).to_dict(),
+            "speech_tokenizer/config.json": tokenizer_config(SIZES[size]).to_dict()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--print-config", action="store_true", help="print the configs as JSON and write nothing")
     ap.add_argument("--size", choices=sorted(SIZES), default="0.6b")
     ap.add_argument("--max-new-tokens", type=int, default=76,
                     help="frames per utterance + 1 (76: a 6 s sentence at 12.5 frames/s)")
     args = ap.parse_args()
+    if args.print_config:
+        print(json.dumps(configs(args.size), default=str))
+        return 0
+    if args.out is None:
+        ap.error("the output directory is required")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     write(args.size, args.out, args.max_new_tokens)
     return 0
