@@ -81,14 +81,14 @@ def sync(device) -> None:
 
 def frame_weights(talker, predictor) -> tuple[int, int]:
     """Weight bytes and elements one frame reads: the talker step, then G-1 code-predictor
-    steps (int8 layers, engines/models/quantize.py, count their int8 bytes and scales)."""
+    steps (int8 / int4 layers, engines/models/quantize*.py, count their packed bytes and scales)."""
     def size(module) -> tuple[int, int]:
         b = sum(p.numel() * p.element_size() for p in module.parameters())
         n = sum(p.numel() for p in module.parameters())
         for m in module.modules():
             if hasattr(m, "weight_bytes"):
                 b += m.weight_bytes
-                n += m.in_features * m.out_features
+                n += getattr(m, "weight_elems", m.in_features * m.out_features)
         return b, n
 
     w = talker.codec_head.weight
@@ -211,7 +211,7 @@ def ours_worker(args) -> None:
                          **SIZES[args.size])
     # EOS blocked (as the official run makes it unreachable): every row emits one frame per tick.
     bundle.generation = dataclasses.replace(bundle.generation, min_new_tokens=10**9)
-    if mode == "int8":
+    if mode in ("int8", "int4"):
         from engines.models.quantize import quantize_talker
 
         quantize_talker(bundle.talker, bundle.predictor, mode)
@@ -419,7 +419,7 @@ def main() -> None:
     ap.add_argument("--steps", "--ticks", type=int, default=4, dest="steps", help="timed decode steps per turn")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every process (0 = default)")
     ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
-    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "bf16"],
+    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "bf16"],
                     help="also time ours with int8 weights (engines/models/quantize.py) and/or all in bf16")
     ap.add_argument("--step-graphs", action="store_true", help="also ours with the whole step as CUDA graphs (on a CPU: its static-buffer path, eager)")
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
@@ -550,7 +550,7 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
             if ref:
                 bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
                 # compute floor from the fp32 GEMM rate: not a bound for int8 kernels, left out there
-                comp = 0.0 if "int8" in name else 2 * b * ref["weight_elems"] / flops
+                comp = 0.0 if "int8" in name or "int4" in name else 2 * b * ref["weight_elems"] / flops
                 floor_ms = max(bytes_read / bw, comp) * 1e3
                 gemv_ms = max(bytes_read / gemv, comp) * 1e3
             pre = [t["prefill_ms"] for t in mine]

@@ -1,24 +1,37 @@
-"""Fidelity of ``--quantize int8`` (engines/models/quantize.py) against fp32 on the oracle
-checkpoints: greedy codes and the audio they decode to.
+"""Fidelity of every talker precision against fp32, teacher-forced over the official code's
+own greedy codes: the numbers the CPU default is chosen by (docs/QUANTIZATION.md).
 
-    python benchmarks/quantize_fidelity.py [--markdown]
+    python benchmarks/quantize_fidelity.py                                   # oracle fixtures
+    python benchmarks/quantize_fidelity.py --checkpoint DIR OFFICIAL.json    # + a released-size one
+    # DIR: .venv-oracle/bin/python benchmarks/make_checkpoint.py --size 0.6b DIR
+    # OFFICIAL.json: .venv-oracle/bin/python benchmarks/official_codes.py DIR OFFICIAL.json
 
-For every case of the talker oracle fixtures (random CustomVoice checkpoints in the official
-layout; fp32 greedy codes there equal the official ``generate()``'s), one utterance at a
-time through the reference loop (engines/pipelines/talker/reference.py), fp32 and int8:
-* frames equal: frames until the first frame whose 16 codes differ / fp32 frames;
-* codes equal: equal codes over the common length (all groups) / codes there;
-* length: int8 frames - fp32 frames;
-* log-mel distance: mean |log-mel(int8 audio) - log-mel(fp32 audio)| over the common frames
-  (engines/models/mel.py, natural log), beside the same distance between the fp32 audio of
-  two different cases of equal length class (``different utterances``) for scale.
+Checkpoints: the talker oracle fixtures (tiny random CustomVoice checkpoints in the official
+layout, their cases and the official ``generate()``'s greedy codes) and, with ``--checkpoint``,
+random checkpoints at the released sizes with the official codes ``official_codes.py`` wrote.
+Per mode (fp32, bf16 = the whole talker in bfloat16, int8 and int4 =
+engines/models/quantize*.py), one utterance at a time, the talker is fed the OFFICIAL frames
+(teacher forcing: every mode sees the same history, so one flipped choice does not make the
+rest of the utterance another utterance) and at every step we keep
+* code 0's distribution after the official logits processors (repetition penalty over the
+  teacher's code-0 ids so far, min_new_tokens, [V-1024, V) suppressed but EOS): its top-1,
+  and the mode's own frame: that code 0 with the code predictor's greedy codes 1..G-1;
+Reported against fp32: **top-1 agreement** of code 0 (share of steps), **KL(fp32 || mode)** of
+the code-0 distribution (nats, mean over steps), **codes equal** (all G codes of the mode's own
+frames) and the **waveform SNR**: the mode's own frames and fp32's through the checkpoint's
+codec decoder (fp32), 10 log10(|w_fp32|^2 / |w_mode - w_fp32|^2) in dB over the utterance.
+Beside them, how often fp32's top-1 is the official code 0 (100 % where our fp32 talker
+reproduces the official one; the parity tests assert that on the fixtures).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,65 +40,143 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from engines.checkpoints.qwen3_tts import load_checkpoint  # noqa: E402
-from engines.models.mel import LogMel  # noqa: E402
 from engines.models.quantize import quantize_talker  # noqa: E402
-from engines.pipelines.talker.reference import TalkerBundle  # noqa: E402
-from tests.oracle import talker_fixtures as fx  # noqa: E402
+from engines.models.sampling import FrameSampling, apply_talker_processors  # noqa: E402
+from engines.pipelines.talker.reference import TalkerBundle, frame_embedding, prompt_tensors  # noqa: E402
+
+MODES = ("fp32", "bf16", "int8", "int4")
 
 
-def logmel_distance(mel: LogMel, a: torch.Tensor, b: torch.Tensor) -> float:
-    n = min(a.shape[-1], b.shape[-1])
-    if n < 1024:
-        return float("nan")
-    ma, mb = mel(a[..., :n].reshape(1, -1)), mel(b[..., :n].reshape(1, -1))
-    return (ma - mb).abs().mean().item()
+def load_bundle(directory: Path, mode: str) -> TalkerBundle:
+    bundle = TalkerBundle.from_checkpoint(directory, "cpu", torch.bfloat16 if mode == "bf16" else torch.float32)
+    if mode in ("int8", "int4"):
+        quantize_talker(bundle.talker, bundle.predictor, mode)
+    return bundle
+
+
+@torch.no_grad()
+def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> dict:
+    """Feed ``teacher`` [T, G] (the official frames) -> code-0 log-probs [T, V] (float64, after the
+    official processors), the mode's own frames [T, G] (its code 0, its predictor's greedy codes)."""
+    talker, predictor, gen = bundle.talker, bundle.predictor, bundle.generation
+    device, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
+    cfg = talker.cfg
+    prompt = bundle.prompt.build(case["text"], case["speaker"], case["language"], case["non_streaming_mode"],
+                                 instruct=case.get("instruct"))
+    x, trailing, pad = prompt_tensors(talker, prompt, device)
+    s, steps = x.shape[0], teacher.shape[0]
+    cache = talker.new_cache(1, s + steps + 1, device, dtype)
+    suppressed = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    suppressed[talker.valid_ids] = False
+    h = talker(x[None], torch.arange(s)[None], cache, attend_len=s)
+    logps, own = [], []
+    for step in range(steps):
+        scores = talker.logits(h).float()
+        seen = torch.zeros_like(scores, dtype=torch.bool)
+        seen[0, teacher[:step, 0]] = True
+        scores = apply_talker_processors(scores, seen, gen.repetition_penalty, cfg.codec_eos_token_id,
+                                         torch.tensor([step < gen.min_new_tokens]))
+        logp = torch.log_softmax(scores.masked_fill(suppressed, float("-inf")).double(), dim=-1)[0]
+        code0 = logp.argmax()[None]
+        sub = FrameSampling.for_stream(1, 0, step, device, greedy=True)
+        rest = predictor.predict(h, talker.codec_part(code0), sub)
+        logps.append(logp)
+        own.append(torch.cat([code0, rest[0]]))
+        text_part = trailing[step] if step < trailing.shape[0] else pad
+        nxt = frame_embedding(talker, predictor, teacher[step][None]) + text_part
+        h = talker(nxt[:, None].to(dtype), torch.tensor([[s + step]]), cache, attend_len=s + step + 1)
+    return {"logp": torch.stack(logps), "own": torch.stack(own)}
+
+
+def kl(p_log: torch.Tensor, q_log: torch.Tensor) -> float:
+    """Mean over steps of KL(p || q), nats (terms where p = 0 contribute 0)."""
+    p = p_log.exp()
+    terms = torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p))
+    return terms.sum(-1).mean().item()
+
+
+def snr_db(ref: torch.Tensor, other: torch.Tensor) -> float:
+    noise = (other - ref).pow(2).sum().item()
+    return float("inf") if noise == 0 else 10 * torch.log10(ref.pow(2).sum() / noise).item()
+
+
+def decodable(frames: torch.Tensor, codebook: int) -> torch.Tensor:
+    """A frame whose code 0 is a special id (EOS chosen mid-utterance) decodes as code 0 = 0."""
+    return frames.masked_fill(frames >= codebook, 0)
+
+
+def checkpoints(args) -> list[tuple[str, Path, list[dict]]]:
+    """(name, directory, cases with their official codes)."""
+    out = []
+    if not args.no_fixtures:
+        from tests.oracle import talker_fixtures as fx
+
+        for name in fx.CHECKPOINTS:
+            refs = fx.references(name)
+            cases = [dict(text=c["prompt"], speaker=c["speaker"], language=c["language"],
+                          non_streaming_mode=c["non_streaming_mode"], instruct=c["instruct"], name=case,
+                          codes=refs[f"case/{case}/codes"]) for case, c in fx.cases(name).items()]
+            out.append((name, fx.checkpoint_dir(name), [c for c in cases if c["codes"].shape[0]]))
+    for directory, official in args.checkpoint or []:
+        data = json.loads(Path(official).read_text())
+        cases = [dict(c, name=f"case {i}", codes=torch.tensor(c["codes"], dtype=torch.long))
+                 for i, c in enumerate(data["cases"])]
+        out.append((Path(directory).name, Path(directory), cases))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args()
-    torch.set_num_threads(1)
-    mel = LogMel()
+    ap.add_argument("--checkpoint", nargs=2, action="append", metavar=("DIR", "OFFICIAL_JSON"),
+                    help="a CustomVoice checkpoint and official_codes.py's output for it (repeatable)")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--no-fixtures", action="store_true", help="skip the oracle fixtures")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="also write every row here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    modes = ["fp32"] + [m for m in args.modes if m != "fp32"]
     rows = []
-    for name in fx.CHECKPOINTS:
-        fp32 = TalkerBundle.from_checkpoint(fx.checkpoint_dir(name))
-        int8 = TalkerBundle.from_checkpoint(fx.checkpoint_dir(name))
-        converted = quantize_talker(int8.talker, int8.predictor, "int8")
-        parts = load_checkpoint(fx.checkpoint_dir(name))
-        wavs = {}
-        for case, c in fx.cases(name).items():
-            kw = dict(greedy=True, max_new_tokens=c["max_new_tokens"], non_streaming_mode=c["non_streaming_mode"],
-                      instruct=c["instruct"])
-            a = fp32.generate_codes(c["prompt"], c["speaker"], c["language"], **kw)
-            b = int8.generate_codes(c["prompt"], c["speaker"], c["language"], **kw)
-            assert torch.equal(a, fx.references(name)[f"case/{case}/codes"]), case  # fp32 = official
-            n = min(a.shape[0], b.shape[0])
-            differs = (a[:n] != b[:n]).any(dim=1).nonzero()
-            first = int(differs[0, 0]) if differs.numel() else n
-            with torch.no_grad():
-                wa, wb = parts.decode(a.T[None])[0], parts.decode(b.T[None])[0] if b.shape[0] else torch.zeros(0)
-            wavs[case] = wa
-            rows.append(dict(ckpt=name, case=case, frames=a.shape[0], prefix=first / max(a.shape[0], 1),
-                             codes=(a[:n] == b[:n]).float().mean().item() if n else 0.0, length=b.shape[0] - a.shape[0],
-                             mel=logmel_distance(mel, wa, wb), converted=converted))
-        cases = list(wavs)
-        scale = [logmel_distance(mel, wavs[x], wavs[y]) for x, y in zip(cases, cases[1:])]
-        rows.append(dict(ckpt=name, case="(different utterances, fp32)", mel=statistics.median(
-            s for s in scale if s == s)))
-    print("| checkpoint | case | fp32 frames | frames equal until first difference | codes equal | "
-          "length int8 - fp32 | log-mel distance |")
+    for name, directory, cases in checkpoints(args):
+        t0 = time.time()
+        parts = load_checkpoint(directory)
+        codebook = parts.decoder.cfg.codebook_size
+        runs = {}
+        for mode in modes:
+            bundle = load_bundle(directory, mode)
+            runs[mode] = [teacher_forced(bundle, c, c["codes"]) for c in cases]
+            del bundle
+            gc.collect()
+        with torch.no_grad():
+            wavs = {m: [parts.decode(decodable(r["own"], codebook).T[None])[0] for r in runs[m]] for m in modes}
+        official_top1 = statistics.mean((r["logp"].argmax(-1) == c["codes"][:, 0]).double().mean().item()
+                                        for r, c in zip(runs["fp32"], cases))
+        for mode in modes:
+            ref, got = runs["fp32"], runs[mode]
+            agree = [(a["logp"].argmax(-1) == b["logp"].argmax(-1)).double().mean().item() for a, b in zip(ref, got)]
+            steps = sum(r["logp"].shape[0] for r in ref)
+            rows.append(dict(
+                checkpoint=name, mode=mode, utterances=len(cases), steps=steps,
+                top1=sum(a * r["logp"].shape[0] for a, r in zip(agree, ref)) / steps,
+                kl=statistics.mean(kl(a["logp"], b["logp"]) for a, b in zip(ref, got)),
+                codes_equal=sum((a["own"] == b["own"]).double().sum().item() for a, b in zip(ref, got)) /
+                sum(a["own"].numel() for a in ref),
+                snr_db=statistics.median(snr_db(a, b) for a, b in zip(wavs["fp32"], wavs[mode])),
+                snr_min_db=min(snr_db(a, b) for a, b in zip(wavs["fp32"], wavs[mode])),
+                fp32_vs_official=official_top1))
+        print(f"quantize_fidelity: {name} ({len(cases)} utterances, {modes}) in {time.time() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    print("| checkpoint | mode | utterances / steps | code-0 top-1 = fp32 | KL(fp32 ‖ mode) nats | "
+          "codes equal (all G) | waveform SNR dB, median (min) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        if "frames" not in r:
-            print(f"| {r['ckpt']} | {r['case']} | | | | | {r['mel']:.3f} |")
-            continue
-        print(f"| {r['ckpt']} | {r['case']} | {r['frames']} | {r['prefix']:.0%} | {r['codes']:.0%} | "
-              f"{r['length']:+d} | {r['mel']:.3f} |")
-    real = [r for r in rows if "frames" in r]
-    print(f"\nall cases: frames equal until the first difference {statistics.mean(r['prefix'] for r in real):.0%} "
-          f"(mean), codes equal {statistics.mean(r['codes'] for r in real):.0%} (mean), identical utterances "
-          f"{sum(r['prefix'] == 1 and r['length'] == 0 for r in real)}/{len(real)}; linear layers converted per "
-          f"checkpoint: {real[0]['converted']}")
+        snr = "exact" if r["snr_db"] == float("inf") else f"{r['snr_db']:.1f} ({r['snr_min_db']:.1f})"
+        print(f"| {r['checkpoint']} | {r['mode']} | {r['utterances']} / {r['steps']} | {r['top1']:.1%} | "
+              f"{r['kl']:.2e} | {r['codes_equal']:.1%} | {snr} |")
+    print("\nfp32 code-0 top-1 = the official code 0: " + ", ".join(
+        f"{r['checkpoint']} {r['fp32_vs_official']:.1%}" for r in rows if r["mode"] == "fp32"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

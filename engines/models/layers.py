@@ -189,6 +189,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(kv_dim or dim, self.n_kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(kv_dim or dim, self.n_kv * head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=bias)
+        self.qkv_proj: nn.Module | None = None  # x -> (q, k, v) in one call, set by a quantizer
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)  # per head
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -203,7 +204,9 @@ class Attention(nn.Module):
         # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
         # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
         (b, s), n = x.shape[:2], src.shape[1]
-        if self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
+        if self.qkv_proj is not None and memory is None:  # one module for all three (int4, engines/models/quantize_int4.py)
+            q, k, v = self.qkv_proj(x)
+        elif self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
             q, k, v = F.linear(x, self.qkv_weight).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(src), self.v_proj(src)

@@ -1,6 +1,7 @@
-"""Int8 weights for the talker and its code predictor (``--quantize int8``), CPU.
+"""Int8 or int4 weights for the talker and its code predictor (``--quantize``), CPU.
 
     quantize_talker(talker, predictor, "int8")   # in place, before TalkerSource is built
+    quantize_talker(talker, predictor, "int4")   # ORT MatMulNBits (engines/models/quantize_int4.py)
 
 What a decode step reads is weights (fp32: 5.67 GB per frame at the 0.6B sizes, 15 code
 predictor passes included), so a quarter of the bytes is the lever on CPU. Every linear
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-QUANTIZE_MODES = ("int8",)
+QUANTIZE_MODES = ("int8", "int4")
 
 
 def _has_vnni() -> bool:
@@ -67,21 +68,31 @@ class Int8Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def _swap_linears(module: nn.Module) -> int:
-    """Every nn.Linear under ``module`` -> Int8Linear, in place; -> how many."""
+def _swap_linears(module: nn.Module, make) -> int:
+    """Every nn.Linear under ``module`` -> ``make(linear)``, in place; -> how many."""
     n = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child))
+            setattr(module, name, make(child))
             n += 1
         else:
-            n += _swap_linears(child)
+            n += _swap_linears(child, make)
     return n
+
+
+def _layer_factory(mode: str):
+    if mode == "int8":
+        return Int8Linear
+    from engines.models import quantize_int4
+
+    if not quantize_int4.available():
+        raise ValueError("--quantize int4 needs onnxruntime (pip install onnxruntime, or the onnx extra)")
+    return quantize_int4.Int4Linear
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
-    and input projection) -> int8 weights. -> the number of layers converted."""
+    and input projection) -> int8 or int4 weights. -> the number of layers converted."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -92,11 +103,17 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
         for layer in model.model.layers:
             if getattr(layer.self_attn, "qkv_weight", None) is not None or getattr(layer.mlp, "gate_up", None) is not None:
                 raise ValueError("quantize before the projections are fused (before TalkerSource is built)")
-    n = sum(_swap_linears(layer) for layer in talker.model.layers)
-    n += sum(_swap_linears(layer) for layer in predictor.model.layers)
-    n += _swap_linears(predictor.lm_head)
+    make = _layer_factory(mode)
+    layers = [*talker.model.layers, *predictor.model.layers]
+    if mode == "int4":  # each decoder layer as three calls with its norms inside (quantize_int4.py)
+        from engines.models.quantize_int4 import convert_layer
+
+        n = sum(convert_layer(layer) for layer in layers)
+    else:
+        n = sum(_swap_linears(layer, make) for layer in layers)
+    n += _swap_linears(predictor.lm_head, make)
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
-        predictor.small_to_mtp_projection = Int8Linear(predictor.small_to_mtp_projection)
+        predictor.small_to_mtp_projection = make(predictor.small_to_mtp_projection)
         n += 1
     return n
 
