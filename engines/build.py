@@ -21,6 +21,7 @@ from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
+from engines.models.quantize import quantize_talker, resolve_quantize
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
     Models,
@@ -72,8 +73,10 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     (artifacts from ``streamvox export`` / ``build-engines`` in ``artifacts_dir``).
     ``prefix_cache_fraction``: share of the talker's KV pool that shared prompt prefixes may
     keep (engines/models/prefix_cache.py; None = the source's default, 0 = off).
-    ``quantize="int8"``: the talker's and code predictor's linear layers with int8 weights (CPU,
-    float32; engines/models/quantize.py; greedy codes then differ from the official ones).
+    ``quantize``: the talker's and code predictor's weights: None or ``"none"`` fp32 (the official
+    greedy codes), ``"int8"`` / ``"int4"`` (CPU, float32; engines/models/quantize.py), ``"auto"``
+    the CPU default of docs/QUANTIZATION.md on a CPU, fp32 elsewhere; ``engine.info.quantize`` says
+    which ran.
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
     ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
@@ -110,10 +113,10 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
             from engines.pipelines.talker.reference import TalkerBundle
 
             talker = TalkerBundle.from_checkpoint(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+            quantize = resolve_quantize(quantize, dev, dtype, talker=True)
             if quantize:
-                from engines.models.quantize import quantize_talker
-
                 quantize_talker(talker.talker, talker.predictor, quantize)
+                log.info("talker and code predictor weights: %s (--quantize none: fp32)", quantize)
     else:
         models = build_models(config, seed)
     if backend != "torch":
@@ -133,13 +136,16 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         log.info("loaded the forced aligner %s (word timestamps)", aligner)
     if prefill_token_budget is None:
         prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET  # the scheduler's, which decides each step's prefill
-    return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                  talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
-                  switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
-                  prefill_token_budget=prefill_token_budget,
-                  talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                    ("prefix_cache_fraction", prefix_cache_fraction))
-                                  if v is not None})
+    engine = Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
+                    talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
+                    switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
+                    prefill_token_budget=prefill_token_budget,
+                    talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
+                                                      ("prefix_cache_fraction", prefix_cache_fraction))
+                                    if v is not None})
+    if talker is not None and quantize:
+        engine.info = replace(engine.info, quantize=quantize)
+    return engine
 
 
 def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, device: str, checkpoint: str | None,

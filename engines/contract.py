@@ -390,6 +390,8 @@ class EngineInfo:
     batch_ceiling: int | None = None
     warmup_rtf: float | None = None
     """Wall seconds per audio second of one warm-up request alone (CPU start only); None otherwise."""
+    quantize: str = "none"
+    """The talker's and code predictor's weights: ``none`` (the dtype's own), ``int8`` or ``int4``."""
 
     @property
     def pipeline(self) -> str:

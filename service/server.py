@@ -175,11 +175,12 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
         engine = await asyncio.to_thread(build_engine_for, settings)
         await asyncio.to_thread(engine.start)
     info = engine.info
-    log.info("engine ready: preset=%s device=%s random weights in: %s", info.preset, info.device,
-             ", ".join(info.random_components) or "none")
+    log.info("engine ready: preset=%s device=%s quantize=%s random weights in: %s", info.preset, info.device,
+             info.quantize, ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
-        log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
+        log.info("expected speed on this machine (one request alone, from the start-up warm-up, quantize=%s): %s",
+                 info.quantize, speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

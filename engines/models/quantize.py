@@ -27,6 +27,27 @@ import torch
 from torch import nn
 
 QUANTIZE_MODES = ("int8", "int4")
+# The CPU default (``--quantize auto``): the fastest mode that passes the fidelity rule of
+# docs/QUANTIZATION.md ("Choosing the CPU default"), measured by benchmarks/quantize_fidelity.py.
+CPU_DEFAULT = "int8"
+
+
+def resolve_quantize(requested: str | None, device: torch.device, dtype: torch.dtype, talker: bool) -> str | None:
+    """The mode a built engine runs: ``None``/``"none"`` -> fp32 (None); ``"auto"`` -> ``CPU_DEFAULT`` for
+    a talker on a CPU in float32 (int8 where int4's onnxruntime is missing), else None; a named mode
+    as asked (``quantize_talker`` refuses what cannot run it)."""
+    if requested in (None, "none"):
+        return None
+    if requested != "auto":
+        return requested
+    if not talker or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if CPU_DEFAULT == "int4":
+        from engines.models import quantize_int4
+
+        if not quantize_int4.available():
+            return "int8"
+    return CPU_DEFAULT
 
 
 def _has_vnni() -> bool:
@@ -118,4 +139,4 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
     return n
 
 
-__all__ = ["QUANTIZE_MODES", "Int8Linear", "quantize_talker"]
+__all__ = ["CPU_DEFAULT", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]

@@ -15,6 +15,7 @@ import websockets
 from conftest import ServerProcess, wait_until
 
 from clients.client import StreamvoxClient
+from engines.models.quantize import CPU_DEFAULT
 from tests.oracle import talker_fixtures as fx
 
 HEADER = "X-Streamvox-Random-Weights"
@@ -63,6 +64,9 @@ async def test_talker_checkpoint_on_cpu_logs_its_speed_and_reports_its_release(t
         url = await asyncio.to_thread(server.wait_listening)
         speed_lines = [line for line in server.lines if "expected speed on this machine" in line]
         assert len(speed_lines) == 1 and "real-time factor" in speed_lines[0], server.log[-3000:]
+        # the CPU default precision (docs/QUANTIZATION.md), named where the speed is
+        assert f"quantize={CPU_DEFAULT}" in speed_lines[0]
+        assert any("engine ready:" in line and f"quantize={CPU_DEFAULT}" in line for line in server.lines)
         async with aiohttp.ClientSession() as http:
 
             async def ready() -> bool:
@@ -77,6 +81,7 @@ async def test_talker_checkpoint_on_cpu_logs_its_speed_and_reports_its_release(t
             assert model["controls"]["sampling"] and model["controls"]["language"]
             assert not model["controls"]["steps"] and not model["controls"]["guidance_scale"]
             assert model["expected_rtf"] > 0 and f"{model['expected_rtf']:.2f}" in speed_lines[0]
+            assert model["quantize"] == CPU_DEFAULT
             assert not model["random_weights"]
             body = {"input": "Hello.", "response_format": "pcm", "voice": sorted(speakers)[0]}
             async with http.post(url + "/v1/audio/speech", json=body) as response:

@@ -1,16 +1,19 @@
-"""``quantize="int8"`` (engines/models/quantize.py): int8 linear layers against a naive
-reference, the served source running on them, and refusals. Fidelity against fp32 on the
-oracle checkpoints is measured by benchmarks/quantize_fidelity.py (docs/QUANTIZATION.md),
-not asserted: int8 greedy codes are not the official ones."""
+"""``quantize="int8"`` / ``"int4"`` (engines/models/quantize*.py): quantized layers against
+naive references, the served source running on them, the CPU default, and refusals. Fidelity
+against fp32 is measured by benchmarks/quantize_fidelity.py (docs/QUANTIZATION.md), not
+asserted: quantized greedy codes are not the official ones."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
 from engines.contract import SynthesisRequest
-from engines.models.quantize import REDUCE_RANGE, Int8Linear, quantize_talker
+from engines.models.quantize import CPU_DEFAULT, REDUCE_RANGE, Int8Linear, quantize_talker, resolve_quantize
+from engines.models.quantize_int4 import block_for, convert_layer, pack_int4
 from engines.pipelines.talker.source import TalkerSource
 from tests.talker_helpers import make_bundle, step
 
@@ -48,9 +51,50 @@ def test_int8_linear_matches_the_naive_scheme(bias):
     assert 1e-4 < ((got.double() - exact).abs().max() / scale) < 3e-2  # really quantized, not far off
 
 
-def test_source_runs_int8_and_the_greedy_codes_follow_the_reference_loop():
+def test_int4_packing_round_trips_and_keeps_zero_exact():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 256, generator=g)
+    w[0, :128] = 0.0  # a block of zeros
+    packed, scales, zeros, dequant = pack_int4(w, 128)
+    assert packed.shape == (8, 2, 64) and scales.shape == (16,) and zeros.shape == (8,)
+    assert torch.all(dequant[0, :128] == 0)
+    codes = torch.stack([torch.from_numpy(packed) & 15, torch.from_numpy(packed) >> 4], -1).reshape(8, 2, 128)
+    zp = torch.from_numpy(zeros)
+    z = torch.stack([zp & 15, zp >> 4], -1).reshape(8, 2).float()
+    again = (codes.float() - z[..., None]) * torch.from_numpy(scales).reshape(8, 2, 1)
+    assert torch.equal(again.reshape(8, 256), dequant)
+    step = torch.from_numpy(scales).reshape(8, 2).repeat_interleave(128, 1)
+    assert torch.all((dequant - w).abs() <= step / 2 + 1e-6)  # rounding to the nearest of 16 levels
+    assert block_for(1024) == 128 and block_for(96) == 32 and block_for(32) == 32
+
+
+def test_int4_layer_matches_the_dequantized_fp32_layer():
+    """A converted decoder layer (three ORT calls, norms inside) computes what the fp32 layer with
+    the dequantized weights computes, up to its int8 activations, and is really quantized."""
+    bundle = make_bundle(seed=3, hidden=64, head_dim=16, heads=4, kv_heads=2)
+    layer = bundle.talker.model.layers[0]
+    reference = copy.deepcopy(layer)
+    with torch.no_grad():
+        for m in reference.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.copy_(pack_int4(m.weight, block_for(m.in_features))[3])
+    converted = copy.deepcopy(layer)
+    assert convert_layer(converted) == 7
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(1))
+    cos, sin = (t[None] for t in bundle.talker.rope_table(3, torch.float32))  # [1, S, hd]
+    with torch.no_grad():
+        for got, want, exact in zip(converted.qkv(x, cos, sin), reference.qkv(x, cos, sin), layer.qkv(x, cos, sin)):
+            assert ((got - want).norm() / want.norm()) < 2e-2
+            assert ((got - exact).norm() / exact.norm()) > 1e-3
+        a = torch.randn(2, 3, 64)
+        got, want = converted.after_attention(x, a), reference.after_attention(x, a)
+        assert ((got - want).norm() / (want - x - a).norm()) < 2e-2  # the MLP branch
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_source_runs_quantized_and_the_greedy_codes_follow_the_reference_loop(mode):
     bundle = make_bundle(seed=1, max_new_tokens=12)
-    converted = quantize_talker(bundle.talker, bundle.predictor, "int8")
+    converted = quantize_talker(bundle.talker, bundle.predictor, mode)
     assert converted == 2 * 7 + 2 * 7 + 3  # 7 linears per layer, 2 + 2 layers, G-1 = 3 predictor heads
     want = bundle.generate_codes("Hello world.", "Ryan", greedy=True)
     source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=128)
@@ -71,4 +115,26 @@ def test_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="before the projections are fused"):
         quantize_talker(fused.talker, fused.predictor, "int8")
     with pytest.raises(ValueError, match="unknown quantization"):
-        quantize_talker(fused.talker, fused.predictor, "int4")
+        quantize_talker(fused.talker, fused.predictor, "int3")
+
+
+def test_the_cpu_default_is_for_a_float32_talker_on_a_cpu():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_quantize("auto", cpu, torch.float32, talker=True) == CPU_DEFAULT
+    assert resolve_quantize("auto", cpu, torch.bfloat16, talker=True) is None
+    assert resolve_quantize("auto", cuda, torch.bfloat16, talker=True) is None
+    assert resolve_quantize("auto", cpu, torch.float32, talker=False) is None  # the DiT pipeline
+    assert resolve_quantize("none", cpu, torch.float32, talker=True) is None
+    assert resolve_quantize(None, cpu, torch.float32, talker=True) is None
+    assert resolve_quantize("int4", cpu, torch.float32, talker=True) == "int4"
+
+
+@pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none")])
+def test_built_engine_runs_and_names_the_mode(asked, runs):
+    """``--quantize auto`` (the service's default) quantizes a talker on CPU; ``none`` and the
+    library default keep fp32 (the parity tests' engines)."""
+    from engines.build import build_engine
+    from tests.oracle import talker_fixtures as fx
+
+    engine = build_engine(device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False, quantize=asked)
+    assert engine.info.quantize == runs
