@@ -204,7 +204,7 @@ class Attention(nn.Module):
         # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
         # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
         (b, s), n = x.shape[:2], src.shape[1]
-        if self.qkv_proj is not None and memory is None:  # one module for all three (int4, engines/models/quantize_int4.py)
+        if self.qkv_proj is not None and memory is None:  # one module for all three (engines/models/quantize_nbits.py)
             q, k, v = self.qkv_proj(x)
         elif self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
             q, k, v = F.linear(x, self.qkv_weight).split(self._qkv_sizes, dim=-1)

@@ -1,22 +1,28 @@
 """Int8 or int4 weights for the talker and its code predictor (``--quantize``), CPU.
 
     quantize_talker(talker, predictor, "int8")   # in place, before TalkerSource is built
-    quantize_talker(talker, predictor, "int4")   # ORT MatMulNBits (engines/models/quantize_int4.py)
+    quantize_talker(talker, predictor, "int4")
 
-What a decode step reads is weights (fp32: 5.67 GB per frame at the 0.6B sizes, 15 code
-predictor passes included), so a quarter of the bytes is the lever on CPU. Every linear
+What a decode step reads is weights (fp32: 6.6 GB per frame at the released 0.6B sizes, 15
+code predictor passes included), so fewer bytes per weight is the lever on CPU. Every linear
 layer of the talker's and the predictor's decoder layers, the predictor's 15 heads and its
-input projection get int8 weights, symmetric per output channel (scale = max |w| / 127 of
-each row). The multiply is PyTorch's x86 int8 kernel (``quantized::linear_dynamic``, FBGEMM /
-oneDNN with VNNI where the CPU has it): each call also quantises its input rows to 8 bits
-(per tensor, from their range) and accumulates in int32, so it is int8 weights AND dynamic
-int8 activations, not weight-only. The weight-only kernel (``aten::_weight_int8pack_mm``,
-int8 weights, fp32 activations) measured 3-4x SLOWER than fp32 on this project's CPU; the
-dynamic one 3.7-4.3x faster at batch 1 and 7-10x at batch 8 (docs/QUANTIZATION.md).
+input projection get quantized weights; embeddings, the talker's codec head (compact rows)
+and everything outside the decoder stay fp32.
 
-Left in fp32: embeddings (a step reads one row of each), norms, the talker's codec head
-(compact rows, ~8 MB) and everything outside the decoder. Greedy codes are no longer the
-official ones: docs/QUANTIZATION.md reports code agreement and log-mel distance.
+* With onnxruntime installed (a dependency of the package), both modes run on ONNX Runtime's
+  ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
+  with a scale and zero point each, int8 activations, each decoder layer as three calls with
+  its RMSNorms inside (a CPU step is dispatch-bound as well as weight-bound).
+* Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
+  (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
+  symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its
+  input rows to 8 bits (per tensor) and accumulating in int32. The weight-only kernel
+  (``aten::_weight_int8pack_mm``, fp32 activations) measured 3-4x SLOWER than fp32 on this
+  project's CPU; the dynamic one 3.7-4.3x faster at batch 1 and 7-10x at batch 8.
+
+Greedy codes are no longer the official ones: docs/QUANTIZATION.md reports, per mode, code-0
+agreement with fp32, its KL divergence and the waveform SNR, and the rule that picks
+``CPU_DEFAULT``.
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ def resolve_quantize(requested: str | None, device: torch.device, dtype: torch.d
     if not talker or device.type != "cpu" or dtype != torch.float32:
         return None
     if CPU_DEFAULT == "int4":
-        from engines.models import quantize_int4
+        from engines.models import quantize_nbits
 
-        if not quantize_int4.available():
+        if not quantize_nbits.available():
             return "int8"
     return CPU_DEFAULT
 
@@ -101,14 +107,17 @@ def _swap_linears(module: nn.Module, make) -> int:
     return n
 
 
-def _layer_factory(mode: str):
-    if mode == "int8":
-        return Int8Linear
-    from engines.models import quantize_int4
+def _ort_bits(mode: str) -> int | None:
+    """ONNX Runtime's bits for ``mode`` (engines/models/quantize_nbits.py), or None: int4 always
+    runs there (an error without onnxruntime), int8 where onnxruntime is installed (else torch's
+    int8 kernel, one ``Int8Linear`` per layer)."""
+    from engines.models import quantize_nbits
 
-    if not quantize_int4.available():
-        raise ValueError("--quantize int4 needs onnxruntime (pip install onnxruntime, or the onnx extra)")
-    return quantize_int4.Int4Linear
+    if quantize_nbits.available():
+        return 4 if mode == "int4" else 8
+    if mode == "int4":
+        raise ValueError("--quantize int4 needs onnxruntime and onnx (pip install onnxruntime onnx)")
+    return None
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
@@ -124,13 +133,17 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
         for layer in model.model.layers:
             if getattr(layer.self_attn, "qkv_weight", None) is not None or getattr(layer.mlp, "gate_up", None) is not None:
                 raise ValueError("quantize before the projections are fused (before TalkerSource is built)")
-    make = _layer_factory(mode)
     layers = [*talker.model.layers, *predictor.model.layers]
-    if mode == "int4":  # each decoder layer as three calls with its norms inside (quantize_int4.py)
-        from engines.models.quantize_int4 import convert_layer
+    bits = _ort_bits(mode)
+    if bits:  # each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+        from engines.models.quantize_nbits import NBitsLinear, convert_layer
 
-        n = sum(convert_layer(layer) for layer in layers)
+        n = sum(convert_layer(layer, bits) for layer in layers)
+
+        def make(linear):
+            return NBitsLinear(linear, bits)
     else:
+        make = Int8Linear
         n = sum(_swap_linears(layer, make) for layer in layers)
     n += _swap_linears(predictor.lm_head, make)
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
