@@ -17,7 +17,9 @@ rest of the utterance another utterance) and at every step we keep
   teacher's code-0 ids so far, min_new_tokens, [V-1024, V) suppressed but EOS): its top-1,
   and the mode's own frame: that code 0 with the code predictor's greedy codes 1..G-1;
 Reported against fp32: **top-1 agreement** of code 0 (share of steps), **KL(fp32 || mode)** of
-the code-0 distribution (nats, mean over steps), **codes equal** (all G codes of the mode's own
+the code-0 distribution (nats, mean over steps), **TV**: the total-variation distance of the
+distribution code 0 is served from (the checkpoint's temperature and top-k; mean over steps:
+the share of sampled codes that differ however the draws are coupled), **codes equal** (all G codes of the mode's own
 frames) and the **waveform SNR**: the mode's own frames and fp32's through the checkpoint's
 codec decoder (fp32), 10 log10(|w_fp32|^2 / |w_mode - w_fp32|^2) in dB over the utterance.
 Beside them, how often fp32's top-1 is the official code 0 (100 % where our fp32 talker
@@ -56,8 +58,9 @@ def load_bundle(directory: Path, mode: str) -> TalkerBundle:
 
 @torch.no_grad()
 def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> dict:
-    """Feed ``teacher`` [T, G] (the official frames) -> code-0 log-probs [T, V] (float64, after the
-    official processors), the mode's own frames [T, G] (its code 0, its predictor's greedy codes)."""
+    """Feed ``teacher`` [T, G] (the official frames) -> code-0 scores [T, V] (float64 logits after the
+    official processors, -inf where suppressed), the mode's own frames [T, G] (its code 0, its
+    predictor's greedy codes)."""
     talker, predictor, gen = bundle.talker, bundle.predictor, bundle.generation
     device, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
     cfg = talker.cfg
@@ -76,23 +79,37 @@ def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> d
         seen[0, teacher[:step, 0]] = True
         scores = apply_talker_processors(scores, seen, gen.repetition_penalty, cfg.codec_eos_token_id,
                                          torch.tensor([step < gen.min_new_tokens]))
-        logp = torch.log_softmax(scores.masked_fill(suppressed, float("-inf")).double(), dim=-1)[0]
-        code0 = logp.argmax()[None]
+        scores = scores.masked_fill(suppressed, float("-inf")).double()[0]
+        code0 = scores.argmax()[None]
         sub = FrameSampling.for_stream(1, 0, step, device, greedy=True)
         rest = predictor.predict(h, talker.codec_part(code0), sub)
-        logps.append(logp)
+        logps.append(scores)
         own.append(torch.cat([code0, rest[0]]))
         text_part = trailing[step] if step < trailing.shape[0] else pad
         nxt = frame_embedding(talker, predictor, teacher[step][None]) + text_part
         h = talker(nxt[:, None].to(dtype), torch.tensor([[s + step]]), cache, attend_len=s + step + 1)
-    return {"logp": torch.stack(logps), "own": torch.stack(own)}
+    return {"scores": torch.stack(logps), "own": torch.stack(own)}
 
 
-def kl(p_log: torch.Tensor, q_log: torch.Tensor) -> float:
-    """Mean over steps of KL(p || q), nats (terms where p = 0 contribute 0)."""
+def kl(p_scores: torch.Tensor, q_scores: torch.Tensor) -> float:
+    """Mean over steps of KL(p || q) of the softmax of the scores, nats (p = 0 terms are 0)."""
+    p_log, q_log = torch.log_softmax(p_scores, -1), torch.log_softmax(q_scores, -1)
     p = p_log.exp()
     terms = torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p))
     return terms.sum(-1).mean().item()
+
+
+def served(scores: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """The distribution served code 0 is sampled from: scores / temperature, the top_k kept."""
+    x = scores / temperature
+    kth = x.topk(top_k, dim=-1).values[..., -1:]
+    return torch.softmax(x.masked_fill(x < kth, float("-inf")), dim=-1)
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Mean over steps of TV(p, q) = 1/2 sum |p - q|: the share of sampled codes that must differ
+    between the two however the draws are coupled."""
+    return 0.5 * (p - q).abs().sum(-1).mean().item()
 
 
 def snr_db(ref: torch.Tensor, other: torch.Tensor) -> float:
@@ -136,7 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     modes = ["fp32"] + [m for m in args.modes if m != "fp32"]
-    rows = []
+    rows, sampling = [], {}
     for name, directory, cases in checkpoints(args):
         t0 = time.time()
         parts = load_checkpoint(directory)
@@ -144,21 +161,25 @@ def main() -> None:
         runs = {}
         for mode in modes:
             bundle = load_bundle(directory, mode)
+            sampling[name] = (bundle.generation.temperature, bundle.generation.top_k)
             runs[mode] = [teacher_forced(bundle, c, c["codes"]) for c in cases]
             del bundle
             gc.collect()
         with torch.no_grad():
             wavs = {m: [parts.decode(decodable(r["own"], codebook).T[None])[0] for r in runs[m]] for m in modes}
-        official_top1 = statistics.mean((r["logp"].argmax(-1) == c["codes"][:, 0]).double().mean().item()
+        official_top1 = statistics.mean((r["scores"].argmax(-1) == c["codes"][:, 0]).double().mean().item()
                                         for r, c in zip(runs["fp32"], cases))
+        temperature, top_k = sampling[name]
         for mode in modes:
             ref, got = runs["fp32"], runs[mode]
-            agree = [(a["logp"].argmax(-1) == b["logp"].argmax(-1)).double().mean().item() for a, b in zip(ref, got)]
-            steps = sum(r["logp"].shape[0] for r in ref)
+            agree = [(a["scores"].argmax(-1) == b["scores"].argmax(-1)).double().mean().item() for a, b in zip(ref, got)]
+            steps = sum(r["scores"].shape[0] for r in ref)
             rows.append(dict(
                 checkpoint=name, mode=mode, utterances=len(cases), steps=steps,
-                top1=sum(a * r["logp"].shape[0] for a, r in zip(agree, ref)) / steps,
-                kl=statistics.mean(kl(a["logp"], b["logp"]) for a, b in zip(ref, got)),
+                top1=sum(a * r["scores"].shape[0] for a, r in zip(agree, ref)) / steps,
+                kl=statistics.mean(kl(a["scores"], b["scores"]) for a, b in zip(ref, got)),
+                tv=statistics.mean(total_variation(served(a["scores"], temperature, top_k),
+                                                   served(b["scores"], temperature, top_k)) for a, b in zip(ref, got)),
                 codes_equal=sum((a["own"] == b["own"]).double().sum().item() for a, b in zip(ref, got)) /
                 sum(a["own"].numel() for a in ref),
                 snr_db=statistics.median(snr_db(a, b) for a, b in zip(wavs["fp32"], wavs[mode])),
@@ -167,12 +188,12 @@ def main() -> None:
         print(f"quantize_fidelity: {name} ({len(cases)} utterances, {modes}) in {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
     print("| checkpoint | mode | utterances / steps | code-0 top-1 = fp32 | KL(fp32 ‖ mode) nats | "
-          "codes equal (all G) | waveform SNR dB, median (min) |")
-    print("|---|---|---|---|---|---|---|")
+          "TV, served sampling | codes equal (all G) | waveform SNR dB, median (min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         snr = "exact" if r["snr_db"] == float("inf") else f"{r['snr_db']:.1f} ({r['snr_min_db']:.1f})"
         print(f"| {r['checkpoint']} | {r['mode']} | {r['utterances']} / {r['steps']} | {r['top1']:.1%} | "
-              f"{r['kl']:.2e} | {r['codes_equal']:.1%} | {snr} |")
+              f"{r['kl']:.2e} | {r['tv']:.2%} | {r['codes_equal']:.1%} | {snr} |")
     print("\nfp32 code-0 top-1 = the official code 0: " + ", ".join(
         f"{r['checkpoint']} {r['fp32_vs_official']:.1%}" for r in rows if r["mode"] == "fp32"))
     if args.json:
