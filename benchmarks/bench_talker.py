@@ -446,7 +446,10 @@ def main() -> None:
         return
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1")
+    # OpenMP threads that sleep when idle, as `streamvox` runs them (clients/cli.py): spinning ones take
+    # the cores from ONNX Runtime's (the int8 / int4 kernels)
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     common = ["--size", args.size, "--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads),
               "--batches", *map(str, args.batches)]
     me = [sys.executable, str(Path(__file__).resolve())]

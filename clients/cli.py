@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads OpenMP: its idle threads sleep instead of spinning, so the talker's ONNX
+    # Runtime kernels (the CPU default, engines/models/quantize_nbits.py) get the cores; spinning
+    # OpenMP workers made a 2-thread int4 step ~4x slower, and fp32 runs the same either way.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
