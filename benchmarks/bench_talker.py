@@ -214,7 +214,7 @@ def ours_worker(args) -> None:
     if mode in ("int8", "int4"):
         from engines.models.quantize import quantize_talker
 
-        quantize_talker(bundle.talker, bundle.predictor, mode)
+        quantize_talker(bundle.talker, bundle.predictor, mode, threads=torch.get_num_threads())  # ORT: --threads too
     predictor = bundle.predictor
     if device.type == "cuda" and args.variant == "ours":  # the code predictor's graphs, as the engine runs it
         from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor

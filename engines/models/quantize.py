@@ -120,9 +120,11 @@ def _ort_bits(mode: str) -> int | None:
     return None
 
 
-def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
+def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
-    and input projection) -> int8 or int4 weights. -> the number of layers converted."""
+    and input projection) -> int8 or int4 weights. -> the number of layers converted.
+    ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
+    the pool is made once per process)."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -136,8 +138,9 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str) -> int:
     layers = [*talker.model.layers, *predictor.model.layers]
     bits = _ort_bits(mode)
     if bits:  # each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
-        from engines.models.quantize_nbits import NBitsLinear, convert_layer
+        from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
 
+        ensure_pool(threads)
         n = sum(convert_layer(layer, bits) for layer in layers)
 
         def make(linear):

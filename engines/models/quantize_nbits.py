@@ -22,8 +22,8 @@ decoder layer runs as three ORT calls around torch's attention:
 * ``o_proj``: an ``NBitsLinear``;
 * ``NormMLP``: post-attention RMSNorm -> one gate/up matmul -> SiLU(gate) * up -> down.
 Each call binds the torch input and a fresh torch output by pointer (no copies, ~5 us).
-Every session shares one ORT thread pool sized like torch's intra-op pool when the first is
-made, with no spinning workers (they would take torch's cores between calls).
+Every session shares one ORT thread pool (``ensure_pool``: half of torch's intra-op threads
+unless the caller says), with no spinning workers (they would take torch's cores between calls).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ OPSET = 17
 
 _pool_lock = threading.Lock()
 _pool_threads: int | None = None  # the shared ORT pool's size once made; 0: per-session pools
+_session_threads = 1  # each session's own pool then
 
 
 BITS = (4, 8)
@@ -54,24 +55,42 @@ def available() -> bool:
     return True
 
 
-def _session_options():
-    import onnxruntime as ort
+def default_threads() -> int:
+    """The ORT pool's size when the caller names none: half of torch's intra-op threads. On a small
+    machine the codec decoder, the event loop and the OS need the rest: measured on the project's
+    2 shared cores, a served-like int4 step took 109-113 ms with 1 ORT thread and 155-320 ms with 2
+    (each of the ~320 calls per frame waits for both threads; one preempted thread stalls it)."""
+    return max(1, torch.get_num_threads() // 2)
+
+
+def ensure_pool(threads: int | None = None) -> int:
+    """Make the process-wide ORT thread pool every layer's session shares (``threads``, else
+    :func:`default_threads`) unless one exists; -> its size (0: ORT was started elsewhere in this
+    process first, and each session gets its own pool of ``threads``)."""
     from onnxruntime.capi import _pybind_state as C
 
-    global _pool_threads
+    global _pool_threads, _session_threads
     with _pool_lock:
         if _pool_threads is None:
-            threads = torch.get_num_threads()
+            threads = threads or default_threads()
+            _session_threads = threads
             try:
                 C.set_global_thread_pool_sizes(threads, 1)  # refused once ORT's environment exists
                 _pool_threads = threads
             except Exception:  # ORT already started in this process (another backend): own pools
                 _pool_threads = 0
+        return _pool_threads
+
+
+def _session_options():
+    import onnxruntime as ort
+
+    ensure_pool()
     so = ort.SessionOptions()
     if _pool_threads:
         so.use_per_session_threads = False
     else:
-        so.intra_op_num_threads, so.inter_op_num_threads = torch.get_num_threads(), 1
+        so.intra_op_num_threads, so.inter_op_num_threads = _session_threads, 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
     return so
@@ -275,4 +294,4 @@ def convert_layer(layer: nn.Module, bits: int, block: int = BLOCK) -> int:
 
 
 __all__ = ["BITS", "BLOCK", "NBitsLinear", "NormMLP", "NormQKV", "available", "block_for", "convert_layer",
-           "pack_nbits"]
+           "default_threads", "ensure_pool", "pack_nbits"]
