@@ -181,9 +181,9 @@ class Settings(BaseSettings):
         "more get 413 too_much_work (0 = no limit)", ge=0)
     max_work_frame_steps: int = option(
         60_000, "DiT: most planned frames x denoising steps one request or utterance may cost (0 = no limit)", ge=0)
-    max_work_talker_steps: int = option(  # max_new_tokens; the official default passes
-        2_048, "talker: most decode steps (max_new_tokens, else the checkpoint's default) one request or utterance "
-        "may run (0 = no limit)", ge=0)
+    max_work_talker_steps: int = option(  # an utterance's frame budget from its text (talker/budget.py)
+        2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
+        "- 1) (0 = no limit)", ge=0)
     # --- end work limits
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)

@@ -225,17 +225,16 @@ class Engine:
     def planned_work(self, request: SynthesisRequest) -> PlannedWork:
         """The work ``request`` plans, for limits checked before any engine time. DiT: its UTF-8
         bytes x the duration prior / ``speed`` frames (the planner's own count is within about
-        0.7-1.4x of it), each denoised ``steps`` times. Talker: it may speak until
-        ``max_new_tokens`` (the checkpoint's default when unset) or its stream's positions run
-        out, whatever the text (an untrained or unlucky talker never samples EOS)."""
+        0.7-1.4x of it), each denoised ``steps`` times. Talker: the frames its text's budget
+        allows (engines/pipelines/talker/budget.py), at most ``max_new_tokens`` - 1 and its
+        stream's positions: an untrained or unlucky talker that never samples EOS stops there.
+        A live utterance is counted on the text it holds now (its budget grows with its text)."""
         if self.source.name != "talker":
             tokens = len(self.planner.tokenizer.encode(request.text)) - 2  # without bos / eos
             prior = self.models.config.duration.base_frames_per_token
             frames = math.ceil(tokens * prior / request.speed)
             return PlannedWork(frames, frames * request.steps, "DiT frame-steps")
-        talker = self.source.source
-        max_new = talker.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
-        frames = max(0, min(int(max_new), talker.max_seq_len) - 1)  # official counting: N tokens, N - 1 frames
+        frames = self.source.source.planned_frames(replace(request, text_feed=None))
         return PlannedWork(frames, frames, "talker steps")
 
     def stats(self) -> EngineStats:

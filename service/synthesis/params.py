@@ -135,16 +135,16 @@ def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, sett
     frames_limit = settings.max_work_audio_frames
     steps_limit = settings.max_work_talker_steps if talker else settings.max_work_frame_steps
     if frames_limit and work.audio_frames > frames_limit:
-        how = "lower max_new_tokens" if talker else "shorten the input or raise speed"
+        how = "shorten the text or lower max_new_tokens" if talker else "shorten the input or raise speed"
         raise ApiError(413, "too_much_work",
                        f"this request plans {work.audio_frames} audio frames (12.5 per second of audio); the limit "
                        f"is {frames_limit} (--max-work-audio-frames): {how}")
     if steps_limit and work.model_steps > steps_limit:
         if talker:
             raise ApiError(413, "too_much_work",
-                           f"this request may run {work.model_steps} talker steps (max_new_tokens - 1, else the "
-                           f"model's default); the limit is {steps_limit} (--max-work-talker-steps): lower "
-                           "max_new_tokens")
+                           f"this utterance may run {work.model_steps} talker steps (its text's frame budget, at "
+                           f"most max_new_tokens - 1); the limit is {steps_limit} (--max-work-talker-steps): "
+                           "shorten the text or lower max_new_tokens")
         raise ApiError(413, "too_much_work",
                        f"this request plans {work.model_steps} DiT frame-steps (frames x steps); the limit is "
                        f"{steps_limit} (--max-work-frame-steps): shorten the input, raise speed or lower steps")

@@ -47,8 +47,7 @@ class TalkerPipeline:
         self._update_kv_wait()
         if request.text_feed is not None:
             self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
-        max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
-        return max(0, max_new - 1)  # upper bound (official counting)
+        return self.source.planned_frames(request)  # an upper bound: EOS usually comes first
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
         """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the

@@ -25,6 +25,7 @@ class TalkerFrames:
     frame_start: int  # global index of codes[0] in the utterance
     is_last: bool  # EOS reached (or max tokens, or an error): the utterance is complete
     error: str | None = None  # the utterance failed (e.g. the KV pool could not hold it)
+    truncated: str | None = None  # it ended before EOS: what cut it (Utterance.limit_reason, or "loop")
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class Utterance:
     settings: RowSettings
     prompt: torch.Tensor | None  # [S, D] prefill inputs until prefilled
     prompt_len: int
-    max_frames: int  # max_new_tokens - 1 (bounded by the per-stream position limit)
+    max_frames: int  # the most frames it may take: its text's budget, max_new_tokens - 1, its positions
+    limit_reason: str = "max_new_tokens"  # which of them sets max_frames ("budget", "max_new_tokens", "max_seq_len")
     prefilled: int = 0  # prompt positions in the cache
     decoding: bool = False  # prefill done, code 0 of frame 0 sampled
     next_pos: int = 0  # host copy of the row's next talker position

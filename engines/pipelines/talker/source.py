@@ -29,8 +29,9 @@ One tick:
     and on-device sampling; the new ids' copy to the host starts right away;
  4. the host reads the ids of the PREVIOUS step (copied while this step was queued): a row
     whose code 0 was EOS ends (its frame from step 1 is dropped, EOS is not a frame) with an
-    empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached
-    max_new_tokens - 1 frames ends with that frame (``is_last``).
+    empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached its frame
+    limit (its text's budget, budget.py; max_new_tokens - 1; its positions) ends with that frame
+    (``is_last``, ``truncated`` naming the bound).
 So EOS is noticed one step late (one wasted row-step per utterance) in exchange for never
 waiting on the device inside a step. Steps 1-3 are :meth:`decode_step`: device ops only, the
 same ops at every batch size, run eagerly or by ``step_runner`` (a
@@ -75,6 +76,7 @@ from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.models.prefix_cache import PrefixCache
 from engines.models.talker import Talker
 from engines.pipelines.base import Capacity, StepPlan
+from engines.pipelines.talker.budget import frame_budget
 from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.live import LiveRows
 from engines.pipelines.talker.live_text import LiveText
@@ -249,6 +251,14 @@ class TalkerSource:
 
     # ---------------------------------------------------------------- admission
 
+    def planned_frames(self, request: SynthesisRequest) -> int:
+        """The most frames ``request`` may take (its text's budget, ``max_new_tokens`` - 1, a
+        stream's positions), known before admission. A live utterance's budget grows with its
+        text, which has not arrived: only the other bounds hold it here."""
+        max_new = self.generation.max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
+        tokens = None if request.text_feed is not None else self.prompt.text_tokens(request)
+        return frame_limit(max_new, self.max_seq_len - 1, tokens)[0]
+
     def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
                          instruct: str | None = None) -> int:
         """Positions the request's prompt takes (tokenizes; no device work). A live utterance's
@@ -280,16 +290,18 @@ class TalkerSource:
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
         # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
-        n_max = min(settings.max_new_tokens, self.max_seq_len - s_len + 1)
-        if n_max < 1:
+        if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
+        # A live utterance's text budget is known once its text is complete (_frame_limit).
+        text_tokens = None if live is not None else self.prompt.text_tokens(request)
+        max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
         keys = prefix_keys(self.prefix, request, prompt)
         cached = take_blocks(self.cache, self.prefix, row, s_len, keys)  # raises before anything changes
         self.state.start(row, request, settings, trailing, pad, s_len)
         self._admissions += 1
-        u = Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, prefilled=cached, next_pos=s_len,
-                       admitted=self._admissions, live=live, prefix_keys=keys)
+        u = Utterance(request, row, settings, x, s_len, max_frames=max_frames, limit_reason=limit_reason,
+                      prefilled=cached, next_pos=s_len, admitted=self._admissions, live=live, prefix_keys=keys)
         self._utts[row] = u
         self._prefill_queue.append(u)
 
@@ -358,13 +370,21 @@ class TalkerSource:
                 out.append(self._final(u))
                 self._release(u)
                 continue
-            last = u.frames + 1 >= u.max_frames
-            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last))
+            limit, reason = self._frame_limit(u)
+            last = u.frames + 1 >= limit
+            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=reason if last else None))
             u.frames += 1
             u.code0 = None  # the value for the next step arrives with ``in_flight``
             if last:
                 self._release(u)
         return out
+
+    @staticmethod
+    def _frame_limit(u: Utterance) -> tuple[int, str]:
+        """The utterance's frame limit now: a live one's text budget applies once its text is complete."""
+        if u.live is None or not u.live.done:
+            return u.max_frames, u.limit_reason
+        return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
 
     @torch.no_grad()
     def tick(self, plan: StepPlan) -> list[TalkerFrames]:
@@ -416,6 +436,17 @@ class TalkerSource:
 
 
 
+def frame_limit(max_new_tokens: int, positions_left: int, text_tokens: int | None) -> tuple[int, str]:
+    """The most frames an utterance may take and which bound sets it: the budget of its text
+    (budget.py; None: its text is still arriving), ``max_new_tokens`` - 1 (the official counting:
+    the last code 0 gets no frame) and the positions its stream has left."""
+    bounds = [(max_new_tokens - 1, "max_new_tokens"), (positions_left, "max_seq_len")]
+    if text_tokens is not None:
+        bounds.insert(0, (frame_budget(text_tokens), "budget"))
+    frames, reason = min(bounds, key=lambda bound: bound[0])
+    return max(0, frames), reason
+
+
 def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     """The pool's size: ``kv_cache_gb`` GiB, or by default a fixed size on CPU and a fraction of
     the free device memory on CUDA."""
@@ -429,5 +460,5 @@ def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     return DEFAULT_KV_CACHE_GB_CPU * 2**30
 
 
-__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
+__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "frame_limit", "kv_cache_bytes", "resolve_settings"]
 
