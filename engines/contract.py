@@ -229,6 +229,11 @@ class AudioChunk:
     alignment: "Alignment | None" = None
     """Final chunk of a request that asked for ``timestamps``, when it could be aligned."""
 
+    truncated: str | None = None
+    """Final chunk of a talker utterance that ended before EOS, and why: ``budget`` (its frame
+    budget from its text), ``max_new_tokens``, ``max_seq_len`` (its stream's positions) or
+    ``loop`` (its code 0 repeated one pattern: the runaway guard). None: it ended by itself."""
+
 
 @dataclass(frozen=True)
 class WordTimestamp:

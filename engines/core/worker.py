@@ -359,6 +359,7 @@ class Worker:
                 continue
             active.pending.append(p)
             active.finished_source |= p.is_last
+            active.truncated = active.truncated or p.truncated
             frames += p.num_frames
         self.scheduler.observe(frames)
         return rows, slots, frames
@@ -469,7 +470,7 @@ class Worker:
     def _end_piece(self, piece: Piece, alignment, error: str | None = None) -> None:
         active = piece.state
         deliver_final(active.handle, active.deliver, active.delivered, active.frames_done, active.frames_total,
-                      error, active.started_at, alignment=alignment)
+                      error, active.started_at, alignment=alignment, truncated=active.truncated)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         rid = active.handle.request_id
@@ -481,7 +482,7 @@ class Worker:
             self._release_pending()
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
-                                active.frames_total, error, active.started_at)
+                          active.frames_total, error, active.started_at, truncated=active.truncated)
         active.handle.mark_done()
 
     def _hook(self, request_id: str, stage: str) -> None:

@@ -114,6 +114,8 @@ class ChunkStream:
             self._metrics.ttfa.observe(max(0.0, time.monotonic() - submitted))
         if chunk.pcm.size:
             self._metrics.audio_seconds.inc(chunk.pcm.size / chunk.sample_rate)
+        if chunk.truncated:
+            self._metrics.truncated.labels(chunk.truncated).inc()
         if len(self._buffer) >= self._high_water and not self._paused_by_us and not chunk.is_final:
             self._paused_by_us = True
             self.handle.pause()
@@ -176,6 +178,21 @@ class ChunkStream:
             self._metrics.paused_streams.dec()
             if self.handle is not None:
                 self.handle.resume()  # let a cancelled request reach its final chunk
+
+
+TRUNCATED_WHY = {
+    "budget": "it passed its frame budget from its text without ending",
+    "max_new_tokens": "it reached max_new_tokens without ending",
+    "max_seq_len": "it ran out of positions without ending",
+    "loop": "its speech fell into a repeating loop",
+}
+
+
+def truncated_event(reason: str, **fields) -> dict:
+    """``utterance.truncated``: the talker ended an utterance that did not end by itself (a
+    runaway: engines/pipelines/talker/guard.py, budget.py); the same event on SSE and WebSocket."""
+    return {"type": "utterance.truncated", **fields, "reason": reason,
+            "message": f"the utterance was ended early: {TRUNCATED_WHY.get(reason, reason)}"}
 
 
 def behind_event(stream: ChunkStream, **fields) -> dict:

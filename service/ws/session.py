@@ -26,7 +26,7 @@ from service.access.limits import client_identity
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
-from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
+from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event, truncated_event
 from service.synthesis.params import SynthesisParams, check_work, parse, update_params
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
 from service.synthesis.submit import open_stream, prepare
@@ -411,6 +411,7 @@ class StreamSession(MessageReader):
         samples = 0
         starts_at = self.samples_sent  # where this utterance starts on the session's clock
         last_sample = 0.0
+        truncated: str | None = None
         stream.clock = PlaybackClock(self.state.engine.info.sample_rate, starts_at=self.plays_until)
         if utterance.live is not None:  # silence while its text still arrives is the client's, not ours
             stream.count_gaps = lambda feed=utterance.live.feed: feed.finished
@@ -428,6 +429,9 @@ class StreamSession(MessageReader):
                     samples += sent
                     self.samples_sent += sent
                     last_sample = float(chunk.pcm[-1])
+                if chunk.truncated and not self.cancelling and not chunk.error:  # the talker ended a runaway
+                    truncated = chunk.truncated
+                    await self.send_json(truncated_event(truncated, utterance=index))
                 if chunk.is_final:
                     break
                 # Start the next utterance once this one is audible (not before: it would
@@ -451,6 +455,8 @@ class StreamSession(MessageReader):
                 log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
                 done["error"] = "synthesis_failed"
             done["duration_s"] = round(samples / self.state.engine.info.sample_rate, 4)
+            if truncated:
+                done["truncated"] = truncated
             if stream.clock.underruns:
                 done.update(behind_s=round(stream.clock.behind_s, 3), underruns=stream.clock.underruns)
             cancelled = done.get("cancelled", False)

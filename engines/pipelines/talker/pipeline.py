@@ -98,7 +98,7 @@ class TalkerPipeline:
 
     def tick(self, plan: StepPlan) -> list[Produced]:
         return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes,
-                         error=f.error) for f in self.source.tick(plan)]
+                         error=f.error, truncated=f.truncated) for f in self.source.tick(plan)]
 
     def kv_cache_stats(self) -> dict[str, float]:
         return self.source.kv_cache_stats()

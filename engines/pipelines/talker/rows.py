@@ -8,13 +8,14 @@ holds an utterance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.models.sampling import SamplingSettings, split_seed
+from engines.pipelines.talker.guard import LoopGuard
 from engines.pipelines.talker.live_text import LiveText
 
 
@@ -79,6 +80,7 @@ class Utterance:
     live: LiveText | None = None  # text still arriving (live_text.py)
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
     prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
+    guard: LoopGuard = field(default_factory=LoopGuard)  # its code-0 loop test (guard.py)
 
     @property
     def request_id(self) -> str:

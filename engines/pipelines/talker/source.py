@@ -31,7 +31,8 @@ One tick:
     whose code 0 was EOS ends (its frame from step 1 is dropped, EOS is not a frame) with an
     empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached its frame
     limit (its text's budget, budget.py; max_new_tokens - 1; its positions) ends with that frame
-    (``is_last``, ``truncated`` naming the bound).
+    (``is_last``, ``truncated`` naming the bound), and so does a row whose code 0 has fallen into
+    a loop (the runaway guard, guard.py: ``truncated`` "loop").
 So EOS is noticed one step late (one wasted row-step per utterance) in exchange for never
 waiting on the device inside a step. Steps 1-3 are :meth:`decode_step`: device ops only, the
 same ops at every batch size, run eagerly or by ``step_runner`` (a
@@ -371,8 +372,10 @@ class TalkerSource:
                 self._release(u)
                 continue
             limit, reason = self._frame_limit(u)
-            last = u.frames + 1 >= limit
-            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=reason if last else None))
+            looped = u.guard.add(u.code0)  # the runaway guard: its code 0 repeats one pattern
+            last = looped or u.frames + 1 >= limit
+            truncated = "loop" if looped else reason if last else None
+            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=truncated))
             u.frames += 1
             u.code0 = None  # the value for the next step arrives with ``in_flight``
             if last:
