@@ -466,6 +466,11 @@ class SynthesisEngine(Protocol):
         """What ``request`` will cost (vocoder frames, model steps), without running the model:
         the service's work limits are checked on it before any engine time is spent."""
 
+    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` with its text tokenized (``prompt_ids``), nothing else checked; unchanged when
+        it has them, its text is live, or the pipeline has no prompt of text ids (the DiT). The
+        service plans long text on these ids and submits them: a text is tokenized once."""
+
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (metrics)."""
 

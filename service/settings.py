@@ -174,7 +174,7 @@ class Settings(BaseSettings):
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     # --- work limits: what one request (one WebSocket utterance) may cost, counted by the engine
-    # before any of it runs (engines Engine.planned_work; service.synthesis.params.check_work);
+    # before any of it runs (engines Engine.planned_work; service.synthesis.plan.check_work);
     # over one: 413 too_much_work. 0 = off.
     max_work_audio_frames: int = option(  # 12.5 per second: ~22 min
         16_384, "most codec frames (12.5 per second of audio, after speed) one request or utterance may plan; "
@@ -185,6 +185,10 @@ class Settings(BaseSettings):
         2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
         "- 1) (0 = no limit)", ge=0)
     # --- end work limits
+    # Long text: the talker speaks it as utterances cut at sentence ends (service/synthesis/plan.py)
+    utterance_max_frames: int = option(
+        1_024, "talker: long text is spoken as utterances cut at sentence ends, each with a frame budget (from its "
+        "text: 15 frames per token + 50; 12.5 frames per second) of at most this", ge=100)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
     # Fairness: concurrent streamed /v1/audio/speech responses per key (per address with auth

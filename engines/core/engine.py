@@ -237,6 +237,11 @@ class Engine:
         frames = self.source.source.planned_frames(replace(request, text_feed=None))
         return PlannedWork(frames, frames, "talker steps")
 
+    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
+        if self.source.name != "talker" or request.prompt_ids is not None or request.text_feed is not None:
+            return request
+        return replace(request, prompt_ids=tuple(self.source.source.prompt.tokenize_assistant(request.text)))
+
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,
                            queue_depth=self.worker.queue_depth, active_requests=self.worker.active_requests,
@@ -310,7 +315,7 @@ class Engine:
             raise InvalidRequest("text_streaming", "live text needs a talker checkpoint")
         if voice != request.voice:
             request = replace(request, voice=voice)
-        if complete and request.prompt_ids is None:
+        if complete:  # tokenized here unless it carries its ids; checked to fit either way
             try:
                 request = self.source.tokenize(request)
             except ValueError as exc:

@@ -42,6 +42,7 @@ from service.state import AppState
 from service.synthesis.chunks import ChunkStream
 from service.synthesis.params import SynthesisParams
 from service.synthesis.schema import FieldError
+from service.synthesis.plan import Utterance, check_work
 from service.synthesis.spool import AudioSpool
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import words_json
@@ -277,8 +278,12 @@ class JobRunner:
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
-            prepared = prepare(self.state.engine, attempt, job.params["input"], params, Priority.BATCH, clone=clone,
-                               tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None),
+            ids = self._prompt_ids.pop(job.id, None)  # posted here as one utterance: its ids, checked then
+            text = job.params["input"]
+            parts = [Utterance(text, ids)] if ids is not None else check_work(self.state.engine, text, params,
+                                                                               self.state.settings)
+            prepared = prepare(self.state.engine, attempt, parts, params, Priority.BATCH, clone=clone,
+                               tenant=job.owner or "jobs",
                                timestamps=True)  # word times for captions, where an aligner is loaded
             stream = open_stream(self.state, prepared, high_water=1 << 30)
         except ApiError as exc:

@@ -68,7 +68,7 @@ class PlaybackClock:
 
 class ChunkStream:
     def __init__(self, engine: SynthesisEngine, request: SynthesisRequest, metrics: Metrics,
-                 high_water: int = 8):
+                 high_water: int = 8, first_audio_metric: bool = True):
         self.request = request
         self._engine = engine
         self._metrics = metrics
@@ -78,7 +78,8 @@ class ChunkStream:
         self._high_water = max(1, high_water)
         self._low_water = self._high_water // 2
         self._paused_by_us = False
-        self._first_audio_seen = False
+        # time to first audio is the listener's: a later utterance of a planned text has none
+        self._first_audio_seen = not first_audio_metric
         self.handle: RequestHandle | None = None
         self.finished = False  # the final chunk was read
         self.max_buffered = 0  # largest backlog seen; tests check it stays bounded

@@ -33,8 +33,8 @@ from service.synthesis.schema import (
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
-           "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "engine_params", "parse",
+           "parse_body", "plan_request", "planned_work", "resolve_voice", "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
@@ -119,32 +119,15 @@ def build_request(request_id: str, text: str, params: SynthesisParams, priority:
                             **params.model_dump())
 
 
-def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> PlannedWork:
+def plan_request(engine: SynthesisEngine, text: str, params: SynthesisParams,
+                 prompt_ids: tuple[int, ...] | None = None) -> SynthesisRequest:
+    """The request whose work is counted before it is submitted (its text's ids when known)."""
+    request = build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH)
+    return request if prompt_ids is None else replace(request, prompt_ids=prompt_ids)
+
+
+def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams,
+                 prompt_ids: tuple[int, ...] | None = None) -> PlannedWork:
     """The engine's own count of what this request will cost (vocoder frames, model steps and
-    their unit), without running the model."""
-    return engine.planned_work(build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH))
-
-
-def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> None:
-    """ApiError(413, ``too_much_work``) naming the limit and its flag when the request plans
-    more vocoder frames than ``max_work_audio_frames`` or more model steps than
-    ``max_work_frame_steps`` (DiT) / ``max_work_talker_steps`` (talker); 0 = no limit. Called
-    before any engine time is spent."""
-    work = planned_work(engine, text, params)
-    talker = work.step_unit == "talker steps"
-    frames_limit = settings.max_work_audio_frames
-    steps_limit = settings.max_work_talker_steps if talker else settings.max_work_frame_steps
-    if frames_limit and work.audio_frames > frames_limit:
-        how = "shorten the text or lower max_new_tokens" if talker else "shorten the input or raise speed"
-        raise ApiError(413, "too_much_work",
-                       f"this request plans {work.audio_frames} audio frames (12.5 per second of audio); the limit "
-                       f"is {frames_limit} (--max-work-audio-frames): {how}")
-    if steps_limit and work.model_steps > steps_limit:
-        if talker:
-            raise ApiError(413, "too_much_work",
-                           f"this utterance may run {work.model_steps} talker steps (its text's frame budget, at "
-                           f"most max_new_tokens - 1); the limit is {steps_limit} (--max-work-talker-steps): "
-                           "shorten the text or lower max_new_tokens")
-        raise ApiError(413, "too_much_work",
-                       f"this request plans {work.model_steps} DiT frame-steps (frames x steps); the limit is "
-                       f"{steps_limit} (--max-work-frame-steps): shorten the input, raise speed or lower steps")
+    their unit), without running the model (on ``prompt_ids`` when given: not tokenized again)."""
+    return engine.planned_work(plan_request(engine, text, params, prompt_ids))

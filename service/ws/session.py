@@ -27,7 +27,8 @@ from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event, truncated_event
-from service.synthesis.params import SynthesisParams, check_work, parse, update_params
+from service.synthesis.params import SynthesisParams, parse, update_params
+from service.synthesis.plan import check_work
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
@@ -357,7 +358,7 @@ class StreamSession(MessageReader):
         if utterance.refused:
             return None
         try:
-            check_work(self.state.engine, utterance.text, self.params, self.state.settings)
+            parts = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.error(exc.code, exc.message)
@@ -365,7 +366,7 @@ class StreamSession(MessageReader):
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         try:
-            prepared = prepare(self.state.engine, request_id, utterance.text, self.params, Priority.REALTIME,
+            prepared = prepare(self.state.engine, request_id, parts, self.params, Priority.REALTIME,
                                clone=self.clone,  # a saved voice, looked up at session.config
                                tenant=client_identity(self.request, self.state.api_keys, websocket=True),
                                text_feed=utterance.live.feed if utterance.live is not None else None,

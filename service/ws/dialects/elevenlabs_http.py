@@ -20,7 +20,8 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
 from service.state import REQUEST_ID, STATE_KEY
-from service.synthesis.params import check_work, resolve_voice
+from service.synthesis.params import resolve_voice
+from service.synthesis.plan import check_work
 from service.synthesis.schema import SynthesisParams
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import char_times
@@ -71,9 +72,9 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
         params = resolve_voice(state.engine, SynthesisParams().update({"voice": voice, **speed_of(settings)}))
     except ValueError as exc:
         raise ApiError(400, "invalid_voice_settings", str(exc)) from None
-    check_work(state.engine, text, params, state.settings)
+    parts = check_work(state.engine, text, params, state.settings)
     clone = await saved_clone(request, voice)
-    prepared = prepare(state.engine, request[REQUEST_ID], text, params, Priority.REALTIME, clone=clone,
+    prepared = prepare(state.engine, request[REQUEST_ID], parts, params, Priority.REALTIME, clone=clone,
                        tenant=identity, timestamps=timestamps)
     state.limits.open_stream(identity)
     chunks = None

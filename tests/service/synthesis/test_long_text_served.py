@@ -1,0 +1,158 @@
+"""Long text is planned as utterances (service/synthesis/plan.py) and played as one stream
+(service/synthesis/sequence.py), on speech and on ``/v1/stream``: a 4,000-character request on
+the tiny talker is spoken to its end, one utterance after another, each under its frame budget;
+the waveform is continuous at every seam (no click); word times run across the whole text.
+
+Real server, real clients, the talker oracle fixture with the random forced aligner; the engine's
+``submit`` is wrapped only to record what reached it (each utterance's text and raw audio)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+import websockets
+from conftest import ALIGNER, start_server
+from ws_helpers import read_until_session_done
+
+from engines.build import build_engine
+from engines.contract import SynthesisRequest
+from service.synthesis.sequence import SEAM_FADE_SAMPLES
+from tests.oracle import talker_fixtures as fx
+
+WORDS = "the quick brown fox jumps over the lazy dog".split()
+
+
+def long_text(chars: int, terminators: bool = True) -> str:
+    sentences, i = [], 0
+    while sum(len(s) + 1 for s in sentences) < chars:
+        words = [WORDS[(i + k) % len(WORDS)] for k in range(6 + i % 5)]
+        sentences.append(" ".join(words).capitalize() + (", and so on." if terminators else " and so on"))
+        i += 1
+    return " ".join(sentences)[:chars].rstrip()
+
+
+class Recorded:
+    """What reached the engine: each request's text and the raw audio it delivered, in order."""
+
+    def __init__(self, engine):
+        self.engine, self.real = engine, engine.submit
+        self.requests: list[SynthesisRequest] = []
+        self.audio: dict[str, list[np.ndarray]] = {}
+
+    def __enter__(self):
+        def submit(request, deliver):
+            self.requests.append(request)
+            pieces = self.audio.setdefault(request.id, [])
+
+            def recording(chunk):
+                pieces.append(chunk.pcm.copy())
+                deliver(chunk)
+            return self.real(request, recording)
+
+        self.engine.submit = submit
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.submit = self.real
+
+    def raw(self, request: SynthesisRequest) -> np.ndarray:
+        return np.concatenate(self.audio[request.id] or [np.zeros(0, np.float32)])
+
+
+@pytest.fixture(scope="module")
+def talker(tmp_path_factory):
+    if not (ALIGNER / "config.json").exists():
+        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")),
+                          aligner=str(ALIGNER), warmup=False)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def pcm16(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
+
+
+def check_seams(audio: np.ndarray, parts: list[np.ndarray]) -> list[int]:
+    """The audio is the parts back to back, faded at each seam: -> the seams' sample offsets."""
+    assert audio.size == sum(p.size for p in parts)  # nothing cut, no gap inserted
+    seams = np.cumsum([p.size for p in parts])[:-1]
+    for seam in seams:
+        # both sides meet at silence: no step in the waveform
+        assert abs(audio[seam - 1]) <= 0.01 and abs(audio[seam]) <= 0.01, (seam, audio[seam - 2:seam + 2])
+        # and away from the seam the audio is the engine's, untouched
+        assert np.allclose(audio[seam + SEAM_FADE_SAMPLES:seam + 2 * SEAM_FADE_SAMPLES],
+                           np.concatenate(parts)[seam + SEAM_FADE_SAMPLES:seam + 2 * SEAM_FADE_SAMPLES], atol=2e-4)
+    # without the fade the utterances' waveforms would step at some seam (each decoder starts anew)
+    steps = [abs(parts[i][-1] - parts[i + 1][0]) for i in range(len(parts) - 1)]
+    assert max(steps) > 0.05, steps
+    return list(seams)
+
+
+async def test_a_4000_character_request_is_spoken_to_its_end_as_utterances(talker, tmp_path):
+    text = long_text(4000)
+    live = await start_server(talker, tmp_path / "data")
+    try:
+        with Recorded(talker) as recorded:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(live.url + "/v1/audio/speech", json={
+                        "input": text, "response_format": "pcm", "stream": True, "timestamps": True,
+                        "temperature": 0}) as response:
+                    assert response.status == 200, await response.text()
+                    events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
+                              if line.startswith("data: ")]
+        kinds = [e["type"] for e in events]
+        assert kinds[-1] == "speech.audio.done" and "error" not in kinds
+        texts = [r.text for r in recorded.requests]
+        assert len(texts) >= 10 and " ".join(texts) == text  # in order, every word, nothing dropped
+        budgets = [talker.planned_work(SynthesisRequest(id="p", text=t, max_new_tokens=8192)).model_steps
+                   for t in texts]
+        assert max(budgets) <= 1024 < talker.planned_work(SynthesisRequest(id="p", text=text,
+                                                                         max_new_tokens=8192)).model_steps
+        assert len({r.seed for r in recorded.requests}) == 1 and len({r.voice for r in recorded.requests}) == 1
+        audio = pcm16(b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"))
+        parts = [recorded.raw(r) for r in recorded.requests]
+        assert all(p.size > 0 for p in parts)  # every utterance spoke
+        seams = check_seams(audio, parts)
+        # word times: across the whole text, each utterance's after the audio before it
+        alignment = next(e for e in events if e["type"] == "speech.audio.alignment")
+        assert alignment["text"] == text
+        words = alignment["words"]
+        starts = [w["start_ms"] for w in words]
+        assert starts == sorted(starts) and words[-1]["end_ms"] <= audio.size / 24 + 1
+        assert words[-1]["char_end"] >= len(text) - len("and so on.")  # times to the last words
+        offsets = np.cumsum([0] + [len(t) + 1 for t in texts])
+        for i, seam in enumerate(seams, start=1):  # the words of utterance i start after seam i
+            later = [w for w in words if w["char_start"] >= offsets[i]]
+            assert later and later[0]["start_ms"] >= seam / 24 - 1
+    finally:
+        await live.stop()
+
+
+async def test_a_long_unfinished_sentence_on_the_socket_is_one_utterance_of_several_parts(talker, tmp_path):
+    text = long_text(1500, terminators=False)  # no sentence end: input.done flushes it whole
+    live = await start_server(talker, tmp_path / "data")
+    try:
+        with Recorded(talker) as recorded:
+            async with websockets.connect(live.ws_url) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                await ws.send(json.dumps({"type": "session.config", "text_streaming": False, "temperature": 0,
+                                          "timestamps": True}))
+                await ws.send(json.dumps({"type": "input.text", "text": text}))
+                await ws.send(json.dumps({"type": "input.done"}))
+                read = await read_until_session_done(ws, timeout_s=120)
+        assert [e["type"] for e in read.events if e["type"].startswith("audio.")] == ["audio.start", "audio.done"]
+        texts = [r.text for r in recorded.requests]
+        assert len(texts) >= 3 and " ".join(texts) == text
+        audio = pcm16(read.audio)
+        assert read.last("audio.done")["samples"] == audio.size
+        check_seams(audio, [recorded.raw(r) for r in recorded.requests])
+        words = read.last("alignment")["words"]
+        assert [w["start_ms"] for w in words] == sorted(w["start_ms"] for w in words)
+    finally:
+        await live.stop()
