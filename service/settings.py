@@ -130,6 +130,8 @@ class Settings(BaseSettings):
     metrics_auth: bool = option(False, "require an API key for /metrics")
     cors_origins: CommaList = option((), "comma separated allowed origins (empty = CORS off)")
     max_input_chars: int = option(4096, "longest accepted input text", ge=1)
+    max_job_chars: int = option(200_000, "longest input text of a REST job (spoken as utterances, kept as they "
+                                "finish: an interrupted job resumes)", ge=1)
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(str.lower)] = option(
         "info", "log verbosity")
     rate_limit: float = option(0.0, "requests/s per API key that start work (0 = off)", ge=0)

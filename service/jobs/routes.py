@@ -67,8 +67,16 @@ async def _job_or_404(request: web.Request) -> Job:
     return job
 
 
+def job_body_bytes(settings) -> int:
+    """The largest job body: ``--max-job-chars`` characters as JSON may write them (an emoji
+    escaped is 12 bytes), with room for the other fields; never under ``max_body_bytes``."""
+    return max(settings.max_body_bytes, 12 * settings.max_job_chars + 64 * 1024)
+
+
 async def create_job(request: web.Request) -> web.Response:
-    state, body, parts = await read_work_request(request, JobBody)
+    settings = request.app[STATE_KEY].settings
+    state, body, parts = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
+                                                 max_chars=settings.max_job_chars)
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:

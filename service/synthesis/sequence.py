@@ -47,7 +47,9 @@ RESUBMIT_MAX_WAIT_S = 0.5  # the engine queue was full: how long to wait before 
 
 class UtteranceSequence:
     def __init__(self, engine: SynthesisEngine, parts: list[SynthesisRequest | Pause], metrics: Metrics,
-                 high_water: int = 8, stretch: float | None = None):
+                 high_water: int = 8, stretch: float | None = None, after_part: bool = False):
+        """``after_part``: these parts continue a plan whose earlier parts were played already (a
+        job resumed): the first one fades in, as it would have after them."""
         if not parts:
             raise ValueError("a sequence needs at least one part")
         self._engine = engine
@@ -69,11 +71,14 @@ class UtteranceSequence:
         self._part_start = 0  # the sample the current part starts at (its word times are offset by it)
         self._frames = 0  # frames of the parts done
         self._held = np.zeros(0, np.float32)  # the current part's last samples, held for its fade-out
-        self._fade_in = 0  # samples of the current part's start still to fade in
+        self._fade_in = SEAM_FADE_SAMPLES if after_part else 0  # samples of this part's start still to fade in
         self._pause_left: int | None = None  # samples of the current pause still to send
         self._texts: list[str] = []  # spoken parts' texts, for the merged alignment
         self._alignments: list[tuple[Alignment, float, int]] = []  # (alignment, offset ms, char offset)
         self._aligned_all = True
+        # The chunk just returned ended a part (``parts_done`` counts it): that part's own word times
+        # (from its start; None when it has none), for a reader that keeps parts apart (a job).
+        self.ended_part_alignment: Alignment | None = None
 
     # -- ChunkStream's interface ---------------------------------------------------------
     @property
@@ -117,15 +122,15 @@ class UtteranceSequence:
         return self
 
     async def next_chunk(self) -> AudioChunk:
+        """The next chunk; every part ends with a chunk of its own (possibly empty), so each
+        chunk's audio belongs to one part: the one ``parts_done`` counts once it has ended."""
+        self.ended_part_alignment = None
         while True:
             part = self.parts[self.part]
             if self._cancelled and self.part not in self._streams:
                 return self._end(error="cancelled")
             if isinstance(part, Pause):
-                chunk = self._pause_chunk(part)
-                if chunk is not None:
-                    return chunk
-                continue
+                return self._pause_chunk(part)
             stream = self._streams.get(self.part) or await self._submit_when_possible(self.part)
             if stream is None:  # the engine went away between parts
                 return self._end(error="engine_failure")
@@ -150,9 +155,8 @@ class UtteranceSequence:
                 self._alignments.append((chunk.alignment, self._part_start * 1000.0 / SAMPLE_RATE, char_offset))
             else:
                 self._aligned_all = False
-            out = self._advance(chunk, pcm)
-            if out is not None:
-                return out
+            self.ended_part_alignment = chunk.alignment
+            return self._advance(chunk, pcm)
 
     def cancel(self) -> None:
         """Stop every part; the current one still ends with its final (cancelled) chunk."""
@@ -224,20 +228,18 @@ class UtteranceSequence:
             audio[audio.size - n:] *= np.arange(n, 0, -1, dtype=np.float32) / (n + 1)
         return audio
 
-    def _advance(self, ended: AudioChunk, pcm: np.ndarray) -> AudioChunk | None:
+    def _advance(self, ended: AudioChunk, pcm: np.ndarray) -> AudioChunk:
         """The current part ended (its last audio ``pcm``): the next part starts; the chunk that
-        says so (with ``truncated``), the final one after the last part, or None."""
+        says so (with ``truncated``), or the final one after the last part."""
         self.parts_done += 1
         self.part += 1
         self._fade_in = SEAM_FADE_SAMPLES
         self._part_start = self._samples + pcm.size
         if self.part >= len(self.parts):
             return self._end(pcm=pcm, truncated=ended.truncated, timing=ended.timing)
-        if pcm.size or ended.truncated:
-            return self._out(ended, pcm, truncated=ended.truncated)
-        return None
+        return self._out(ended, pcm, truncated=ended.truncated)
 
-    def _pause_chunk(self, pause: Pause) -> AudioChunk | None:
+    def _pause_chunk(self, pause: Pause) -> AudioChunk:
         left = self._pause_left
         if left is None:
             left = int(round(pause.seconds * SAMPLE_RATE))
@@ -253,7 +255,7 @@ class UtteranceSequence:
         if self.part >= len(self.parts):
             return self._end(pcm=np.zeros(n, np.float32))
         self._prefetch_after_pause()
-        return self._silence(n) if n else None
+        return self._silence(n)
 
     def _prefetch_after_pause(self) -> None:
         upcoming = self._next_speech(self.part)

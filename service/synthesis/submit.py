@@ -86,12 +86,22 @@ def open_stream(state: AppState, prepared: Prepared, high_water: int,
     :class:`UtteranceSequence` (the same interface) for several or for pauses (its audio
     stretched when ``prepared.stretch`` says so); ApiError (:func:`engine_error`) when the
     engine refuses it."""
-    if prepared.request is not None:
-        stream = ChunkStream(state.engine, prepared.request, state.metrics, high_water=high_water)
-        stream.tempo = TempoStretch(prepared.stretch) if prepared.stretch is not None else None
-    else:
-        stream = UtteranceSequence(state.engine, list(prepared.parts), state.metrics, high_water=high_water,
-                                   stretch=prepared.stretch)
+    if prepared.request is None:
+        return open_sequence(state, prepared, high_water, clock=clock)
+    stream = ChunkStream(state.engine, prepared.request, state.metrics, high_water=high_water)
+    stream.tempo = TempoStretch(prepared.stretch) if prepared.stretch is not None else None
+    return _started(stream, clock)
+
+
+def open_sequence(state: AppState, prepared: Prepared, high_water: int, clock: PlaybackClock | None = None,
+                  after_part: bool = False) -> UtteranceSequence:
+    """Submit a prepared text as an :class:`UtteranceSequence` whatever its parts (a job keeps
+    each part's audio apart); ``after_part``: it continues a plan whose earlier parts were played."""
+    return _started(UtteranceSequence(state.engine, list(prepared.parts), state.metrics, high_water=high_water,
+                                      stretch=prepared.stretch, after_part=after_part), clock)
+
+
+def _started(stream, clock: PlaybackClock | None):
     if clock is not None:
         stream.clock = clock
     try:
@@ -101,4 +111,4 @@ def open_stream(state: AppState, prepared: Prepared, high_water: int,
     return stream
 
 
-__all__ = ["Prepared", "open_stream", "prepare"]
+__all__ = ["Prepared", "open_sequence", "open_stream", "prepare"]

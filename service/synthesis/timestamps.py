@@ -33,6 +33,13 @@ def words_json(alignment: Alignment, offset_ms: float = 0.0) -> list[dict]:
              "char_start": w.char_start, "char_end": w.char_end} for w in alignment.words]
 
 
+def shift_words(words: list[dict], offset_ms: float, char_offset: int) -> list[dict]:
+    """A piece's :func:`words_json` placed later in a longer text: times by ``offset_ms``,
+    character spans by ``char_offset`` (a job's segments, service/jobs/segments.py)."""
+    return [{**w, "start_ms": round(w["start_ms"] + offset_ms, 1), "end_ms": round(w["end_ms"] + offset_ms, 1),
+             "char_start": w["char_start"] + char_offset, "char_end": w["char_end"] + char_offset} for w in words]
+
+
 def char_times(alignment: Alignment, offset_ms: float = 0.0) -> dict:
     """ElevenLabs' ``{chars, charStartTimesMs, charDurationsMs}`` for the piece's whole text."""
     text = alignment.text
@@ -97,4 +104,5 @@ def vtt(words: list[dict]) -> str:
     return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n" for a, b, text in cues(words))
 
 
-__all__ = ["CAPTION_FORMATS", "TimestampsField", "cartesia_words", "char_times", "cues", "srt", "vtt", "words_json"]
+__all__ = ["CAPTION_FORMATS", "TimestampsField", "cartesia_words", "char_times", "cues", "shift_words", "srt", "vtt",
+           "words_json"]

@@ -78,6 +78,9 @@ class StoredJob(BaseModel):
     owner: str | None = Field(default=None, max_length=256)
     audio_size: int | None = Field(default=None, ge=0)
     attempts: int = Field(default=0, ge=0)
+    utterances_total: int = Field(default=0, ge=0)
+    utterances_done: int = Field(default=0, ge=0)
+    audio_samples: int = Field(default=0, ge=0)
 
     _times = field_validator("created_at", "started_at", "finished_at")(_finite)
 
@@ -90,7 +93,8 @@ class StoredJob(BaseModel):
         return Job(id=self.id, status=self.status, params=params, created_at=self.created_at,
                    started_at=self.started_at, finished_at=self.finished_at, error=self.error,
                    frames_done=self.frames_done, frames_total=self.frames_total, owner=self.owner,
-                   audio_size=self.audio_size, attempts=self.attempts)
+                   audio_size=self.audio_size, attempts=self.attempts, utterances_total=self.utterances_total,
+                   utterances_done=self.utterances_done, audio_samples=self.audio_samples)
 
 
 class StoredVoiceMeta(BaseModel):

@@ -16,52 +16,13 @@ import numpy as np
 import pytest
 import websockets
 from conftest import ALIGNER, start_server
+from long_text_helpers import Recorded, long_text
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
 from engines.contract import SynthesisRequest
 from service.synthesis.sequence import SEAM_FADE_SAMPLES
 from tests.oracle import talker_fixtures as fx
-
-WORDS = "the quick brown fox jumps over the lazy dog".split()
-
-
-def long_text(chars: int, terminators: bool = True) -> str:
-    sentences, i = [], 0
-    while sum(len(s) + 1 for s in sentences) < chars:
-        words = [WORDS[(i + k) % len(WORDS)] for k in range(6 + i % 5)]
-        sentences.append(" ".join(words).capitalize() + (", and so on." if terminators else " and so on"))
-        i += 1
-    return " ".join(sentences)[:chars].rstrip()
-
-
-class Recorded:
-    """What reached the engine: each request's text and the raw audio it delivered, in order."""
-
-    def __init__(self, engine):
-        self.engine, self.real = engine, engine.submit
-        self.requests: list[SynthesisRequest] = []
-        self.audio: dict[str, list[np.ndarray]] = {}
-
-    def __enter__(self):
-        def submit(request, deliver):
-            self.requests.append(request)
-            pieces = self.audio.setdefault(request.id, [])
-
-            def recording(chunk):
-                pieces.append(chunk.pcm.copy())
-                deliver(chunk)
-            return self.real(request, recording)
-
-        self.engine.submit = submit
-        return self
-
-    def __exit__(self, *exc):
-        self.engine.submit = self.real
-
-    def raw(self, request: SynthesisRequest) -> np.ndarray:
-        return np.concatenate(self.audio[request.id] or [np.zeros(0, np.float32)])
-
 
 @pytest.fixture(scope="module")
 def talker(tmp_path_factory):
