@@ -234,7 +234,8 @@ class Engine:
             prior = self.models.config.duration.base_frames_per_token
             frames = math.ceil(tokens * prior / request.speed)
             return PlannedWork(frames, frames * request.steps, "DiT frame-steps")
-        frames = self.source.source.planned_frames(replace(request, text_feed=None))
+        frames = self.source.source.planned_frames(request if request.text_feed is None else
+                                                   replace(request, text_feed=None))
         return PlannedWork(frames, frames, "talker steps")
 
     def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:

@@ -116,7 +116,8 @@ def _boundary_end(buffer: str, i: int) -> int | None:
     if "\n" in buffer[j:k]:
         return j  # a line break after a terminator always ends the sentence
     run = buffer[i:j].rstrip(_CLOSERS)
-    if run == "." and _is_abbreviation(buffer[:i]):
+    # (the word before the period is in the last few characters: never search the whole buffer)
+    if run == "." and _is_abbreviation(buffer[max(0, i - 64):i]):
         return None
     if buffer[k].islower():
         return None  # "e.g. this", "... and then": the sentence goes on

@@ -8,7 +8,7 @@ from service.access.limits import client_identity
 from service.http.body import read_json_object
 from service.state import STATE_KEY
 from service.synthesis.params import parse_body
-from service.synthesis.plan import check_work
+from service.synthesis.plan import check_work, off_loop
 
 
 async def read_work_request(request: web.Request, model, max_chars: int | None = None):
@@ -23,5 +23,5 @@ async def read_work_request(request: web.Request, model, max_chars: int | None =
     state.limits.check_rate(client_identity(request, state.api_keys))
     body = await read_json_object(request)
     parsed = parse_body(model, body, state.engine, max_chars or state.settings.max_input_chars)
-    parts = check_work(state.engine, parsed.input, parsed.params, state.settings)
+    parts = await off_loop(parsed.input, check_work, state.engine, parsed.input, parsed.params, state.settings)
     return state, parsed, parts

@@ -33,6 +33,7 @@ from service.jobs.store.base import (
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.params import JobBody
+from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
 from service.voices.routes import job_voice_scope, saved_clone, scoped_clone
 
@@ -87,7 +88,7 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
     # Checked now as it will run (and tokenized once: the runner here reuses the ids).
-    prepared = prepare(state.engine, "job", parts, body.params, Priority.BATCH, clone=clone)
+    prepared = await off_loop(body.input, prepare, state.engine, "job", parts, body.params, Priority.BATCH, clone=clone)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)

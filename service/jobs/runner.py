@@ -41,7 +41,7 @@ from service.jobs.segments import SegmentLog, plan_key
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
 from service.synthesis.params import SynthesisParams
-from service.synthesis.plan import Utterance, check_work
+from service.synthesis.plan import Utterance, check_work, off_loop
 from service.synthesis.schema import FieldError
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.spool import AudioSpool
@@ -285,16 +285,16 @@ class JobRunner:
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
             ids = self._prompt_ids.pop(job.id, None)  # posted here as one utterance: its ids, checked then
             text = job.params["input"]
-            parts = [Utterance(text, ids)] if ids is not None else check_work(self.state.engine, text, params,
-                                                                               self.state.settings)
+            parts = [Utterance(text, ids)] if ids is not None else await off_loop(
+                text, check_work, self.state.engine, text, params, self.state.settings)
             # the segments an earlier attempt finished of this same plan: it resumes after them
             kept = await self._until_stored(lambda: self.store.start_plan(job.id, token, plan_key(parts),
                                                                           len(parts)))
             stream = None
             if len(kept) < len(parts):
-                prepared = prepare(self.state.engine, attempt, parts[len(kept):], params, Priority.BATCH,
-                                   clone=clone, tenant=job.owner or "jobs",
-                                   timestamps=True)  # word times for captions, where an aligner is loaded
+                prepared = await off_loop(text, prepare, self.state.engine, attempt, parts[len(kept):], params,
+                                          Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
+                                          timestamps=True)  # word times for captions, where an aligner is loaded
                 stream = open_sequence(self.state, prepared, high_water=1 << 30, after_part=bool(kept))
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits

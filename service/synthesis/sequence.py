@@ -54,6 +54,7 @@ class UtteranceSequence:
             raise ValueError("a sequence needs at least one part")
         self._engine = engine
         self.parts = list(parts)
+        self._request_id = self.request.id if self.request is not None else "pause"  # its chunks' request_id
         self._metrics = metrics
         self._high_water = high_water
         self._stretch = stretch
@@ -82,8 +83,9 @@ class UtteranceSequence:
 
     # -- ChunkStream's interface ---------------------------------------------------------
     @property
-    def request(self) -> SynthesisRequest:
-        return next(p for p in self.parts if isinstance(p, SynthesisRequest))
+    def request(self) -> SynthesisRequest | None:
+        """The first utterance's request; None when the text is only pauses."""
+        return next((p for p in self.parts if isinstance(p, SynthesisRequest)), None)
 
     @property
     def handle(self):
@@ -273,7 +275,7 @@ class UtteranceSequence:
 
     # -- chunks out --------------------------------------------------------------------------
     def _chunk(self, pcm: np.ndarray, is_final: bool, **fields) -> AudioChunk:
-        chunk = AudioChunk(request_id=self.request.id, index=self._index, pcm=pcm, sample_rate=SAMPLE_RATE,
+        chunk = AudioChunk(request_id=self._request_id, index=self._index, pcm=pcm, sample_rate=SAMPLE_RATE,
                            frames_done=self._frames, frames_total=self._frames, is_final=is_final, **fields)
         self._index += 1
         self._samples += pcm.size

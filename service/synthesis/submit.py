@@ -60,11 +60,11 @@ def prepare(engine: SynthesisEngine, request_id: str, text: str | list[Part], pa
     params, stretch = engine_params(engine, params)
     parts = [Utterance(text, prompt_ids)] if isinstance(text, str) else list(text)
     out: list[SynthesisRequest | Pause] = []
+    spoken = 0
     for part in parts:
         if isinstance(part, Pause):
             out.append(part)
             continue
-        spoken = sum(1 for p in out if isinstance(p, SynthesisRequest))
         request = build_request(request_id if not spoken else f"{request_id}.{spoken}", part.text, params, priority,
                                 clone=clone, tenant=tenant)
         if part.prompt_ids is not None:
@@ -77,6 +77,7 @@ def prepare(engine: SynthesisEngine, request_id: str, text: str | list[Part], pa
             out.append(engine.validate(request))
         except EngineError as exc:
             raise engine_error(exc) from None
+        spoken += 1
     return Prepared(tuple(out), stretch)
 
 

@@ -28,7 +28,7 @@ from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event, truncated_event
 from service.synthesis.params import SynthesisParams, parse, update_params
-from service.synthesis.plan import check_work
+from service.synthesis.plan import BreakTags, Pause, break_tag, check_work
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
@@ -112,6 +112,7 @@ class StreamSession(MessageReader):
         # --- live text: on a talker checkpoint deltas feed a live utterance at once
         self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
         self.live = LiveInput(state.settings.ws_live_utterance_chars)
+        self.breaks = BreakTags()  # live text: a break tag cut between deltas waits for its end
         self.clone: VoiceClone | None = None  # the saved voice session.config named
         # When the listener finishes playing the audio sent so far (loop time; None: nothing
         # playing): the next utterance's playback clock starts there, so audio prefetched
@@ -267,10 +268,20 @@ class StreamSession(MessageReader):
             await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
             return
         if self.live_mode:
-            opened, _ended = self.live.add(text)
-            self.enqueue(Utterance("", live=u) for u in opened)
+            self.add_live(self.breaks.feed(text))
             return
         self.enqueue(Utterance(s) for s in self.sentences.feed(text))  # reads only the new text
+
+    def add_live(self, pieces) -> None:
+        """Live text: text feeds the open live utterance (opening one when none is); a break tag
+        ends it and is spoken as its own utterance, a pause (service/synthesis/plan.py)."""
+        for piece in pieces:
+            if isinstance(piece, Pause):
+                self.live.finish()
+                self.enqueue([Utterance(break_tag(piece))])
+            else:
+                opened, _ended = self.live.add(piece)
+                self.enqueue(Utterance("", live=u) for u in opened)
 
     async def over_rounds_bound(self) -> bool:
         """A client that ends rounds faster than it reads their session.done is closed."""
@@ -285,6 +296,7 @@ class StreamSession(MessageReader):
     async def on_input_done(self, message: dict) -> None:
         if await self.over_rounds_bound():
             return
+        self.add_live([self.breaks.take_rest()])  # the start of a tag that never ended was text
         self.live.finish()
         rest = self.sentences.take_rest().strip()
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
@@ -297,6 +309,7 @@ class StreamSession(MessageReader):
         if await self.over_rounds_bound():
             return
         self.sentences.take_rest()
+        self.breaks.take_rest()
         self.live.finish()
         self.cancelled_rounds += self.queued_rounds + 1
         self.clear_queue()
