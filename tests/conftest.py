@@ -228,6 +228,22 @@ ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"  # the random aligner
 
 
 @pytest.fixture(scope="module")
+def aligned_talker():
+    """The talker oracle fixture (cv_proj) with the random forced aligner: word times of talker
+    utterances (long text planned as several, long jobs)."""
+    if not (ALIGNER / "config.json").exists():
+        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
+    from engines.build import build_engine
+    from tests.oracle import talker_fixtures
+
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
+                          aligner=str(ALIGNER), warmup=False)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
 def aligned_engine():
     """The tiny DiT engine with the random forced aligner: word timestamps on every surface."""
     if not (ALIGNER / "config.json").exists():

@@ -16,26 +16,13 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import ALIGNER, start_server, wait_until
+from conftest import start_server, wait_until
 from long_text_helpers import Recorded, long_text
 
-from engines.build import build_engine
-from tests.oracle import talker_fixtures as fx
 
 TEXT = long_text(1500)
 UNINTERRUPTED: dict = {}  # the uninterrupted run, made once for both stores
 JOB = {"input": TEXT, "response_format": "wav", "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def talker():
-    if not (ALIGNER / "config.json").exists():
-        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")),
-                          aligner=str(ALIGNER), warmup=False)
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 async def get_job(http, url: str, job_id: str) -> dict:
@@ -67,12 +54,12 @@ def store(request, tmp_path) -> dict:
     return {}
 
 
-async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(talker, tmp_path, store):
+async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path, store):
     async with aiohttp.ClientSession() as http:
         if not UNINTERRUPTED:  # the uninterrupted run, for comparison
-            plain = await start_server(talker, tmp_path / "plain", job_workers=1)
+            plain = await start_server(aligned_talker, tmp_path / "plain", job_workers=1)
             try:
-                with Recorded(talker) as whole:
+                with Recorded(aligned_talker) as whole:
                     async with http.post(plain.url + "/v1/jobs", json=JOB) as r:
                         assert r.status == 202, await r.text()
                         job_id = (await r.json())["id"]
@@ -87,7 +74,7 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         assert job["progress"]["audio_seconds"] == pytest.approx(expected.size / 24000, abs=1e-3)
 
         # the same job, stopped halfway, then resumed by a new server on the same store
-        first = await start_server(talker, tmp_path / "data", job_workers=1, **store)
+        first = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
         try:
             async with http.post(first.url + "/v1/jobs", json=JOB) as r:
                 job_id = (await r.json())["id"]
@@ -102,9 +89,9 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         progress = (await get_job_from_store(first, job_id))
         done_before = progress["utterances_done"]
         assert 3 <= done_before < total and progress["audio_seconds"] > 0
-        second = await start_server(talker, tmp_path / "data", job_workers=1, **store)
+        second = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
         try:
-            with Recorded(talker) as resumed:
+            with Recorded(aligned_talker) as resumed:
                 job, audio, words = await finished(http, second.url, job_id)
         finally:
             await second.stop()
@@ -133,8 +120,8 @@ async def get_job_from_store(server, job_id: str) -> dict:
         await store.close()
 
 
-async def test_a_job_may_be_longer_than_a_speech_request(talker, tmp_path):
-    live = await start_server(talker, tmp_path / "data", job_workers=0, max_input_chars=1000, max_job_chars=3000,
+async def test_a_job_may_be_longer_than_a_speech_request(aligned_talker, tmp_path):
+    live = await start_server(aligned_talker, tmp_path / "data", job_workers=0, max_input_chars=1000, max_job_chars=3000,
                               max_body_bytes=10_000)
     try:
         async with aiohttp.ClientSession() as http:

@@ -13,26 +13,13 @@ import json
 
 import aiohttp
 import numpy as np
-import pytest
 import websockets
-from conftest import ALIGNER, start_server
+from conftest import start_server
 from long_text_helpers import Recorded, long_text
 from ws_helpers import read_until_session_done
 
-from engines.build import build_engine
 from engines.contract import SynthesisRequest
 from service.synthesis.sequence import SEAM_FADE_SAMPLES
-from tests.oracle import talker_fixtures as fx
-
-@pytest.fixture(scope="module")
-def talker(tmp_path_factory):
-    if not (ALIGNER / "config.json").exists():
-        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")),
-                          aligner=str(ALIGNER), warmup=False)
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 def pcm16(data: bytes) -> np.ndarray:
@@ -55,11 +42,11 @@ def check_seams(audio: np.ndarray, parts: list[np.ndarray]) -> list[int]:
     return list(seams)
 
 
-async def test_a_4000_character_request_is_spoken_to_its_end_as_utterances(talker, tmp_path):
+async def test_a_4000_character_request_is_spoken_to_its_end_as_utterances(aligned_talker, tmp_path):
     text = long_text(4000)
-    live = await start_server(talker, tmp_path / "data")
+    live = await start_server(aligned_talker, tmp_path / "data")
     try:
-        with Recorded(talker) as recorded:
+        with Recorded(aligned_talker) as recorded:
             async with aiohttp.ClientSession() as http:
                 async with http.post(live.url + "/v1/audio/speech", json={
                         "input": text, "response_format": "pcm", "stream": True, "timestamps": True,
@@ -71,9 +58,9 @@ async def test_a_4000_character_request_is_spoken_to_its_end_as_utterances(talke
         assert kinds[-1] == "speech.audio.done" and "error" not in kinds
         texts = [r.text for r in recorded.requests]
         assert len(texts) >= 10 and " ".join(texts) == text  # in order, every word, nothing dropped
-        budgets = [talker.planned_work(SynthesisRequest(id="p", text=t, max_new_tokens=8192)).model_steps
+        budgets = [aligned_talker.planned_work(SynthesisRequest(id="p", text=t, max_new_tokens=8192)).model_steps
                    for t in texts]
-        assert max(budgets) <= 1024 < talker.planned_work(SynthesisRequest(id="p", text=text,
+        assert max(budgets) <= 1024 < aligned_talker.planned_work(SynthesisRequest(id="p", text=text,
                                                                          max_new_tokens=8192)).model_steps
         assert len({r.seed for r in recorded.requests}) == 1 and len({r.voice for r in recorded.requests}) == 1
         audio = pcm16(b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"))
@@ -95,11 +82,11 @@ async def test_a_4000_character_request_is_spoken_to_its_end_as_utterances(talke
         await live.stop()
 
 
-async def test_a_long_unfinished_sentence_on_the_socket_is_one_utterance_of_several_parts(talker, tmp_path):
+async def test_a_long_unfinished_sentence_on_the_socket_is_one_utterance_of_several_parts(aligned_talker, tmp_path):
     text = long_text(1500, terminators=False)  # no sentence end: input.done flushes it whole
-    live = await start_server(talker, tmp_path / "data")
+    live = await start_server(aligned_talker, tmp_path / "data")
     try:
-        with Recorded(talker) as recorded:
+        with Recorded(aligned_talker) as recorded:
             async with websockets.connect(live.ws_url) as ws:
                 assert json.loads(await ws.recv())["type"] == "session.created"
                 await ws.send(json.dumps({"type": "session.config", "text_streaming": False, "temperature": 0,
@@ -115,5 +102,31 @@ async def test_a_long_unfinished_sentence_on_the_socket_is_one_utterance_of_seve
         check_seams(audio, [recorded.raw(r) for r in recorded.requests])
         words = read.last("alignment")["words"]
         assert [w["start_ms"] for w in words] == sorted(w["start_ms"] for w in words)
+    finally:
+        await live.stop()
+
+
+async def test_a_cancel_stops_a_long_text_in_its_current_utterance(aligned_talker, tmp_path):
+    text = long_text(3000, terminators=False)  # one sentence: one socket utterance of many parts
+    live = await start_server(aligned_talker, tmp_path / "data")
+    try:
+        with Recorded(aligned_talker) as recorded:
+            async with websockets.connect(live.ws_url) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                await ws.send(json.dumps({"type": "session.config", "text_streaming": False, "temperature": 0}))
+                await ws.send(json.dumps({"type": "input.text", "text": text}))
+                await ws.send(json.dumps({"type": "input.done"}))
+                while not isinstance(await ws.recv(), bytes):  # audio is playing
+                    pass
+                await ws.send(json.dumps({"type": "response.cancel"}))
+                events = []
+                while len([e for e in events if e["type"] == "session.done"]) < 2:
+                    message = await ws.recv()
+                    if isinstance(message, str):
+                        events.append(json.loads(message))
+        done = next(e for e in events if e["type"] == "audio.done")
+        assert done["cancelled"] is True and "error" not in done
+        # what was being spoken and the one prepared after it, not the rest of the text
+        assert 1 <= len(recorded.requests) <= 3 and len(text) > 3 * len(recorded.requests[0].text)
     finally:
         await live.stop()
