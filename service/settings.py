@@ -171,7 +171,8 @@ class Settings(BaseSettings):
         flag="--ws-idle-seconds", gt=0)
     # live text: a live utterance ends at the first sentence end past this many characters
     ws_live_utterance_chars: int = option(
-        200, "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters",
+        200, "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters "
+        "(with none, at its first space past 4x this)",
         ge=1)
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
