@@ -165,10 +165,13 @@ class Engine:
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
+                from engines.runtime.graphed_prefill import GraphedPrefill
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
+                # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
+                talker_source.prefill.runner = GraphedPrefill(talker_source.prefill_spec())
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
@@ -183,7 +186,7 @@ class Engine:
             if virtual is not None:
                 graphed = (talker_source.graphs,)  # captured at start as the real step graphs are
             else:
-                graphed = (talker_source.step_runner,) if step_graphs else (
+                graphed = (talker_source.step_runner, talker_source.prefill.runner) if step_graphs else (
                     (talker_source.predictor,) if device.type == "cuda" else ())
             self.source = TalkerPipeline(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
