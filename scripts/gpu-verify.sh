@@ -65,7 +65,7 @@ fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 KERNEL_TEST=tests/engines/models/test_paged_attention.py
 KERNEL_TESTS=${KERNEL_TESTS:-$([ "$DEVICE" = cuda ] && echo cuda || echo "not cuda")}  # on a GPU: the native kernel test alone
-CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
+CUDA_TESTS="tests/engines/runtime/test_graphed_prefill.py tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
   tests/engines/core/test_gpu_engine.py tests/engines/pipelines/talker/test_talker_paged.py tests/engines/pipelines/talker/test_talker_source.py"
 
 if [ "$DEVICE" = cuda ] && [ -d .whl/proj ]; then
