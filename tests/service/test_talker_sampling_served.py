@@ -172,10 +172,11 @@ async def test_initial_codec_chunk_frames_sets_the_first_piece(engine, tmp_path)
 
 
 async def test_an_input_too_long_for_the_kv_pool_is_a_400(tmp_path):
-    """A pool of 8 blocks of 16 positions (8 KiB each in the fixture's fp32 talker) holds a
-    ~17-position prompt, not a 600-character one: that is refused at submission, naming
+    """A pool of 4 blocks of 16 positions (8 KiB each in the fixture's fp32 talker) holds a
+    ~17-position prompt, not the ~75 of an utterance a 600-character text is planned in (each up
+    to --utterance-max-frames of budget, ~64 text ids): that is refused at submission, naming
     ``input`` (never a 5xx, never a request waiting forever), and a short one still speaks."""
-    gb = 9 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
+    gb = 5 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
     engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
                           kv_cache_gb=gb)
     engine.start()

@@ -71,6 +71,7 @@ class Utterance:
     prompt_len: int
     max_frames: int  # the most frames it may take: its text's budget, max_new_tokens - 1, its positions
     limit_reason: str = "max_new_tokens"  # which of them sets max_frames ("budget", "max_new_tokens", "max_seq_len")
+    budgeted: bool = True  # its text's budget applies (False: admitted with an exact max_new_tokens)
     prefilled: int = 0  # prompt positions in the cache
     decoding: bool = False  # prefill done, code 0 of frame 0 sampled
     next_pos: int = 0  # host copy of the row's next talker position

@@ -77,7 +77,7 @@ from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.models.prefix_cache import PrefixCache
 from engines.models.talker import Talker
 from engines.pipelines.base import Capacity, StepPlan
-from engines.pipelines.talker.budget import frame_budget
+from engines.pipelines.talker.budget import frame_budget, frame_limit, planned_frames
 from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.live import LiveRows
 from engines.pipelines.talker.live_text import LiveText
@@ -258,12 +258,8 @@ class TalkerSource:
     # ---------------------------------------------------------------- admission
 
     def planned_frames(self, request: SynthesisRequest) -> int:
-        """The most frames ``request`` may take (its text's budget, ``max_new_tokens`` - 1, a
-        stream's positions), known before admission. A live utterance's budget grows with its
-        text, which has not arrived: only the other bounds hold it here."""
-        max_new = self.generation.max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
-        tokens = None if request.text_feed is not None else self.prompt.text_tokens(request)
-        return frame_limit(max_new, self.max_seq_len - 1, tokens)[0]
+        """The most frames ``request`` may take, known before admission (budget.py)."""
+        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
 
     def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
                          instruct: str | None = None) -> int:
@@ -279,9 +275,10 @@ class TalkerSource:
               non_streaming_mode: bool | None = None, instruct: str | None = None,
               live: LiveText | None = None) -> None:
         """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
-        prefill (done in the next ticks). ValueError for an unknown voice/language or a prompt
-        that does not fit; RuntimeError when no row is free; KVPoolExhausted when the pool
-        cannot hold the prompt."""
+        prefill (done in the next ticks). ``max_new_tokens``: an exact cap that replaces the text's
+        frame budget (benchmarks and tests that run a row a given number of steps; served requests
+        never pass it). ValueError for an unknown voice/language or a prompt that does not fit;
+        RuntimeError when no row is free; KVPoolExhausted when the pool cannot hold the prompt."""
         if any(u.request_id == request.id for u in self._utts.values()):
             raise ValueError(f"request {request.id!r} is already active")
         if not self.free_rows():
@@ -299,7 +296,8 @@ class TalkerSource:
         if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
         # A live utterance's text budget is known once its text is complete (_frame_limit).
-        text_tokens = None if live is not None else self.prompt.text_tokens(request)
+        budgeted = max_new_tokens is None
+        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
         max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
         keys = prefix_keys(self.prefix, request, prompt)
@@ -307,7 +305,8 @@ class TalkerSource:
         self.state.start(row, request, settings, trailing, pad, s_len)
         self._admissions += 1
         u = Utterance(request, row, settings, x, s_len, max_frames=max_frames, limit_reason=limit_reason,
-                      prefilled=cached, next_pos=s_len, admitted=self._admissions, live=live, prefix_keys=keys)
+                      prefilled=cached, next_pos=s_len, admitted=self._admissions, live=live, prefix_keys=keys,
+                      budgeted=budgeted)
         self._utts[row] = u
         self._prefill_queue.append(u)
 
@@ -390,7 +389,7 @@ class TalkerSource:
     @staticmethod
     def _frame_limit(u: Utterance) -> tuple[int, str]:
         """The utterance's frame limit now: a live one's text budget applies once its text is complete."""
-        if u.live is None or not u.live.done:
+        if u.live is None or not u.live.done or not u.budgeted:
             return u.max_frames, u.limit_reason
         return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
 
@@ -444,17 +443,6 @@ class TalkerSource:
 
 
 
-def frame_limit(max_new_tokens: int, positions_left: int, text_tokens: int | None) -> tuple[int, str]:
-    """The most frames an utterance may take and which bound sets it: the budget of its text
-    (budget.py; None: its text is still arriving), ``max_new_tokens`` - 1 (the official counting:
-    the last code 0 gets no frame) and the positions its stream has left."""
-    bounds = [(max_new_tokens - 1, "max_new_tokens"), (positions_left, "max_seq_len")]
-    if text_tokens is not None:
-        bounds.insert(0, (frame_budget(text_tokens), "budget"))
-    frames, reason = min(bounds, key=lambda bound: bound[0])
-    return max(0, frames), reason
-
-
 def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     """The pool's size: ``kv_cache_gb`` GiB, or by default a fixed size on CPU and a fraction of
     the free device memory on CUDA."""
@@ -468,5 +456,5 @@ def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     return DEFAULT_KV_CACHE_GB_CPU * 2**30
 
 
-__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "frame_limit", "kv_cache_bytes", "resolve_settings"]
+__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
 
