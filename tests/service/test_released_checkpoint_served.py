@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 import websockets
 from conftest import start_server, wait_until
-from ws_helpers import read_until_session_done
+from ws_helpers import read_until_json, read_until_session_done
 
 from engines.build import build_engine
 from engines.pipelines.talker.budget import frame_budget
@@ -169,13 +169,6 @@ async def test_the_voice_agent_sockets_speak_it(live):
         assert json.loads(await ws.recv())["type"] == "Metadata"
         await ws.send(json.dumps({"type": "Speak", "text": TEXT}))
         await ws.send(json.dumps({"type": "Flush"}))
-        audio = bytearray()
-        while True:
-            message = await asyncio.wait_for(ws.recv(), 60)
-            if isinstance(message, bytes):
-                audio += message
-                continue
-            reply = json.loads(message)
-            assert reply["type"] == "Flushed", reply
-            break
-    assert_speech(pcm16(bytes(audio)), "deepgram")
+        audio, reply = await read_until_json(ws)
+    assert reply["type"] == "Flushed", reply
+    assert_speech(pcm16(audio), "deepgram")
