@@ -13,6 +13,7 @@ from aiohttp import web
 from engines.contract import EngineCapabilities, SynthesisEngine
 from service.http import playground
 from service.http.middleware import (
+    FOREIGN_APIS,
     access_log_middleware,
     auth_middleware,
     cors_middleware,
@@ -31,7 +32,7 @@ from service.synthesis.params import served_model_names
 from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
 from service.ws import session as ws
-from service.ws.dialects import cartesia, deepgram, elevenlabs, elevenlabs_http
+from service.ws.dialects import cartesia, cartesia_http, deepgram, deepgram_http, elevenlabs, elevenlabs_http
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -142,8 +143,10 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech.create_speech)
     app.router.add_get("/v1/stream", ws.stream_session)
     app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
-    for dialect in (elevenlabs, elevenlabs_http, cartesia, deepgram):  # voice-agent services' sockets (they check their own keys)
+    # voice-agent services' sockets and HTTP speech, under their own prefixes with their own keys and errors
+    for dialect in (elevenlabs, elevenlabs_http, cartesia, cartesia_http, deepgram, deepgram_http):
         dialect.add_routes(app)
+    app[FOREIGN_APIS] = (elevenlabs_http.API, cartesia_http.API, deepgram_http.API)
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)

@@ -46,6 +46,18 @@ def deepgram_key(request: web.Request) -> str | None:
     return None
 
 
+async def deepgram_voice(request: web.Request, model: str) -> str:
+    """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
+    is one), a saved voice, or ``aura-<voice>-<lang>`` of one; ApiError(400) otherwise."""
+    if await known_voice(request, model):
+        return model
+    match = _AURA.match(model)
+    if match and await known_voice(request, match.group(1)):
+        return match.group(1)
+    raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
+                                                   f"{voice_list(request)} (or aura-<voice>-en) or a saved voice")
+
+
 class DeepgramSocket(EncodedAudioSocket):
     ENDPOINT = "/v1/speak"
 
@@ -90,13 +102,7 @@ class DeepgramSocket(EncodedAudioSocket):
         self.voice = await self.voice_for(self.model)
 
     async def voice_for(self, model: str) -> str:
-        if await known_voice(self.request, model):
-            return model
-        match = _AURA.match(model)
-        if match and await known_voice(self.request, match.group(1)):
-            return match.group(1)
-        raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
-                                                       f"{voice_list(self.request)} (or aura-<voice>-en) or a saved voice")
+        return await deepgram_voice(self.request, model)
 
     async def opened(self) -> None:
         context = self.open_context(CONTEXT)
