@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
@@ -62,7 +63,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  max_slots: int | None = None, batch_planning: bool | None = None, kv_cache_gb: float | None = None,
                  prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None,
                  aligner: str | None = None, prefix_cache_fraction: float | None = None,
-                 quantize: str | None = None) -> Engine:
+                 quantize: str | None = None, voice_aliases: Mapping[str, str | None] | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -77,7 +78,9 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
     ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
     when None; the service builds them from the environment). ``aligner``: a Qwen3-ForcedAligner
-    (an official-layout directory or a Hugging Face id) for word timestamps; None: none."""
+    (an official-layout directory or a Hugging Face id) for word timestamps; None: none.
+    ``voice_aliases``: voice names added to (None: dropped from) the vendor aliases
+    (engines/core/voice_aliases.py)."""
     if checkpoint and not Path(checkpoint).exists():
         checkpoint = str(resolve_model(checkpoint))
     dev = resolve_device(device)
@@ -127,7 +130,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     return Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                   talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
                   switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
-                  prefill_token_budget=prefill_token_budget,
+                  prefill_token_budget=prefill_token_budget, voice_aliases=voice_aliases,
                   talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
                                                     ("prefix_cache_fraction", prefix_cache_fraction))
                                   if v is not None})

@@ -150,7 +150,8 @@ def build_engine_for(settings: Settings):
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
                         switches=settings.runtime, aligner=settings.aligner,
-                        prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize)
+                        prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
+                        voice_aliases=settings.voice_alias_table())
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,

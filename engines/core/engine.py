@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from engines.contract import (
     VoiceClone,
 )
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.voice_aliases import VENDOR_VOICE_ALIASES, extend_aliases
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -83,13 +84,16 @@ class Engine:
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
-                 aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET):
+                 aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+                 voice_aliases: Mapping[str, str | None] | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
         runs on the device (compilation, talker step graphs, stage timing), from the service's settings.
         ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
-        ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step."""
+        ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step.
+        ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
+        (engines/core/voice_aliases.py); ValueError when one names no voice of the model."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -104,7 +108,9 @@ class Engine:
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
-            self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+            self.voice_aliases = extend_aliases(
+                {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}, self.voice_names,
+                {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
             dit = models.dit
             if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
@@ -144,6 +150,8 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+                self.voice_aliases = extend_aliases(self.voice_aliases, speakers,
+                                                    {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
             talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
             talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
@@ -286,8 +294,9 @@ class Engine:
         for canonical in self.voice_names:
             if key == canonical.lower():
                 return canonical
-        if key in self.voice_aliases:
-            return self.voice_aliases[key]
+        for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
+            if key == alias.lower():
+                return voice
         valid = ", ".join(sorted(set(self.voice_names) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
