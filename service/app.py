@@ -27,6 +27,7 @@ from service.jobs.store import make_job_store
 from service.metrics import CONTENT_TYPE
 from service.rest import speech
 from service.settings import Settings
+from service.speed import real_time_words
 from service.state import STATE_KEY, AppState
 from service.synthesis.params import served_model_names
 from service.voices import routes as saved_voices
@@ -77,13 +78,13 @@ def controls(caps: EngineCapabilities) -> dict[str, bool]:
 
 
 def speed_note(rtf: float | None) -> str | None:
-    """The measured real-time factor (wall seconds per audio second) in words."""
+    """The measured real-time factor (wall seconds per audio second, warm) in words."""
     if not rtf:
         return None
+    note = real_time_words(rtf)
     if rtf > 1:
-        return (f"real-time factor {rtf:.2f} (wall s per audio s): about {rtf:.1f}x slower than real time; "
-                "streamed audio will have gaps - use whole-file speech (stream: false) or jobs")
-    return f"real-time factor {rtf:.2f} (wall s per audio s): about {1 / rtf:.1f}x faster than real time"
+        note += "; streamed audio will have gaps - use whole-file speech (stream: false) or jobs"
+    return note
 
 
 async def models(request: web.Request) -> web.Response:
@@ -108,7 +109,7 @@ async def models(request: web.Request) -> web.Response:
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),
-        # measured at start on CPU (one warm-up request alone): wall seconds per audio second
+        # measured at start on CPU (a request alone, after the warm-up): wall seconds per audio second
         "expected_rtf": rtf, "speed": speed_note(rtf),
     }
     return web.json_response({"object": "list", "data": [model]})

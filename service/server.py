@@ -179,7 +179,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
              ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
-        log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
+        log.info("expected speed on this machine (one request alone, measured after the start-up warm-up): %s", speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

@@ -154,11 +154,10 @@ def run(args: argparse.Namespace) -> int:
 
 def rtf_words(wall_s: float, audio_s: float) -> str:
     """The real-time factor as the speech literature means it (wall seconds per audio second,
-    lower is better, below 1 keeps up), with its inverse in words beside it."""
-    if audio_s <= 0:
-        return "real-time factor n/a (no audio)"
-    rtf = wall_s / audio_s
-    return f"real-time factor {rtf:.2f} ({1 / max(rtf, 1e-9):.1f}x faster than real time)"
+    lower is better, below 1 keeps up), with how much faster or slower than real time beside it."""
+    from service.speed import real_time_words
+
+    return real_time_words(wall_s / audio_s if audio_s > 0 else 0.0)
 
 
 async def stdin_text(chunk_bytes: int = 256):
