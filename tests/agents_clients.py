@@ -59,11 +59,13 @@ async def livekit(kind: str, base: str, key: str, voice: str | None) -> dict:
             tts = elevenlabs.TTS(api_key=key, base_url=base + "/v1", encoding="pcm_24000", http_session=http,
                                  **voice_id)
         elif kind == "livekit-cartesia":
-            tts = cartesia.TTS(api_key=key, voice="default", base_url=base, encoding="pcm_s16le", sample_rate=24000,
-                               http_session=http)
+            named = {"voice": voice} if voice else {}  # absent: the plugin's TTSDefaultVoiceId
+            tts = cartesia.TTS(api_key=key, base_url=base, encoding="pcm_s16le", sample_rate=24000,
+                               http_session=http, **named)
         else:
-            tts = deepgram.TTS(api_key=key, model="aura-2-default-en", base_url=base + "/v1/speak",
-                               sample_rate=24000, http_session=http)
+            named = {"model": voice} if voice else {}  # absent: the plugin's default model (voice)
+            tts = deepgram.TTS(api_key=key, base_url=base + "/v1/speak", sample_rate=24000, http_session=http,
+                               **named)
         try:
             return await livekit_stream(tts)
         finally:

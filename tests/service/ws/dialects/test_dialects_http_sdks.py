@@ -3,7 +3,7 @@ SDK's ``tts.generate`` (POST /tts/bytes) and ``tts.generate_sse`` (POST /tts/sse
 elevenlabs SDK's ``text_to_speech.convert`` and ``convert_with_timestamps``, the deepgram SDK's
 ``speak.v1.audio.generate`` (POST /v1/speak) and Pipecat's ``DeepgramHttpTTSService``; and the
 clients that name a vendor's stock voice by default (Pipecat's Deepgram services, LiveKit's
-ElevenLabs plugin, Pipecat's Cartesia service with its scaffolding's voice): the vendor voice
+plugins, Pipecat's Cartesia service with its scaffolding's voice): the vendor voice
 aliases (engines/core/voice_aliases.py) let them speak unchanged.
 
 Every client runs in one .venv-agents subprocess (tests/agents_helpers.py) and must get exactly
@@ -28,7 +28,9 @@ CLIENTS = {
     "deepgram-sdk:aura-2-thalia-en": "aura-2-thalia-en",  # Deepgram's documented default voice
     "pipecat-deepgram-http": "aura-2-helena-en",  # its default voice, unchanged
     "pipecat-deepgram": "aura-2-helena-en",  # the socket, its default voice
-    "livekit-elevenlabs": "hpp4J3VqNfWAUOO0d1Us",  # the plugin's DEFAULT_VOICE_ID
+    "livekit-elevenlabs": "hpp4J3VqNfWAUOO0d1Us",  # the plugins' defaults, unchanged
+    "livekit-cartesia": "f786b574-daa5-4673-aa0c-cbe3e8534c02",
+    "livekit-deepgram": "aura-2-andromeda-en",
     "pipecat-cartesia:86e30c1d-714b-4074-a1f2-1cb6b552fb49": "86e30c1d-714b-4074-a1f2-1cb6b552fb49",
     "cartesia-bytes:f786b574-daa5-4673-aa0c-cbe3e8534c02": "f786b574-daa5-4673-aa0c-cbe3e8534c02",
     "elevenlabs-convert:21m00Tcm4TlvDq8ikWAM": "21m00Tcm4TlvDq8ikWAM",
