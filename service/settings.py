@@ -170,7 +170,8 @@ class Settings(BaseSettings):
     max_ref_audio_seconds: float = option(
         30.0, "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)", ge=1)
     max_ref_audio_mb: float = option(
-        10.0, "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)",
+        10.0, "largest reference audio file in MiB: POST /v1/audio/voices uploads and fetched ref_audio URLs "
+        "(inline base64 ref_audio must also fit the 1 MiB JSON body)",
         ge=0.01)
     ref_audio_url_prefixes: CommaList = option(  # fetched only under these (service/voices/fetch.py)
         (), "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched "
