@@ -17,7 +17,9 @@ if [ ! -f "$fixture/config.json" ]; then
   echo "readme-clone: no random Base checkpoint at $fixture: run bash scripts/oracle-clone-fixtures.sh"
   exit 1
 fi
-if ! python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.close()" 2>/dev/null; then
+# (SO_REUSEADDR: the connections of a server that just stopped, in TIME_WAIT, do not count; a listener does)
+if ! python3 -c "import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 8000)); s.close()" 2>/dev/null; then
   echo "readme-clone: 127.0.0.1:8000, the README's address, is in use: stop what listens there and run again"
   exit 1
 fi
