@@ -46,6 +46,19 @@ def deepgram_key(request: web.Request) -> str | None:
     return None
 
 
+def query_speed(query) -> float | None:
+    """The ``speed`` query parameter (0.7-1.5; None when absent); ApiError(400) otherwise."""
+    if "speed" not in query:
+        return None
+    try:
+        speed = float(query["speed"])
+    except ValueError:
+        speed = float("nan")
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
+    return speed
+
+
 async def deepgram_voice(request: web.Request, model: str) -> str:
     """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
     is one), a saved voice, or ``aura-<voice>-<lang>`` of one; ApiError(400) otherwise."""
@@ -90,14 +103,7 @@ class DeepgramSocket(EncodedAudioSocket):
         if not rate.isdigit() or not MIN_RATE <= int(rate) <= MAX_RATE:
             raise ApiError(400, "invalid_query_parameter", f"sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
         self.encoding, self.rate = ENCODINGS[encoding], int(rate)
-        if "speed" in query:
-            try:
-                speed = float(query["speed"])
-            except ValueError:
-                speed = float("nan")
-            if not MIN_SPEED <= speed <= MAX_SPEED:
-                raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
-            self.speed = speed
+        self.speed = query_speed(query)
         self.model = query.get("model", "default")
         self.voice = await self.voice_for(self.model)
 

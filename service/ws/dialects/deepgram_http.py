@@ -18,7 +18,7 @@ from aiohttp import web
 
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
-from service.ws.dialects.deepgram import MAX_SPEED, MIN_SPEED, deepgram_key, deepgram_voice
+from service.ws.dialects.deepgram import deepgram_key, deepgram_voice, query_speed
 from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
 from service.ws.dialects.wire_audio import CONTENT_TYPES, MAX_RATE, MIN_RATE
 
@@ -80,15 +80,8 @@ class DeepgramSpeak(HttpSpeech):
                 raise bad_query(f"bit_rate: mp3 takes {' or '.join(map(str, MP3_BIT_RATES))}")
         elif "bit_rate" in query:
             raise bad_query(f"bit_rate: only for mp3, not {encoding}")
-        config = {}
-        if "speed" in query:
-            try:
-                speed = float(query["speed"])
-            except ValueError:
-                speed = float("nan")
-            if not MIN_SPEED <= speed <= MAX_SPEED:
-                raise bad_query(f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
-            config["speed"] = speed
+        speed = query_speed(query)
+        config = {"speed": speed} if speed is not None else {}
         voice = await deepgram_voice(self.request, query.get("model", "default"))
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
