@@ -174,3 +174,39 @@ async def test_each_vendor_errors_in_its_own_shape(keyed, vendor, path, body, he
     async with aiohttp.ClientSession() as http:  # streamvox's own routes keep streamvox's shape
         async with http.get(keyed.url + "/v1/no/such/route", headers={"Authorization": f"Bearer {KEY}"}) as response:
             assert response.status == 404 and set(await response.json()) == {"error"}
+
+
+async def test_a_work_limit_is_each_vendors_413_before_any_audio(engine, tmp_path):
+    live = await start_server(engine, tmp_path / "data", max_work_audio_frames=10)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for vendor, path, body, headers, shape in VENDORS:
+                text_field = "transcript" if vendor == "cartesia" else "text"
+                async with http.post(live.url + path, json={**body, text_field: TEXT}) as response:
+                    answer = await response.json()
+                    assert response.status == 413 and set(answer) == shape, (vendor, answer)
+                    assert "--max-work-audio-frames" in json.dumps(answer)
+    finally:
+        await live.stop()
+
+
+async def test_a_failure_after_the_first_audio_is_an_sse_error_event(engine, tmp_path):
+    """Cartesia's SSE can say it in-stream: the drain's grace ends mid-stream -> an ``error`` event."""
+    from service.state import drain
+
+    live = await start_server(engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = {"transcript": TEXT * 10, "voice": "default",
+                    "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}}
+            async with http.post(live.url + "/tts/sse", json=body) as response:
+                assert response.status == 200
+                first = await response.content.readline()
+                assert first.startswith(b"event: chunk")
+                await drain(live.state, 0.0)
+                events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
+                          if line.startswith("data: ")]
+        assert events[-1]["type"] == "error" and events[-1]["error_code"] == "shutting_down", events[-1]
+        assert events[-1]["status_code"] == 503 and "done" not in [e["type"] for e in events]
+    finally:
+        await live.stop()
