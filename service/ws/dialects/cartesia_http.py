@@ -63,10 +63,6 @@ def http_format(value: object) -> tuple[str, int, int | None, bool]:
 class CartesiaBytes(HttpSpeech):
     ENDPOINT = PREFIX + "/bytes"
 
-    @classmethod
-    def error_body(cls, status: int, code: str, message: str, request_id: str) -> dict:
-        return error_body(status, code, message, request_id)
-
     async def parse(self, body: dict) -> Speech:
         try:
             transcript = body.get("transcript")

@@ -55,10 +55,6 @@ def whole_number(name: str, value: str) -> int:
 class DeepgramSpeak(HttpSpeech):
     ENDPOINT = PREFIX
 
-    @classmethod
-    def error_body(cls, status: int, code: str, message: str, request_id: str) -> dict:
-        return error_body(status, code, message, request_id)
-
     async def parse(self, body: dict) -> Speech:
         query = self.request.query
         if "callback" in query:

@@ -53,10 +53,6 @@ class ElevenLabsSpeech(HttpSpeech):
         self.timed = False  # an alignment came (an aligner is loaded)
         self.held = bytearray()  # convert_with_timestamps: all the audio, sent at the end
 
-    @classmethod
-    def error_body(cls, status: int, code: str, message: str, request_id: str) -> dict:
-        return error_body(status, code, message, request_id)
-
     async def parse(self, body: dict) -> Speech:
         fmt = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
         voice = self.request.match_info["voice_id"]

@@ -10,14 +10,14 @@ stream), so the bytes are those of ``POST /v1/audio/speech`` for the same text a
 
 A dialect subclasses :class:`HttpSpeech`: :meth:`parse` turns its body and query into a
 :class:`Speech`, and the ``write_*`` methods frame the audio in its response (raw bytes,
-server-sent events, JSON lines, one JSON object). Errors before the first audio are HTTP errors
-in the dialect's shape (``error_body``); after it, :meth:`write_failure` says so in-stream where
-the framing can.
+server-sent events, JSON lines, one JSON object). Errors before the first audio are HTTP errors,
+which the error middleware writes in the dialect's shape (its ``ForeignApi``,
+service/http/middleware.py); after it, :meth:`write_failure` says so in-stream where the framing can.
 
     class MySpeech(HttpSpeech):
         ENDPOINT = "/my/speech"
         async def parse(self, body): return Speech(text=body["text"], voice="default", encoding="pcm_s16le")
-    app.router.add_post("/my/speech", lambda request: serve_http(request, MySpeech))
+    app.router.add_post(MySpeech.ENDPOINT, handler(MySpeech))
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from service.ws.contexts import Context, ContextSocket
 from service.ws.session import SessionClosed
 from service.ws.dialects.wire_audio import WireEncoder, wav_header
 
-# The status of a context error that ends a request before its first audio.
-ERROR_STATUS = {"too_much_work": 413, "overloaded": 429, "rate_limited": 429, "too_many_streams": 429,
-                "unavailable": 503, "shutting_down": 503, "database_unavailable": 503,
-                "generation_failed": 500, "synthesis_failed": 500}
+# The status of a context error that ends a request before its first audio (others: 400).
+ERROR_STATUS = {"too_much_work": 413, "overloaded": 429, "unavailable": 503, "shutting_down": 503,
+                "database_unavailable": 503, "synthesis_failed": 500}
 CONTEXT = "http"
 
 
@@ -73,14 +72,8 @@ class HttpSpeech(ContextSocket):
         self.speech: Speech | None = None
         self.failure: ApiError | None = None
         self.finished = asyncio.Event()
-        self.samples = 0  # 24 kHz samples spoken so far: the response's clock
 
-    # -- what a dialect provides ---------------------------------------------------------
-    @classmethod
-    def error_body(cls, status: int, code: str, message: str, request_id: str) -> dict:
-        """The dialect's JSON error body."""
-        return {"error": {"code": code, "message": message}}
-
+    # -- what a dialect provides (its errors' body: its ForeignApi, service/http/middleware.py) --
     async def parse(self, body: dict) -> Speech:
         """The request (body and query) in streamvox's terms; ApiError(4xx) for what the dialect refuses."""
         raise NotImplementedError
@@ -122,7 +115,6 @@ class HttpSpeech(ContextSocket):
             raise SessionClosed() from exc
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        self.samples += pcm.size
         data = self.encoder.encode(pcm)
         if not self.RESPOND_AT_END:
             await self.send(self.start)
@@ -186,11 +178,12 @@ class HttpSpeech(ContextSocket):
             await context.flush("end")
             await self.finished.wait()
         if self.response is None:
+            if self.outcome == "client_closed":
+                raise ApiError(499, "client_closed", "the client went away")
             if self.failure is not None:
                 raise self.failure
             await self.start()  # (no audio at all: an empty, well-formed answer)
-        if self.failure is None or self.response is not None:
-            await self.response.write_eof()
+        await self.response.write_eof()
         return self.response
 
 
@@ -210,7 +203,9 @@ async def serve_http(request: web.Request, dialect: type[HttpSpeech]) -> web.Str
     state.streams.add(speech)  # the drain waits for it, then aborts it
     try:
         return await speech.speak(parsed)
-    except (ConnectionResetError, ConnectionError):
+    except ConnectionError:  # (the client went away mid-answer)
+        if speech.response is None:
+            raise ApiError(499, "client_closed", "the client went away") from None
         state.metrics.count(dialect.ENDPOINT, "client_closed")
         request[COUNTED] = True
         return speech.response
