@@ -434,7 +434,8 @@ class Engine:
         """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA a
         crowd at once, then one alone. On CPU the speed a stream can expect is measured after it
         (``EngineInfo.warmup_rtf``): the first, cold request says little about the next ones."""
-        texts = ("Warm up.",) if self.device.type != "cuda" else self.WARMUP_TEXTS_CUDA
+        # (on CPU the sentence measured next: its own first run pays for its shapes)
+        texts = (self.SPEED_TEXT,) if self.device.type != "cuda" else self.WARMUP_TEXTS_CUDA
         for batch in [list(texts)] + ([[texts[1]]] if self.device.type == "cuda" else []):
             self._run_alone(batch)
         if self.device.type != "cuda":
