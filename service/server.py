@@ -151,6 +151,7 @@ def build_engine_for(settings: Settings):
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
                         switches=settings.runtime, aligner=settings.aligner,
                         prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
+                        virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
                         voice_aliases=settings.voice_alias_table())
 
 

@@ -136,6 +136,14 @@ class Settings(BaseSettings):
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)
     quantize: Literal["int8"] | None = option(
         None, "talker and code predictor linear layers with int8 weights (CPU, float32; docs/QUANTIZATION.md)")
+    virtual_device: str | None = option(
+        None, "scheduling work without a GPU: serve the talker on a virtual device, whose talker and codec-decoder "
+        "work are waits of this GPU cost table's times (benchmarks/costs/*.json) on the CPU; --model then names a "
+        "Qwen3-TTS directory whose config and tokenizer shape the prompts (no weights are read; "
+        "docs/VIRTUAL_DEVICE.md)", metavar="COSTS_JSON")
+    virtual_eos_frames: int | None = option(
+        None, "with --virtual-device: every utterance samples EOS after this many frames (default: none does; "
+        "utterances run to their frame budget, as on the random benchmark checkpoint)", ge=1)
     # --- end talker at scale
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
@@ -443,10 +451,12 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
+    STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it."""
     env = os.environ if env is None else env
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
+                           static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1")

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
 from engines.pipelines.dit.weights import Models
 from engines.pipelines.vocoder import Vocalizer
+
+if TYPE_CHECKING:
+    from engines.virtual.device import VirtualDevice
 
 log = logging.getLogger("streamvox.engine")
 
@@ -85,6 +88,7 @@ class Engine:
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
                  aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+                 virtual: VirtualDevice | None = None,
                  voice_aliases: Mapping[str, str | None] | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
@@ -92,19 +96,23 @@ class Engine:
         runs on the device (compilation, talker step graphs, stage timing), from the service's settings.
         ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
         ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step.
+        ``virtual``: the talker's and the codec decoder's device work replaced by a cost table's
+        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs).
         ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
         (engines/core/voice_aliases.py); ValueError when one names no voice of the model."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
         cfg = models.config
-        self.vocalizer = Vocalizer(models.decoder, device, dtype)
+        self.virtual = virtual
+        # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
+        slots_for_decoder = cfg.stream.max_slots if talker is None else talker_slots
+        self.vocalizer = virtual.vocalizer(cfg, 2 * slots_for_decoder) if virtual else Vocalizer(
+            models.decoder, device, dtype)
         if device.type == "cuda":  # both pipelines: the streaming codec decoder over a state pool, graphed
             from engines.runtime.graphed_decoder import GraphedDecoder
 
-            # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
-            slots = cfg.stream.max_slots if talker is None else talker_slots
-            self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * slots)
+            self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * slots_for_decoder)
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
@@ -153,18 +161,25 @@ class Engine:
                 self.voice_aliases = extend_aliases(self.voice_aliases, speakers,
                                                     {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
-            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
+            if virtual is not None:
+                talker_source = virtual.talker_source(talker, talker_slots, **(talker_options or {}))
+            else:
+                talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
+            talker_backend = virtual is None and switches.compile_backend("talker")  # opt-in (compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
                 talker_source.talker.compile_layers(talker_backend)
-            step_graphs = device.type == "cuda" and switches.talker_step_graphs
+            step_graphs = (device.type == "cuda" and switches.talker_step_graphs) or (
+                device.type == "cpu" and switches.static_step_on_cpu)
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
+                from engines.runtime.graphed_prefill import GraphedPrefill
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
+                # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
+                talker_source.prefill.runner = GraphedPrefill(talker_source.prefill_spec())
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
@@ -176,23 +191,28 @@ class Engine:
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
                     + (talker_slots,), compile_backend=switches.compile_backend("predictor"))
+            if virtual is not None:
+                graphed = (talker_source.graphs,)  # captured at start as the real step graphs are
+            else:
+                graphed = (talker_source.step_runner, talker_source.prefill.runner) if step_graphs else (
+                    (talker_source.predictor,) if device.type == "cuda" else ())
             self.source = TalkerPipeline(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
-                                             chunk_frames=cfg.stream.chunk_frames,
-                                             graphed=(talker_source.step_runner,) if step_graphs else (
-                                                 (talker_source.predictor,) if device.type == "cuda" else ()),
+                                             chunk_frames=cfg.stream.chunk_frames, graphed=graphed,
                                              prime=self.vocalizer.prime)
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
-                             aligner=aligner, prefill_token_budget=prefill_token_budget)
+                             aligner=aligner, prefill_token_budget=prefill_token_budget,
+                             host_copy_event=virtual.clock.record if virtual is not None else None)
         self.aligner = aligner
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(
-            model="streamvox", preset=cfg.name, source=self.source.name, device=str(device),
+            model="streamvox", preset=cfg.name, source=self.source.name,
+            device=virtual.describe() if virtual is not None else str(device),
             dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
             voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
             max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
@@ -256,6 +276,12 @@ class Engine:
         """The talker's KV pool (blocks total/used, admission waits); empty for the DiT."""
         stats = getattr(self.source, "kv_cache_stats", None)
         return stats() if stats is not None else {}
+
+    def graph_captures_after_start(self) -> int:
+        """CUDA graphs captured after start, on first use (each stalled every stream while it ran;
+        without graphs: the ones a GPU would have captured). Serving should keep this at 0."""
+        wrappers = (*getattr(self.source, "graphed", ()), self.vocalizer.graphed_decoder)
+        return sum(w.late_captures for w in wrappers if w is not None)
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
@@ -432,14 +458,16 @@ class Engine:
     SPEED_RUNS = 3
 
     def _warm_up(self) -> None:
-        """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA a
-        crowd at once, then one alone. On CPU the speed a stream can expect is measured after it
-        (``EngineInfo.warmup_rtf``): the first, cold request says little about the next ones."""
+        """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA (and on
+        a virtual device, which stands for one) a crowd at once, then one alone. On CPU the speed a
+        stream can expect is measured after it (``EngineInfo.warmup_rtf``): the first, cold request
+        says little about the next ones."""
+        on_gpu = self.device.type == "cuda" or self.virtual is not None  # a virtual device warms up as its GPU
         # (on CPU the sentence measured next: its own first run pays for its shapes)
-        texts = (self.SPEED_TEXT,) if self.device.type != "cuda" else self.WARMUP_TEXTS_CUDA
-        for batch in [list(texts)] + ([[texts[1]]] if self.device.type == "cuda" else []):
+        texts = self.WARMUP_TEXTS_CUDA if on_gpu else (self.SPEED_TEXT,)
+        for batch in [list(texts)] + ([[texts[1]]] if on_gpu else []):
             self._run_alone(batch)
-        if self.device.type != "cuda":
+        if not on_gpu:
             # On CUDA the warm-up is a crowd of requests, which says nothing about one stream: not reported.
             rtfs: list[float] = []  # wall seconds per audio second, > 1 = slower than real time
             while len(rtfs) < self.SPEED_RUNS and not (rtfs and rtfs[-1] > 1):
