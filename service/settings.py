@@ -11,6 +11,7 @@ This is the only place that knows the names.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import types
@@ -74,6 +75,21 @@ def check_prefix(prefix: str) -> str:
 def _read_key_file(path: str) -> tuple[str, ...]:
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def read_voice_aliases(path: str) -> dict[str, str | None]:
+    """A ``--voice-aliases`` file: one JSON object of alias name -> voice name (or null); ValueError
+    saying what is wrong with it."""
+    try:
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(name, str) and name.strip() and (
+            voice is None or isinstance(voice, str) and voice.strip()) for name, voice in table.items()):
+        raise ValueError(f'{path}: expected one JSON object of "alias": "voice" (or null) entries')
+    return table
 
 
 class Settings(BaseSettings):
@@ -164,7 +180,8 @@ class Settings(BaseSettings):
     max_ref_audio_seconds: float = option(
         30.0, "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)", ge=1)
     max_ref_audio_mb: float = option(
-        10.0, "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)",
+        10.0, "largest reference audio file in MiB: POST /v1/audio/voices uploads and fetched ref_audio URLs "
+        "(inline base64 ref_audio must also fit the 1 MiB JSON body)",
         ge=0.01)
     ref_audio_url_prefixes: CommaList = option(  # fetched only under these (service/voices/fetch.py)
         (), "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched "
@@ -239,6 +256,9 @@ class Settings(BaseSettings):
     aligner: str | None = option(
         None, "word timestamps: a Qwen3-ForcedAligner (an official-layout directory or a Hugging Face id such as "
         "Qwen/Qwen3-ForcedAligner-0.6B); unset: no timestamps")
+    voice_aliases: str | None = option(
+        None, "a JSON file {\"name\": \"voice\"} of voice aliases added to the built-in table of other services' "
+        "voice names (a null voice drops one); unset: the built-in table alone", metavar="FILE")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -285,6 +305,17 @@ class Settings(BaseSettings):
         if url and not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected a postgresql:// URL")
         return url or None
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _alias_file(cls, path: str | None) -> str | None:
+        if path:
+            read_voice_aliases(path)  # a bad file is a one-line error at start, before any model loads
+        return path or None
+
+    def voice_alias_table(self) -> dict[str, str | None]:
+        """The ``--voice-aliases`` file's entries (empty when unset)."""
+        return read_voice_aliases(self.voice_aliases) if self.voice_aliases else {}
 
     @field_validator("jobs_db_password_file")
     @classmethod

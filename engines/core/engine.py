@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from engines.contract import (
     VoiceClone,
 )
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.voice_aliases import VENDOR_VOICE_ALIASES, extend_aliases
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -87,7 +88,8 @@ class Engine:
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
                  aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
-                 virtual: VirtualDevice | None = None):
+                 virtual: VirtualDevice | None = None,
+                 voice_aliases: Mapping[str, str | None] | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
@@ -95,7 +97,9 @@ class Engine:
         ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
         ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step.
         ``virtual``: the talker's and the codec decoder's device work replaced by a cost table's
-        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs)."""
+        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs).
+        ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
+        (engines/core/voice_aliases.py); ValueError when one names no voice of the model."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -112,7 +116,9 @@ class Engine:
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
-            self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+            self.voice_aliases = extend_aliases(
+                {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}, self.voice_names,
+                {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
             dit = models.dit
             if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
@@ -152,6 +158,8 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+                self.voice_aliases = extend_aliases(self.voice_aliases, speakers,
+                                                    {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
             if virtual is not None:
                 talker_source = virtual.talker_source(talker, talker_slots, **(talker_options or {}))
@@ -317,8 +325,9 @@ class Engine:
         for canonical in self.voice_names:
             if key == canonical.lower():
                 return canonical
-        if key in self.voice_aliases:
-            return self.voice_aliases[key]
+        for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
+            if key == alias.lower():
+                return voice
         valid = ", ".join(sorted(set(self.voice_names) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
@@ -446,37 +455,55 @@ class Engine:
             return {"instructions": "A clear, neutral voice."}
         return {}
 
+    # What a stream can expect on a CPU, measured once the first-run costs are paid: a sentence of
+    # ordinary length, alone, the median of a few runs (tests/service/test_service_model_info.py
+    # sends the same sentence to a fresh server and finds the same within 30 %). A run slower than
+    # real time is answer enough: more would only hold a slow machine's start back.
+    SPEED_TEXT = "This sentence measures how fast one stream runs."
+    SPEED_RUNS = 3
+
     def _warm_up(self) -> None:
         """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA (and on
-        a virtual device, which stands for one) a crowd at once, then one alone."""
-        voice = self.voice_names[0]
+        a virtual device, which stands for one) a crowd at once, then one alone. On CPU the speed a
+        stream can expect is measured after it (``EngineInfo.warmup_rtf``): the first, cold request
+        says little about the next ones."""
         on_gpu = self.device.type == "cuda" or self.virtual is not None  # a virtual device warms up as its GPU
-        texts = self.WARMUP_TEXTS_CUDA if on_gpu else ("Warm up.",)
-        rounds = [list(texts)] + ([[texts[1]]] if on_gpu else [])
-        for batch in rounds:
-            events, errors = [], []
-            samples = [0]
-            t0 = time.perf_counter()
-            for text in batch:
-                done = threading.Event()
-                events.append(done)
+        # (on CPU the sentence measured next: its own first run pays for its shapes)
+        texts = self.WARMUP_TEXTS_CUDA if on_gpu else (self.SPEED_TEXT,)
+        for batch in [list(texts)] + ([[texts[1]]] if on_gpu else []):
+            self._run_alone(batch)
+        if not on_gpu:
+            # On CUDA the warm-up is a crowd of requests, which says nothing about one stream: not reported.
+            rtfs: list[float] = []  # wall seconds per audio second, > 1 = slower than real time
+            while len(rtfs) < self.SPEED_RUNS and not (rtfs and rtfs[-1] > 1):
+                wall, samples = self._run_alone([self.SPEED_TEXT])
+                if not samples:
+                    break
+                rtfs.append(wall / (samples / SAMPLE_RATE))
+            if rtfs:
+                self.info = replace(self.info, warmup_rtf=round(sorted(rtfs)[len(rtfs) // 2], 3))
 
-                def deliver(chunk: AudioChunk, done=done) -> None:
-                    samples[0] += chunk.pcm.size  # (worker thread only)
-                    if chunk.is_final:
-                        if chunk.error:
-                            errors.append(chunk.error)
-                        done.set()
+    def _run_alone(self, texts: list[str]) -> tuple[float, int]:
+        """``texts`` submitted together to the worker and waited for: (wall seconds, samples)."""
+        voice = self.voice_names[0]
+        events, errors = [], []
+        samples = [0]
+        t0 = time.perf_counter()
+        for text in texts:
+            done = threading.Event()
+            events.append(done)
 
-                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
-                                                    **self._warmup_task()), deliver)
-            if not all(done.wait(300) for done in events):
-                raise RuntimeError("engine warm-up did not finish within 300 s")
-            if errors:
-                raise RuntimeError(f"engine warm-up failed: {errors[0]}")
-            wall = time.perf_counter() - t0
-        if not on_gpu and samples[0]:
-            # One request alone, first-run costs included: what a single stream can expect here
-            # (wall seconds per audio second, > 1 = slower than real time). On CUDA the warm-up
-            # is a crowd of requests, which says nothing about one stream, so it is not reported.
-            self.info = replace(self.info, warmup_rtf=round(wall / (samples[0] / SAMPLE_RATE), 3))
+            def deliver(chunk: AudioChunk, done=done) -> None:
+                samples[0] += chunk.pcm.size  # (worker thread only)
+                if chunk.is_final:
+                    if chunk.error:
+                        errors.append(chunk.error)
+                    done.set()
+
+            self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
+                                                **self._warmup_task()), deliver)
+        if not all(done.wait(300) for done in events):
+            raise RuntimeError("engine warm-up did not finish within 300 s")
+        if errors:
+            raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+        return time.perf_counter() - t0, samples[0]

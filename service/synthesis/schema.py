@@ -117,6 +117,11 @@ class SynthesisParams(Strict):
         return validate(type(self), {**self.model_dump(), **changes})
 
 
+def too_long(field: str, chars: int, limit: int) -> str:
+    """The one text-limit message of every surface: HTTP bodies, WebSocket text, the CLI."""
+    return f"{field}: {chars} characters, the limit is {limit}"
+
+
 class _Input(Strict):
     """``input``: non-empty text of at most ``context["max_chars"]`` characters."""
 
