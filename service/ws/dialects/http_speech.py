@@ -32,7 +32,7 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
-from service.synthesis.params import check_work
+from service.synthesis.plan import check_work
 from service.synthesis.schema import too_long
 from service.ws.contexts import Context, ContextSocket
 from service.ws.session import SessionClosed
