@@ -93,6 +93,16 @@ class LiveServer:
         await self.runner.cleanup()
 
 
+def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
+    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps. The
+    codes decide the audio; the codec decoder's float math (batched with whatever else streams at
+    the time, in chunks whose size follows the load) may move a sample by a step of rounding."""
+    import numpy as np
+
+    x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))
+    return x.shape == y.shape and int(np.abs(x - y).max(initial=0)) <= lsb
+
+
 async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) -> LiveServer:
     """``ssl_context``: serve https / wss with it (TLS terminated by aiohttp, as a proxy would)."""
     from service.app import (
