@@ -199,6 +199,7 @@ class Worker:
         generating = self.source.active_slots > 0
         with self._stage("deliver"):
             self._deliver(wait=not generating and not self._vocoder_ready())
+        self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
         with self._stage("plan"):
             self._admit_new()
         self._drop_cancelled()
@@ -271,8 +272,11 @@ class Worker:
         fails whatever is still there)."""
         ready = []
         for handle, deliver in list(self._admitting):
-            if handle.cancelled:
-                continue  # left for _admit_one, which reports it
+            if handle.cancelled or any(h.request_id == handle.request_id for h, _, _ in ready):
+                continue  # left for _admit_one, which reports it (or refuses the second of one id)
+            if not self._id_free(handle, deliver):
+                self._admitting.remove((handle, deliver))
+                continue
             try:
                 self._hook(handle.request_id, "plan")
                 ready.append((handle, deliver, self.voice_index(handle.request.voice)))
@@ -302,6 +306,8 @@ class Worker:
             self._release_pending()
             deliver_final(handle, deliver, 0, 0, 0, "cancelled")
             return
+        if not self._id_free(handle, deliver):
+            return
         active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
@@ -312,6 +318,22 @@ class Worker:
             return
         self._active[handle.request_id] = active
         self._track_piece(active)
+
+    def _id_free(self, handle: RequestHandle, deliver: Deliver) -> bool:
+        """Whether ``handle``'s id may be planned: the pipeline's and the vocoder's state are
+        keyed by request id, so an earlier request of that id that is still active must leave
+        first. A cancelled one is finished now (its slot and decoder state freed); a live one
+        keeps its id and the newcomer is refused, never mixed into its state."""
+        earlier = self._active.get(handle.request_id)
+        if earlier is None:
+            return True
+        if earlier.handle.cancelled:
+            self._finish(earlier, error="cancelled")
+            return True
+        log.warning("request %s refused: a request with this id is in flight", handle.request_id)
+        self._release_pending()
+        deliver_final(handle, deliver, 0, 0, 0, "duplicate request id: a request with this id is in flight")
+        return False
 
     def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
         log.warning("request %s failed while planning: %s", handle.request_id, exc)
