@@ -28,6 +28,7 @@ from service.synthesis.schema import (
     SpeechBody,
     Strict,
     SynthesisParams,
+    require_unicode,
     validate,
 )
 
@@ -129,7 +130,12 @@ def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, sett
     """ApiError(413, ``too_much_work``) naming the limit and its flag when the request plans
     more vocoder frames than ``max_work_audio_frames`` or more model steps than
     ``max_work_frame_steps`` (DiT) / ``max_work_talker_steps`` (talker); 0 = no limit. Called
-    before any engine time is spent."""
+    before any engine time is spent. Text that is not valid Unicode never reaches the engine
+    (every route validated it already; this is the last gate, a 400 whatever the route)."""
+    try:
+        require_unicode("text", text)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
     work = planned_work(engine, text, params)
     talker = work.step_unit == "talker steps"
     frames_limit = settings.max_work_audio_frames

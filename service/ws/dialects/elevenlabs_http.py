@@ -20,8 +20,8 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
 from service.state import REQUEST_ID, STATE_KEY
-from service.synthesis.params import check_work, resolve_voice
-from service.synthesis.schema import SynthesisParams
+from service.synthesis.params import check_work, parse, resolve_voice
+from service.synthesis.schema import SpeechText, SynthesisParams
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import char_times
 from service.voices.routes import saved_clone
@@ -60,11 +60,8 @@ async def _stream(request: web.Request, timestamps: bool) -> web.StreamResponse:
         raise ApiError(400, "voice_not_found", f"voice_id {voice[:64]!r} is not a voice of this server; "
                                                f"use one of {voice_list(request)} or a saved voice")
     body = await read_json_object(request)
-    text, settings = body.get("text"), body.get("voice_settings") or {}
-    if not isinstance(text, str) or not text.strip():
-        raise ApiError(400, "invalid_text", "text: must be a non-empty string")
-    if len(text) > state.settings.max_input_chars:
-        raise ApiError(400, "text_too_long", f"text: at most {state.settings.max_input_chars} characters")
+    text = parse(SpeechText, body, max_chars=state.settings.max_input_chars).text  # as every route's
+    settings = body.get("voice_settings") or {}
     if not isinstance(settings, dict):
         raise ApiError(400, "invalid_voice_settings", "voice_settings: must be an object")
     try:
