@@ -35,7 +35,7 @@ from service.synthesis.schema import (
 M = TypeVar("M", bound=Strict)
 
 __all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
-           "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
+           "parse_body", "planned_work", "public_model_name", "resolve_voice", "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
@@ -89,6 +89,16 @@ def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
         if parse_model_id(checkpoint) and not os.path.isabs(checkpoint):
             names.append(checkpoint)
     return tuple(dict.fromkeys(names))
+
+
+def public_model_name(name: str | None) -> str | None:
+    """How clients see a model the operator named (``--aligner``): a Hugging Face id as given,
+    a local directory by its last component only - the operator's paths are not theirs to see."""
+    if not name:
+        return None
+    if parse_model_id(name) and not os.path.isabs(name) and not os.path.exists(name):
+        return name
+    return os.path.basename(os.path.normpath(name))
 
 
 def check_model(model: str, checkpoint: str | None) -> None:
