@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from engines.contract import (
+    SAMPLE_RATE,
     Deliver,
     EngineOverloaded,
     RequestHandle,
@@ -39,6 +40,7 @@ from engines.contract import (
 )
 from engines.core.aligning import AlignQueue, Piece, alignment_language
 from engines.core.executor import Executor
+from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, RequestState, Scheduler, VocoderWork
 from engines.pipelines.base import Pipeline
@@ -112,6 +114,7 @@ class Worker:
         for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
             self.stage_seconds[stage] = 0.0
         self._stage_sync = stage_sync and torch.cuda.is_available()
+        self.trim = IdleTrim()  # free heap pages back to the kernel once idle after work
 
     # ----------------------------------------------------------------- any thread
     def start(self) -> None:
@@ -144,6 +147,11 @@ class Worker:
         return handle
 
     @property
+    def idle(self) -> bool:
+        """Nothing in flight: no request active, admitting, queued or waiting for alignment."""
+        return not (self._active or self._admitting or self.aligning or self._pieces or self._inbox.qsize())
+
+    @property
     def queue_depth(self) -> int:
         return self._pending
 
@@ -169,7 +177,11 @@ class Worker:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self.step():
+                if self.step():
+                    self.trim.worked()
+                else:
+                    if self.idle:
+                        self.trim.idle()
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
         except BaseException as exc:  # the worker itself died: report, fail everyone
@@ -441,7 +453,7 @@ class Worker:
                 continue  # cancelled or failed while its audio was on the way
             aligned = self._pieces.get(active.request_id)
             if aligned is not None:
-                aligned.audio.append(piece.copy())
+                aligned.keep(piece)
                 if final:  # the last audio goes now; the final chunk follows with the word times
                     emit_audio(active, piece, False, text, frames_done)
                     self._await_alignment(active, aligned)
@@ -457,7 +469,8 @@ class Worker:
         if self.aligning is None or not request.timestamps:
             return
         text = request.text if request.text_feed is None else ""
-        self._pieces[active.request_id] = Piece(active, text, None)
+        self._pieces[active.request_id] = Piece(active, text, None,
+                                                max_samples=int(self.aligning.max_seconds * SAMPLE_RATE))
 
     def _await_alignment(self, active: RequestState, piece: Piece) -> None:
         """All its audio is delivered: the request leaves the slots and waits for alignment."""
