@@ -158,9 +158,9 @@ class CartesiaSocket(EncodedAudioSocket):
             await self.send_json({"type": "flush_done", "done": False, "flush_done": True, "flush_id": flush_id,
                                   "status_code": 206, "context_id": context.context_id})
         elif kind == "done":
+            await self.drop_context(context)  # first: once the client reads done, its id is free again
             await self.send_json({"type": "done", "done": True, "status_code": 206,
                                   "context_id": context.context_id})
-            await self.drop_context(context)
 
     async def context_error(self, context: Context | None, code: str, message: str,
                             context_id: str | None = None) -> None:

@@ -24,11 +24,7 @@ def served(tmp_path_factory):
         server.wait_listening()
         yield server
     finally:
-        server.terminate()
-        try:
-            server.wait_exit(30)
-        finally:
-            server.kill()
+        server.stop()
 
 
 def address(served) -> tuple[str, int]:

@@ -71,10 +71,6 @@ async def test_rss_returns_after_32_timestamped_utterances(tmp_path):
         assert aligned == [1] * SESSIONS  # each utterance was timed
         after = await settled_rss_mb(pid)
     finally:
-        server.terminate()
-        try:
-            server.wait_exit(30)
-        finally:
-            server.kill()
+        server.stop()
     print(f"RSS baseline {baseline:.0f} MB, after {SESSIONS} timestamped utterances {after:.0f} MB")
     assert after - baseline < RSS_RETURN_MB, (baseline, after)
