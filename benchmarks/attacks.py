@@ -17,9 +17,10 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  each allowed container's magic (all refused with a 400, never reaching the port)
 * upload_flood - saved-voice uploads as fast as they are answered, each a new name (429 rate_limited /
                  too_many_voices once the key's rate or cap is reached; 400 on a server that cannot clone)
-* contexts     - Cartesia contexts whose ids share 32 characters (both must finish), and barge-in turns:
-                 cancel a context 0-200 ms after its flush and reopen the same id at once (every
-                 reply must finish); an error counts as a 500, a context that never ends as a 599
+* contexts     - (from 127.0.0.4) Cartesia contexts whose ids share 32 characters (both must finish),
+                 and barge-in turns: cancel a context 0-200 ms after its flush and reopen the same
+                 id at once (every reply must finish); an error counts as a 500 (its code named),
+                 a context that never ends as a 599
 * crowd        - one socket speaking through 16 Cartesia contexts at once (held to one session's share
                  of engine requests; every context must finish)
 * vendor_text  - a lone surrogate to the ElevenLabs HTTP routes (400, never a 500)
@@ -54,6 +55,7 @@ import aiohttp
 
 ATTACKER = "127.0.0.2"
 CAP_ATTACKER = "127.0.0.3"  # its own address: the per-address connection cap counts it alone
+TURNS_ATTACKER = "127.0.0.4"  # the barge-in turns: a client of their own, not queued behind the crowd's work
 CAP_FLOOD_SOCKETS = 300  # past the default --max-connections-per-address (256)
 FORGED_LINE = b"2026-01-01%2000:00:00,000%20ERROR%20streamvox.server:%20FORGED%20by%20a%20client"
 FLOOD_FRAMES = 20_000
@@ -242,6 +244,13 @@ async def over_work(http: aiohttp.ClientSession, url: str, deadline: float, repo
         await asyncio.sleep(0.1)
 
 
+SESSION_REFUSALS = ("too_many_sessions", "rate_limited")  # a socket closed at the door: a 429 in effect
+
+
+class Refused(Exception):
+    """A WebSocket session refused with one of SESSION_REFUSALS after its upgrade."""
+
+
 EMOJI_WORK = {"input": "\U0001F600" * 4096, "speed": 0.25, "steps": 1}  # ~59,000 frames, 1 step each
 HUGE_TOKENS = {"input": "Hello there.", "max_new_tokens": 16384}
 LONG_OMNI_SENTENCE = "word " * 280  # one sentence of ~100 s of audio at steps 1 (DiT)
@@ -266,6 +275,8 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
                     events.append(json.loads(message.data))
                     if events[-1]["type"] == kind:
                         return events
+                    if events[-1]["type"] == "error" and events[-1].get("code") in SESSION_REFUSALS:
+                        raise Refused(events[-1]["code"])
                 elif message.type != aiohttp.WSMsgType.BINARY:
                     break
         raise ConnectionError(f"the socket ended before {kind}")
@@ -301,6 +312,8 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
                 return
             try:
                 await attack()
+            except Refused:  # the key's session cap (or rate) closed the socket first: a refusal, by design
+                report.count(f"costly {attack.__name__}", 429)
             except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
                 report.count(f"costly {attack.__name__}", 599)  # no answer: counted as a server failure
         await asyncio.sleep(0.1)
@@ -429,7 +442,7 @@ def _cartesia(context_id: str, transcript: str, more: bool, **extra) -> dict:
 
 
 async def _until_done(ws, contexts: set[str], timeout: float) -> str:
-    """Read until every context in ``contexts`` sent ``done``: "ok", "error" or "hang"."""
+    """Read until every context in ``contexts`` sent ``done``: "ok", "error <code>" or "hang"."""
     waiting = set(contexts)
     try:
         async with asyncio.timeout(timeout):
@@ -439,7 +452,7 @@ async def _until_done(ws, contexts: set[str], timeout: float) -> str:
                     return "hang"  # the socket ended first
                 event = json.loads(message.data)
                 if event.get("type") == "error":
-                    return "error"
+                    return f"error {event.get('error_code')}"
                 if event.get("type") == "done":
                     waiting.discard(event.get("context_id"))
     except asyncio.TimeoutError:
@@ -447,7 +460,12 @@ async def _until_done(ws, contexts: set[str], timeout: float) -> str:
     return "ok"
 
 
-OUTCOME_STATUS = {"ok": 200, "error": 500, "hang": 599}
+def _count_outcome(report: AttackReport, attack: str, outcome: str) -> None:
+    """ok: 200; an error message: 500 (its code named); no end in time: 599."""
+    if outcome.startswith("error"):
+        report.count(f"{attack} ({outcome})", 500)
+    else:
+        report.count(attack, 200 if outcome == "ok" else 599)
 
 
 async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
@@ -460,14 +478,14 @@ async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, repor
                 pair = {CONTEXT_PREFIX + "-a", CONTEXT_PREFIX + "-b"}
                 for context_id in pair:
                     await ws.send_json(_cartesia(context_id, "Both of us finish.", False))
-                report.count("contexts shared prefix", OUTCOME_STATUS[await _until_done(ws, pair, 30)])
+                _count_outcome(report, "contexts shared prefix", await _until_done(ws, pair, 30))
                 for _ in range(10):
                     await ws.send_json(_cartesia("r1", TURN_TEXT, True, flush=True))
                     await asyncio.sleep((turn % 11) * 0.02)  # the barge-in's moment: 0-200 ms
                     turn += 1
                     await ws.send_json({"context_id": "r1", "cancel": True})
                     await ws.send_json(_cartesia("r1", "Okay.", False))
-                    report.count("contexts reopened", OUTCOME_STATUS[await _until_done(ws, {"r1"}, 30)])
+                    _count_outcome(report, "contexts reopened", await _until_done(ws, {"r1"}, 30))
         except (aiohttp.ClientError, ConnectionError):
             report.count("contexts", 599)
 
@@ -481,7 +499,7 @@ async def crowd(http: aiohttp.ClientSession, url: str, deadline: float, report: 
                 names = {f"crowd-{i}" for i in range(16)}
                 for name in names:
                     await ws.send_json(_cartesia(name, CROWD_TEXT, False))
-                report.count("crowd", OUTCOME_STATUS[await _until_done(ws, names, 120)])
+                _count_outcome(report, "crowd", await _until_done(ws, names, 120))
         except (aiohttp.ClientError, ConnectionError):
             report.count("crowd", 599)
 
@@ -532,17 +550,19 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
     report = AttackReport()
     connector = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
+        turns = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(TURNS_ATTACKER, 0), limit=0))
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
-            upload_flood(http, url, deadline, report), contexts(http, url, deadline, report),
+            upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
             log_forging(url, deadline, report), cap_flood(url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        await turns.close()
         for result in results:
             if isinstance(result, Exception):  # a bug in an attack must show, not pass as "no 5xx"
                 raise result

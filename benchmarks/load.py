@@ -8,7 +8,7 @@ descriptors. Starts its own server (``--preset``/``--device``) or targets ``--ur
 sockets, bad bytes, a heavy streamer, over-work requests, colliding and reopened contexts, a
 16-context crowd, vendor-route text, forged log lines, a connection-cap flood) from 127.0.0.2
 (and 127.0.0.3) beside the normal traffic; the server it starts then has 2 s read timeouts and
-at most 8 sessions' share of socket work per client address. It
+at most 2 sessions' share of socket work per client address. It
 fails on any 5xx, on a log line a client forged and on a traceback in the server's log (when it
 started the server), and reads RSS and fds again ``--settle`` seconds after the attacks stopped
 (back to baseline?).
@@ -177,7 +177,7 @@ def main() -> int:
     url, pid = args.url, args.pid
     if url is None:
         # attacked: short read timeouts, and a per-key (per-address: auth is off) share of socket work
-        extra = ["--http-idle-seconds", "2", "--http-body-seconds", "2", "--max-sessions-per-key", "8"] \
+        extra = ["--http-idle-seconds", "2", "--http-body-seconds", "2", "--max-sessions-per-key", "2"] \
             if args.attacks else []
         server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-load-"), extra)
         url, pid = server.url, server.proc.pid
