@@ -96,3 +96,44 @@ async def _healthy(served) -> bool:
                 return response.status == 200
     except aiohttp.ClientError:
         return False
+
+
+def test_every_line_breaker_a_client_can_send_is_escaped():
+    """Header values, names and paths reach log lines through this one function (and the
+    formatter applies it to every message): nothing in them can end a line or move the cursor."""
+    import io
+    import logging
+
+    from service.http.log_safety import SafeFormatter, escape_controls
+
+    hostile = "a\nb\rc\x1b[2Jd\u2028e\u2029f\x85g\x00h\ud800i\tj"
+    escaped = escape_controls(hostile)
+    assert escaped == "a\\nb\\rc\\x1b[2Jd\\u2028e\\u2029f\\x85g\\x00h\\ud800i\\tj"
+    assert escaped.encode("utf-8") and escaped.isprintable()
+    assert escape_controls("plain ascii / é ü 中文") == "plain ascii / é ü 中文"
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(SafeFormatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("streamvox.test.escape")
+    logger.addHandler(handler)
+    try:
+        logger.warning("voice %s saved (header %s)", "x\nERROR forged", "ua\r\nX: y")
+    finally:
+        logger.removeHandler(handler)
+    assert stream.getvalue().count("\n") == 1 and "\\nERROR forged" in stream.getvalue()
+
+
+def test_repeated_errors_are_written_a_few_times_then_counted():
+    import logging
+
+    from service.http.log_safety import RepeatFilter
+
+    repeat = RepeatFilter(window_s=3600, burst=5)
+    records = [logging.LogRecord("asyncio", logging.ERROR, __file__, 1, f"Task-{i} exception at 0x{i:x}", None, None)
+               for i in range(500)]
+    assert sum(repeat.filter(r) for r in records) == 5  # numbers aside, one message
+    info = logging.LogRecord("streamvox.http", logging.INFO, __file__, 1, "GET / -> 200", None, None)
+    assert all(repeat.filter(info) for _ in range(50))  # the access log is never thinned
+    repeat.window_s = 0.0  # the window has passed: the next one says how many were left out
+    record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task-9 exception at 0x9", None, None)
+    assert repeat.filter(record) and "495 more like this left out" in record.getMessage()
