@@ -6,6 +6,9 @@ vocalize). Separates engine limits from service limits when bench_e2e.py disappo
     STREAMVOX_STAGE_SYNC=1 ...   # charge asynchronous GPU work to the stage that issued it
     python3 benchmarks/bench_engine.py --checkpoint DIR ...   # the talker path (random: make_checkpoint.py)
     ... --profile 64 --trace-dir OUT   # torch.profiler over a steady-state second at 64 streams
+    python3 benchmarks/bench_engine.py --virtual-device benchmarks/costs/h200-0.6b.json --levels 64 --max-slots 256
+        # on this CPU, the talker's and codec decoder's device work as waits of a GPU's measured costs
+        # (engines/virtual/; the prompts of benchmarks/costs/prompt-0.6b unless --checkpoint names others)
 
 The profile keeps N requests in flight (a finished one is replaced at once), skips the
 first second, records the next one, and prints the GPU's busy share (union of kernel
@@ -51,9 +54,15 @@ class Track:
             self.done.set()
 
 
+def virtual_stats(engine) -> dict[str, float]:
+    """The virtual device's counters (captures after start, device busy seconds); {} on a real device."""
+    return engine.virtual.stats() if engine.virtual is not None else {}
+
+
 def run_level(engine, clients: int, round_id: int) -> dict:
     stages0 = dict(engine.worker.stage_seconds)
     ticks0 = engine.worker.ticks
+    virtual0 = virtual_stats(engine)
     tracks = [Track() for _ in range(clients)]
     t0 = time.monotonic()
     for i, tr in enumerate(tracks):
@@ -69,7 +78,7 @@ def run_level(engine, clients: int, round_id: int) -> dict:
             "ttfa": [t.playback.first - t.submitted for t in ok],
             "underrun": sum(1 for t in ok if t.playback.underruns),
             "audio_s": sum(t.playback.samples for t in ok) / SAMPLE_RATE, "ticks": engine.worker.ticks - ticks0,
-            "stages": stages}
+            "stages": stages, "virtual": {k: v - virtual0[k] for k, v in virtual_stats(engine).items()}}
 
 
 def profile_level(engine, clients: int, trace_dir: str | None, warm_s: float = 1.0, window_s: float = 1.0) -> None:
@@ -157,16 +166,24 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="CLIENTS",
                     help="after the levels, profile a steady-state second at this many concurrent requests")
     ap.add_argument("--trace-dir", help="write the profile's chrome trace here")
+    ap.add_argument("--virtual-device", metavar="COSTS_JSON",
+                    help="a GPU cost table (benchmarks/costs/*.json): the talker on a virtual device on this CPU")
+    ap.add_argument("--virtual-eos-frames", type=int, help="with --virtual-device: utterances end after this many frames")
     args = ap.parse_args()
+    if args.virtual_device and not args.checkpoint:
+        args.checkpoint = str(Path(__file__).resolve().parent / "costs" / "prompt-0.6b")
     engine = build_engine(preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots,
                           dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint,
-                          switches=runtime_switches())  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
+                          switches=runtime_switches(),  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
+                          virtual_device=args.virtual_device, virtual_eos_frames=args.virtual_eos_frames)
     t0 = time.perf_counter()
     engine.start()
     import torch
 
     dev = engine.device
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
+    if engine.virtual is not None:
+        name = f"{engine.info.device}, on CPU x{torch.get_num_threads()} threads"
     print(f"streamvox bench_engine: source {engine.source.name}, preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
           f"slots {engine.info.max_slots}, start (capture + warm-up) {time.perf_counter() - t0:.1f}s")
     print(f"{'clients':>7} {'errors':>6} {'TTFA p50':>9} {'TTFA p95':>9} {'underrun':>8} {'audio s/s':>9} "
@@ -183,6 +200,12 @@ def main() -> int:
             print(f"{clients:>7} {sum(r['errors'] for r in results):>6} {1000 * percentile(ttfa, 0.5):>9.1f} "
                   f"{1000 * percentile(ttfa, 0.95):>9.1f} {sum(r['underrun'] for r in results):>8} "
                   f"{sum(r['audio_s'] for r in results) / wall:>9.1f} {1000 * total / max(ticks, 1):>8.2f} | {share}")
+            if engine.virtual is not None:
+                v = {k: sum(r["virtual"].get(k, 0.0) for r in results) for k in results[0]["virtual"]}
+                print(f"{'':>7} virtual device: busy {100 * v['busy_s'] / wall:.0f}% of the wall, the host waited on it "
+                      f"{100 * v['host_waited_s'] / wall:.0f}%; captures after start: talker step "
+                      f"{v.get('talker_step_captures_after_start', 0):.0f}, codec decoder "
+                      f"{v.get('codec_decoder_captures_after_start', 0):.0f}")
         if args.profile:
             profile_level(engine, args.profile, args.trace_dir)
     finally:

@@ -60,10 +60,10 @@ SIZES = {  # talker hidden/layers/heads/kv/head_dim, predictor hidden/layers, G,
     # The released talker sizes (REFERENCES.md; text vocabulary kept small: it does not enter a step).
     "0.6b": dict(hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8, head_dim=128,
                  predictor_hidden=1024, predictor_intermediate=3072, predictor_layers=5, predictor_heads=16,
-                 predictor_kv_heads=8, groups=16, codebook=2048, text_hidden=2048),
+                 predictor_kv_heads=8, predictor_head_dim=128, groups=16, codebook=2048, text_hidden=2048),
     "1.7b": dict(hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
                  predictor_hidden=1024, predictor_intermediate=3072, predictor_layers=5, predictor_heads=16,
-                 predictor_kv_heads=8, groups=16, codebook=2048, text_hidden=2048),
+                 predictor_kv_heads=8, predictor_head_dim=128, groups=16, codebook=2048, text_hidden=2048),
 }
 TEXT = "Streaming speech from the talker, one frame at a time, for every utterance in the batch."
 REPLY = "BENCH "  # prefix of a worker's answer lines (anything else a library prints is ignored)
@@ -298,7 +298,7 @@ def official_worker(args) -> None:
                                    num_hidden_layers=s["predictor_layers"],
                                    num_attention_heads=s.get("predictor_heads", 4),
                                    num_key_value_heads=s.get("predictor_kv_heads", 2),
-                                   head_dim=s["predictor_hidden"] // s.get("predictor_heads", 4),
+                                   head_dim=s.get("predictor_head_dim", s["predictor_hidden"] // s.get("predictor_heads", 4)),
                                    rope_theta=1_000_000, num_code_groups=s["groups"]),
         vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=s.get("intermediate", 2 * s["hidden"]),
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],

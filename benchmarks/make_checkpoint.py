@@ -38,10 +38,10 @@ SIZES = {  # talker hidden / intermediate / layers, text hidden, decoder preset
                  predictor_layers=2, predictor_heads=4, predictor_kv=2, codebook=64, groups=4, text_hidden=64,
                  text_vocab=1024, decoder="tiny"),
     "0.6b": dict(hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8, head_dim=128, predictor_hidden=1024,
-                 predictor_layers=5, predictor_heads=16, predictor_kv=8, codebook=2048, groups=16,
+                 predictor_layers=5, predictor_heads=16, predictor_kv=8, predictor_head_dim=128, codebook=2048, groups=16,
                  text_hidden=2048, text_vocab=151936, decoder="released"),
     "1.7b": dict(hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128, predictor_hidden=1024,
-                 predictor_layers=5, predictor_heads=16, predictor_kv=8, codebook=2048, groups=16,
+                 predictor_layers=5, predictor_heads=16, predictor_kv=8, predictor_head_dim=128, codebook=2048, groups=16,
                  text_hidden=2048, text_vocab=151936, decoder="released"),
 }
 DECODERS = {
@@ -61,7 +61,7 @@ def model_config(s: dict, text_ids: dict[str, int]):
         code_predictor_config=dict(
             vocab_size=cb, hidden_size=s["predictor_hidden"], intermediate_size=3 * s["predictor_hidden"],
             num_hidden_layers=s["predictor_layers"], num_attention_heads=s["predictor_heads"],
-            num_key_value_heads=s["predictor_kv"], head_dim=s["predictor_hidden"] // s["predictor_heads"],
+            num_key_value_heads=s["predictor_kv"], head_dim=s.get("predictor_head_dim", s["predictor_hidden"] // s["predictor_heads"]),
             rms_norm_eps=1e-6, rope_theta=1_000_000, max_position_embeddings=65, num_code_groups=s["groups"]),
         vocab_size=cb + 1024, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],

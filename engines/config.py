@@ -38,6 +38,9 @@ class RuntimeSwitches:
     talker_step_graphs: bool = True
     """CUDA: the whole talker decode step as one graph per bucket (off: the step eager, its code
     predictor graphed)."""
+    static_step_on_cpu: bool = False
+    """CPU: run the talker decode step through the static buckets CUDA graphs replay (eagerly), so
+    tests see which buckets serving reaches and which a GPU would have captured after start."""
     stage_sync: bool = False
     """CUDA: synchronise the device at the end of each worker stage, so asynchronous GPU work is
     charged to the stage that issued it (profiling; slows the loop)."""

@@ -389,7 +389,8 @@ class EngineInfo:
     num_code_groups: int | None = None
     batch_ceiling: int | None = None
     warmup_rtf: float | None = None
-    """Wall seconds per audio second of one warm-up request alone (CPU start only); None otherwise."""
+    """Wall seconds per audio second of a request alone after the warm-up (CPU start only: the speed
+    one stream can expect); None otherwise."""
 
     @property
     def pipeline(self) -> str:

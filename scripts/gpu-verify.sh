@@ -11,23 +11,28 @@
 #   env            GPU, torch, commit
 #   ckpt           a random released-size 0.6B CustomVoice checkpoint in the official layout
 #                  (benchmarks/make_checkpoint.py, official code) at /tmp/ckpt-0.6b
-#   talker_bench   talker ms/frame at batch 1/8/64/256, eager step vs whole-step CUDA graphs (the default)
-#                  vs step graphs with the talker's layers compiled (STREAMVOX_COMPILE_TALKER=1),
-#                  beside the official generate() at bf16, and the memory floor
+#   kernel         the paged-attention kernel against its reference (pytest -m cuda); if it fails, the
+#                  later steps run the gather fallback (STREAMVOX_PAGED_ATTENTION=0) and say so
+#   costs          the device cost table the virtual device replays (benchmarks/measure_costs.py):
+#                  decode step by rows x KV blocks, prefill by prompts x width, codec decode by rows x
+#                  frames, graph capture; written to $OUT/costs-$SIZE.json
 #   talker_e2e     the served talker (real server, WebSocket clients) at 1/16/64/256 clients:
-#                  TTFA p50/p95, RTF, underruns, largest clean level, worker stage shares per level
-#   profile_talker torch.profiler over a steady second at 64 streams (top kernels, host gaps)
-#   dit_e2e        the DiT path served (preset base) at 1/64 clients
-#   talker_e2e_ctalk   the served talker with its layers compiled too (STREAMVOX_COMPILE_TALKER=1) at 1/64
-#   talker_e2e_eager   the served talker again with its step eager (STREAMVOX_TALKER_STEP_GRAPHS=0) at 1/64
+#                  TTFA p50/p95, RTF, underruns, graph captures after start, stage shares per level
+#   peers          faster-qwen3-tts on the same checkpoint beside ours at 1 client, chunk sizes 1/2/4/8,
+#                  rotating rounds (benchmarks/bench_peers.py)
+#   talker_bench   talker ms/frame at batch 1/64, eager step vs whole-step CUDA graphs (the default)
+#                  vs step graphs with the talker's layers compiled, and the memory floor
 #   tests          the CUDA tests (pytest -m cuda), with whatever time is left
-# Other steps: cp tick engine clone (component benchmarks; see docs/GPU.md);
-#   prefix_cache   time to first audio with the talker's prompt-prefix cache cold vs warm (in-process talker)
+# Other steps: profile_talker (torch.profiler at 64 streams: top kernels, host gaps), dit_e2e (the DiT
+#   path served), talker_e2e_ctalk / talker_e2e_eager (served with the talker's layers compiled / the
+#   step eager), cp tick engine clone (component benchmarks; see docs/GPU.md),
+#   prefix_cache (time to first audio with the talker's prompt-prefix cache cold vs warm)
 #
 # Wheels the GPU host lacks travel in .whl/ (docs/GPU.md says how to download them):
 #   .whl/proj  the project's runtime and test packages missing from the host image
 #   .whl/ref   transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0 qwen-tts==0.1.1
 #              accelerate==1.12.0 (the official code: checkpoint writer and baseline)
+#   .whl/peers faster-qwen3-tts==0.5.4 qwen-tts-hf==0.1.1.post1 (the peer; the host's transformers 5)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -35,7 +40,7 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu-verify.log"
 export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
 T0=$(date +%s)
-BUDGET_S=${QUICK_BUDGET_S:-480}
+BUDGET_S=${QUICK_BUDGET_S:-520}
 say() { echo "[gpu-verify +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 
 if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny sizes
@@ -43,19 +48,24 @@ if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny siz
   TALKER_BATCHES=${TALKER_BATCHES:-1 2} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=3
   TALKER_LEVELS=${TALKER_LEVELS:-1,2} DIT_LEVELS=${DIT_LEVELS:-1,2} PROFILE_AT=2 TALKER_SLOTS=4
   PY=${PYTHON:-.venv/bin/python} ORACLE_PY=${ORACLE_PYTHON:-.venv-oracle/bin/python}
+  PEER_PY=${PEER_PYTHON:-$PY}  # without faster-qwen3-tts installed the peer is reported missing
   COMPILE=0  # the compiled variants' plumbing runs; inductor on a 2-core CPU would take minutes
-  PREFIX_ROUNDS=1
+  PREFIX_ROUNDS=1 PEER_CHUNKS=${PEER_CHUNKS:-1} PEER_ROUNDS=1
+  COST_GRID="--rows 1 2 4 --kv-blocks 1 2 --prompts 1 2 --widths 8 16 --decoder-rows 1 2 --frames 1 4 --repeats 2"
 else
   DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
-  TALKER_BATCHES=${TALKER_BATCHES:-1 8 64 256} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1 8 64} TALKER_TICKS=10
+  TALKER_BATCHES=${TALKER_BATCHES:-1 64} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=10
   TALKER_LEVELS=${TALKER_LEVELS:-1,16,64,256} DIT_LEVELS=${DIT_LEVELS:-1,64} PROFILE_AT=64
   TALKER_SLOTS=${TALKER_SLOTS:-256}
-  PY=${PYTHON:-python3} ORACLE_PY=python3
+  PY=${PYTHON:-python3} ORACLE_PY=python3 PEER_PY=python3
   COMPILE=${STREAMVOX_COMPILE:-1}
-  PREFIX_ROUNDS=3
+  PREFIX_ROUNDS=3 PEER_CHUNKS=${PEER_CHUNKS:-1 2 4 8} PEER_ROUNDS=3
+  COST_GRID=${COST_GRID:-}
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
-CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
+KERNEL_TEST=tests/engines/models/test_paged_attention.py
+KERNEL_TESTS=${KERNEL_TESTS:-$([ "$DEVICE" = cuda ] && echo cuda || echo "not cuda")}  # on a GPU: the native kernel test alone
+CUDA_TESTS="tests/engines/runtime/test_graphed_prefill.py tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
   tests/engines/core/test_gpu_engine.py tests/engines/pipelines/talker/test_talker_paged.py tests/engines/pipelines/talker/test_talker_source.py"
 
 if [ "$DEVICE" = cuda ] && [ -d .whl/proj ]; then
@@ -69,6 +79,13 @@ if [ "$DEVICE" = cuda ] && [ -d .whl/ref ]; then
   ORACLE_PY=/tmp/oracle-python
   printf '#!/bin/sh\nPYTHONPATH=/tmp/ref-site:/tmp/site:%s exec python3 "$@"\n' "$PWD" > $ORACLE_PY
   chmod +x $ORACLE_PY
+fi
+if [ "$DEVICE" = cuda ] && [ -d .whl/peers ]; then  # the peer beside the host's transformers 5
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers-site \
+    .whl/peers/*.whl 2>&1 | tail -2
+  PEER_PY=/tmp/peer-python
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/peers-site:/tmp/site:%s exec python3 "$@"\n' "$PWD" > $PEER_PY
+  chmod +x $PEER_PY
 fi
 
 # run_step NAME LIMIT_S MIN_S CMD...: runs CMD under min(LIMIT_S, budget left), appending its
@@ -113,6 +130,21 @@ step() {
       STREAMVOX_COMPILE=$COMPILE run_step talker_bench 200 60 "$PY" benchmarks/bench_talker.py --size "$SIZE" \
         --device "$DEVICE" --dtype "$DTYPE" --batches $TALKER_BATCHES --official-batches $OFFICIAL_BATCHES \
         --ticks "$TALKER_TICKS" --step-graphs --compile-talker --oracle-python "$ORACLE_PY" ;;
+    kernel)
+      run_step kernel 90 20 "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 80 "$KERNEL_TEST" -k "$KERNEL_TESTS"
+      if [ "$DEVICE" = cuda ] && ! grep -q "END kernel ok" "$LOG"; then
+        export STREAMVOX_PAGED_ATTENTION=0
+        say "the paged-attention kernel failed its test: the steps below run the gather fallback"
+      fi ;;
+    costs)
+      # shellcheck disable=SC2086
+      run_step costs 150 40 "$PY" benchmarks/measure_costs.py --checkpoint "$CKPT" --device "$DEVICE" \
+        --size "$SIZE" --slots "$TALKER_SLOTS" --out "$OUT/costs-$SIZE.json" $COST_GRID ;;
+    peers)
+      # shellcheck disable=SC2086
+      run_step peers 150 60 "$PY" benchmarks/bench_peers.py --checkpoint "$CKPT" --device "$DEVICE" \
+        --chunks $PEER_CHUNKS --rounds "$PEER_ROUNDS" --peer-python "$PEER_PY" \
+        --serve-arg=--max-slots="$TALKER_SLOTS" ;;
     talker_e2e) served_talker talker_e2e 200 "$TALKER_LEVELS" ;;
     talker_e2e_ctalk) STREAMVOX_COMPILE=$COMPILE STREAMVOX_COMPILE_TALKER=1 served_talker talker_e2e_ctalk 120 ;;
     talker_e2e_eager) STREAMVOX_TALKER_STEP_GRAPHS=0 served_talker talker_e2e_eager 120 ;;
@@ -149,7 +181,7 @@ step() {
   esac
 }
 
-QUICK="env ckpt talker_bench talker_e2e profile_talker dit_e2e talker_e2e_ctalk talker_e2e_eager tests"
+QUICK="env ckpt kernel costs talker_e2e peers talker_bench tests"
 STEPS=""
 for s in ${*:-quick}; do
   if [ "$s" = quick ]; then STEPS="$STEPS $QUICK"; else STEPS="$STEPS $s"; fi

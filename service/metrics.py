@@ -77,6 +77,7 @@ class Metrics:
                                 ["endpoint", "outcome"], registry=r)
         r.register(_StageCollector(engine))
         r.register(_KVCacheCollector(engine))  # no samples where the pipeline has no KV pool (the DiT)
+        r.register(_GraphCaptureCollector(engine))
 
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""
@@ -105,6 +106,24 @@ class _StageCollector:
                                      "Worker thread wall seconds per loop stage", labels=["stage"])
         for stage, seconds in self.engine.stage_seconds().items():
             family.add_metric([stage], seconds)
+        yield family
+
+
+class _GraphCaptureCollector:
+    """``streamvox_graph_captures_after_start_total``: CUDA graphs captured after /readyz, on
+    first use; each stalled every stream while it ran (without graphs: the ones a GPU would
+    have captured), so a served run should keep it at 0."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        captures = getattr(self.engine, "graph_captures_after_start", None)
+        if captures is None:
+            return
+        family = CounterMetricFamily("streamvox_graph_captures_after_start",
+                                     "CUDA graphs captured after start, on first use (each stalls every stream)")
+        family.add_metric([], captures())
         yield family
 
 

@@ -163,7 +163,9 @@ def build_engine_for(settings: Settings):
                         max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
                         switches=settings.runtime, aligner=settings.aligner,
-                        prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize)
+                        prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
+                        virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
+                        voice_aliases=settings.voice_alias_table())
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
@@ -191,7 +193,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
              ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
-        log.info("expected speed on this machine (one request alone, from the start-up warm-up): %s", speed)
+        log.info("expected speed on this machine (one request alone, measured after the start-up warm-up): %s", speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

@@ -11,6 +11,7 @@ This is the only place that knows the names.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import types
@@ -76,6 +77,21 @@ def _read_key_file(path: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
 
 
+def read_voice_aliases(path: str) -> dict[str, str | None]:
+    """A ``--voice-aliases`` file: one JSON object of alias name -> voice name (or null); ValueError
+    saying what is wrong with it."""
+    try:
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(name, str) and name.strip() and (
+            voice is None or isinstance(voice, str) and voice.strip()) for name, voice in table.items()):
+        raise ValueError(f'{path}: expected one JSON object of "alias": "voice" (or null) entries')
+    return table
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         frozen=True,
@@ -120,6 +136,14 @@ class Settings(BaseSettings):
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)
     quantize: Literal["int8"] | None = option(
         None, "talker and code predictor linear layers with int8 weights (CPU, float32; docs/QUANTIZATION.md)")
+    virtual_device: str | None = option(
+        None, "scheduling work without a GPU: serve the talker on a virtual device, whose talker and codec-decoder "
+        "work are waits of this GPU cost table's times (benchmarks/costs/*.json) on the CPU; --model then names a "
+        "Qwen3-TTS directory whose config and tokenizer shape the prompts (no weights are read; "
+        "docs/VIRTUAL_DEVICE.md)", metavar="COSTS_JSON")
+    virtual_eos_frames: int | None = option(
+        None, "with --virtual-device: every utterance samples EOS after this many frames (default: none does; "
+        "utterances run to their frame budget, as on the random benchmark checkpoint)", ge=1)
     # --- end talker at scale
     dtype: Literal["auto", "float32", "bfloat16"] = option(
         "auto", "weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
@@ -156,7 +180,8 @@ class Settings(BaseSettings):
     max_ref_audio_seconds: float = option(
         30.0, "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)", ge=1)
     max_ref_audio_mb: float = option(
-        10.0, "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)",
+        10.0, "largest reference audio file in MiB: POST /v1/audio/voices uploads and fetched ref_audio URLs "
+        "(inline base64 ref_audio must also fit the 1 MiB JSON body)",
         ge=0.01)
     ref_audio_url_prefixes: CommaList = option(  # fetched only under these (service/voices/fetch.py)
         (), "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched "
@@ -226,6 +251,9 @@ class Settings(BaseSettings):
     aligner: str | None = option(
         None, "word timestamps: a Qwen3-ForcedAligner (an official-layout directory or a Hugging Face id such as "
         "Qwen/Qwen3-ForcedAligner-0.6B); unset: no timestamps")
+    voice_aliases: str | None = option(
+        None, "a JSON file {\"name\": \"voice\"} of voice aliases added to the built-in table of other services' "
+        "voice names (a null voice drops one); unset: the built-in table alone", metavar="FILE")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -272,6 +300,17 @@ class Settings(BaseSettings):
         if url and not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected a postgresql:// URL")
         return url or None
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _alias_file(cls, path: str | None) -> str | None:
+        if path:
+            read_voice_aliases(path)  # a bad file is a one-line error at start, before any model loads
+        return path or None
+
+    def voice_alias_table(self) -> dict[str, str | None]:
+        """The ``--voice-aliases`` file's entries (empty when unset)."""
+        return read_voice_aliases(self.voice_aliases) if self.voice_aliases else {}
 
     @field_validator("jobs_db_password_file")
     @classmethod
@@ -414,10 +453,12 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
+    STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it."""
     env = os.environ if env is None else env
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
+                           static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1")

@@ -68,7 +68,7 @@ def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int 
                 eos_gain: float = 1.5, layers: int = 2, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
                 predictor_hidden: int = 32, predictor_layers: int = 2, text_hidden: int = 24,
                 intermediate: int | None = None, predictor_intermediate: int | None = None,
-                predictor_heads: int = 4, predictor_kv_heads: int = 2,
+                predictor_heads: int = 4, predictor_kv_heads: int = 2, predictor_head_dim: int | None = None,
                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TalkerBundle:
     tok = make_tokenizer()
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
@@ -82,7 +82,8 @@ def make_bundle(seed: int = 0, groups: int = 4, codebook: int = 32, hidden: int 
     pcfg = CodePredictorConfig(vocab_size=cb, hidden_size=predictor_hidden,
                                intermediate_size=predictor_intermediate or 2 * predictor_hidden,
                                num_hidden_layers=predictor_layers, num_attention_heads=predictor_heads,
-                               num_key_value_heads=predictor_kv_heads, head_dim=predictor_hidden // predictor_heads, num_code_groups=groups, talker_hidden_size=hidden)
+                               num_key_value_heads=predictor_kv_heads, head_dim=predictor_head_dim or predictor_hidden // predictor_heads,
+                               num_code_groups=groups, talker_hidden_size=hidden)
     prompt_cfg = PromptConfig(
         tts_model_type="custom_voice", tts_pad_token_id=ids["<tts_pad>"], tts_bos_token_id=ids["<tts_text_bos>"],
         tts_eos_token_id=ids["<tts_text_eod>"], codec_pad_id=cb + 100, codec_bos_id=cb + 101,

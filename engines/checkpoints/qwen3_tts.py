@@ -86,6 +86,13 @@ class Qwen3TTSCheckpointConfig:
     decoder: CodecDecoderConfig
     weight_dtypes: tuple[str, ...] = ()  # dtypes the loaded tensors were stored in
 
+    def model_config(self, preset: ModelConfig) -> ModelConfig:
+        """``preset`` with every codec-side size from the checkpoint; the DiT's latent width
+        becomes the talker hidden size D; DiT / text / duration sizes stay the preset's."""
+        return dataclasses.replace(
+            preset, codec_head=self.codec_head, code_predictor=self.code_predictor, decoder=self.decoder,
+            dit=dataclasses.replace(preset.dit, latent_dim=self.talker_hidden_size))
+
 
 # --------------------------------------------------------------------------- configs
 
@@ -215,12 +222,8 @@ class Qwen3TTSParts:
         self.dtype = dtype
 
     def model_config(self, preset: ModelConfig) -> ModelConfig:
-        """``preset`` with every codec-side size from the checkpoint; the DiT's latent width
-        becomes the talker hidden size D; DiT / text / duration sizes stay the preset's."""
-        c = self.config
-        return dataclasses.replace(
-            preset, codec_head=c.codec_head, code_predictor=c.code_predictor, decoder=c.decoder,
-            dit=dataclasses.replace(preset.dit, latent_dim=c.talker_hidden_size))
+        """``preset`` with the checkpoint's codec-side sizes (:meth:`Qwen3TTSCheckpointConfig.model_config`)."""
+        return self.config.model_config(preset)
 
     def _check_embeds(self, inputs_embeds: torch.Tensor) -> None:
         d = self.config.talker_hidden_size

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from engines.contract import (
     VoiceClone,
 )
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.voice_aliases import VENDOR_VOICE_ALIASES, extend_aliases
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -46,6 +47,9 @@ from engines.pipelines.dit.planner import UtterancePlanner
 from engines.pipelines.dit.source import DiTSource
 from engines.pipelines.dit.weights import Models
 from engines.pipelines.vocoder import Vocalizer
+
+if TYPE_CHECKING:
+    from engines.virtual.device import VirtualDevice
 
 log = logging.getLogger("streamvox.engine")
 
@@ -83,28 +87,38 @@ class Engine:
                  max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
-                 aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET):
+                 aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+                 virtual: VirtualDevice | None = None,
+                 voice_aliases: Mapping[str, str | None] | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
         runs on the device (compilation, talker step graphs, stage timing), from the service's settings.
         ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
-        ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step."""
+        ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step.
+        ``virtual``: the talker's and the codec decoder's device work replaced by a cost table's
+        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs).
+        ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
+        (engines/core/voice_aliases.py); ValueError when one names no voice of the model."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
         cfg = models.config
-        self.vocalizer = Vocalizer(models.decoder, device, dtype)
+        self.virtual = virtual
+        # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
+        slots_for_decoder = cfg.stream.max_slots if talker is None else talker_slots
+        self.vocalizer = virtual.vocalizer(cfg, 2 * slots_for_decoder) if virtual else Vocalizer(
+            models.decoder, device, dtype)
         if device.type == "cuda":  # both pipelines: the streaming codec decoder over a state pool, graphed
             from engines.runtime.graphed_decoder import GraphedDecoder
 
-            # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
-            slots = cfg.stream.max_slots if talker is None else talker_slots
-            self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * slots)
+            self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * slots_for_decoder)
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
-            self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+            self.voice_aliases = extend_aliases(
+                {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}, self.voice_names,
+                {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
             dit = models.dit
             if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
@@ -144,19 +158,28 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+                self.voice_aliases = extend_aliases(self.voice_aliases, speakers,
+                                                    {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
-            talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
-            talker_backend = switches.compile_backend("talker")  # opt-in (switches.compile_talker)
+            if virtual is not None:
+                talker_source = virtual.talker_source(talker, talker_slots, **(talker_options or {}))
+            else:
+                talker_source = TalkerSource.from_bundle(talker, max_slots=talker_slots, **(talker_options or {}))
+            talker_backend = virtual is None and switches.compile_backend("talker")  # opt-in (compile_talker)
             if talker_backend:  # compiled by the warm-up, before ready
                 talker_source.talker.compile_layers(talker_backend)
-            step_graphs = device.type == "cuda" and switches.talker_step_graphs
+            step_graphs = (device.type == "cuda" and switches.talker_step_graphs) or (
+                device.type == "cpu" and switches.static_step_on_cpu)
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
+                from engines.runtime.graphed_prefill import GraphedPrefill
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
+                # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
+                talker_source.prefill.runner = GraphedPrefill(talker_source.prefill_spec())
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
@@ -168,23 +191,28 @@ class Engine:
                 talker_source.predictor = GraphedCodePredictor(
                     talker_source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < talker_slots)
                     + (talker_slots,), compile_backend=switches.compile_backend("predictor"))
+            if virtual is not None:
+                graphed = (talker_source.graphs,)  # captured at start as the real step graphs are
+            else:
+                graphed = (talker_source.step_runner, talker_source.prefill.runner) if step_graphs else (
+                    (talker_source.predictor,) if device.type == "cuda" else ())
             self.source = TalkerPipeline(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
-                                             chunk_frames=cfg.stream.chunk_frames,
-                                             graphed=(talker_source.step_runner,) if step_graphs else (
-                                                 (talker_source.predictor,) if device.type == "cuda" else ()),
+                                             chunk_frames=cfg.stream.chunk_frames, graphed=graphed,
                                              prime=self.vocalizer.prime)
             max_slots = talker_slots
             random_components = ()  # talker, code predictor, codec head and decoder all come from the checkpoint
         self.worker = Worker(self.source, self.vocalizer, self._voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
-                             aligner=aligner, prefill_token_budget=prefill_token_budget)
+                             aligner=aligner, prefill_token_budget=prefill_token_budget,
+                             host_copy_event=virtual.clock.record if virtual is not None else None)
         self.aligner = aligner
         self._warmup = warmup
         self._ready = threading.Event()
         self.info = EngineInfo(
-            model="streamvox", preset=cfg.name, source=self.source.name, device=str(device),
+            model="streamvox", preset=cfg.name, source=self.source.name,
+            device=virtual.describe() if virtual is not None else str(device),
             dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=self.voice_names,
             voice_aliases=self.voice_aliases, random_components=random_components, max_queue=max_queue,
             max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
@@ -249,6 +277,12 @@ class Engine:
         stats = getattr(self.source, "kv_cache_stats", None)
         return stats() if stats is not None else {}
 
+    def graph_captures_after_start(self) -> int:
+        """CUDA graphs captured after start, on first use (each stalled every stream while it ran;
+        without graphs: the ones a GPU would have captured). Serving should keep this at 0."""
+        wrappers = (*getattr(self.source, "graphed", ()), self.vocalizer.graphed_decoder)
+        return sum(w.late_captures for w in wrappers if w is not None)
+
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
         return dict(self.worker.stage_seconds)
@@ -286,8 +320,9 @@ class Engine:
         for canonical in self.voice_names:
             if key == canonical.lower():
                 return canonical
-        if key in self.voice_aliases:
-            return self.voice_aliases[key]
+        for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
+            if key == alias.lower():
+                return voice
         valid = ", ".join(sorted(set(self.voice_names) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
@@ -415,36 +450,55 @@ class Engine:
             return {"instructions": "A clear, neutral voice."}
         return {}
 
+    # What a stream can expect on a CPU, measured once the first-run costs are paid: a sentence of
+    # ordinary length, alone, the median of a few runs (tests/service/test_service_model_info.py
+    # sends the same sentence to a fresh server and finds the same within 30 %). A run slower than
+    # real time is answer enough: more would only hold a slow machine's start back.
+    SPEED_TEXT = "This sentence measures how fast one stream runs."
+    SPEED_RUNS = 3
+
     def _warm_up(self) -> None:
-        """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA a
-        crowd at once, then one alone."""
+        """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA (and on
+        a virtual device, which stands for one) a crowd at once, then one alone. On CPU the speed a
+        stream can expect is measured after it (``EngineInfo.warmup_rtf``): the first, cold request
+        says little about the next ones."""
+        on_gpu = self.device.type == "cuda" or self.virtual is not None  # a virtual device warms up as its GPU
+        # (on CPU the sentence measured next: its own first run pays for its shapes)
+        texts = self.WARMUP_TEXTS_CUDA if on_gpu else (self.SPEED_TEXT,)
+        for batch in [list(texts)] + ([[texts[1]]] if on_gpu else []):
+            self._run_alone(batch)
+        if not on_gpu:
+            # On CUDA the warm-up is a crowd of requests, which says nothing about one stream: not reported.
+            rtfs: list[float] = []  # wall seconds per audio second, > 1 = slower than real time
+            while len(rtfs) < self.SPEED_RUNS and not (rtfs and rtfs[-1] > 1):
+                wall, samples = self._run_alone([self.SPEED_TEXT])
+                if not samples:
+                    break
+                rtfs.append(wall / (samples / SAMPLE_RATE))
+            if rtfs:
+                self.info = replace(self.info, warmup_rtf=round(sorted(rtfs)[len(rtfs) // 2], 3))
+
+    def _run_alone(self, texts: list[str]) -> tuple[float, int]:
+        """``texts`` submitted together to the worker and waited for: (wall seconds, samples)."""
         voice = self.voice_names[0]
-        texts = ("Warm up.",) if self.device.type != "cuda" else self.WARMUP_TEXTS_CUDA
-        rounds = [list(texts)] + ([[texts[1]]] if self.device.type == "cuda" else [])
-        for batch in rounds:
-            events, errors = [], []
-            samples = [0]
-            t0 = time.perf_counter()
-            for text in batch:
-                done = threading.Event()
-                events.append(done)
+        events, errors = [], []
+        samples = [0]
+        t0 = time.perf_counter()
+        for text in texts:
+            done = threading.Event()
+            events.append(done)
 
-                def deliver(chunk: AudioChunk, done=done) -> None:
-                    samples[0] += chunk.pcm.size  # (worker thread only)
-                    if chunk.is_final:
-                        if chunk.error:
-                            errors.append(chunk.error)
-                        done.set()
+            def deliver(chunk: AudioChunk, done=done) -> None:
+                samples[0] += chunk.pcm.size  # (worker thread only)
+                if chunk.is_final:
+                    if chunk.error:
+                        errors.append(chunk.error)
+                    done.set()
 
-                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
-                                                    **self._warmup_task()), deliver)
-            if not all(done.wait(300) for done in events):
-                raise RuntimeError("engine warm-up did not finish within 300 s")
-            if errors:
-                raise RuntimeError(f"engine warm-up failed: {errors[0]}")
-            wall = time.perf_counter() - t0
-        if self.device.type != "cuda" and samples[0]:
-            # One request alone, first-run costs included: what a single stream can expect here
-            # (wall seconds per audio second, > 1 = slower than real time). On CUDA the warm-up
-            # is a crowd of requests, which says nothing about one stream, so it is not reported.
-            self.info = replace(self.info, warmup_rtf=round(wall / (samples[0] / SAMPLE_RATE), 3))
+            self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
+                                                **self._warmup_task()), deliver)
+        if not all(done.wait(300) for done in events):
+            raise RuntimeError("engine warm-up did not finish within 300 s")
+        if errors:
+            raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+        return time.perf_counter() - t0, samples[0]

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -37,22 +37,32 @@ MAX_IN_FLIGHT = 2  # vocoder pieces whose PCM may still be on its way to the hos
 
 @dataclass
 class _Box:
-    pcm: torch.Tensor  # host tensor (pinned on CUDA), all entries back to back
-    event: "torch.cuda.Event | None"
+    pcm: torch.Tensor | list[torch.Tensor]  # host tensor (pinned on CUDA), all entries back to back; or one per entry
+    event: Any  # torch.cuda.Event, a virtual device's event, or None (ready)
     entries: list[tuple[Any, int]]  # (entry, samples) in delivery order
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
-    def wait(self) -> np.ndarray:
+    def wait(self) -> list[np.ndarray]:
+        """Each entry's PCM (the copy waited for)."""
         if self.event is not None:
             self.event.synchronize()
-        return self.pcm.numpy()
+        if isinstance(self.pcm, list):
+            return [p.numpy() for p in self.pcm]
+        flat, offset, out = self.pcm.numpy(), 0, []
+        for _, size in self.entries:
+            out.append(flat[offset:offset + size])
+            offset += size
+        return out
 
 
 class Outbox:
-    def __init__(self, max_in_flight: int = MAX_IN_FLIGHT):
+    def __init__(self, max_in_flight: int = MAX_IN_FLIGHT, host_copy_event: Callable[[], Any] | None = None):
         self.max_in_flight = max_in_flight
+        # For PCM already on the host: an event (``query``/``synchronize``) that says when its copy
+        # would have landed; a virtual device's clock gives one (engines/virtual/). None: at once.
+        self.host_copy_event = host_copy_event
         self._boxes: deque[_Box] = deque()  # oldest first
 
     def __len__(self) -> int:
@@ -62,11 +72,12 @@ class Outbox:
         """Start the host copy of one piece's PCM (one 1-D tensor per entry, same order)."""
         if not entries:
             return
-        flat = torch.cat([p.detach().reshape(-1).float() for p in pcm])
         sized = [(entry, p.numel()) for entry, p in zip(entries, pcm)]
-        if flat.device.type != "cuda":
-            self._boxes.append(_Box(flat, None, sized))
+        if pcm[0].device.type != "cuda":  # already on the host: one box of the pieces as they are
+            event = self.host_copy_event() if self.host_copy_event is not None else None
+            self._boxes.append(_Box([p.detach().reshape(-1).float() for p in pcm], event, sized))
             return
+        flat = torch.cat([p.detach().reshape(-1).float() for p in pcm])
         try:
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
         except RuntimeError:  # no page-locked memory to be had: a synchronous copy still works
@@ -82,11 +93,8 @@ class Outbox:
         Beyond ``max_in_flight`` outstanding pieces the oldest is waited for."""
         while self._boxes and (wait or len(self._boxes) > self.max_in_flight or self._boxes[0].ready()):
             box = self._boxes.popleft()
-            pcm = box.wait()
-            offset = 0
-            for entry, size in box.entries:
-                yield entry, pcm[offset:offset + size]
-                offset += size
+            for (entry, _), pcm in zip(box.entries, box.wait()):
+                yield entry, pcm
 
 
 def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:

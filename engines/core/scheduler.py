@@ -40,6 +40,9 @@ from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
 from engines.pipelines.base import Capacity, Produced, StepPlan
 
 FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
+# A chunk of n frames buys n x 80 ms of playback, in which the next chunk of n frames must be
+# generated (n steps) plus about this many steps more for its vocoding, delivery and jitter.
+CHUNK_OVERHEAD_STEPS = 1.5
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
 
 
@@ -99,10 +102,32 @@ class Scheduler:
         self.ahead_seconds = ahead_seconds
         self.prefill_token_budget = prefill_token_budget  # prompt positions one step may prefill in all
         self._rate = 0.0  # frames produced per generation step, moving average
+        self.step_period = 0.0  # seconds between generation steps while busy, moving average
+        self._last_step: float | None = None
 
-    def observe(self, frames_produced: int) -> None:
-        """One generation step produced this many frames."""
+    def observe(self, frames_produced: int, now: float | None = None) -> None:
+        """One generation step produced this many frames (``now``: when, for the step period)."""
         self._rate += 0.1 * (frames_produced - self._rate)
+        now = time.monotonic() if now is None else now
+        if self._last_step is not None and now - self._last_step < 1.0:  # a gap after idling is no step
+            self.step_period += 0.2 * (now - self._last_step - self.step_period)
+        self._last_step = now
+
+    def sustainable_chunk(self, largest: int) -> int:
+        """The smallest chunk (a power of two, at most ``largest``) whose playback covers making the
+        next one as long: n x 80 ms >= (n + CHUNK_OVERHEAD_STEPS) x the step period. 1 frame on an
+        idle GPU, 2 at ~35 ms steps, 16 at ~72 ms; ``largest`` when steps are not faster than
+        real time."""
+        n, period = 1, self.step_period
+        while n < largest and n * FRAME_SECONDS < (n + CHUNK_OVERHEAD_STEPS) * period:
+            n *= 2
+        return min(n, largest)
+
+    @property
+    def room_to_grow(self) -> bool:
+        """Steps under half real time: chunks may double (each as long as all the audio before
+        it is generated while that audio plays); above it doubling chunks fall behind."""
+        return self.step_period <= FRAME_SECONDS / 2
 
     @property
     def piece_frames(self) -> int:
@@ -217,14 +242,20 @@ class Scheduler:
         gathered = sum(p.num_frames for p in state.pending)
         return state.finished_source or gathered >= self.flush_size(state, flush_frames)
 
-    @staticmethod
-    def flush_size(state: RequestState, flush_frames: Callable[[int], int]) -> int:
-        """Frames to gather before the next vocoder piece: the request's own
-        ``initial_codec_chunk_frames`` for its first audio when it set one, else ``flush_need``."""
-        first = state.request.initial_codec_chunk_frames
-        if state.frames_done == 0 and first is not None:
-            return first
-        return flush_need(state, flush_frames)
+    def flush_size(self, state: RequestState, flush_frames: Callable[[int], int]) -> int:
+        """Frames to gather before the next vocoder piece, by load (the step period):
+        * the first audio: the request's own ``initial_codec_chunk_frames`` when it set one, else
+          the pipeline's first chunk cut to the sustainable chunk (1-2 frames on a GPU with room:
+          first audio one or two steps in);
+        * then, with room to grow, the pipeline's chunks (``flush_need``: each as long as all the
+          audio before it); without, the pipeline's first-chunk size: doubling chunks would fall
+          behind, and equal short chunks of many streams spread the vocoder's work evenly over
+          the steps (long ones of streams that started together all fall due in one step)."""
+        if state.frames_done == 0:
+            first = state.request.initial_codec_chunk_frames
+            return first if first is not None else self.sustainable_chunk(flush_frames(0))
+        need = flush_need(state, flush_frames)
+        return need if self.room_to_grow else min(need, flush_frames(0))
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
@@ -252,8 +283,14 @@ class Scheduler:
         return piece
 
 
+def live_text_arriving(state: RequestState) -> bool:
+    feed = state.request.text_feed
+    return feed is not None and not feed.finished
+
+
 def flush_need(state: RequestState, flush_frames: Callable[[int], int]) -> int:
-    """Frames to gather before vocoding. A live utterance (text still arriving) keeps
-    the first-chunk size throughout: its row often waits for text, and frames held back for
-    a full chunk while it waits would be silence the listener hears."""
-    return flush_frames(0 if state.request.text_feed is not None else state.frames_done)
+    """The pipeline's chunk for the request's next audio. A live utterance whose text is still
+    arriving keeps the first-chunk size: its row often waits for text, and frames held back for a
+    full chunk while it waits would be silence the listener hears. Once its text is complete its
+    chunks grow as any other's (fewer, larger vocoder calls)."""
+    return flush_frames(0 if live_text_arriving(state) else state.frames_done)

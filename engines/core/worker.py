@@ -78,6 +78,7 @@ class Worker:
         stage_sync: bool = False,
         aligner=None,
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+        host_copy_event: Callable[[], object] | None = None,
     ):
         self.source = source
         self.vocalizer = vocalizer
@@ -100,7 +101,9 @@ class Worker:
         # forward), when the source can: a win where per-request launch overhead dominates
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
         self.batch_planning = batch_planning
-        self._outbox = Outbox()  # vocoded audio not yet delivered, oldest first
+        # vocoded audio not yet delivered, oldest first; ``host_copy_event``: a virtual device's
+        # event for PCM already on the host (engines/virtual/), else CUDA events or none
+        self._outbox = Outbox(host_copy_event=host_copy_event)
         # Word timestamps (an engines.pipelines.aligner.Aligner): the audio of requests that
         # asked for them, kept as it is delivered; finished ones wait in the queue for alignment.
         self.aligning = AlignQueue(aligner) if aligner is not None else None

@@ -287,7 +287,10 @@ class DecoderLayer(nn.Module):
     def finish(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:
         """The residual attention (over k/v [B, KVH, L, hd]) and MLP branches -> [B, S, D]."""
-        a = self.self_attn.attend(q, k, v, mask)
+        return self.after_attention(x, self.self_attn.attend(q, k, v, mask))
+
+    def after_attention(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """x + the attention branch ``a`` (after o_proj) [B, S, D], then the MLP branch."""
         x = x + (self.self_attn_layer_scale(a) if self.self_attn_layer_scale is not None else a)
         m = self.mlp(self.post_attention_layernorm(x))
         return x + (self.mlp_layer_scale(m) if self.mlp_layer_scale is not None else m)

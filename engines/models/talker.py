@@ -38,6 +38,7 @@ from engines.models.layers import (
     prepare_rope,
     rope_inv_freq,
 )
+from engines.models.paged_attention import kernel_available, paged_decode_attention
 from engines.models.paged_kv import PagedKVCache, gather_pool, write_pool
 
 
@@ -107,9 +108,25 @@ class TalkerLayer(DecoderLayer):
         write_pool(pool_k, pool_v, write_slots, k, v)
         return self.finish(x, q, *gather_pool(pool_k, pool_v, read_slots), mask)
 
+    def forward_paged_decode(self, x, cos, sin, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                             write_slots: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
+                             block_size: int):
+        """One position per row (x [B, 1, D]): K/V written at ``write_slots`` [B, 1], attention
+        read from the pool in place over each row's ``table`` [B, max_blocks] up to ``lengths`` [B]
+        (engines/models/paged_attention.py): no gathered copy, no host-known block count."""
+        q, k, v = self.qkv(x, cos, sin)
+        write_pool(pool_k, pool_v, write_slots, k, v)
+        a = paged_decode_attention(q[:, :, 0], pool_k, pool_v, table, lengths, self.self_attn.scale, block_size)
+        return self.after_attention(x, self.self_attn.o_proj(a[:, None]))
+
 
 def _call_paged_layer(layer: TalkerLayer, x, cos, sin, mask, pool_k, pool_v, write_slots, read_slots):
     return layer.forward_paged(x, cos, sin, mask, pool_k, pool_v, write_slots, read_slots)
+
+
+def _call_paged_decode_layer(layer: TalkerLayer, x, cos, sin, pool_k, pool_v, write_slots, table, lengths,
+                             block_size: int):
+    return layer.forward_paged_decode(x, cos, sin, pool_k, pool_v, write_slots, table, lengths, block_size)
 
 
 class TalkerModel(nn.Module):
@@ -149,6 +166,7 @@ class Talker(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.register_buffer("valid_ids", torch.tensor(cfg.valid_code0_ids(), dtype=torch.long), persistent=False)
         self.layer_step = None  # compile_layers(): the paged layer call through torch.compile
+        self.decode_layer_step = None  # and the one-position call that reads the pool in place
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Run :meth:`forward_paged`'s layers through ``torch.compile``: fused norms, RoPE and
@@ -156,6 +174,12 @@ class Talker(nn.Module):
         the 28-layer forward is launch bound (~23 ms on an H200 at any batch). One compiled
         function serves every layer, batch and length (dynamic shapes)."""
         self.layer_step = compile_block_call(_call_paged_layer, backend)
+        self.decode_layer_step = compile_block_call(_call_paged_decode_layer, backend)
+
+    def reads_pool_in_place(self, device: torch.device) -> bool:
+        """Whether a one-position :meth:`forward_paged` reads K/V from the pool in place (the
+        paged-attention kernel), so its cost and its CUDA graph do not depend on ``n_blocks``."""
+        return kernel_available(torch.device(device))
 
     # ---------------------------------------------------------------- embeddings
 
@@ -236,11 +260,21 @@ class Talker(nn.Module):
         Attention reads the rows' first ``n_blocks`` blocks (host-known, covering every
         position) masked to slots <= the query's position; ``write_slots`` (default: the
         positions' own slots) lets padding write into the null block. ``rope`` is
-        :meth:`rope_table`'s (cos, sin)."""
+        :meth:`rope_table`'s (cos, sin). One position per row where :meth:`reads_pool_in_place`:
+        attention reads each row's own blocks in place and ``n_blocks`` is not used."""
         b, s, _ = x.shape
         cos, sin = prepare_rope(rope[0][positions], rope[1][positions])  # [B, 1, S, hd], once for every layer
         if write_slots is None:
             write_slots = cache.slots(rows, positions)
+        if s == 1 and self.reads_pool_in_place(x.device):
+            table = cache.table[rows]  # [B, max_blocks]
+            # a row that owns no block (a padding row: its table is the null block) attends to one
+            # position only, so padding never walks a long table
+            lengths = torch.where(table[:, 0] != 0, positions[:, 0] + 1, 1)
+            step = self.decode_layer_step or _call_paged_decode_layer
+            for i, layer in enumerate(self.model.layers):
+                x = step(layer, x, cos, sin, cache.k[i], cache.v[i], write_slots, table, lengths, cache.block_size)
+            return self.model.norm(x[:, -1])
         read_slots = cache.read_slots(rows, n_blocks)
         slot_pos = torch.arange(read_slots.shape[1], device=x.device)
         mask = (slot_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]

@@ -81,7 +81,10 @@ class BucketedGraphs:
     shares the pool's scratch): copy what must outlive it.
 
     ``version()`` (optional): changes when a buffer the graphs read was reallocated; every
-    graph is dropped then and recaptured on use. ``captures`` counts captures.
+    graph is dropped then and recaptured on use. ``captures`` counts captures;
+    ``late_captures`` those after ``capture_all`` (engine start): each one stalls every stream
+    while it runs, so serving should never cause one. Without graphs the same bookkeeping runs
+    over the keys a capture would have taken, so a CPU test sees what a GPU would capture late.
     """
 
     def __init__(self, step: Callable[[Key], Any], device: torch.device, use_graphs: bool, warmup_iters: int,
@@ -104,6 +107,8 @@ class BucketedGraphs:
         # buffer the eager result is copied into (same contract: valid until the next call).
         self.outputs: dict[Key, Any] = {}
         self.captures = 0
+        self.late_captures = 0
+        self._seen: set[Key] = set()  # without graphs: the keys a capture would have taken
 
     @property
     def captured(self) -> tuple[Key, ...]:
@@ -114,12 +119,19 @@ class BucketedGraphs:
         """Forget every graph and static output (a buffer they read moved, or the step changed)."""
         self.graphs.clear()
         self.outputs.clear()
+        self._seen.clear()
 
     def ensure(self, key: Key) -> None:
-        """Drop every graph if the buffers moved; capture ``key`` if it has no graph."""
+        """Drop every graph if the buffers moved; capture ``key`` if it has no graph (without
+        graphs: note the key, counting a late capture where a GPU would have captured one)."""
         if self.version is not None and self._version != self.version():
             self.drop()
             self._version = self.version()
+        if not self.use_graphs:
+            if key not in self._seen:
+                self._seen.add(key)
+                self.late_captures += self.serving
+            return
         if key not in self.graphs:
             self.capture(key)
 
@@ -131,8 +143,9 @@ class BucketedGraphs:
         with torch.no_grad():
             graph, out = capture(lambda: self.step(key), self.device, self.stream, self.pool, self.warmup_iters)
         if self.serving:
-            log.info("captured the %s graph %s on first use in %.0f ms (the step waited for it)",
-                     self.name, key, (time.perf_counter() - started) * 1e3)
+            self.late_captures += 1
+            log.warning("captured the %s graph %s after start, on first use, in %.0f ms (every stream "
+                        "waited for it)", self.name, key, (time.perf_counter() - started) * 1e3)
         if self.after_capture is not None:
             self.after_capture(key)
         self.graphs[key] = graph
@@ -141,8 +154,8 @@ class BucketedGraphs:
 
     def run(self, key: Key) -> Any:
         """The key's static output after one step: a graph replay, or the eager step copied in."""
+        self.ensure(key)
         if self.use_graphs:
-            self.ensure(key)
             self.graphs[key].replay()
             return self.outputs[key]
         result = self.step(key)
@@ -160,12 +173,15 @@ class BucketedGraphs:
 
     def capture_all(self, keys: Iterable[Key], compiled: bool = False, uncompile: Callable[[], None] | None = None,
                     what: str = "layers") -> None:
-        """Capture every key in ``keys`` that has no graph (engine start). No-op without graphs.
+        """Capture every key in ``keys`` that has no graph (engine start); without graphs, note them.
         ``compiled``: the step runs torch.compile'd code; if capturing it fails, ``uncompile()``,
         drop what was captured and capture the plain step (warned, see ``capture_or_uncompiled``)."""
-        if not self.use_graphs:
-            return
         keys = list(keys)
+        if not self.use_graphs:
+            for key in keys:
+                self.ensure(key)
+            self.serving = True
+            return
 
         def capture_missing() -> None:
             for key in keys:
@@ -194,3 +210,8 @@ class GraphedWrapper:
     def captured(self) -> tuple:
         """The bucket keys that have a CUDA graph, sorted."""
         return self.graphs.captured
+
+    @property
+    def late_captures(self) -> int:
+        """Captures after engine start (each stalled every stream); see :class:`BucketedGraphs`."""
+        return self.graphs.late_captures

@@ -78,6 +78,39 @@ FOR_CONFIG_MAX_BUCKET = 16
 FOR_CONFIG_SPLIT_LENGTHS = (1, 2, 4, 8)
 
 
+def graph_length(chunk_lengths: tuple[int, ...], frames: int, final: bool) -> int | None:
+    """The chunk length a chunk of ``frames`` runs at: itself when it is one of the (sorted)
+    ``chunk_lengths``, the next one up for a final chunk (padded), None (eager) otherwise."""
+    if frames in chunk_lengths:
+        return frames
+    if final:
+        return next((t for t in chunk_lengths if t >= frames), None)
+    return None
+
+
+def chunk_pieces(chunk_lengths: tuple[int, ...], frames: int, final: bool) -> list[int]:
+    """How a chunk of ``frames`` is decoded: one piece when it has a graph (padded if final);
+    else consecutive pieces of graphed lengths, largest first (a final chunk's last piece
+    padded) when they add up exactly; else one eager piece."""
+    if frames == 0 or graph_length(chunk_lengths, frames, final) is not None:
+        return [frames]
+    parts, left = [], frames
+    while left > 0 and graph_length(chunk_lengths, left, final) is None:
+        piece = next((t for t in reversed(chunk_lengths) if t <= left), None)
+        if piece is None:
+            return [frames]  # no exact cut: eager, as a whole
+        parts.append(piece)
+        left -= piece
+    return parts + ([left] if left else [])
+
+
+def decoder_chunk_lengths(stream_cfg) -> tuple[int, ...]:
+    """The chunk lengths ``GraphedDecoder.for_config`` graphs for a preset's stream config: its first
+    chunk, chunk and longest planned chunk, and the split lengths."""
+    return tuple(sorted({stream_cfg.first_chunk_frames, stream_cfg.chunk_frames, max_chunk_frames(stream_cfg),
+                         *FOR_CONFIG_SPLIT_LENGTHS}))
+
+
 class GraphedDecoder(GraphedWrapper):
     """Batched, stateful streaming decode over a static state pool; CUDA graphs on CUDA, the
     same static path eagerly on CPU."""
@@ -122,10 +155,8 @@ class GraphedDecoder(GraphedWrapper):
         """Chunk lengths from a ModelConfig's stream: (first chunk, chunk, longest planned chunk);
         row buckets 1, 2, 4, ... up to min(max_streams, FOR_CONFIG_MAX_BUCKET) unless given
         (larger batches are split into pieces of the largest bucket)."""
-        s = model_cfg.stream
         kwargs.setdefault("row_buckets", default_row_buckets(min(max_streams, FOR_CONFIG_MAX_BUCKET)))
-        kwargs.setdefault("split_lengths", FOR_CONFIG_SPLIT_LENGTHS)
-        return cls(decoder, max_streams, (s.first_chunk_frames, s.chunk_frames, max_chunk_frames(s)), **kwargs)
+        return cls(decoder, max_streams, decoder_chunk_lengths(model_cfg.stream), **kwargs)
 
     # ------------------------------------------------------------------ public API
 
@@ -150,28 +181,12 @@ class GraphedDecoder(GraphedWrapper):
         return smallest_bucket(self.row_buckets, rows)
 
     def graph_length(self, frames: int, final: bool) -> int | None:
-        """The chunk length a chunk of ``frames`` runs at: itself when it is a chunk length,
-        the next one up for a final chunk (padded), None (eager) otherwise."""
-        if frames in self.chunk_lengths:
-            return frames
-        if final:
-            return next((t for t in self.chunk_lengths if t >= frames), None)
-        return None
+        """The chunk length a chunk of ``frames`` runs at (see :func:`graph_length`)."""
+        return graph_length(self.chunk_lengths, frames, final)
 
     def pieces(self, frames: int, final: bool) -> list[int]:
-        """How a chunk of ``frames`` is decoded: one piece when it has a graph (padded if
-        final); else consecutive pieces of graphed lengths, largest first (a final chunk's
-        last piece padded) when they add up exactly; else one eager piece."""
-        if frames == 0 or self.graph_length(frames, final) is not None:
-            return [frames]
-        parts, left = [], frames
-        while left > 0 and self.graph_length(left, final) is None:
-            piece = next((t for t in reversed(self.chunk_lengths) if t <= left), None)
-            if piece is None:
-                return [frames]  # no exact cut: eager, as a whole
-            parts.append(piece)
-            left -= piece
-        return parts + ([left] if left else [])
+        """How a chunk of ``frames`` is decoded (see :func:`chunk_pieces`)."""
+        return chunk_pieces(self.chunk_lengths, frames, final)
 
     def static_pointers(self) -> dict[str, int]:
         """data_ptr of every static input and pool tensor (they must never change)."""

@@ -55,10 +55,45 @@ class StepSpec:
     compile_layers: Callable[[str], None]  # (backend) compiles the layers the step runs
     compiled: Callable[[], bool]  # whether compiled layers run inside the step
     uncompile: Callable[[], None]  # back to the plain layers (their capture failed)
+    # False: the step reads each row's KV length on the device (a paged-attention kernel), so one
+    # graph serves every length and the KV-blocks bucket is not part of a graph's key
+    bucket_blocks: bool = True
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """The rows buckets of a step over at most ``max_rows`` rows: the defaults below it, and it."""
+    return tuple(b for b in DEFAULT_BUCKETS if b < max_rows) + (max_rows,)
+
+
+def kv_bucket(n_blocks: int, max_blocks_per_row: int, bucket_blocks: bool = True) -> int:
+    """The KV-blocks part of a step's graph key for ``n_blocks`` blocks per row: a power of two,
+    or the one shape every length shares where the step reads lengths on the device."""
+    if not bucket_blocks:
+        return max_blocks_per_row
+    return min(_pow2_at_least(n_blocks), max_blocks_per_row)
+
+
+SAMPLING_MODES = ((True, False), (False, False), (False, True))  # (all_greedy, any_top_p) a step can take
+
+
+def start_keys(buckets: tuple[int, ...], max_blocks_per_row: int, max_blocks: int = 8, bucket_blocks: bool = True,
+               every_bucket: bool = False) -> list[tuple]:
+    """The (rows, KV blocks, all_greedy, any_top_p) keys captured at engine start: every rows
+    bucket in every sampling mode, at the one KV shape where the step reads lengths on the device.
+    With KV-block buckets (the gather fallback) a capture each would lengthen the start many times
+    over: buckets up to ``max_blocks`` (the first seconds of a stream), or all of them when
+    ``every_bucket`` (nothing is captured: noting a key costs nothing)."""
+    if not bucket_blocks:
+        block_keys = [max_blocks_per_row]
+    else:
+        top = max_blocks_per_row if every_bucket else min(max_blocks, max_blocks_per_row)
+        block_keys = sorted({kv_bucket(1 << i, max_blocks_per_row) for i in range(top.bit_length())} | {top})
+    return [(bucket, blocks, greedy, top_p) for blocks in block_keys for bucket in buckets
+            for greedy, top_p in SAMPLING_MODES]
 
 
 class GraphedTalkerStep(GraphedWrapper):
@@ -69,7 +104,7 @@ class GraphedTalkerStep(GraphedWrapper):
         layers are captured instead (warned)."""
         self.spec = spec
         slots = spec.max_rows
-        self.buckets = buckets or tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        self.buckets = buckets or row_buckets(slots)
         self.device = spec.device
         self.cuda = self.device.type == "cuda"
         self._idx = {b: torch.full((b,), spec.scratch_row, dtype=torch.int64, device=self.device)
@@ -92,7 +127,7 @@ class GraphedTalkerStep(GraphedWrapper):
         bucket = smallest_bucket(self.buckets, rows)
         if bucket is None:
             raise ValueError(f"{rows} rows exceed the largest bucket {self.buckets[-1]}")
-        return bucket, min(_pow2_at_least(n_blocks), self.spec.max_blocks_per_row)
+        return bucket, kv_bucket(n_blocks, self.spec.max_blocks_per_row, self.spec.bucket_blocks)
 
     def __call__(self, rows: list[int], n_blocks: int, all_greedy: bool,
                  any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,8 +135,7 @@ class GraphedTalkerStep(GraphedWrapper):
         bucket, blocks = self.shape(n, n_blocks)
         key = (bucket, blocks, all_greedy, any_top_p)
         padded = rows + [self.spec.scratch_row] * (bucket - n)
-        if self.cuda:
-            self.graphs.ensure(key)  # before the rows go in: warm-up and capture step only the scratch row
+        self.graphs.ensure(key)  # before the rows go in: warm-up and capture step only the scratch row
         self._idx[bucket].copy_(upload(padded, torch.int64, self.device))
         codes, cols = self.graphs.run(key)
         # The outputs are static: the next replay rewrites them, and every graph's scratch shares
@@ -120,17 +154,12 @@ class GraphedTalkerStep(GraphedWrapper):
         self.spec.before_capture(self.buckets[-1])
 
     def capture_all(self, max_blocks: int = 8) -> None:
-        """Capture every rows bucket at KV-block buckets up to ``max_blocks`` (greedy and sampled):
-        the shapes of the first seconds of serving. Longer streams capture their bucket on first use."""
-        if not self.cuda:
-            return
-        keys, blocks = [], 1
-        while blocks <= min(max_blocks, self.spec.max_blocks_per_row):
-            for bucket in self.buckets:
-                for all_greedy, any_top_p in ((True, False), (False, False)):
-                    keys.append((bucket, blocks, all_greedy, any_top_p))
-            blocks *= 2
+        """Capture the start keys (``start_keys``): every key a step can reach where the step reads
+        KV lengths on the device; with KV-block buckets, CUDA captures those up to ``max_blocks``
+        and a longer stream captures its bucket on first use (counted in ``late_captures``)."""
+        keys = start_keys(self.buckets, self.spec.max_blocks_per_row, max_blocks, self.spec.bucket_blocks,
+                          every_bucket=not self.cuda)
         self.graphs.capture_all(keys, self.spec.compiled(), self.spec.uncompile, "talker and predictor layers")
 
 
-__all__ = ["GraphedTalkerStep", "StepSpec"]
+__all__ = ["GraphedTalkerStep", "StepSpec", "kv_bucket", "row_buckets", "start_keys"]

@@ -29,18 +29,30 @@ from service.synthesis.schema import (
     Strict,
     SynthesisParams,
     require_unicode,
+    speakable_text,
     validate,
 )
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_text", "check_work",
+           "engine_params", "parse",
            "parse_body", "planned_work", "public_model_name", "resolve_voice", "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
     try:
         return validate(model, data, **context)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+
+
+def check_text(field: str, value: Any, max_chars: int) -> str:
+    """A whole text to speak named ``field`` by its route, checked as every route's
+    (:func:`~service.synthesis.schema.speakable_text`); ApiError(400, ``invalid_field`` /
+    ``text_too_long``) otherwise."""
+    try:
+        return speakable_text(field, value, max_chars)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
 

@@ -117,6 +117,11 @@ class SynthesisParams(Strict):
         return validate(type(self), {**self.model_dump(), **changes})
 
 
+def too_long(field: str, chars: int, limit: int) -> str:
+    """The one text-limit message of every surface: HTTP bodies, WebSocket text, the CLI."""
+    return f"{field}: {chars} characters, the limit is {limit}"
+
+
 def _speakable(cls, value: str, info: ValidationInfo) -> str:
     """The one check of a whole text to speak, on every route that takes one: non-empty, at
     most ``context["max_chars"]`` characters (lone surrogates were refused by :func:`validate`)."""
@@ -138,14 +143,23 @@ class _Input(Strict):
 
 
 class SpeechText(Strict):
-    """``text``: the whole text of a request body that names it so (the other services'
-    HTTP routes, service/ws/dialects/), checked exactly as ``input``."""
+    """``text``: the whole text of a request under another service's name for it (the dialects'
+    HTTP routes: ``text``, ``transcript``), checked exactly as ``input`` (:func:`speakable_text`)."""
 
     text: str
 
     MESSAGES: ClassVar[dict[str, str]] = {"text": "must be a non-empty string"}
 
     _text = field_validator("text")(_speakable)
+
+
+def speakable_text(field: str, value: Any, max_chars: int | None) -> str:
+    """``value`` checked as every route checks a text to speak (a non-empty string of valid
+    Unicode, at most ``max_chars`` characters); FieldError naming ``field`` otherwise."""
+    try:
+        return validate(SpeechText, {"text": value}, max_chars=max_chars).text
+    except FieldError as exc:
+        raise FieldError(field, exc.message, exc.code) from None
 
 
 class CloneFields(Strict):

@@ -28,7 +28,7 @@ from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
 from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
 from service.synthesis.params import SynthesisParams, check_work, parse, update_params
-from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
+from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, too_long
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
 from service.voices.routes import clone_for, saved_clone
@@ -272,8 +272,10 @@ class StreamSession(MessageReader):
             return
         limit = self.state.settings.max_input_chars
         open_live = len(self.live.open.text) + len(self.live.open.held) if self.live.open is not None else 0
-        if self.queued_chars() + open_live + len(text) > limit:
-            await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
+        waiting = self.queued_chars() + open_live
+        if waiting + len(text) > limit:
+            await self.error("text_too_long", too_long("text", waiting + len(text), limit)
+                             + ("; wait for audio.done before sending more" if waiting else ""))
             return
         if self.live_mode:
             opened, _ended = self.live.add(text)

@@ -1,10 +1,11 @@
 """The prepared GPU measurement (scripts/gpu-verify.sh quick) dry-run on the CPU at tiny sizes:
-every step runs (checkpoint, talker benchmark beside the official code, served talker, profile,
-served DiT, and the prefix-cache benchmark named after ``quick``) and prints its table, so the
-script a GPU session runs once cannot rot."""
+every step runs (checkpoint, kernel test, cost table, served talker, the peer beside ours, talker
+benchmark beside the official code, and the steps named after ``quick``: profile, served DiT,
+served variants, prefix cache) and prints its table, so the script a GPU session runs once cannot rot."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -37,13 +38,12 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     env = dict(os.environ, GPU_VERIFY_DRY="1", OUT=str(out), QUICK_BUDGET_S="560",
                CKPT_DIR=str(tmp_path / "ckpt"), PYTHON=str(REPO / ".venv" / "bin" / "python"),
                ORACLE_PYTHON=str(ORACLE), TESTS=DRY_TESTS)  # on a CPU: collected, skipped
-    proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick", "prefix_cache"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=590)  # prefix_cache: a few seconds at tiny size
+    named = ["profile_talker", "dit_e2e", "talker_e2e_ctalk", "talker_e2e_eager", "prefix_cache"]  # not in quick
+    proc = subprocess.run(["bash", "scripts/gpu-verify.sh", "quick", *named], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=590)
     log = (out / "gpu-verify.log").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for step in ("env", "ckpt", "talker_bench", "talker_e2e", "profile_talker", "dit_e2e", "talker_e2e_ctalk",
-                 "talker_e2e_eager",
-                 "tests", "prefix_cache"):
+    for step in ("env", "ckpt", "kernel", "costs", "talker_e2e", "peers", "talker_bench", "tests", *named):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
     assert all(f"== {f}" in log for f in DRY_TESTS.split()), log[-4000:]  # every file of a multi-line list ran
@@ -52,6 +52,13 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
     assert "official / ours" in log and all(f"{variant} |" in log for variant in ("ours", "ours+graphs", "ours+ctalk"))
     assert "official baseline failed" not in log and "official baseline skipped" not in log
     assert log.count("largest concurrency with no underrun and no error") == 4  # talker, DiT, compiled, eager
+    assert log.count("graph captures after start (each stalls every stream): 0") == 4
+    # the cost table the virtual device replays, every section filled
+    costs = json.loads((out / "costs-tiny.json").read_text())
+    assert costs["schema"] == 1 and all(costs[k]["ms"] and all(v is not None for row in costs[k]["ms"] for v in row)
+                                        for k in ("decode_step", "prefill", "codec_decode"))
+    # the peer step: ours measured whether or not the peer is installed here
+    assert "bench_peers:" in log and re.search(r"\nours +[0-9.]+ +[0-9.]+ +[0-9.]+", log), log[-4000:]
     assert "top kernels by CPU time" in log  # the profile's summary
     assert (out / "trace_talker.json.gz").is_file()
     # the prefix-cache table, cold beside warm per scenario

@@ -166,7 +166,9 @@ async def test_initial_codec_chunk_frames_sets_the_first_piece(engine, tmp_path)
     finally:
         await server.stop()
     assert same_audio(b"".join(default), b"".join(one)) and same_audio(b"".join(default), b"".join(two))
-    assert len(one[0]) == 2 * 1920 and len(two[0]) == 2 * 2 * 1920 and len(default[0]) == 2 * 4 * 1920
+    assert len(one[0]) == 2 * 1920 and len(two[0]) == 2 * 2 * 1920
+    # by default the scheduler picks it by load (engines/core/scheduler.py): at most the pipeline's 4 frames
+    assert len(default[0]) in [2 * n * 1920 for n in (1, 2, 4)]
 
 
 async def test_an_input_too_long_for_the_kv_pool_is_a_400(tmp_path):

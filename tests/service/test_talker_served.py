@@ -79,7 +79,11 @@ async def test_talker_speaks_over_websocket_and_openai_endpoint(talker_engine, t
                                        "response_format": "pcm", "temperature": 0}) as r:
                 assert r.status == 200, await r.text()
                 http_pcm = await r.read()
-        assert http_pcm == read.audio, "both endpoints deliver the same greedy audio"
+        # both endpoints deliver the same greedy audio (chunk sizes follow the engine's load: the codec
+        # decoder's float math in other chunk sizes may move a sample by a rounding step)
+        http_audio = np.frombuffer(http_pcm, dtype="<i2").astype(np.float32) / 32768
+        assert http_audio.shape == ws_audio.shape
+        np.testing.assert_allclose(http_audio, ws_audio, atol=2 * LSB, rtol=0)
         assert np.abs(ws_audio).max() > 1e-3
     finally:
         await server.stop()

@@ -116,13 +116,14 @@ class TalkerPipeline:
             graphed.capture_all()
 
     def flush_frames(self, frames_emitted: int) -> int:
-        """The first chunk small (first audio early), then each chunk as long as all the audio
-        before it, up to ``chunk_frames``: a chunk is generated while the audio already handed
-        over plays, which holds at any load under half real time; a fixed long second chunk
-        after a short first one would underrun far sooner."""
+        """The first chunk small (first audio early; the scheduler may make it smaller still while
+        the engine has room), then each chunk as long as all the audio before it, up to
+        ``chunk_frames``: a chunk is generated while the audio already handed over plays, which
+        holds at any load under real time; a fixed long second chunk after a short first one
+        would underrun far sooner."""
         if frames_emitted == 0:
             return self.first_chunk_frames
-        return min(self.chunk_frames, max(self.first_chunk_frames, frames_emitted))
+        return min(self.chunk_frames, frames_emitted)
 
     @property
     def active_slots(self) -> int:

@@ -89,6 +89,7 @@ from engines.pipelines.talker.rows import (
     Utterance,
     resolve_settings,
 )
+from engines.runtime.graphed_prefill import PrefillSpec
 from engines.runtime.graphed_talker import StepSpec
 
 DEFAULT_KV_CACHE_GB_CPU = 1.0
@@ -180,6 +181,10 @@ class TalkerSource:
         self.state.ensure_trail(min(self.max_seq_len, GRAPHED_TRAIL_CAPACITY))
         return self.decoder.spec(self.max_slots, self.scratch_row)
 
+
+    def prefill_spec(self) -> PrefillSpec:
+        """What a GraphedPrefill captures: the prompt forward, its padding row and sizes."""
+        return self.prefill.spec(self.scratch_row)
 
     @classmethod
     def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,

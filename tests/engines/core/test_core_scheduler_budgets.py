@@ -96,4 +96,6 @@ def test_the_engine_prefills_what_its_scheduler_allows_and_the_audio_stays_the_s
     prompt = sum(planned[None])
     assert prompt > 6 and [n for n in planned[None] if n] == [prompt], "the default budget: one step"
     assert max(planned[3]) == 3 and sum(planned[3]) == prompt and sum(1 for n in planned[3] if n) >= prompt // 3
-    assert np.array_equal(audio[3], audio[None])
+    # the same codes; the audio chunks may be cut at other frames (their size follows the measured
+    # step period), and the decoder's float sums then round differently: far below one int16 step
+    np.testing.assert_allclose(audio[3], audio[None], rtol=0, atol=1e-5)

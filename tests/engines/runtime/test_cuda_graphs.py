@@ -156,12 +156,33 @@ def test_capture_all_falls_back_to_the_plain_step_when_the_compiled_one_fails(lo
         make(log).capture_all([(1,)], compiled=False, uncompile=uncompile)
 
 
-def test_a_capture_after_start_is_logged_with_its_name(log, caplog):
-    """capture_all happens before /readyz; a capture after it stalls every stream and is logged."""
+def test_a_capture_after_start_is_logged_with_its_name_and_counted(log, caplog):
+    """capture_all happens before /readyz; a capture after it stalls every stream: logged, counted."""
     g = make(log, name="talker step")
     with caplog.at_level(logging.INFO, logger="streamvox.cuda_graphs"):
         g.capture_all([(1, 1)])
-        assert not caplog.records  # captured at start: nothing to report
+        assert not caplog.records and g.late_captures == 0  # captured at start: nothing to report
+        g.run((1, 1))
         g.run((2, 1))
-    assert [r.getMessage().split(" on first use")[0] for r in caplog.records] == [
-        "captured the talker step graph (2, 1)"]
+        g.run((2, 1))
+    assert [r.getMessage().split(", on first use")[0] for r in caplog.records] == [
+        "captured the talker step graph (2, 1) after start"]
+    assert g.late_captures == 1 and g.captures == 2
+
+
+def test_without_graphs_the_keys_a_gpu_would_capture_late_are_counted(log):
+    """On CPU nothing is captured, but the same bookkeeping says what a GPU would have captured
+    after start: keys not noted by capture_all, and every key again once the buffers moved."""
+    version = [0]
+    g = make(log, use_graphs=False, version=lambda: version[0])
+    g.run((5,))  # before start: not late
+    g.capture_all([(1,), (2,)])
+    g.run((1,))
+    g.run((2,))
+    assert g.late_captures == 0 and not any(kind == "capture" for kind, _ in log)
+    g.run((3,))
+    g.run((3,))
+    assert g.late_captures == 1
+    version[0] += 1  # a buffer the graphs read moved: a GPU would capture every key again
+    g.run((1,))
+    assert g.late_captures == 2

@@ -22,6 +22,13 @@ HTTP_ROUTES = [  # (path, the text's field, other fields)
     ("/v1/text-to-speech/default/stream", "text", {}),
     ("/v1/text-to-speech/default/stream/with-timestamps", "text", {}),
     ("/v1/text-to-speech/default/stream?output_format=pcm_24000", "text", {"model_id": "eleven_flash_v2_5"}),
+    ("/v1/text-to-speech/default", "text", {}),
+    ("/v1/text-to-speech/default/with-timestamps", "text", {}),
+    ("/tts/bytes", "transcript", {"model_id": "sonic-2", "voice": {"mode": "id", "id": "default"},
+                                  "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}}),
+    ("/tts/sse", "transcript", {"model_id": "sonic-2", "voice": {"mode": "id", "id": "default"},
+                                "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}}),
+    ("/v1/speak?model=aura-2-default-en", "text", {}),
 ]
 
 

@@ -94,7 +94,10 @@ async def test_any_split_and_delay_gives_the_official_streaming_text_audio(talke
         # as generate() does on the whole text: later text of the utterance is not spoken).
         assert text.startswith(dones[0]["text"]) and dones[0]["text_start"] == 0
         assert dones[0]["text_end"] == len(dones[0]["text"])
-    assert whole["pcm"] == chars["pcm"] == jittered["pcm"]
+    # The codes decide the audio; chunk sizes follow the engine's load (engines/core/scheduler.py), and
+    # the codec decoder's float math in other chunk sizes may move a PCM16 sample by a rounding step.
+    pcm = [np.frombuffer(run["pcm"], dtype="<i2").astype(np.int32) for run in (whole, chars, jittered)]
+    assert all(p.shape == pcm[0].shape and np.abs(p - pcm[0]).max() <= 2 for p in pcm)
     audio = np.frombuffer(whole["pcm"], dtype="<i2").astype(np.float32) / 32768
     expected = official_pcm(talker_engine)
     assert len(audio) == len(expected) > 0
@@ -272,7 +275,9 @@ async def test_client_async_iterator_and_say_stdin(talker_engine, tmp_path):
         assert proc.returncode == 0, stderr.decode()
         assert "after the first text" in stdout.decode()
         data, rate = sf.read(str(out), dtype="int16")
-        assert rate == 24000 and data.tobytes() == bytes(pcm)
+        # the same codes; chunk sizes follow the engine's load, which may move a sample by a rounding step
+        first = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.int32)
+        assert rate == 24000 and data.shape == first.shape and np.abs(data.astype(np.int32) - first).max() <= 2
     finally:
         await server.stop()
 

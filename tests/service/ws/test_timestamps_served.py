@@ -187,9 +187,11 @@ async def test_elevenlabs_http_with_timestamps(aligned, server):
                 return [json.loads(line) for line in (await r.text()).splitlines() if line.strip()]
     got = await lines(aligned.url)
     samples = sum(len(base64.b64decode(x["audio_base64"])) for x in got) // 2
-    timed = [x["alignment"] for x in got if x["alignment"]]
-    assert len(timed) == 1 and "".join(timed[0]["characters"]) == TEXT
-    starts, ends = timed[0]["character_start_times_seconds"], timed[0]["character_end_times_seconds"]
+    timed = [x["alignment"] for x in got if x["alignment"]]  # one line after each utterance's audio
+    assert ["".join(t["characters"]).strip() for t in timed] == SENTENCES
+    assert "".join(c for t in timed for c in t["characters"]).strip() == TEXT.strip()
+    starts = [s for t in timed for s in t["character_start_times_seconds"]]  # from the start of the response
+    ends = [e for t in timed for e in t["character_end_times_seconds"]]
     assert all(a <= b for a, b in zip(starts, starts[1:])) and all(s <= e for s, e in zip(starts, ends))
     assert ends[-1] <= samples / 24000 + 0.001
     assert all(x["alignment"] is None for x in await lines(server.url))
