@@ -207,6 +207,12 @@ class Server:
         proc.kill()
         raise RuntimeError("server did not start in time")
 
+    log_bytes: int = 0  # everything the server logged after it listened
+    tracebacks: int = 0  # "Traceback" lines among them
+    forged_lines: int = 0  # lines starting with FORGED_PREFIX: a client wrote a log line of its own
+
+    FORGED_PREFIX = "2026-01-01 00:00:00,000"  # the fake timestamp attacks.log_forging sends
+
     def _drain_stderr(self) -> None:
         import threading
 
@@ -214,6 +220,9 @@ class Server:
             for line in self.proc.stderr:  # type: ignore[union-attr]
                 self.log.append(line)
                 del self.log[:-200]
+                self.log_bytes += len(line.encode())
+                self.tracebacks += line.startswith("Traceback")
+                self.forged_lines += line.startswith(self.FORGED_PREFIX)
 
         threading.Thread(target=pump, daemon=True).start()
 

@@ -29,7 +29,7 @@ from service.rest import speech
 from service.settings import Settings
 from service.speed import real_time_words
 from service.state import STATE_KEY, AppState
-from service.synthesis.params import served_model_names
+from service.synthesis.params import public_model_name, served_model_names
 from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
 from service.ws import session as ws
@@ -104,7 +104,7 @@ async def models(request: web.Request) -> web.Response:
         "instructions": caps.instructions,
         "voice_cloning": caps.voice_cloning,
         # word timestamps (a forced aligner loaded with --aligner): whether, with what, for which languages
-        "timestamps": {"available": caps.timestamps, "aligner": caps.aligner,
+        "timestamps": {"available": caps.timestamps, "aligner": public_model_name(caps.aligner),
                        "languages": list(caps.timestamp_languages)},
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),

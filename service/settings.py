@@ -160,7 +160,9 @@ class Settings(BaseSettings):
         "info", "log verbosity")
     rate_limit: float = option(0.0, "requests/s per API key that start work (0 = off)", ge=0)
     rate_burst: int = option(20, "token-bucket size for --rate-limit", ge=1)
-    max_sessions_per_key: int = option(0, "concurrent WebSocket sessions per API key (0 = unlimited)", ge=0)
+    max_sessions_per_key: int = option(
+        0, "concurrent WebSocket sessions per API key, and their work: per session one utterance started at a time "
+           "and two engine requests, counted over every socket and context of the key (0 = unlimited)", ge=0)
     job_ttl_hours: float = option(168.0, "delete finished jobs after this (0 = keep)", ge=0)
     job_workers: int = option(
         2, "REST jobs this replica runs at once, after real-time streams (0 = none: it only serves the job API)",

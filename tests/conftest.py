@@ -187,6 +187,14 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM and wait for the exit; killed when it takes longer than ``timeout_s``."""
+        self.terminate()
+        try:
+            self.wait_exit(timeout_s)
+        finally:
+            self.kill()
+
     @property
     def log(self) -> str:
         return "".join(self.lines)

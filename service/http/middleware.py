@@ -13,6 +13,7 @@ from aiohttp import web
 
 from service.access.auth import ACCEPTED_KEY, bearer_key
 from service.errors import HTTP_STATUS_CODES, ApiError, StoreUnavailable, error_response
+from service.http.log_safety import escape_controls
 from service.state import COUNTED, REQUEST_ID, STATE_KEY
 
 log = logging.getLogger("streamvox.http")
@@ -147,7 +148,8 @@ async def error_middleware(request: web.Request, handler):
 async def access_log_middleware(request: web.Request, handler):
     """Our access log: path without the query string (it may hold ?token=KEY), plus the request id."""
     response = await handler(request)
-    log.info("%s %s -> %d (request %s)", request.method, request.path, response.status, request.get(REQUEST_ID))
+    log.info("%s %s -> %d (request %s)", request.method, escape_controls(request.path), response.status,
+             request.get(REQUEST_ID))  # the decoded path may hold "\n": never a line of its own
     return response
 
 

@@ -28,18 +28,31 @@ from service.synthesis.schema import (
     SpeechBody,
     Strict,
     SynthesisParams,
+    require_unicode,
+    speakable_text,
     validate,
 )
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "engine_params", "parse",
-           "parse_body", "plan_request", "planned_work", "resolve_voice", "served_model_names", "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_text", "engine_params",
+           "parse", "parse_body", "plan_request", "planned_work", "public_model_name", "resolve_voice",
+           "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
     try:
         return validate(model, data, **context)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+
+
+def check_text(field: str, value: Any, max_chars: int) -> str:
+    """A whole text to speak named ``field`` by its route, checked as every route's
+    (:func:`~service.synthesis.schema.speakable_text`); ApiError(400, ``invalid_field`` /
+    ``text_too_long``) otherwise."""
+    try:
+        return speakable_text(field, value, max_chars)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
 
@@ -88,6 +101,16 @@ def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
         if parse_model_id(checkpoint) and not os.path.isabs(checkpoint):
             names.append(checkpoint)
     return tuple(dict.fromkeys(names))
+
+
+def public_model_name(name: str | None) -> str | None:
+    """How clients see a model the operator named (``--aligner``): a Hugging Face id as given,
+    a local directory by its last component only - the operator's paths are not theirs to see."""
+    if not name:
+        return None
+    if parse_model_id(name) and not os.path.isabs(name) and not os.path.exists(name):
+        return name
+    return os.path.basename(os.path.normpath(name))
 
 
 def check_model(model: str, checkpoint: str | None) -> None:

@@ -28,6 +28,7 @@ from engines.contract import PlannedWork, SynthesisEngine
 from engines.models.text import pack_sentences
 from service.errors import ApiError
 from service.synthesis.params import SynthesisParams, plan_request, planned_work
+from service.synthesis.schema import FieldError, require_unicode
 
 
 UNCAPPED = 2**31 - 1  # max_new_tokens when a piece's budget is measured: its text's alone
@@ -169,7 +170,13 @@ def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, sett
     """The parts ``text`` is spoken in (:func:`plan_text`), each checked before any engine time:
     ApiError(413, ``too_much_work``) naming the limit and its flag when one plans more vocoder
     frames than ``max_work_audio_frames`` or more model steps than ``max_work_frame_steps`` (DiT)
-    / ``max_work_talker_steps`` (talker: per utterance); 0 = no limit."""
+    / ``max_work_talker_steps`` (talker: per utterance); 0 = no limit. Text that is not valid
+    Unicode never reaches the engine (every route validated it already; this is the last gate, a
+    400 whatever the route)."""
+    try:
+        require_unicode("text", text)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
     parts = plan_text(engine, text, params, settings)
     for part in speech_parts(parts):
         check_limits(planned_work(engine, part.text, params, part.prompt_ids), settings)

@@ -120,6 +120,16 @@ class StreamSession(MessageReader):
         self.plays_until: float | None = None
         self.timestamps = False  # session.config "timestamps": alignment messages after each utterance's audio
         self.samples_sent = 0  # the session's audio so far: its clock, which alignment times are on
+        # streams counted against the key's engine requests (limits.py): whether each was started
+        # (waited for its turn) or prefetched
+        self.counted: dict[ChunkStream, bool] = {}
+        self.awaiting_turn = False  # the next utterance waits for its key's turn (limits.py)
+        self.cancels = 0  # response.cancel (or the end) so far: an utterance that waited for a turn checks it
+
+    @property
+    def identity(self) -> str:
+        """Who this session works for, for the per-key limits (the key checked at the handshake)."""
+        return client_identity(self.request, self.state.api_keys, websocket=True)
 
     @property
     def live_mode(self) -> bool:
@@ -133,7 +143,7 @@ class StreamSession(MessageReader):
     @property
     def busy(self) -> bool:
         """Audio is queued or being produced (text still waiting for a sentence end is not work yet)."""
-        return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None
+        return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None or self.awaiting_turn
 
     def queued_chars(self) -> int:
         return len(self.sentences.rest) + self.queued_text
@@ -313,6 +323,7 @@ class StreamSession(MessageReader):
         self.sentences.take_rest()
         self.breaks.take_rest()
         self.live.finish()
+        self.cancels += 1
         self.cancelled_rounds += self.queued_rounds + 1
         self.clear_queue()
         self.drop_prefetch()
@@ -367,9 +378,11 @@ class StreamSession(MessageReader):
             if stream is not None:
                 await self.speak(item, stream)
 
-    async def submit(self, utterance: Utterance) -> ChunkStream | None:
+    async def submit(self, utterance: Utterance, wait: bool = True) -> ChunkStream | None:
         """Submit one utterance; a fatal error closes the session, a bad field skips it, and
-        so does an utterance over the work limit (an ``error`` before any engine time)."""
+        so does an utterance over the work limit (an ``error`` before any engine time). The
+        request counts against the key's engine requests (every socket, every context):
+        ``wait`` for the key's turn, or (a prefetch) submit nothing when it has none now."""
         if utterance.refused:
             return None
         try:
@@ -378,16 +391,30 @@ class StreamSession(MessageReader):
             utterance.refused = True
             await self.error(exc.code, exc.message)
             return None
+        limits, identity = self.state.limits, self.identity
+        if wait:
+            cancels = self.cancels
+            self.awaiting_turn = True
+            try:
+                await limits.open_request(identity)
+            finally:
+                self.awaiting_turn = False
+            if self.closed or self.cancels != cancels:  # cancelled while it waited: it is not spoken
+                limits.close_request(identity, started=True)
+                return None
+        elif not limits.open_prefetch(identity):
+            return None
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         try:
             prepared = prepare(self.state.engine, request_id, parts, self.params, Priority.REALTIME,
                                clone=self.clone,  # a saved voice, looked up at session.config
-                               tenant=client_identity(self.request, self.state.api_keys, websocket=True),
+                               tenant=identity,
                                text_feed=utterance.live.feed if utterance.live is not None else None,
                                timestamps=self.timestamps)
-            return open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
+            stream = open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
         except ApiError as exc:
+            limits.close_request(identity, started=wait)
             if exc.status == 429:
                 await self.fatal(exc.code, "the server is at capacity; reconnect later", CLOSE_OVERLOADED)
                 raise SessionClosed() from None
@@ -396,6 +423,18 @@ class StreamSession(MessageReader):
                 raise SessionClosed() from None
             await self.error(exc.code, exc.message)
             return None
+        except BaseException:
+            limits.close_request(identity, started=wait)
+            raise
+        self.counted[stream] = wait
+        return stream
+
+    def end_stream(self, stream: ChunkStream) -> None:
+        """The session is done with ``stream`` (spoken, dropped or cancelled): it stops, and no
+        longer counts against the key's engine requests."""
+        stream.cancel()
+        if stream in self.counted:
+            self.state.limits.close_request(self.identity, started=self.counted.pop(stream))
 
     def take_prefetched(self, utterance: Utterance) -> ChunkStream | None:
         if self.prefetched is not None and self.prefetched[0] is utterance:
@@ -407,14 +446,14 @@ class StreamSession(MessageReader):
 
     def drop_prefetch(self) -> None:
         if self.prefetched is not None:
-            self.prefetched[1].cancel()
+            self.end_stream(self.prefetched[1])
             self.prefetched = None
 
     async def prefetch_next(self) -> None:
         """Submit the next queued utterance now so its audio is ready when this one ends."""
         if self.prefetched is None and self.queue and isinstance(self.queue[0], Utterance):
             upcoming = self.queue[0]
-            stream = await self.submit(upcoming)
+            stream = await self.submit(upcoming, wait=False)  # never hold this utterance's audio for a turn
             if stream is not None:
                 self.prefetched = (upcoming, stream)
 
@@ -482,7 +521,7 @@ class StreamSession(MessageReader):
                 done.update(text=u.text, text_start=u.text_start, text_end=u.text_start + len(u.text))
             await self.send_json(done)
         finally:
-            stream.cancel()
+            self.end_stream(stream)
             self.current = None
             self.cancelling = False
 
@@ -494,6 +533,7 @@ class StreamSession(MessageReader):
                               "words": words_json(alignment, offset_ms)})
 
     def cancel_all(self) -> None:
+        self.cancels += 1
         self.live.finish()
         self.clear_queue()
         self.cancelled_rounds = 0

@@ -297,21 +297,22 @@ class PostgresJobStore(JobStore):
         return bool(cancelled)
 
     # -- moving in from the embedded store (service/jobs/store/copy.py) -----------------------------
-    async def import_job(self, job: Job, audio: AsyncIterator[bytes]) -> bool:
-        """Insert a job made elsewhere, with its id, times and (succeeded) audio, in one
-        transaction; False, nothing written, when a job with that id exists. One that was
-        running is queued again (its runner is gone)."""
+    async def import_job(self, job: Job, audio: AsyncIterator[bytes], words: str | None = None) -> bool:
+        """Insert a job made elsewhere, with its id, times, (succeeded) audio and word timestamps
+        (``words``: checked JSON), in one transaction; False, nothing written, when a job with
+        that id exists. One that was running is queued again (its runner is gone)."""
         status = "queued" if job.status == "running" else job.status
         async with self.connection() as conn, conn.transaction():
             added = await conn.fetchval(
                 "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
-                "frames_total, audio_size, attempts, utterances_total, utterances_done, audio_samples) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) "
+                "frames_total, audio_size, attempts, utterances_total, utterances_done, audio_samples, words) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, json.dumps(job.params), job.owner, job.created_at,
                 None if status == "queued" else job.started_at, job.finished_at, _text(job.error),
                 0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts,
                 job.utterances_total, 0 if status == "queued" else job.utterances_done,
-                0 if status == "queued" else job.audio_samples)  # a queued job's segments stay behind: it starts over
+                0 if status == "queued" else job.audio_samples,  # a queued job's segments stay behind: it starts over
+                _text(words) if status == "succeeded" else None)
             if not added:
                 return False
             position = 0

@@ -177,24 +177,24 @@ class ElevenLabsSocket(EncodedAudioSocket):
         await context.on_config({"voice": self.voice, **speed_of(message.get("voice_settings") or {})})
         return context
 
-    async def end_round(self, context: Context, label: str) -> None:
+    async def end_round(self, context: Context, label: str, last: bool = False) -> None:
+        """Speak what ``context`` holds (``last``: and end it: no more text)."""
         if not context.can_end_round:
             await self.context_error(context, "too_many_flushes", "flushes arrive faster than they are answered; "
                                                                   "this one was ignored")
             return
-        await context.flush(label)
+        await (self.end_context(context, label) if last else context.flush(label))
 
     async def close_context(self, context: Context | None, context_id: str, immediate: bool) -> None:
-        if context is None or (context.extra.get("closing") and not immediate):  # a barge-in may follow a close
+        if context is None or (context.ending and not immediate):  # a barge-in may follow a close
             await self.context_error(None, "context_not_found", f"context {context_id[:64]!r} is not open",
                                      context_id=context_id)
             return
-        context.extra["closing"] = True
         if immediate:
             await self.drop_context(context)
             await self.send_json({"isFinal": True, "contextId": context_id})
             return
-        await self.end_round(context, "close")
+        await self.end_round(context, "close", last=True)
 
     # -- our events, in ElevenLabs' messages -----------------------------------------
     def wire_format(self, context: Context) -> OutputFormat:

@@ -32,8 +32,8 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
+from service.synthesis.params import check_text
 from service.synthesis.plan import check_work
-from service.synthesis.schema import too_long
 from service.ws.contexts import Context, ContextSocket
 from service.ws.session import SessionClosed
 from service.ws.dialects.wire_audio import WireEncoder, wav_header
@@ -197,8 +197,7 @@ async def serve_http(request: web.Request, dialect: type[HttpSpeech]) -> web.Str
     body = await read_json_object(request)
     speech = dialect(request, state)
     parsed = await speech.parse(body)
-    if len(parsed.text) > state.settings.max_input_chars:
-        raise ApiError(400, "text_too_long", too_long(parsed.text_field, len(parsed.text), state.settings.max_input_chars))
+    check_text(parsed.text_field, parsed.text, state.settings.max_input_chars)  # as every route checks its text
     state.limits.open_stream(identity)
     state.streams.add(speech)  # the drain waits for it, then aborts it
     try:

@@ -108,7 +108,7 @@ async def test_models_says_whether_timestamps_are_served(aligned, server):
             on = (await r.json())["data"][0]["timestamps"]
         async with http.get(server.url + "/v1/models") as r:
             off = (await r.json())["data"][0]["timestamps"]
-    assert on["available"] is True and on["aligner"] == str(ALIGNER) and "english" in on["languages"]
+    assert on["available"] is True and on["aligner"] == ALIGNER.name and "english" in on["languages"]
     assert off == {"available": False, "aligner": None, "languages": []}
 
 
@@ -274,3 +274,13 @@ def test_slow_alignment_never_delays_first_audio(tmp_path):
     finally:
         slow.set()
         engine.stop()
+
+
+async def test_models_names_the_aligner_without_its_path(aligned):
+    """/v1/models says which aligner is loaded by name; the operator's directory appears nowhere."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(aligned.url + "/v1/models") as response:
+            body = await response.text()
+    [model] = json.loads(body)["data"]
+    assert model["timestamps"]["aligner"] == ALIGNER.name
+    assert str(ALIGNER.parent) not in body and str(ALIGNER.parent).replace("/", "\\/") not in body
