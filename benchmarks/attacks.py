@@ -17,6 +17,17 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  each allowed container's magic (all refused with a 400, never reaching the port)
 * upload_flood - saved-voice uploads as fast as they are answered, each a new name (429 rate_limited /
                  too_many_voices once the key's rate or cap is reached; 400 on a server that cannot clone)
+* contexts     - (from 127.0.0.4) Cartesia contexts whose ids share 32 characters (both must finish),
+                 and barge-in turns: cancel a context 0-200 ms after its flush and reopen the same
+                 id at once (every reply must finish); an error counts as a 500 (its code named),
+                 a context that never ends as a 599
+* crowd        - one socket speaking through 16 Cartesia contexts at once (held to one session's share
+                 of engine requests; every context must finish)
+* vendor_text  - a lone surrogate to the ElevenLabs HTTP routes (400, never a 500)
+* log_forging  - request paths carrying %0a / %0d and a fake log line (load.py counts forged lines)
+* cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
+                 cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
+                 for tracebacks and its growth)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
@@ -43,6 +54,10 @@ from dataclasses import dataclass, field
 import aiohttp
 
 ATTACKER = "127.0.0.2"
+CAP_ATTACKER = "127.0.0.3"  # its own address: the per-address connection cap counts it alone
+TURNS_ATTACKER = "127.0.0.4"  # the barge-in turns: a client of their own, not queued behind the crowd's work
+CAP_FLOOD_SOCKETS = 300  # past the default --max-connections-per-address (256)
+FORGED_LINE = b"2026-01-01%2000:00:00,000%20ERROR%20streamvox.server:%20FORGED%20by%20a%20client"
 FLOOD_FRAMES = 20_000
 SILENT_SOCKETS = 60
 HEAVY_STREAMS = 8
@@ -64,6 +79,7 @@ class AttackReport:
     statuses: collections.Counter = field(default_factory=collections.Counter)  # (attack, HTTP status)
     flood_outcomes: collections.Counter = field(default_factory=collections.Counter)
     silent_closed: int = 0
+    refused_connections: int = 0  # cap_flood: 503 too_many_connections, the cap doing its job
 
     def count(self, attack: str, status: int) -> None:
         self.statuses[(attack, status)] += 1
@@ -78,7 +94,8 @@ class AttackReport:
             by_attack[attack].append(f"{status} x{n}")
         rows = [(f"attack {name}", ", ".join(parts)) for name, parts in sorted(by_attack.items())]
         rows += [(f"attack ws_flood: {outcome}", n) for outcome, n in sorted(self.flood_outcomes.items())]
-        rows += [("attack silent sockets closed by the server", self.silent_closed)]
+        rows += [("attack silent sockets closed by the server", self.silent_closed),
+                 ("attack cap_flood connections refused (503 by design)", self.refused_connections)]
         return rows
 
 
@@ -93,19 +110,36 @@ def _host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def _open(url: str, receive_buffer: int | None = None):
+async def _open(url: str, receive_buffer: int | None = None, source: str = ATTACKER):
     host, port = _host_port(url)
     sock = socket.socket()
     if receive_buffer:  # a client that never reads: the server's replies back up at once
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.setblocking(False)
     try:
-        sock.bind((ATTACKER, 0))
+        sock.bind((source, 0))
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
     except OSError:
         sock.close()
         raise
     return await asyncio.open_connection(sock=sock)
+
+
+async def _raw_request(url: str, head: bytes, attack: str, report: AttackReport) -> None:
+    """Send ``head`` on a connection of its own and count the status of the reply."""
+    try:
+        reader, writer = await _open(url)
+    except OSError:
+        await asyncio.sleep(0.5)
+        return
+    writer.write(head)
+    try:
+        reply = await asyncio.wait_for(reader.read(4096), 10)
+        report.count(attack, int(reply.split(b" ")[1]))
+    except (OSError, asyncio.TimeoutError, IndexError, ValueError):
+        pass
+    finally:
+        writer.close()
 
 
 async def ws_flood(url: str, deadline: float, report: AttackReport) -> None:
@@ -179,15 +213,9 @@ async def bad_bytes(http: aiohttp.ClientSession, url: str, deadline: float, repo
                     report.count("bad_bytes", r.status)
             except aiohttp.ClientError:
                 pass
-        reader, writer = await _open(url)  # a header that is not UTF-8
-        writer.write(b"GET /v1/voices HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
-        try:
-            reply = await asyncio.wait_for(reader.read(4096), 10)
-            report.count("bad_bytes", int(reply.split(b" ")[1]))
-        except (OSError, asyncio.TimeoutError, IndexError, ValueError):
-            pass
-        finally:
-            writer.close()
+        # a header that is not UTF-8
+        await _raw_request(url, b"GET /v1/voices HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n",
+                           "bad_bytes", report)
         await asyncio.sleep(0.05)
 
 
@@ -216,6 +244,13 @@ async def over_work(http: aiohttp.ClientSession, url: str, deadline: float, repo
         await asyncio.sleep(0.1)
 
 
+SESSION_REFUSALS = ("too_many_sessions", "rate_limited")  # a socket closed at the door: a 429 in effect
+
+
+class Refused(Exception):
+    """A WebSocket session refused with one of SESSION_REFUSALS after its upgrade."""
+
+
 EMOJI_WORK = {"input": "\U0001F600" * 4096, "speed": 0.25, "steps": 1}  # ~59,000 frames, 1 step each
 HUGE_TOKENS = {"input": "Hello there.", "max_new_tokens": 16384}
 LONG_OMNI_SENTENCE = "word " * 280  # one sentence of ~100 s of audio at steps 1 (DiT)
@@ -240,6 +275,8 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
                     events.append(json.loads(message.data))
                     if events[-1]["type"] == kind:
                         return events
+                    if events[-1]["type"] == "error" and events[-1].get("code") in SESSION_REFUSALS:
+                        raise Refused(events[-1]["code"])
                 elif message.type != aiohttp.WSMsgType.BINARY:
                     break
         raise ConnectionError(f"the socket ended before {kind}")
@@ -275,6 +312,8 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
                 return
             try:
                 await attack()
+            except Refused:  # the key's session cap (or rate) closed the socket first: a refusal, by design
+                report.count(f"costly {attack.__name__}", 429)
             except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
                 report.count(f"costly {attack.__name__}", 599)  # no answer: counted as a server failure
         await asyncio.sleep(0.1)
@@ -390,21 +429,140 @@ async def upload_flood(http: aiohttp.ClientSession, url: str, deadline: float, r
     await asyncio.gather(*(uploader() for _ in range(8)))
 
 
+CARTESIA = "/tts/websocket?cartesia_version=2025-04-16"
+CONTEXT_PREFIX = "voice-agent-turn-0123456789abcde"  # 32 characters
+TURN_TEXT = "This sentence keeps going for a while, so that it is cut off mid way. "
+CROWD_TEXT = "One context of sixteen speaks this sentence. And then this one."
+
+
+def _cartesia(context_id: str, transcript: str, more: bool, **extra) -> dict:
+    return {"context_id": context_id, "transcript": transcript, "continue": more, "model_id": "sonic-2",
+            "voice": {"mode": "id", "id": "default"},
+            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}, **extra}
+
+
+async def _until_done(ws, contexts: set[str], timeout: float) -> str:
+    """Read until every context in ``contexts`` sent ``done``: "ok", "error <code>" or "hang"."""
+    waiting = set(contexts)
+    try:
+        async with asyncio.timeout(timeout):
+            while waiting:
+                message = await ws.receive()
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    return "hang"  # the socket ended first
+                event = json.loads(message.data)
+                if event.get("type") == "error":
+                    return f"error {event.get('error_code')}"
+                if event.get("type") == "done":
+                    waiting.discard(event.get("context_id"))
+    except asyncio.TimeoutError:
+        return "hang"
+    return "ok"
+
+
+def _count_outcome(report: AttackReport, attack: str, outcome: str) -> None:
+    """ok: 200; an error message: 500 (its code named); no end in time: 599."""
+    if outcome.startswith("error"):
+        report.count(f"{attack} ({outcome})", 500)
+    else:
+        report.count(attack, 200 if outcome == "ok" else 599)
+
+
+async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    ws_url = url.replace("http://", "ws://", 1) + CARTESIA
+    turn = 0
+    while time.monotonic() < deadline:
+        try:
+            async with http.ws_connect(ws_url) as ws:
+                report.count("contexts", 101)
+                pair = {CONTEXT_PREFIX + "-a", CONTEXT_PREFIX + "-b"}
+                for context_id in pair:
+                    await ws.send_json(_cartesia(context_id, "Both of us finish.", False))
+                _count_outcome(report, "contexts shared prefix", await _until_done(ws, pair, 30))
+                for _ in range(10):
+                    await ws.send_json(_cartesia("r1", TURN_TEXT, True, flush=True))
+                    await asyncio.sleep((turn % 11) * 0.02)  # the barge-in's moment: 0-200 ms
+                    turn += 1
+                    await ws.send_json({"context_id": "r1", "cancel": True})
+                    await ws.send_json(_cartesia("r1", "Okay.", False))
+                    _count_outcome(report, "contexts reopened", await _until_done(ws, {"r1"}, 30))
+        except (aiohttp.ClientError, ConnectionError):
+            report.count("contexts", 599)
+
+
+async def crowd(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    ws_url = url.replace("http://", "ws://", 1) + CARTESIA
+    while time.monotonic() < deadline:
+        try:
+            async with http.ws_connect(ws_url) as ws:
+                report.count("crowd", 101)
+                names = {f"crowd-{i}" for i in range(16)}
+                for name in names:
+                    await ws.send_json(_cartesia(name, CROWD_TEXT, False))
+                _count_outcome(report, "crowd", await _until_done(ws, names, 120))
+        except (aiohttp.ClientError, ConnectionError):
+            report.count("crowd", 599)
+
+
+async def vendor_text(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    while time.monotonic() < deadline:
+        for path in ("/v1/text-to-speech/default/stream", "/v1/text-to-speech/default/stream/with-timestamps"):
+            async with http.post(url + path, json={"text": "\ud800x"}) as r:
+                await r.read()
+                report.count("vendor_text", r.status)
+        await asyncio.sleep(0.1)
+
+
+async def log_forging(url: str, deadline: float, report: AttackReport) -> None:
+    paths = [b"/nothing%0a" + FORGED_LINE, b"/nothing%0d%0a" + FORGED_LINE, b"/v1/models%0a" + FORGED_LINE]
+    for path in itertools.cycle(paths):
+        if time.monotonic() >= deadline:
+            return
+        await _raw_request(url, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                           "log_forging", report)
+        await asyncio.sleep(0.2)
+
+
+async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
+    async def one() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        try:
+            return await _open(url, source=CAP_ATTACKER)
+        except OSError:
+            return None
+
+    while time.monotonic() < deadline:
+        held = [c for c in await asyncio.gather(*(one() for _ in range(CAP_FLOOD_SOCKETS))) if c is not None]
+        replies = await asyncio.gather(*(asyncio.wait_for(reader.read(256), 2) for reader, _ in held),
+                                       return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, bytes) and reply.startswith(b"HTTP/1.1 503"):
+                report.refused_connections += 1
+            elif isinstance(reply, bytes) and reply.startswith(b"HTTP/1.1 "):
+                report.count("cap_flood", int(reply.split(b" ")[1]))
+        for _, writer in held:
+            writer.close()
+        await asyncio.sleep(2.0)
+
+
 async def run_attacks(url: str, deadline: float) -> AttackReport:
     """Every attack until ``deadline``; then whatever is still in flight is dropped (a
     hostile client simply goes away)."""
     report = AttackReport()
     connector = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
+        turns = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(TURNS_ATTACKER, 0), limit=0))
         tasks = [asyncio.create_task(attack) for attack in (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
-            upload_flood(http, url, deadline, report))]
+            upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
+            crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
+            log_forging(url, deadline, report), cap_flood(url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        await turns.close()
         for result in results:
             if isinstance(result, Exception):  # a bug in an attack must show, not pass as "no 5xx"
                 raise result
@@ -413,13 +571,14 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
 
 def report_to_json(report: AttackReport) -> str:
     return json.dumps({"statuses": [[a, s, n] for (a, s), n in report.statuses.items()],
-                       "flood_outcomes": dict(report.flood_outcomes), "silent_closed": report.silent_closed})
+                       "flood_outcomes": dict(report.flood_outcomes), "silent_closed": report.silent_closed,
+                       "refused_connections": report.refused_connections})
 
 
 def report_from_json(line: str) -> AttackReport:
     data = json.loads(line)
     report = AttackReport(flood_outcomes=collections.Counter(data["flood_outcomes"]),
-                          silent_closed=data["silent_closed"])
+                          silent_closed=data["silent_closed"], refused_connections=data["refused_connections"])
     for attack, status, n in data["statuses"]:
         report.statuses[(attack, status)] = n
     return report

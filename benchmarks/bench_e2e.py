@@ -29,14 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import TEXTS, Server, log_tail, percentile, run_ws_session  # noqa: E402
 
 
-async def level(url: str, clients: int, api_key: str | None, min_sessions: int = 1) -> dict:
+async def level(url: str, clients: int, api_key: str | None, min_sessions: int = 1,
+                config: dict | None = None) -> dict:
     """``clients`` concurrent sessions, repeated until at least ``min_sessions`` were measured
     (so a 1-client TTFA is a percentile, not one sample)."""
     t0 = time.monotonic()
     stats = []
     while len(stats) < max(clients, min_sessions):
-        stats += await asyncio.gather(*(run_ws_session(url, TEXTS[i % len(TEXTS)], seed=i, api_key=api_key)
-                                        for i in range(clients)))
+        stats += await asyncio.gather(*(run_ws_session(url, TEXTS[i % len(TEXTS)], seed=i, api_key=api_key,
+                                                       config=config) for i in range(clients)))
     ok = [s for s in stats if s.ok and not s.error]
     ttfa = [s.ttfa_s for s in ok if s.ttfa_s is not None]
     rtf = [s.rtf for s in ok if s.rtf is not None]
@@ -111,6 +112,10 @@ def main() -> int:
     parser.add_argument("--virtual-device", metavar="COSTS_JSON",
                         help="serve on a virtual device: this GPU cost table's times instead of the talker's and "
                              "codec decoder's device work (runs on the CPU)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="each utterance's cap (session.config max_new_tokens; the benchmark checkpoint never "
+                             "ends an utterance itself: 76 gives the 6 s utterances of the recorded GPU runs); "
+                             "default: the talker's budget from the text")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="extra `streamvox serve` flag for the started server, repeatable "
                              "(e.g. --serve-arg=--max-slots=128)")
@@ -147,7 +152,8 @@ def main() -> int:
         for c in levels:
             before = asyncio.run(stage_seconds(url, args.api_key))
             cpu0 = (cpu_seconds(server.proc.pid) if server else 0.0, cpu_seconds(), time.monotonic())
-            r = asyncio.run(level(url, c, args.api_key, args.min_sessions))
+            config = {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else None
+            r = asyncio.run(level(url, c, args.api_key, args.min_sessions, config))
             cpu1 = (cpu_seconds(server.proc.pid) if server else 0.0, cpu_seconds(), time.monotonic())
             after = asyncio.run(stage_seconds(url, args.api_key))
             late = f"{after.get('late_captures', 0) - before.get('late_captures', 0):.0f}"

@@ -15,8 +15,8 @@ real-time factor for one client, in rotating rounds.
   client per turn, as users get it (benchmarks/loadgen.py): time to first audio = from sending
   the text to the first PCM frame, wall = to ``session.done``.
 * Both say the same sentence with the same speaker, sampled with the checkpoint's settings; the
-  benchmark checkpoint never emits EOS, so each runs to ``max_new_tokens`` (the peer is given the
-  checkpoint's own). **Rounds**: each round runs every variant once, the order rotated by one per
+  benchmark checkpoint never emits EOS, so both are given the checkpoint's own ``max_new_tokens``
+  (ours in its session.config: without it streamvox would speak to the sentence's frame budget). **Rounds**: each round runs every variant once, the order rotated by one per
   round; figures are medians over rounds, ratios taken within a round.
 * RTF = wall seconds / audio seconds (lower is better; < 1 keeps up); "x realtime" = its inverse,
   the figure faster-qwen3-tts's README calls RTF.
@@ -172,10 +172,10 @@ class PeerProcess:
 # --------------------------------------------------------------------------- coordinator
 
 
-def ours_turn(url: str) -> dict:
+def ours_turn(url: str, max_new_tokens: int) -> dict:
     from loadgen import run_ws_session
 
-    s = asyncio.run(run_ws_session(url, TEXT))
+    s = asyncio.run(run_ws_session(url, TEXT, config={"max_new_tokens": max_new_tokens}))
     if s.error or not s.ok:
         return {"error": s.error or "no session.done"}
     return {"ttfa_s": s.ttfa_s, "wall_s": s.wall_s, "audio_s": s.audio_s}
@@ -247,7 +247,7 @@ def main() -> int:
 
 def run_variant(name: str, url: str, peer: PeerProcess, max_new_tokens: int) -> dict:
     if name == "ours":
-        return ours_turn(url)
+        return ours_turn(url, max_new_tokens)
     return peer.ask(int(name.split()[-1]), max_new_tokens)
 
 

@@ -5,9 +5,13 @@ descriptors. Starts its own server (``--preset``/``--device``) or targets ``--ur
 (then ``--pid`` lets it read the server's RSS and fds from /proc).
 
 ``--attacks`` runs the hostile clients (``attacks.py``: WebSocket floods, silent
-sockets, bad bytes, a heavy streamer, over-work requests) from 127.0.0.2 beside the normal
-traffic; the server it starts then has 2 s read timeouts. It fails on any 5xx, and reads
-RSS and fds again ``--settle`` seconds after the attacks stopped (back to baseline?).
+sockets, bad bytes, a heavy streamer, over-work requests, colliding and reopened contexts, a
+16-context crowd, vendor-route text, forged log lines, a connection-cap flood) from 127.0.0.2
+(and 127.0.0.3) beside the normal traffic; the server it starts then has 2 s read timeouts and
+at most 2 sessions' share of socket work per client address. It
+fails on any 5xx, on a log line a client forged and on a traceback in the server's log (when it
+started the server), and reads RSS and fds again ``--settle`` seconds after the attacks stopped
+(back to baseline?).
 
     .venv/bin/python benchmarks/load.py --preset tiny --sessions 4 --jobs 1 --seconds 60
     .venv/bin/python benchmarks/load.py --preset tiny --sessions 2 --jobs 1 --seconds 60 --attacks
@@ -58,6 +62,9 @@ class LoadReport:
     fds_baseline: int = 0
     rss_settled_mb: float = 0.0
     fds_settled: int = 0
+    log_bytes: int | None = None  # the server's log during the run (a server it started)
+    tracebacks: int | None = None
+    forged_lines: int | None = None
 
     def table(self) -> str:
         p50, p95 = percentile(self.ttfa, 0.5), percentile(self.ttfa, 0.95)
@@ -75,6 +82,9 @@ class LoadReport:
                      ("server RSS baseline -> settled MiB", f"{self.rss_baseline_mb:.0f} -> {self.rss_settled_mb:.0f}"),
                      ("server RSS every 10 s under attack MiB", ", ".join(f"{x:.0f}" for x in self.rss_samples_mb)),
                      ("server open fds baseline -> settled", f"{self.fds_baseline} -> {self.fds_settled}")]
+        if self.log_bytes is not None:
+            rows += [("server log KiB / tracebacks / lines forged by a client",
+                      f"{self.log_bytes / 1024:.0f} / {self.tracebacks} / {self.forged_lines}")]
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -166,7 +176,9 @@ def main() -> int:
     server = None
     url, pid = args.url, args.pid
     if url is None:
-        extra = ["--http-idle-seconds", "2", "--http-body-seconds", "2"] if args.attacks else []
+        # attacked: short read timeouts, and a per-key (per-address: auth is off) share of socket work
+        extra = ["--http-idle-seconds", "2", "--http-body-seconds", "2", "--max-sessions-per-key", "2"] \
+            if args.attacks else []
         server = Server.start(args.preset, args.device, tempfile.mkdtemp(prefix="streamvox-load-"), extra)
         url, pid = server.url, server.proc.pid
         asyncio.run(server.wait_ready())
@@ -176,12 +188,15 @@ def main() -> int:
     finally:
         if server:
             server.stop()
+    if server:
+        report.log_bytes, report.tracebacks, report.forged_lines = server.log_bytes, server.tracebacks, server.forged_lines
     print(f"streamvox load: {args.sessions} WS sessions + {args.jobs} job loops on {url} "
           f"(preset {args.preset}, device {args.device}{', with attacks' if args.attacks else ''})")
     print(report.table())
     for err in report.errors[:10]:
         print("error:", err)
     failed = report.errors or (report.attacks is not None and report.server_errors + report.attacks.server_errors)
+    failed = failed or bool(report.attacks is not None and (report.tracebacks or report.forged_lines))
     return 1 if failed else 0
 
 

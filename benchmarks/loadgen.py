@@ -74,8 +74,9 @@ def ws_url(base: str) -> str:
 
 
 async def run_ws_session(base_url: str, text: str, seed: int = 0, api_key: str | None = None,
-                         timeout_s: float = 300.0) -> StreamStats:
-    """One WebSocket session: config, text, input.done, read until session.done."""
+                         timeout_s: float = 300.0, config: dict | None = None) -> StreamStats:
+    """One WebSocket session: config (``config`` adds session.config fields, e.g. max_new_tokens),
+    text, input.done, read until session.done."""
     stats = StreamStats()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     clock = {"t0": time.monotonic()}
@@ -84,7 +85,7 @@ async def run_ws_session(base_url: str, text: str, seed: int = 0, api_key: str |
         async with websockets.connect(ws_url(base_url), additional_headers=headers, max_size=None) as ws:
             created = json.loads(await ws.recv())
             rate = int(created.get("sample_rate", 24000))
-            await ws.send(json.dumps({"type": "session.config", "seed": seed}))
+            await ws.send(json.dumps({"type": "session.config", "seed": seed, **(config or {})}))
             clock["t0"] = t0 = time.monotonic()
             await ws.send(json.dumps({"type": "input.text", "text": text}))
             await ws.send(json.dumps({"type": "input.done"}))
@@ -206,6 +207,12 @@ class Server:
         proc.kill()
         raise RuntimeError("server did not start in time")
 
+    log_bytes: int = 0  # everything the server logged after it listened
+    tracebacks: int = 0  # "Traceback" lines among them
+    forged_lines: int = 0  # lines starting with FORGED_PREFIX: a client wrote a log line of its own
+
+    FORGED_PREFIX = "2026-01-01 00:00:00,000"  # the fake timestamp attacks.log_forging sends
+
     def _drain_stderr(self) -> None:
         import threading
 
@@ -213,6 +220,9 @@ class Server:
             for line in self.proc.stderr:  # type: ignore[union-attr]
                 self.log.append(line)
                 del self.log[:-200]
+                self.log_bytes += len(line.encode())
+                self.tracebacks += line.startswith("Traceback")
+                self.forged_lines += line.startswith(self.FORGED_PREFIX)
 
         threading.Thread(target=pump, daemon=True).start()
 

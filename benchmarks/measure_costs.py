@@ -13,7 +13,8 @@ capture of one bucket). Then, each timed as one call with the device synchronise
 * ``decode_step``: the talker's whole decode step (the step runner the pipeline uses) over
   ``rows`` rows that each hold ``kv_blocks`` KV blocks of history;
 * ``prefill``: one chunked prefill call, ``prompts`` prompts of ``width`` positions in one padded
-  talker forward plus their code-0 sampling, as ``Prefill.run`` makes it;
+  talker forward plus their code-0 sampling, as ``Prefill.run`` makes it (through the graphed
+  (prompts, width) buckets where the engine has them, eagerly past them);
 * ``codec_decode``: one ``Vocalizer.vocalize`` call over ``rows`` streams of ``frames`` frames each.
 
 Shapes the KV pool cannot hold are recorded as null. Prints a table and writes the JSON.
@@ -104,11 +105,15 @@ class TalkerCosts:
         positions = torch.arange(width, device=dev).expand(prompts, width).contiguous()
         rows = torch.arange(prompts, device=dev)
 
+        runner = self.source.prefill.runner  # the graphed buckets, as served (every prompt starts at 0)
+
         def call():
             slots = self.cache.slots(rows, positions)
             last = torch.full((prompts,), width - 1, device=dev)
-            h = talker.forward_paged(x, positions, self.cache, rows, blocks, self.source.rope, last=last,
-                                     write_slots=slots)
+            h = runner(x, positions, rows, last, slots) if runner is not None else None
+            if h is None:  # no bucket holds this call: it runs eagerly when served too
+                h = talker.forward_paged(x, positions, self.cache, rows, blocks, self.source.rope, last=last,
+                                         write_slots=slots)
             self.source.decoder.sample(h, rows, all_greedy=False, any_top_p=False)
 
         with torch.no_grad():

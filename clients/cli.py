@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    for command in subparsers.choices.values():  # a bad flag is reported with its command's own usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     # OpenMP workers made a 2-thread int4 step ~4x slower, and fp32 runs the same either way.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return int(args.func(args) or 0)
 
 

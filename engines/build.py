@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
@@ -64,7 +65,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None,
                  aligner: str | None = None, prefix_cache_fraction: float | None = None,
                  quantize: str | None = None, virtual_device: str | None = None,
-                 virtual_eos_frames: int | None = None) -> Engine:
+                 virtual_eos_frames: int | None = None,
+                 voice_aliases: Mapping[str, str | None] | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
     preset's concurrent-stream slots (the batch ceiling becomes 2 x slots, room for CFG);
@@ -85,13 +87,15 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     ``virtual_device``: a device cost table (benchmarks/costs/*.json): the talker's and the codec
     decoder's device work become waits of its costs on this CPU (engines/virtual/; only the
     checkpoint's config and tokenizer files are read); ``virtual_eos_frames``: every utterance
-    then samples EOS after that many frames (None: it runs to its frame budget)."""
+    then samples EOS after that many frames (None: it runs to its frame budget).
+    ``voice_aliases``: voice names added to (None: dropped from) the vendor aliases
+    (engines/core/voice_aliases.py)."""
     if checkpoint and not Path(checkpoint).exists():
         checkpoint = str(resolve_model(checkpoint))
     if virtual_device:
         return _virtual_engine(virtual_device, virtual_eos_frames, preset, device, checkpoint, max_queue, fault_hook,
                                warmup, source, talker_slots or max_slots or 8, kv_cache_gb, prefill_token_budget,
-                               prefix_cache_fraction)
+                               prefix_cache_fraction, voice_aliases)
     dev = resolve_device(device)
     config = get_preset(preset or default_preset(dev))
     if source is None:
@@ -139,7 +143,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     engine = Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                     talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
                     switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
-                    prefill_token_budget=prefill_token_budget,
+                    prefill_token_budget=prefill_token_budget, voice_aliases=voice_aliases,
                     talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
                                                       ("prefix_cache_fraction", prefix_cache_fraction))
                                     if v is not None})
@@ -151,7 +155,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
 def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, device: str, checkpoint: str | None,
                     max_queue: int, fault_hook: FaultHook | None, warmup: bool, source: str | None, talker_slots: int,
                     kv_cache_gb: float | None, prefill_token_budget: int | None,
-                    prefix_cache_fraction: float | None) -> Engine:
+                    prefix_cache_fraction: float | None,
+                    voice_aliases: Mapping[str, str | None] | None = None) -> Engine:
     """The talker engine on a virtual device (engines/virtual/): the checkpoint's prompt side, no models."""
     from engines.virtual.device import VirtualDevice
 
@@ -171,7 +176,7 @@ def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, devi
     return Engine(models, canonical_device("cpu"), torch.float32, max_queue=max_queue, fault_hook=fault_hook,
                   warmup=warmup, talker=virtual.talker_bundle(checkpoint), talker_slots=talker_slots,
                   prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET, virtual=virtual,
-                  talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
+                  voice_aliases=voice_aliases, talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
                                                     ("prefix_cache_fraction", prefix_cache_fraction))
                                   if v is not None})
 

@@ -229,6 +229,11 @@ class AudioChunk:
     alignment: "Alignment | None" = None
     """Final chunk of a request that asked for ``timestamps``, when it could be aligned."""
 
+    truncated: str | None = None
+    """Final chunk of a talker utterance that ended before EOS, and why: ``budget`` (its frame
+    budget from its text), ``max_new_tokens``, ``max_seq_len`` (its stream's positions) or
+    ``loop`` (its code 0 repeated one pattern: the runaway guard). None: it ended by itself."""
+
 
 @dataclass(frozen=True)
 class WordTimestamp:
@@ -389,7 +394,8 @@ class EngineInfo:
     num_code_groups: int | None = None
     batch_ceiling: int | None = None
     warmup_rtf: float | None = None
-    """Wall seconds per audio second of one warm-up request alone (CPU start only); None otherwise."""
+    """Wall seconds per audio second of a request alone after the warm-up (CPU start only: the speed
+    one stream can expect); None otherwise."""
     quantize: str = "none"
     """The talker's and code predictor's weights: ``none`` (the dtype's own), ``int8`` or ``int4``."""
 
@@ -462,6 +468,11 @@ class SynthesisEngine(Protocol):
     def planned_work(self, request: SynthesisRequest) -> PlannedWork:
         """What ``request`` will cost (vocoder frames, model steps), without running the model:
         the service's work limits are checked on it before any engine time is spent."""
+
+    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` with its text tokenized (``prompt_ids``), nothing else checked; unchanged when
+        it has them, its text is live, or the pipeline has no prompt of text ids (the DiT). The
+        service plans long text on these ids and submits them: a text is tokenized once."""
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start (metrics)."""

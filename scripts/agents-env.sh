@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build .venv-agents: the voice-agent SDKs (ElevenLabs, LiveKit Agents plugins, Pipecat)
+# Build .venv-agents: the voice-agent SDKs (ElevenLabs, Cartesia, Deepgram, LiveKit Agents plugins, Pipecat)
 # that the dialect tests run, unmodified, as subprocess clients against a live streamvox.
 #
 # Why a separate venv: these SDKs pin their own aiohttp / websockets / pydantic / protobuf
@@ -14,11 +14,13 @@ source scripts/lib/venv.sh
 VENV=.venv-agents
 PKGS=(
   "elevenlabs==2.78.0"
+  "cartesia==4.2.0"
+  "deepgram-sdk==7.16.0"
   "livekit-agents==1.8.9"
   "livekit-plugins-elevenlabs==1.8.9"
   "livekit-plugins-cartesia==1.8.9"
   "livekit-plugins-deepgram==1.8.9"
-  "pipecat-ai[elevenlabs,cartesia]==1.14.0"
+  "pipecat-ai[elevenlabs,cartesia,deepgram]==1.14.0"
 )
 start=$(date +%s)
 venv_create "$VENV"

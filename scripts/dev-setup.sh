@@ -37,7 +37,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     echo "dev-setup: installing postgresql (apt)"
     apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
   else
-    echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (tests/test_job*.py need initdb)"
+    echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (the job store tests, tests/service/jobs/, start a server with initdb: tests/pg_helpers.py)"
   fi
 fi
 

@@ -63,9 +63,10 @@ else
   COST_GRID=${COST_GRID:-}
 fi
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
+UTTERANCE_TOKENS=76  # the served utterances: 75 frames, 6 s (make_checkpoint's default, as in every recorded run)
 KERNEL_TEST=tests/engines/models/test_paged_attention.py
 KERNEL_TESTS=${KERNEL_TESTS:-$([ "$DEVICE" = cuda ] && echo cuda || echo "not cuda")}  # on a GPU: the native kernel test alone
-CUDA_TESTS="tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
+CUDA_TESTS="tests/engines/runtime/test_graphed_prefill.py tests/engines/runtime/test_graphed_predictor.py tests/engines/runtime/test_graphed_dit.py tests/engines/runtime/test_graphed_decoder.py tests/engines/pipelines/dit/test_stream.py
   tests/engines/core/test_gpu_engine.py tests/engines/pipelines/talker/test_talker_paged.py tests/engines/pipelines/talker/test_talker_source.py"
 
 if [ "$DEVICE" = cuda ] && [ -d .whl/proj ]; then
@@ -110,7 +111,8 @@ run_step() {
 # LEVELS (default 1 and the profile's level); the caller's environment picks the variant.
 served_talker() {
   run_step "$1" "$2" 60 "$PY" benchmarks/bench_e2e.py --device "$DEVICE" --checkpoint "$CKPT" \
-    --levels "${3:-1,$PROFILE_AT}" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS"
+    --levels "${3:-1,$PROFILE_AT}" --max-new-tokens "$UTTERANCE_TOKENS" --serve-arg=--max-queue=1024 \
+    --serve-arg="--max-slots=$TALKER_SLOTS"
 }
 
 step() {

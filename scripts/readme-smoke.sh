@@ -3,7 +3,8 @@
 # `streamvox serve` on the embedded default (random weights offline), on its default address 127.0.0.1:8000), wait
 # for /readyz (within a minute of the command starting), run the README's tour against it
 # (scripts/readme-tour.sh: every command as printed, every file it writes checked), and
-# SIGTERM must stop the server with exit code 0. Used by .ci/run.
+# SIGTERM must stop the server with exit code 0. Then the README's cloning block, as printed,
+# against a server of the Base release it names (scripts/readme-clone.sh). Used by .ci/run.
 #
 #   bash scripts/readme-smoke.sh [--serve-only]
 #
@@ -69,3 +70,6 @@ status=0
 wait "$pid" || status=$?
 [ "$status" -eq 0 ] || { echo "readme-smoke: serve exited $status after SIGTERM"; tail -n 20 "$log"; exit 1; }
 echo "readme-smoke: serve drained and exited 0"
+clone_start=$(date +%s)
+bash scripts/readme-clone.sh || { echo "readme-smoke: the README's cloning block failed"; exit 1; }
+echo "readme-smoke: the cloning block took $(( $(date +%s) - clone_start ))s"

@@ -13,6 +13,7 @@ from aiohttp import web
 from engines.contract import EngineCapabilities, SynthesisEngine
 from service.http import playground
 from service.http.middleware import (
+    FOREIGN_APIS,
     access_log_middleware,
     auth_middleware,
     cors_middleware,
@@ -26,12 +27,13 @@ from service.jobs.store import make_job_store
 from service.metrics import CONTENT_TYPE
 from service.rest import speech
 from service.settings import Settings
+from service.speed import real_time_words
 from service.state import STATE_KEY, AppState
-from service.synthesis.params import served_model_names
+from service.synthesis.params import public_model_name, served_model_names
 from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
 from service.ws import session as ws
-from service.ws.dialects import cartesia, deepgram, elevenlabs, elevenlabs_http
+from service.ws.dialects import cartesia, cartesia_http, deepgram, deepgram_http, elevenlabs, elevenlabs_http
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -76,13 +78,13 @@ def controls(caps: EngineCapabilities) -> dict[str, bool]:
 
 
 def speed_note(rtf: float | None) -> str | None:
-    """The measured real-time factor (wall seconds per audio second) in words."""
+    """The measured real-time factor (wall seconds per audio second, warm) in words."""
     if not rtf:
         return None
+    note = real_time_words(rtf)
     if rtf > 1:
-        return (f"real-time factor {rtf:.2f} (wall s per audio s): about {rtf:.1f}x slower than real time; "
-                "streamed audio will have gaps - use whole-file speech (stream: false) or jobs")
-    return f"real-time factor {rtf:.2f} (wall s per audio s): about {1 / rtf:.1f}x faster than real time"
+        note += "; streamed audio will have gaps - use whole-file speech (stream: false) or jobs"
+    return note
 
 
 async def models(request: web.Request) -> web.Response:
@@ -102,12 +104,12 @@ async def models(request: web.Request) -> web.Response:
         "instructions": caps.instructions,
         "voice_cloning": caps.voice_cloning,
         # word timestamps (a forced aligner loaded with --aligner): whether, with what, for which languages
-        "timestamps": {"available": caps.timestamps, "aligner": caps.aligner,
+        "timestamps": {"available": caps.timestamps, "aligner": public_model_name(caps.aligner),
                        "languages": list(caps.timestamp_languages)},
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),
-        # measured at start on CPU (one warm-up request alone): wall seconds per audio second
+        # measured at start on CPU (a request alone, after the warm-up): wall seconds per audio second
         "expected_rtf": rtf, "speed": speed_note(rtf),
     }
     return web.json_response({"object": "list", "data": [model]})
@@ -142,8 +144,10 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech.create_speech)
     app.router.add_get("/v1/stream", ws.stream_session)
     app.router.add_get(omni_stream.ENDPOINT, omni_stream.speech_stream)  # vllm-omni's dialect
-    for dialect in (elevenlabs, elevenlabs_http, cartesia, deepgram):  # voice-agent services' sockets (they check their own keys)
+    # voice-agent services' sockets and HTTP speech, under their own prefixes with their own keys and errors
+    for dialect in (elevenlabs, elevenlabs_http, cartesia, cartesia_http, deepgram, deepgram_http):
         dialect.add_routes(app)
+    app[FOREIGN_APIS] = (elevenlabs_http.API, cartesia_http.API, deepgram_http.API)
     playground.add_routes(app)
     job_store = make_job_store(settings)  # SQLite under --data-dir, or the shared PostgreSQL (--jobs-db)
     jobs.add_routes(app, job_store)

@@ -75,6 +75,10 @@ class Metrics:
                                       "streams heard because the audio came later than real time", registry=r)
         self.requests = Counter("streamvox_requests_total", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=r)
+        # The talker's runaway guard and frame budget (engines/pipelines/talker/guard.py, budget.py)
+        self.truncated = Counter("streamvox_utterances_truncated_total", "Talker utterances ended before EOS, by "
+                                 "what ended them: budget (their text's frame budget), max_new_tokens, max_seq_len, "
+                                 "loop (their code 0 repeated one pattern)", ["reason"], registry=r)
         r.register(_StageCollector(engine))
         r.register(_KVCacheCollector(engine))  # no samples where the pipeline has no KV pool (the DiT)
         r.register(_GraphCaptureCollector(engine))

@@ -27,9 +27,17 @@ WATCHDOG_SECONDS = 1.0
 EXIT_WORKER_DIED = 1
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Log lines to stderr; what a client sent cannot forge a line, repeated errors cannot flood
+    (service/http/log_safety.py)."""
+    from service.http.log_safety import configure
+
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        configure(handler, LOG_FORMAT)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # access lines would carry query strings
 
 
@@ -60,10 +68,15 @@ class ConnectionGuard:
         self._addresses[id(handler)] = address
         if self.limit and count > self.limit:
             self.refused += 1
-            log.info("refusing a connection from %s: %d open, the limit is %d", address, count - 1, self.limit)
+            # A warning (the log's repeat filter writes a few a minute, then counts them: a flood
+            # is made of refusals).
+            log.warning("refusing connections from %s: %d open, the limit is %d (refused so far: %d)",
+                        address, count - 1, self.limit, self.refused)
             transport.write(_refusal(self.limit))
-            handler.force_close()
-            transport.close()
+            # Closed on the next turn of the loop, once aiohttp has started the connection's
+            # handler task: closing it here would end the connection before that task runs,
+            # and the task would fail ("Task exception was never retrieved") on every refusal.
+            asyncio.get_running_loop().call_soon(handler.force_close)
 
     def connection_lost(self, handler, exc: BaseException | None = None) -> None:
         address = self._addresses.pop(id(handler), None)
@@ -151,7 +164,8 @@ def build_engine_for(settings: Settings):
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
                         switches=settings.runtime, aligner=settings.aligner,
                         prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
-                        virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames)
+                        virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
+                        voice_aliases=settings.voice_alias_table())
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
@@ -179,8 +193,8 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
              info.quantize, ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
-        log.info("expected speed on this machine (one request alone, from the start-up warm-up, quantize=%s): %s",
-                 info.quantize, speed)
+        log.info("expected speed on this machine (one request alone, measured after the start-up warm-up, "
+                 "quantize=%s): %s", info.quantize, speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

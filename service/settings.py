@@ -11,6 +11,7 @@ This is the only place that knows the names.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import types
@@ -76,6 +77,21 @@ def _read_key_file(path: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
 
 
+def read_voice_aliases(path: str) -> dict[str, str | None]:
+    """A ``--voice-aliases`` file: one JSON object of alias name -> voice name (or null); ValueError
+    saying what is wrong with it."""
+    try:
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(name, str) and name.strip() and (
+            voice is None or isinstance(voice, str) and voice.strip()) for name, voice in table.items()):
+        raise ValueError(f'{path}: expected one JSON object of "alias": "voice" (or null) entries')
+    return table
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         frozen=True,
@@ -139,11 +155,15 @@ class Settings(BaseSettings):
     metrics_auth: bool = option(False, "require an API key for /metrics")
     cors_origins: CommaList = option((), "comma separated allowed origins (empty = CORS off)")
     max_input_chars: int = option(4096, "longest accepted input text", ge=1)
+    max_job_chars: int = option(200_000, "longest input text of a REST job (spoken as utterances, kept as they "
+                                "finish: an interrupted job resumes)", ge=1)
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(str.lower)] = option(
         "info", "log verbosity")
     rate_limit: float = option(0.0, "requests/s per API key that start work (0 = off)", ge=0)
     rate_burst: int = option(20, "token-bucket size for --rate-limit", ge=1)
-    max_sessions_per_key: int = option(0, "concurrent WebSocket sessions per API key (0 = unlimited)", ge=0)
+    max_sessions_per_key: int = option(
+        0, "concurrent WebSocket sessions per API key, and their work: per session one utterance started at a time "
+           "and two engine requests, counted over every socket and context of the key (0 = unlimited)", ge=0)
     job_ttl_hours: float = option(168.0, "delete finished jobs after this (0 = keep)", ge=0)
     job_workers: int = option(
         2, "REST jobs this replica runs at once, after real-time streams (0 = none: it only serves the job API)",
@@ -163,7 +183,8 @@ class Settings(BaseSettings):
     max_ref_audio_seconds: float = option(
         30.0, "longest reference audio for voice cloning (inline ref_audio and POST /v1/audio/voices)", ge=1)
     max_ref_audio_mb: float = option(
-        10.0, "largest reference audio file in MiB (a speech body with ref_audio may be this big, base64 encoded)",
+        10.0, "largest reference audio file in MiB: POST /v1/audio/voices uploads and fetched ref_audio URLs "
+        "(inline base64 ref_audio must also fit the 1 MiB JSON body)",
         ge=0.01)
     ref_audio_url_prefixes: CommaList = option(  # fetched only under these (service/voices/fetch.py)
         (), "comma separated https://host/path/ or file:///dir/ prefixes whose ref_audio URLs are fetched "
@@ -178,22 +199,27 @@ class Settings(BaseSettings):
         flag="--ws-idle-seconds", gt=0)
     # live text: a live utterance ends at the first sentence end past this many characters
     ws_live_utterance_chars: int = option(
-        200, "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters",
+        200, "talker WebSocket sessions: a live utterance ends at the first sentence end past this many characters "
+        "(with none, at its first space past 4x this)",
         ge=1)
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
     # --- work limits: what one request (one WebSocket utterance) may cost, counted by the engine
-    # before any of it runs (engines Engine.planned_work; service.synthesis.params.check_work);
+    # before any of it runs (engines Engine.planned_work; service.synthesis.plan.check_work);
     # over one: 413 too_much_work. 0 = off.
     max_work_audio_frames: int = option(  # 12.5 per second: ~22 min
         16_384, "most codec frames (12.5 per second of audio, after speed) one request or utterance may plan; "
         "more get 413 too_much_work (0 = no limit)", ge=0)
     max_work_frame_steps: int = option(
         60_000, "DiT: most planned frames x denoising steps one request or utterance may cost (0 = no limit)", ge=0)
-    max_work_talker_steps: int = option(  # max_new_tokens; the official default passes
-        2_048, "talker: most decode steps (max_new_tokens, else the checkpoint's default) one request or utterance "
-        "may run (0 = no limit)", ge=0)
+    max_work_talker_steps: int = option(  # an utterance's frame budget from its text (talker/budget.py)
+        2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
+        "- 1) (0 = no limit)", ge=0)
     # --- end work limits
+    # Long text: the talker speaks it as utterances cut at sentence ends (service/synthesis/plan.py)
+    utterance_max_frames: int = option(
+        1_024, "talker: long text is spoken as utterances cut at sentence ends, each with a frame budget (from its "
+        "text: 15 frames per token + 50; 12.5 frames per second) of at most this", ge=100)
     max_queued_jobs: int = 1000  # unfinished (queued + running) jobs in total; 429 beyond (0 = unlimited)
     max_queued_jobs_per_key: int = 100  # unfinished jobs per API key (per address with auth off); 429 beyond (0 = unlimited)
     # Fairness: concurrent streamed /v1/audio/speech responses per key (per address with auth
@@ -233,6 +259,9 @@ class Settings(BaseSettings):
     aligner: str | None = option(
         None, "word timestamps: a Qwen3-ForcedAligner (an official-layout directory or a Hugging Face id such as "
         "Qwen/Qwen3-ForcedAligner-0.6B); unset: no timestamps")
+    voice_aliases: str | None = option(
+        None, "a JSON file {\"name\": \"voice\"} of voice aliases added to the built-in table of other services' "
+        "voice names (a null voice drops one); unset: the built-in table alone", metavar="FILE")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -279,6 +308,17 @@ class Settings(BaseSettings):
         if url and not url.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected a postgresql:// URL")
         return url or None
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _alias_file(cls, path: str | None) -> str | None:
+        if path:
+            read_voice_aliases(path)  # a bad file is a one-line error at start, before any model loads
+        return path or None
+
+    def voice_alias_table(self) -> dict[str, str | None]:
+        """The ``--voice-aliases`` file's entries (empty when unset)."""
+        return read_voice_aliases(self.voice_aliases) if self.voice_aliases else {}
 
     @field_validator("jobs_db_password_file")
     @classmethod

@@ -93,6 +93,16 @@ class LiveServer:
         await self.runner.cleanup()
 
 
+def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
+    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps. The
+    codes decide the audio; the codec decoder's float math (batched with whatever else streams at
+    the time, in chunks whose size follows the load) may move a sample by a step of rounding."""
+    import numpy as np
+
+    x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))
+    return x.shape == y.shape and int(np.abs(x - y).max(initial=0)) <= lsb
+
+
 async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) -> LiveServer:
     """``ssl_context``: serve https / wss with it (TLS terminated by aiohttp, as a proxy would)."""
     from service.app import (
@@ -177,6 +187,14 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM and wait for the exit; killed when it takes longer than ``timeout_s``."""
+        self.terminate()
+        try:
+            self.wait_exit(timeout_s)
+        finally:
+            self.kill()
+
     @property
     def log(self) -> str:
         return "".join(self.lines)
@@ -225,6 +243,22 @@ def talker_engine():
 
 
 ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"  # the random aligner scripts/aligner-oracle-env.sh makes
+
+
+@pytest.fixture(scope="module")
+def aligned_talker():
+    """The talker oracle fixture (cv_proj) with the random forced aligner: word times of talker
+    utterances (long text planned as several, long jobs)."""
+    if not (ALIGNER / "config.json").exists():
+        pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
+    from engines.build import build_engine
+    from tests.oracle import talker_fixtures
+
+    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
+                          aligner=str(ALIGNER), warmup=False)
+    engine.start()
+    yield engine
+    engine.stop()
 
 
 @pytest.fixture(scope="module")

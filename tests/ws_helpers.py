@@ -1,5 +1,6 @@
 """A client's read of one streamvox ``/v1/stream`` or vllm-omni socket round: binary audio frames
-and JSON events until ``session.done``; an ``error`` event fails the test."""
+and JSON events until ``session.done``; an ``error`` event fails the test. Also: a socket's audio
+up to its next JSON message (``read_until_json``)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ async def read_until_session_done(ws, timeout_s: float | None = None) -> Session
         read.events.append(event)
         if event["type"] == "session.done":
             return read
+
+
+async def read_until_json(ws, timeout_s: float = 60.0) -> tuple[bytes, dict]:
+    """The binary audio a socket sends up to its next JSON message (a Deepgram ``Flushed``, say),
+    and that message."""
+    audio = bytearray()
+    while True:
+        message = await asyncio.wait_for(ws.recv(), timeout_s)
+        if isinstance(message, bytes):
+            audio += message
+            continue
+        return bytes(audio), json.loads(message)

@@ -122,8 +122,6 @@ NO_TEXT = "no text to speak (the input is empty or only whitespace)"
 
 
 def run(args: argparse.Namespace) -> int:
-    import soundfile as sf
-
     if args.stdin:
         return run_stdin(args)
     if args.text is None:
@@ -133,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
     if not text.strip():
         print(f"streamvox say: {NO_TEXT}", file=sys.stderr)
+        return 2
+    out = checked_output(args)
+    if out is None:
         return 2
     config = synthesis_config(args)
 
@@ -145,20 +146,43 @@ def run(args: argparse.Namespace) -> int:
     code, result = call_server(args, action)
     if code:
         return code
-    sf.write(args.out, result.pcm, result.sample_rate, subtype="PCM_16")
+    if not write_wav(args, out, result.pcm, result.sample_rate):
+        return 1
     ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
           f"time to first audio {ttfa}; {rtf_words(result.wall_s, result.audio_seconds)}")
     return 0
 
 
+def checked_output(args: argparse.Namespace):
+    """``--out`` ready to be written (its folder made), else None after one line on stderr."""
+    from clients.commands.output_file import OutputError, output_file
+
+    try:
+        return output_file(args.out)
+    except OutputError as exc:
+        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+        return None
+
+
+def write_wav(args: argparse.Namespace, out, pcm, sample_rate: int) -> bool:
+    """The WAV file; False after one line on stderr when it cannot be written (disk full...)."""
+    import soundfile as sf
+
+    try:
+        sf.write(out, pcm, sample_rate, subtype="PCM_16")
+        return True
+    except (OSError, sf.LibsndfileError) as exc:
+        print(f"streamvox {args.command}: --out {args.out}: {exc}", file=sys.stderr)
+        return False
+
+
 def rtf_words(wall_s: float, audio_s: float) -> str:
     """The real-time factor as the speech literature means it (wall seconds per audio second,
-    lower is better, below 1 keeps up), with its inverse in words beside it."""
-    if audio_s <= 0:
-        return "real-time factor n/a (no audio)"
-    rtf = wall_s / audio_s
-    return f"real-time factor {rtf:.2f} ({1 / max(rtf, 1e-9):.1f}x faster than real time)"
+    lower is better, below 1 keeps up), with how much faster or slower than real time beside it."""
+    from service.speed import real_time_words
+
+    return real_time_words(wall_s / audio_s if audio_s > 0 else 0.0)
 
 
 async def stdin_text(chunk_bytes: int = 256):
@@ -182,8 +206,10 @@ def run_stdin(args: argparse.Namespace) -> int:
     import time
 
     import numpy as np
-    import soundfile as sf
 
+    out = checked_output(args)
+    if out is None:
+        return 2
     config = synthesis_config(args)
     first_text: list[float] = []
     first_audio: list[float] = []
@@ -212,7 +238,8 @@ def run_stdin(args: argparse.Namespace) -> int:
     if code:
         return code
     samples = np.frombuffer(pcm, dtype="<i2")
-    sf.write(args.out, samples, 24000, subtype="PCM_16")
+    if not write_wav(args, out, samples, 24000):
+        return 1
     lag = f"{(first_audio[0] - first_text[0]) * 1000:.0f} ms" if first_text and first_audio else "n/a"
     print(f"wrote {args.out}: {samples.size / 24000:.2f} s audio; first audio {lag} after the first text")
     return 0

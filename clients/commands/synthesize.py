@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                         "1.7B CustomVoice: how to speak")
     p.add_argument("--format", choices=("wav", "flac"), default=None,
                    help="file format (default: from the --out extension, else wav)")
+    p.add_argument("--max-input-chars", type=int, default=4096,
+                   help="longest text accepted, as the server's --max-input-chars (default 4096; 0 = no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -86,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
         SynthesisRequest,
     )
     from engines.export.base import BackendError
-    from service.synthesis.schema import FieldError, SynthesisParams, validate
+    from service.synthesis.schema import FieldError, SynthesisParams, too_long, validate
 
+    from .output_file import OutputError, output_file
     from .say import rtf_words
 
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -99,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             raise FieldError("text", "must be a non-empty string")
     except FieldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.max_input_chars and len(text) > args.max_input_chars:  # the server's limit and message
+        print(f"error: {too_long('text', len(text), args.max_input_chars)} (--max-input-chars)", file=sys.stderr)
+        return 2
+    try:  # every file path checked before any model loads
+        out = output_file(args.out)
+        if args.ref_audio is not None and not os.path.isfile(args.ref_audio):
+            raise OutputError(f"--ref-audio {args.ref_audio}: no such file")
+    except OutputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
@@ -165,7 +179,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: synthesis failed: {state['error']}", file=sys.stderr)
         return 1
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    sf.write(args.out, audio, info.sample_rate, format=fmt.upper(), subtype="PCM_16")
+    try:
+        sf.write(out, audio, info.sample_rate, format=fmt.upper(), subtype="PCM_16")
+    except (OSError, sf.LibsndfileError) as exc:
+        print(f"error: --out {args.out}: {exc}", file=sys.stderr)
+        return 1
     seconds = len(audio) / info.sample_rate
     wall = time.monotonic() - started
     frames = len(audio) // SAMPLES_PER_FRAME

@@ -2,9 +2,13 @@
 batches behind audio (the worker runs one batch per step, only while no realtime request
 waits for its first audio - core/scheduler.py ``first_audio_pending``).
 
-A piece is a request's text with all its audio, kept from its chunks as they are delivered.
-The aligner (engines/pipelines/aligner) gives unit times from the start of that audio;
-times past the audio's end (an untrained or unsure model) are clamped to it.
+A piece is a request's text with all its audio, kept from its chunks as they are delivered,
+as 16-bit samples (what a client hears on the wire; half the memory of float32), and only up to
+what the aligner accepts (``max_seconds``): a longer piece cannot be timed, so its audio is
+dropped the moment it grows past that, and its request ends without word times. A piece's
+memory is freed when its request ends. The aligner (engines/pipelines/aligner) gives unit times
+from the start of that audio; times past the audio's end (an untrained or unsure model) are
+clamped to it.
 """
 
 from __future__ import annotations
@@ -47,16 +51,32 @@ def alignment_language(language: str, text: str, supported: tuple[str, ...]) -> 
 
 @dataclass
 class Piece:
-    """A finished request's audio waiting for its word times."""
+    """A request's audio kept for its word times (it waits in the queue once finished)."""
 
     state: object  # core.scheduler.RequestState (its final chunk is delivered after alignment)
     text: str
     language: str | None
-    audio: list[np.ndarray] = field(default_factory=list)
+    max_samples: int = int(180 * SAMPLE_RATE)  # the aligner's max_seconds
+    audio: list[np.ndarray] = field(default_factory=list)  # int16 chunks
+    samples: int = 0  # the request's audio so far, kept or not
+    too_long: bool = False  # past max_samples: nothing kept, never aligned
 
-    @property
-    def samples(self) -> int:
-        return sum(a.size for a in self.audio)
+    def keep(self, pcm: np.ndarray) -> None:
+        """Keep a delivered chunk of float PCM (as int16), unless the piece outgrew the aligner."""
+        self.samples += pcm.size
+        if self.too_long:
+            return
+        if self.samples > self.max_samples:
+            self.too_long = True
+            self.audio.clear()
+            return
+        self.audio.append((np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16))
+
+    def pcm(self) -> np.ndarray:
+        """The kept audio as float32 for the aligner."""
+        if not self.audio:
+            return np.zeros(0, np.float32)
+        return np.concatenate(self.audio).astype(np.float32) / 32767.0
 
 
 class AlignQueue:
@@ -91,11 +111,10 @@ class AlignQueue:
         from engines.pipelines.aligner import AlignItem
 
         results: list[Alignment | None] = [None] * len(batch)
-        runnable = [i for i, p in enumerate(batch) if p.language is not None
+        runnable = [i for i, p in enumerate(batch) if p.language is not None and not p.too_long
                     and p.samples / SAMPLE_RATE <= self.max_seconds]
         self.audio_seconds += sum(batch[i].samples for i in runnable) / SAMPLE_RATE
-        items = [AlignItem(np.concatenate(batch[i].audio) if batch[i].audio else np.zeros(0, np.float32),
-                           batch[i].text, batch[i].language, SAMPLE_RATE) for i in runnable]
+        items = [AlignItem(batch[i].pcm(), batch[i].text, batch[i].language, SAMPLE_RATE) for i in runnable]
         try:
             words = self.aligner.align_batch(items)
         except Exception as exc:  # one bad item refuses the batch: align them one by one

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from engines.contract import (
     VoiceClone,
 )
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.voice_aliases import VENDOR_VOICE_ALIASES, extend_aliases
 from engines.core.worker import FaultHook, Worker
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -87,7 +88,8 @@ class Engine:
                  talker=None, talker_slots: int = 8, batch_planning: bool | None = None, backend: str = "torch",
                  talker_options: dict | None = None, switches: RuntimeSwitches = RuntimeSwitches(),
                  aligner=None, prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
-                 virtual: VirtualDevice | None = None):
+                 virtual: VirtualDevice | None = None,
+                 voice_aliases: Mapping[str, str | None] | None = None):
         """``talker``: a TalkerBundle (engines/pipelines/talker/reference.py) selects the talker source;
         either pipeline emits code frames, which the vocalizer decodes. ``batch_planning`` (default: on
         CUDA) plans the requests that arrive together with one encoder forward. ``switches``: how it
@@ -95,7 +97,9 @@ class Engine:
         ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
         ``prefill_token_budget``: prompt positions the scheduler lets the talker prefill per step.
         ``virtual``: the talker's and the codec decoder's device work replaced by a cost table's
-        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs)."""
+        waits (engines/virtual/; ``talker`` then carries only the prompt side, no model runs).
+        ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
+        (engines/core/voice_aliases.py); ValueError when one names no voice of the model."""
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -112,7 +116,9 @@ class Engine:
         if talker is None:
             self.voice_names = VOICE_NAMES[: cfg.text.num_voices] if cfg.text.num_voices <= len(VOICE_NAMES) else (
                 VOICE_NAMES + tuple(f"voice{i}" for i in range(len(VOICE_NAMES), cfg.text.num_voices)))
-            self.voice_aliases = {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}
+            self.voice_aliases = extend_aliases(
+                {k: v for k, v in OPENAI_VOICE_ALIASES.items() if v in self.voice_names}, self.voice_names,
+                {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             self.planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
             dit = models.dit
             if device.type == "cuda" and isinstance(dit, FlowDiT):  # (exported backends run their own engines)
@@ -152,6 +158,8 @@ class Engine:
                 self.voice_aliases = {"default": speakers[0]}
                 for i, alias in enumerate(sorted(OPENAI_VOICE_ALIASES)):
                     self.voice_aliases.setdefault(alias, speakers[i % len(speakers)])
+                self.voice_aliases = extend_aliases(self.voice_aliases, speakers,
+                                                    {**VENDOR_VOICE_ALIASES, **(voice_aliases or {})})
             # talker_options: kv_cache_gb, prefix_cache_fraction (engines/pipelines/talker/source.py)
             if virtual is not None:
                 talker_source = virtual.talker_source(talker, talker_slots, **(talker_options or {}))
@@ -165,10 +173,13 @@ class Engine:
             if step_graphs:
                 # The whole decode step (predictor included) as one CUDA graph per bucket
                 # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
+                from engines.runtime.graphed_prefill import GraphedPrefill
                 from engines.runtime.graphed_talker import GraphedTalkerStep
 
                 talker_source.step_runner = GraphedTalkerStep(talker_source.step_spec(),
                                                               compile_backend=switches.compile_backend("predictor"))
+                # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
+                talker_source.prefill.runner = GraphedPrefill(talker_source.prefill_spec())
             elif device.type == "cuda":
                 # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
                 # for every frame graphed (eager on an H100 it is ~100 ms per step).
@@ -183,7 +194,7 @@ class Engine:
             if virtual is not None:
                 graphed = (talker_source.graphs,)  # captured at start as the real step graphs are
             else:
-                graphed = (talker_source.step_runner,) if step_graphs else (
+                graphed = (talker_source.step_runner, talker_source.prefill.runner) if step_graphs else (
                     (talker_source.predictor,) if device.type == "cuda" else ())
             self.source = TalkerPipeline(talker_source, speakers,
                                              first_chunk_frames=min(FIRST_CHUNK_FRAMES, cfg.stream.first_chunk_frames),
@@ -242,18 +253,23 @@ class Engine:
     def planned_work(self, request: SynthesisRequest) -> PlannedWork:
         """The work ``request`` plans, for limits checked before any engine time. DiT: its UTF-8
         bytes x the duration prior / ``speed`` frames (the planner's own count is within about
-        0.7-1.4x of it), each denoised ``steps`` times. Talker: it may speak until
-        ``max_new_tokens`` (the checkpoint's default when unset) or its stream's positions run
-        out, whatever the text (an untrained or unlucky talker never samples EOS)."""
+        0.7-1.4x of it), each denoised ``steps`` times. Talker: the frames its text's budget
+        allows (engines/pipelines/talker/budget.py), at most ``max_new_tokens`` - 1 and its
+        stream's positions: an untrained or unlucky talker that never samples EOS stops there.
+        A live utterance is counted on the text it holds now (its budget grows with its text)."""
         if self.source.name != "talker":
             tokens = len(self.planner.tokenizer.encode(request.text)) - 2  # without bos / eos
             prior = self.models.config.duration.base_frames_per_token
             frames = math.ceil(tokens * prior / request.speed)
             return PlannedWork(frames, frames * request.steps, "DiT frame-steps")
-        talker = self.source.source
-        max_new = talker.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
-        frames = max(0, min(int(max_new), talker.max_seq_len) - 1)  # official counting: N tokens, N - 1 frames
+        frames = self.source.source.planned_frames(request if request.text_feed is None else
+                                                   replace(request, text_feed=None))
         return PlannedWork(frames, frames, "talker steps")
+
+    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
+        if self.source.name != "talker" or request.prompt_ids is not None or request.text_feed is not None:
+            return request
+        return replace(request, prompt_ids=tuple(self.source.source.prompt.tokenize_assistant(request.text)))
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,
@@ -309,8 +325,9 @@ class Engine:
         for canonical in self.voice_names:
             if key == canonical.lower():
                 return canonical
-        if key in self.voice_aliases:
-            return self.voice_aliases[key]
+        for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
+            if key == alias.lower():
+                return voice
         valid = ", ".join(sorted(set(self.voice_names) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
@@ -334,7 +351,7 @@ class Engine:
             raise InvalidRequest("text_streaming", "live text needs a talker checkpoint")
         if voice != request.voice:
             request = replace(request, voice=voice)
-        if complete and request.prompt_ids is None:
+        if complete:  # tokenized here unless it carries its ids; checked to fit either way
             try:
                 request = self.source.tokenize(request)
             except ValueError as exc:
@@ -438,37 +455,55 @@ class Engine:
             return {"instructions": "A clear, neutral voice."}
         return {}
 
+    # What a stream can expect on a CPU, measured once the first-run costs are paid: a sentence of
+    # ordinary length, alone, the median of a few runs (tests/service/test_service_model_info.py
+    # sends the same sentence to a fresh server and finds the same within 30 %). A run slower than
+    # real time is answer enough: more would only hold a slow machine's start back.
+    SPEED_TEXT = "This sentence measures how fast one stream runs."
+    SPEED_RUNS = 3
+
     def _warm_up(self) -> None:
         """Requests through the whole pipeline before reporting ready: one on CPU; on CUDA (and on
-        a virtual device, which stands for one) a crowd at once, then one alone."""
-        voice = self.voice_names[0]
+        a virtual device, which stands for one) a crowd at once, then one alone. On CPU the speed a
+        stream can expect is measured after it (``EngineInfo.warmup_rtf``): the first, cold request
+        says little about the next ones."""
         on_gpu = self.device.type == "cuda" or self.virtual is not None  # a virtual device warms up as its GPU
-        texts = self.WARMUP_TEXTS_CUDA if on_gpu else ("Warm up.",)
-        rounds = [list(texts)] + ([[texts[1]]] if on_gpu else [])
-        for batch in rounds:
-            events, errors = [], []
-            samples = [0]
-            t0 = time.perf_counter()
-            for text in batch:
-                done = threading.Event()
-                events.append(done)
+        # (on CPU the sentence measured next: its own first run pays for its shapes)
+        texts = self.WARMUP_TEXTS_CUDA if on_gpu else (self.SPEED_TEXT,)
+        for batch in [list(texts)] + ([[texts[1]]] if on_gpu else []):
+            self._run_alone(batch)
+        if not on_gpu:
+            # On CUDA the warm-up is a crowd of requests, which says nothing about one stream: not reported.
+            rtfs: list[float] = []  # wall seconds per audio second, > 1 = slower than real time
+            while len(rtfs) < self.SPEED_RUNS and not (rtfs and rtfs[-1] > 1):
+                wall, samples = self._run_alone([self.SPEED_TEXT])
+                if not samples:
+                    break
+                rtfs.append(wall / (samples / SAMPLE_RATE))
+            if rtfs:
+                self.info = replace(self.info, warmup_rtf=round(sorted(rtfs)[len(rtfs) // 2], 3))
 
-                def deliver(chunk: AudioChunk, done=done) -> None:
-                    samples[0] += chunk.pcm.size  # (worker thread only)
-                    if chunk.is_final:
-                        if chunk.error:
-                            errors.append(chunk.error)
-                        done.set()
+    def _run_alone(self, texts: list[str]) -> tuple[float, int]:
+        """``texts`` submitted together to the worker and waited for: (wall seconds, samples)."""
+        voice = self.voice_names[0]
+        events, errors = [], []
+        samples = [0]
+        t0 = time.perf_counter()
+        for text in texts:
+            done = threading.Event()
+            events.append(done)
 
-                self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
-                                                    **self._warmup_task()), deliver)
-            if not all(done.wait(300) for done in events):
-                raise RuntimeError("engine warm-up did not finish within 300 s")
-            if errors:
-                raise RuntimeError(f"engine warm-up failed: {errors[0]}")
-            wall = time.perf_counter() - t0
-        if not on_gpu and samples[0]:
-            # One request alone, first-run costs included: what a single stream can expect here
-            # (wall seconds per audio second, > 1 = slower than real time). On CUDA the warm-up
-            # is a crowd of requests, which says nothing about one stream, so it is not reported.
-            self.info = replace(self.info, warmup_rtf=round(wall / (samples[0] / SAMPLE_RATE), 3))
+            def deliver(chunk: AudioChunk, done=done) -> None:
+                samples[0] += chunk.pcm.size  # (worker thread only)
+                if chunk.is_final:
+                    if chunk.error:
+                        errors.append(chunk.error)
+                    done.set()
+
+            self.worker.submit(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
+                                                **self._warmup_task()), deliver)
+        if not all(done.wait(300) for done in events):
+            raise RuntimeError("engine warm-up did not finish within 300 s")
+        if errors:
+            raise RuntimeError(f"engine warm-up failed: {errors[0]}")
+        return time.perf_counter() - t0, samples[0]

@@ -102,19 +102,20 @@ def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | No
     timing = ChunkTiming(state.handle.submitted_at, state.started_at, time.monotonic())
     chunk = AudioChunk(request_id=state.request_id, index=state.delivered, pcm=pcm, sample_rate=SAMPLE_RATE,
                        frames_done=frames_done, frames_total=state.frames_total, is_final=final, timing=timing,
-                       text=text)
+                       text=text, truncated=state.truncated if final else None)
     state.delivered += 1
     safe_deliver(state.deliver, chunk)
 
 
 def deliver_final(handle: RequestHandle, deliver: Deliver, index: int, frames_done: int, frames_total: int,
-                  error: str | None, started_at: float | None = None, alignment: Alignment | None = None) -> None:
+                  error: str | None, started_at: float | None = None, alignment: Alignment | None = None,
+                  truncated: str | None = None) -> None:
     """The empty final chunk that ends a request early (error, cancel, stop), or after its
     word alignment (``alignment``; None when it could not be aligned)."""
     chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
                        sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
                        is_final=True, error=error, timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()),
-                       alignment=alignment)
+                       alignment=alignment, truncated=None if error else truncated)
     safe_deliver(deliver, chunk)
     handle.mark_done()
 

@@ -58,6 +58,7 @@ class RequestState:
     started_at: float | None = None  # first slot
     first_audio_at: float | None = None  # first audio handed to the outbox: playback starts
     finished_source: bool = False  # the pipeline produced its last frames
+    truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
     pending: list[Produced] = field(default_factory=list)  # produced, not yet vocoded
 
     @property

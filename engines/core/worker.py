@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from engines.contract import (
+    SAMPLE_RATE,
     Deliver,
     EngineOverloaded,
     RequestHandle,
@@ -39,6 +40,7 @@ from engines.contract import (
 )
 from engines.core.aligning import AlignQueue, Piece, alignment_language
 from engines.core.executor import Executor
+from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, RequestState, Scheduler, VocoderWork
 from engines.pipelines.base import Pipeline
@@ -115,6 +117,7 @@ class Worker:
         for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
             self.stage_seconds[stage] = 0.0
         self._stage_sync = stage_sync and torch.cuda.is_available()
+        self.trim = IdleTrim()  # free heap pages back to the kernel once idle after work
 
     # ----------------------------------------------------------------- any thread
     def start(self) -> None:
@@ -147,6 +150,11 @@ class Worker:
         return handle
 
     @property
+    def idle(self) -> bool:
+        """Nothing in flight: no request active, admitting, queued or waiting for alignment."""
+        return not (self._active or self._admitting or self.aligning or self._pieces or self._inbox.qsize())
+
+    @property
     def queue_depth(self) -> int:
         return self._pending
 
@@ -172,7 +180,11 @@ class Worker:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self.step():
+                if self.step():
+                    self.trim.worked()
+                else:
+                    if self.idle:
+                        self.trim.idle()
                     self._wake.wait(0.05 if self._active else 0.5)
                     self._wake.clear()
         except BaseException as exc:  # the worker itself died: report, fail everyone
@@ -202,6 +214,7 @@ class Worker:
         generating = self.source.active_slots > 0
         with self._stage("deliver"):
             self._deliver(wait=not generating and not self._vocoder_ready())
+        self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
         with self._stage("plan"):
             self._admit_new()
         self._drop_cancelled()
@@ -274,8 +287,11 @@ class Worker:
         fails whatever is still there)."""
         ready = []
         for handle, deliver in list(self._admitting):
-            if handle.cancelled:
-                continue  # left for _admit_one, which reports it
+            if handle.cancelled or any(h.request_id == handle.request_id for h, _, _ in ready):
+                continue  # left for _admit_one, which reports it (or refuses the second of one id)
+            if not self._id_free(handle, deliver):
+                self._admitting.remove((handle, deliver))
+                continue
             try:
                 self._hook(handle.request_id, "plan")
                 ready.append((handle, deliver, self.voice_index(handle.request.voice)))
@@ -305,6 +321,8 @@ class Worker:
             self._release_pending()
             deliver_final(handle, deliver, 0, 0, 0, "cancelled")
             return
+        if not self._id_free(handle, deliver):
+            return
         active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
@@ -315,6 +333,22 @@ class Worker:
             return
         self._active[handle.request_id] = active
         self._track_piece(active)
+
+    def _id_free(self, handle: RequestHandle, deliver: Deliver) -> bool:
+        """Whether ``handle``'s id may be planned: the pipeline's and the vocoder's state are
+        keyed by request id, so an earlier request of that id that is still active must leave
+        first. A cancelled one is finished now (its slot and decoder state freed); a live one
+        keeps its id and the newcomer is refused, never mixed into its state."""
+        earlier = self._active.get(handle.request_id)
+        if earlier is None:
+            return True
+        if earlier.handle.cancelled:
+            self._finish(earlier, error="cancelled")
+            return True
+        log.warning("request %s refused: a request with this id is in flight", handle.request_id)
+        self._release_pending()
+        deliver_final(handle, deliver, 0, 0, 0, "duplicate request id: a request with this id is in flight")
+        return False
 
     def _planning_failed(self, handle: RequestHandle, deliver: Deliver, exc: Exception) -> None:
         log.warning("request %s failed while planning: %s", handle.request_id, exc)
@@ -362,6 +396,7 @@ class Worker:
                 continue
             active.pending.append(p)
             active.finished_source |= p.is_last
+            active.truncated = active.truncated or p.truncated
             frames += p.num_frames
         self.scheduler.observe(frames)
         return rows, slots, frames
@@ -422,7 +457,7 @@ class Worker:
                 continue  # cancelled or failed while its audio was on the way
             aligned = self._pieces.get(active.request_id)
             if aligned is not None:
-                aligned.audio.append(piece.copy())
+                aligned.keep(piece)
                 if final:  # the last audio goes now; the final chunk follows with the word times
                     emit_audio(active, piece, False, text, frames_done)
                     self._await_alignment(active, aligned)
@@ -438,7 +473,8 @@ class Worker:
         if self.aligning is None or not request.timestamps:
             return
         text = request.text if request.text_feed is None else ""
-        self._pieces[active.request_id] = Piece(active, text, None)
+        self._pieces[active.request_id] = Piece(active, text, None,
+                                                max_samples=int(self.aligning.max_seconds * SAMPLE_RATE))
 
     def _await_alignment(self, active: RequestState, piece: Piece) -> None:
         """All its audio is delivered: the request leaves the slots and waits for alignment."""
@@ -472,7 +508,7 @@ class Worker:
     def _end_piece(self, piece: Piece, alignment, error: str | None = None) -> None:
         active = piece.state
         deliver_final(active.handle, active.deliver, active.delivered, active.frames_done, active.frames_total,
-                      error, active.started_at, alignment=alignment)
+                      error, active.started_at, alignment=alignment, truncated=active.truncated)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         rid = active.handle.request_id
@@ -484,7 +520,7 @@ class Worker:
             self._release_pending()
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
-                                active.frames_total, error, active.started_at)
+                          active.frames_total, error, active.started_at, truncated=active.truncated)
         active.handle.mark_done()
 
     def _hook(self, request_id: str, stage: str) -> None:

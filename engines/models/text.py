@@ -5,7 +5,8 @@
 * :class:`Tokenizer` is what the planner needs from a tokenizer.
 * :func:`split_sentences` cuts an incrementally growing buffer into complete
   sentences (for streaming text input); :func:`split_clauses` cuts a whole text into
-  pieces no longer than a budget, at clause boundaries, never dropping text.
+  pieces no longer than a budget, at clause boundaries, never dropping text;
+  :func:`pack_sentences` joins sentences into pieces of a budget (utterances of long text).
 
 Splitting is conservative: a missed boundary only makes an utterance longer, a wrong
 one breaks prosody mid-sentence, so ambiguous cases are *not* split.
@@ -115,7 +116,8 @@ def _boundary_end(buffer: str, i: int) -> int | None:
     if "\n" in buffer[j:k]:
         return j  # a line break after a terminator always ends the sentence
     run = buffer[i:j].rstrip(_CLOSERS)
-    if run == "." and _is_abbreviation(buffer[:i]):
+    # (the word before the period is in the last few characters: never search the whole buffer)
+    if run == "." and _is_abbreviation(buffer[max(0, i - 64):i]):
         return None
     if buffer[k].islower():
         return None  # "e.g. this", "... and then": the sentence goes on
@@ -293,3 +295,11 @@ def split_clauses(text: str, max_chars: int, measure: Callable[[str], int] = len
     for sentence in sentences:
         out.extend(_split_long(sentence, max_chars, measure))
     return out
+
+
+def pack_sentences(text: str, max_len: int, measure: Callable[[str], int] = len) -> list[str]:
+    """``text`` as few pieces as fit ``measure(piece) <= max_len``: consecutive sentences joined,
+    a sentence too long alone cut at clause, then word, then character boundaries
+    (:func:`split_clauses`). Nothing is dropped: the pieces joined by spaces equal the text up
+    to whitespace. Long text planned as utterances (service/synthesis/plan.py) is cut here."""
+    return _pack(split_clauses(text, max_len, measure), max_len, measure)

@@ -34,6 +34,7 @@ class Produced:
     codes: torch.Tensor  # [T, G] int64
     text: str | None = None  # clause text, on its first frames
     error: str | None = None  # the request failed in the pipeline (is_last; the core ends it with this error)
+    truncated: str | None = None  # it ended before its natural end (is_last): what cut it (AudioChunk.truncated)
 
     @property
     def num_frames(self) -> int:

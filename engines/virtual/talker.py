@@ -8,8 +8,9 @@ One tick, as the real source runs it (source.py's docstring):
  1-3. one decode step of the rows that step, replayed from the graph of its (rows bucket,
     KV-blocks bucket, sampling mode) - captured first if this is the bucket's first use;
  4. the host reads the ids of the previous step (and of this tick's prefill): it waits until the
-    clock has run them. A row ends after its last frame (``max_new_tokens - 1`` frames, bounded
-    by the stream's positions, as the benchmark checkpoint's rows do: EOS never wins) or, with
+    clock has run them. A row ends after its last frame (its text's frame budget, at most
+    ``max_new_tokens - 1`` frames and the stream's positions, as the benchmark checkpoint's rows
+    do: EOS never wins; an exact ``max_new_tokens`` given to ``admit`` replaces the budget) or, with
     ``eos_frames``, when it samples EOS after that many frames (noticed one step late, as the
     real source notices it).
 Frames are zero codes; nothing here allocates per-row device state.
@@ -24,6 +25,7 @@ import torch
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.pipelines.base import Capacity, StepPlan
+from engines.pipelines.talker.budget import frame_limit, planned_frames
 from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.rows import TalkerFrames, Utterance, resolve_settings
@@ -161,6 +163,10 @@ class VirtualTalkerSource:
 
     # ---------------------------------------------------------------- admission
 
+    def planned_frames(self, request: SynthesisRequest) -> int:
+        """As the real source's (engines/pipelines/talker/budget.py)."""
+        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
+
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
               non_streaming_mode: bool | None = None, instruct: str | None = None,
               live: LiveText | None = None) -> None:
@@ -170,19 +176,21 @@ class VirtualTalkerSource:
             raise RuntimeError("no free talker slot")
         if max_new_tokens is not None:
             request = replace(request, max_new_tokens=max_new_tokens)
+        budgeted = max_new_tokens is None  # an exact cap replaces the text's budget (as the real source)
         settings = resolve_settings(self.generation, request)
         prompt = live.prompt(request, instruct=instruct) if live is not None else self.prompt.for_request(
             request, non_streaming_mode, instruct)
         s_len = len(prompt.text_ids)
-        n_max = min(settings.max_new_tokens, self.max_seq_len - s_len + 1)
-        if n_max < 1:
+        if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
+        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
+        max_frames, _ = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
         if not self.cache.reserve(row, s_len):
             raise RuntimeError(f"the KV pool cannot hold a prompt of {s_len} positions")
         self.clock.eager(ADMIT_MS)
         self._admissions += 1
-        u = Utterance(request, row, settings, None, s_len, max_frames=n_max - 1, next_pos=s_len,
+        u = Utterance(request, row, settings, None, s_len, max_frames=max_frames, next_pos=s_len,
                       admitted=self._admissions, live=live, fed=len(prompt.trailing_text_ids))
         self._utts[row] = u
         self._prefill_queue.append(u)

@@ -1,7 +1,14 @@
 """Per-key limits: a token-bucket rate limit on requests that start work, and caps on
-concurrent WebSocket sessions and on concurrent streamed speech responses. The key is the
-API key, or the client address when auth is off (never an unchecked token: a client could
-rotate fake ones to dodge every limit). State is in memory, per replica.
+concurrent WebSocket sessions, on the engine requests those sessions hold (every socket and
+every context of a dialect's socket together), and on concurrent streamed speech responses.
+The key is the API key, or the client address when auth is off (never an unchecked token: a
+client could rotate fake ones to dodge every limit). State is in memory, per replica.
+
+The session cap counts work, not sockets: per session it may open, a key may start one
+utterance at a time and hold ``REQUESTS_PER_SESSION`` engine requests (the utterance being
+spoken and the next one, prefetched), however it spreads them - one Cartesia socket with 16
+contexts holds no more than one /v1/stream session would. An utterance waits for its key's
+turn; one that would be prefetched beyond the share is simply not prefetched.
 
 The stream cap is a fairness rule, not a quota: it applies only while another identity has
 speech in flight (a streamed or whole-file speech request, or an open WebSocket session), so
@@ -9,6 +16,8 @@ a lone client may use the whole server (the engine's queue is its limit)."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import math
 import time
 
@@ -18,6 +27,7 @@ from service.access.auth import ApiKeys, bearer_key, key_digest, websocket_key
 from service.errors import ApiError
 
 MAX_TRACKED_KEYS = 10_000  # beyond this, full (idle) buckets are forgotten
+REQUESTS_PER_SESSION = 2  # a /v1/stream session's utterance being spoken and the next one, prefetched
 
 
 def client_identity(request: web.Request, api_keys: ApiKeys, websocket: bool = False) -> str:
@@ -58,12 +68,16 @@ class KeyLimits:
         self.rate = rate
         self.burst = burst
         self.max_sessions = max_sessions
+        self.max_requests = max_sessions * REQUESTS_PER_SESSION  # engine requests of a key's sockets (0: no cap)
         self.max_streams = max_streams
         self.per = per  # how an identity is named in messages: "per API key" or "per client address"
         self._buckets: dict[str, TokenBucket] = {}
         self._sessions: dict[str, int] = {}
         self._streams: dict[str, int] = {}
         self._whole: dict[str, int] = {}  # whole-file speech in flight: not capped, but it is contention
+        self._requests: dict[str, int] = {}  # engine requests the key's sockets hold
+        self._starting: dict[str, int] = {}  # of those, utterances started by open_request (not prefetched)
+        self._request_waiters: dict[str, collections.deque[asyncio.Future]] = {}  # in arrival order
 
     def check_rate(self, identity: str) -> None:
         """Raises 429 ``rate_limited`` with Retry-After when the key is over its rate."""
@@ -87,6 +101,52 @@ class KeyLimits:
 
     def close_session(self, identity: str) -> None:
         _dec(self._sessions, identity)
+
+    def open_prefetch(self, identity: str) -> bool:
+        """Count one engine request that ``identity``'s socket submits ahead (the next utterance,
+        while one speaks), if the key's share allows; False otherwise (it is not prefetched)."""
+        if self.max_requests and self._requests.get(identity, 0) >= self.max_requests:
+            return False
+        _inc(self._requests, identity)
+        return True
+
+    async def open_request(self, identity: str) -> None:
+        """Count one utterance that ``identity``'s socket starts now (its first audio is awaited),
+        waiting first come, first served while the key starts as many as its sessions may
+        (one each) or holds its share; a wait that is cancelled takes nothing."""
+        waiters = self._request_waiters.setdefault(identity, collections.deque())
+        waiter = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        self._admit_waiting(identity)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.close_request(identity, started=True)  # admitted as it was cancelled: pass it on
+            raise
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters and self._request_waiters.get(identity) is waiters:
+                del self._request_waiters[identity]
+
+    def close_request(self, identity: str, started: bool) -> None:
+        """One engine request of ``identity``'s sockets ended (``started``: counted by
+        :meth:`open_request`); the next waiting utterance may start."""
+        _dec(self._requests, identity)
+        if started:
+            _dec(self._starting, identity)
+        self._admit_waiting(identity)
+
+    def _admit_waiting(self, identity: str) -> None:
+        waiters = self._request_waiters.get(identity)
+        while waiters and (not self.max_requests or (self._requests.get(identity, 0) < self.max_requests
+                                                     and self._starting.get(identity, 0) < self.max_sessions)):
+            waiter = waiters.popleft()
+            if not waiter.done():
+                _inc(self._requests, identity)
+                _inc(self._starting, identity)
+                waiter.set_result(None)
 
     def others_active(self, identity: str) -> bool:
         """Another identity has speech in flight or a WebSocket session open (it is streaming,

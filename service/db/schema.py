@@ -56,5 +56,21 @@ CREATE INDEX voices_by_name ON voices (name, owner);
     (3, """
 ALTER TABLE jobs ADD COLUMN words text;
 """),
+    # A long job's plan (service/synthesis/plan.py) and its finished segments (float32 PCM, word
+    # times), kept while it runs so that an interrupted job resumes at the next one.
+    (4, """
+ALTER TABLE jobs ADD COLUMN plan_key text;
+ALTER TABLE jobs ADD COLUMN utterances_total integer NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN utterances_done integer NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN audio_samples bigint NOT NULL DEFAULT 0;
+CREATE TABLE job_segments (
+    job_id text NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    idx integer NOT NULL,
+    samples bigint NOT NULL,
+    pcm bytea NOT NULL,
+    words text,
+    PRIMARY KEY (job_id, idx)
+);
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -7,19 +7,21 @@ from aiohttp import web
 from service.access.limits import client_identity
 from service.http.body import read_json_object
 from service.state import STATE_KEY
-from service.synthesis.params import check_work, parse_body
+from service.synthesis.params import parse_body
+from service.synthesis.plan import check_work, off_loop
 
 
-async def read_work_request(request: web.Request, model):
+async def read_work_request(request: web.Request, model, max_chars: int | None = None):
     """The common front of every work-starting HTTP call: admission (drain, readiness),
     the per-key rate limit, a JSON object body validated as ``model`` (a
     :mod:`service.synthesis.schema` body; its voice resolved by the engine), and the work it would
-    cost (413 ``too_much_work`` before any engine time).
-    Returns (state, body); raises ApiError."""
+    cost (413 ``too_much_work`` before any engine time), each utterance of long text apart.
+    ``max_chars``: the longest text (``--max-input-chars`` unless given). Returns (state, body, the
+    parts its text is spoken in: service/synthesis/plan.py); raises ApiError."""
     state = request.app[STATE_KEY]
     state.check_admission()
     state.limits.check_rate(client_identity(request, state.api_keys))
     body = await read_json_object(request)
-    parsed = parse_body(model, body, state.engine, state.settings.max_input_chars)
-    check_work(state.engine, parsed.input, parsed.params, state.settings)
-    return state, parsed
+    parsed = parse_body(model, body, state.engine, max_chars or state.settings.max_input_chars)
+    parts = await off_loop(parsed.input, check_work, state.engine, parsed.input, parsed.params, state.settings)
+    return state, parsed, parts

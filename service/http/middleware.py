@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
 
-from service.access.auth import bearer_key
+from service.access.auth import ACCEPTED_KEY, bearer_key
 from service.errors import HTTP_STATUS_CODES, ApiError, StoreUnavailable, error_response
+from service.http.log_safety import escape_controls
 from service.state import COUNTED, REQUEST_ID, STATE_KEY
 
 log = logging.getLogger("streamvox.http")
@@ -20,8 +23,42 @@ CORS_ORIGIN = web.RequestKey("cors_origin", str)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/playground"})  # the playground page holds no secret
 # WebSockets authenticate inside the socket so they can send an `error` message
 WS_PATHS = frozenset({"/v1/stream", "/v1/audio/speech/stream"})
-# Other services' dialects (service/ws/dialects/) read keys from those services' own headers and check them
-DIALECT_PATHS = ("/v1/text-to-speech/", "/tts/websocket", "/v1/speak")
+
+
+@dataclass(frozen=True)
+class ForeignApi:
+    """Another TTS service's API, served under its own path prefixes (service/ws/dialects/):
+    there the key comes from that service's header and every error - an unknown route, a wrong
+    method, a bad field, a refused key - has that service's body, so its SDK reports it."""
+
+    name: str
+    prefixes: tuple[str, ...]  # "/tts" covers /tts and /tts/...
+    api_key: Callable[[web.Request], str | None]
+    key_hint: str  # where the key goes, for the 401 message
+    error_body: Callable[[int, str, str, str], dict]  # (status, code, message, request id) -> JSON body
+
+    def serves(self, path: str) -> bool:
+        return any(path == prefix or path.startswith(prefix + "/") for prefix in self.prefixes)
+
+
+FOREIGN_APIS = web.AppKey("foreign_apis", tuple)  # the ForeignApi of each dialect (service/app.py)
+
+
+def foreign_api(request: web.Request) -> ForeignApi | None:
+    for api in request.app.get(FOREIGN_APIS, ()):
+        if api.serves(request.path):
+            return api
+    return None
+
+
+def _error(request: web.Request, status: int, code: str, message: str,
+           headers: dict[str, str] | None = None) -> web.Response:
+    """Our error body, or under another service's prefix that service's."""
+    api = foreign_api(request)
+    if api is None:
+        return error_response(status, code, message, headers)
+    return web.json_response(api.error_body(status, code, message, request.get(REQUEST_ID, "")), status=status,
+                             headers=headers)
 
 
 def endpoint_label(request: web.Request) -> str:
@@ -80,28 +117,28 @@ async def error_middleware(request: web.Request, handler):
         metrics.count(endpoint, exc.code)
         if exc.code == "client_closed":
             log.info("request %s: %s", request.get(REQUEST_ID), exc.message)
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        return _error(request, exc.status, exc.code, exc.message, exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = HTTP_STATUS_CODES.get(exc.status, "http_error")
         metrics.count(endpoint, code)
         message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
-        return error_response(exc.status, code, message or exc.reason)
+        return _error(request, exc.status, code, message or exc.reason)
     except StoreUnavailable as exc:  # the jobs' and voices' database is down: retry later, not a 500
         log.warning("request %s: %s", request.get(REQUEST_ID), exc)
         metrics.count(endpoint, "database_unavailable")
-        return error_response(503, "database_unavailable", "the job and voice database is unreachable; retry later "
+        return _error(request, 503, "database_unavailable", "the job and voice database is unreachable; retry later "
                               "(streaming without saved voices is unaffected)",
                               {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)})
     except CLIENT_GONE as exc:  # the client went away: not our error, no traceback
         log.info("request %s: the client went away (%s)", request.get(REQUEST_ID), type(exc).__name__)
         metrics.count(endpoint, "client_closed")
-        return error_response(499, "client_closed", "the client went away")
+        return _error(request, 499, "client_closed", "the client went away")
     except Exception:
         log.exception("request %s failed", request.get(REQUEST_ID))
         metrics.count(endpoint, "internal_error")
-        return error_response(500, "internal_error", f"internal error (request id {request.get(REQUEST_ID)})")
+        return _error(request, 500, "internal_error", f"internal error (request id {request.get(REQUEST_ID)})")
     if not request.get(COUNTED):
         metrics.count(endpoint, "ok" if response.status < 400 else HTTP_STATUS_CODES.get(response.status, "error"))
     return response
@@ -111,14 +148,23 @@ async def error_middleware(request: web.Request, handler):
 async def access_log_middleware(request: web.Request, handler):
     """Our access log: path without the query string (it may hold ?token=KEY), plus the request id."""
     response = await handler(request)
-    log.info("%s %s -> %d (request %s)", request.method, request.path, response.status, request.get(REQUEST_ID))
+    log.info("%s %s -> %d (request %s)", request.method, escape_controls(request.path), response.status,
+             request.get(REQUEST_ID))  # the decoded path may hold "\n": never a line of its own
     return response
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE_KEY]
-    if state.api_keys.enabled and request.method != "OPTIONS" and not _is_open(request.path, state.settings.metrics_auth):
+    if not state.api_keys.enabled or request.method == "OPTIONS":
+        return await handler(request)
+    api = foreign_api(request)
+    if api is not None:  # that service's own key header
+        key = api.api_key(request)
+        if not state.api_keys.accepts(key):
+            raise ApiError(401, "unauthorized", f"missing or invalid API key ({api.key_hint})")
+        request[ACCEPTED_KEY] = key  # the client's identity for limits and saved voices
+    elif not _is_open(request.path, state.settings.metrics_auth):
         if not state.api_keys.accepts(bearer_key(request)):
             raise ApiError(401, "unauthorized", "missing or invalid API key (Authorization: Bearer KEY)",
                            headers={"WWW-Authenticate": "Bearer"})
@@ -126,8 +172,7 @@ async def auth_middleware(request: web.Request, handler):
 
 
 def _is_open(path: str, metrics_auth: bool) -> bool:
-    return (path in OPEN_PATHS or path in WS_PATHS or path.startswith(DIALECT_PATHS)
-            or (path == "/metrics" and not metrics_auth))
+    return path in OPEN_PATHS or path in WS_PATHS or (path == "/metrics" and not metrics_auth)
 
 
 def cors_middleware(origins: tuple[str, ...]):

@@ -7,13 +7,11 @@ never invented times. Owner-scoped like every job route (another key's job is 40
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from service.errors import ApiError, invalid_field
 from service.jobs.routes import _job_or_404, _store
-from service.synthesis.timestamps import CAPTION_FORMATS, srt, vtt
+from service.synthesis.timestamps import CAPTION_FORMATS, parse_words, srt, vtt
 
 CONTENT_TYPES = {"json": "application/json", "srt": "application/x-subrip; charset=utf-8",
                  "vtt": "text/vtt; charset=utf-8"}
@@ -30,7 +28,10 @@ async def get_captions(request: web.Request) -> web.Response:
     if stored is None:
         raise ApiError(409, "no_timestamps", f"job {job.id} has no word timestamps (the server had no aligner, "
                                              "--aligner, or the text could not be timed)")
-    words = json.loads(stored)
+    try:
+        words = parse_words(stored)  # a store row is checked on read, as every other
+    except ValueError:
+        raise ApiError(409, "no_timestamps", f"job {job.id} has word timestamps that cannot be read") from None
     if fmt == "json":
         return web.json_response({"id": job.id, "words": words})
     body = srt(words) if fmt == "srt" else vtt(words)

@@ -33,6 +33,7 @@ from service.jobs.store.base import (
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.params import JobBody
+from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
 from service.voices.routes import job_voice_scope, saved_clone, scoped_clone
 
@@ -67,8 +68,16 @@ async def _job_or_404(request: web.Request) -> Job:
     return job
 
 
+def job_body_bytes(settings) -> int:
+    """The largest job body: ``--max-job-chars`` characters as JSON may write them (an emoji
+    escaped is 12 bytes), with room for the other fields; never under ``max_body_bytes``."""
+    return max(settings.max_body_bytes, 12 * settings.max_job_chars + 64 * 1024)
+
+
 async def create_job(request: web.Request) -> web.Response:
-    state, body = await read_work_request(request, JobBody)
+    settings = request.app[STATE_KEY].settings
+    state, body, parts = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
+                                                 max_chars=settings.max_job_chars)
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
@@ -79,13 +88,14 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
     # Checked now as it will run (and tokenized once: the runner here reuses the ids).
-    prepared = prepare(state.engine, "job", body.input, body.params, Priority.BATCH, clone=clone)
+    prepared = await off_loop(body.input, prepare, state.engine, "job", parts, body.params, Priority.BATCH, clone=clone)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
     job = await store.create(body.model_dump(exclude_none=True), owner=owner)
-    _runner(request).remember(job.id, prepared.request)
+    if prepared.request is not None:  # one utterance: its run here reuses its ids
+        _runner(request).remember(job.id, prepared.request)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})

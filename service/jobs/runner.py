@@ -35,16 +35,17 @@ import uuid
 from collections import OrderedDict
 from typing import Awaitable, Callable
 
-from engines.contract import Priority, SynthesisRequest, VoiceClone
+from engines.contract import SAMPLE_RATE, Priority, SynthesisRequest, VoiceClone
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
+from service.jobs.segments import SegmentLog, plan_key
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
-from service.synthesis.chunks import ChunkStream
 from service.synthesis.params import SynthesisParams
+from service.synthesis.plan import Utterance, check_work, off_loop
 from service.synthesis.schema import FieldError
+from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.spool import AudioSpool
-from service.synthesis.submit import open_stream, prepare
-from service.synthesis.timestamps import words_json
+from service.synthesis.submit import open_sequence, prepare
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -153,7 +154,7 @@ class JobRunner:
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
         self.lease_seconds = state.settings.job_lease_seconds
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
-        self.running: dict[str, ChunkStream] = {}
+        self.running: dict[str, UtteranceSequence | None] = {}  # None: its segments were all kept already
         self._prompt_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # job id -> ids (remember)
         self.stopped: dict[str, str] = {}  # job id -> why its engine work was stopped (cancelled | lost)
         self.store_error: str | None = None  # set while the store is unreachable
@@ -195,7 +196,12 @@ class JobRunner:
 
     def _stop_work(self, job_id: str, why: str) -> None:
         self.stopped.setdefault(job_id, why)
-        self.running[job_id].cancel()
+        self._cancel(self.running[job_id])
+
+    @staticmethod
+    def _cancel(stream: UtteranceSequence | None) -> None:
+        if stream is not None:  # None: nothing of the job was left to speak
+            stream.cancel()
 
     def _store_down(self, exc: Exception) -> None:
         self.state.metrics.job_store_up.set(0)
@@ -277,10 +283,19 @@ class JobRunner:
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
-            prepared = prepare(self.state.engine, attempt, job.params["input"], params, Priority.BATCH, clone=clone,
-                               tenant=job.owner or "jobs", prompt_ids=self._prompt_ids.pop(job.id, None),
-                               timestamps=True)  # word times for captions, where an aligner is loaded
-            stream = open_stream(self.state, prepared, high_water=1 << 30)
+            ids = self._prompt_ids.pop(job.id, None)  # posted here as one utterance: its ids, checked then
+            text = job.params["input"]
+            parts = [Utterance(text, ids)] if ids is not None else await off_loop(
+                text, check_work, self.state.engine, text, params, self.state.settings)
+            # the segments an earlier attempt finished of this same plan: it resumes after them
+            kept = await self._until_stored(lambda: self.store.start_plan(job.id, token, plan_key(parts),
+                                                                          len(parts)))
+            stream = None
+            if len(kept) < len(parts):
+                prepared = await off_loop(text, prepare, self.state.engine, attempt, parts[len(kept):], params,
+                                          Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
+                                          timestamps=True)  # word times for captions, where an aligner is loaded
+                stream = open_sequence(self.state, prepared, high_water=1 << 30, after_part=bool(kept))
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits
                 await self._until_stored(lambda: self.store.release(job.id, token))
@@ -300,7 +315,7 @@ class JobRunner:
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
             return True
         self.running[job.id] = stream
-        task = asyncio.create_task(self._run(job, stream))
+        task = asyncio.create_task(self._run(job, stream, parts, kept))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
@@ -316,7 +331,7 @@ class JobRunner:
             self._prompt_ids.popitem(last=False)
 
     # -- one running job ------------------------------------------------------------------
-    async def _keep_lease(self, job: Job, stream: ChunkStream, progress: list[int]) -> None:
+    async def _keep_lease(self, job: Job, stream: UtteranceSequence | None, progress: list[int]) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
@@ -331,41 +346,54 @@ class JobRunner:
                 self._stop_work(job.id, outcome)
                 return
 
-    async def _run(self, job: Job, stream: ChunkStream) -> None:
+    async def _run(self, job: Job, stream: UtteranceSequence | None, parts: list, kept: list) -> None:
         token = job.lease_token
         # Encoded as it arrives (service/synthesis/spool.py): the float32 signal is never held whole.
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         upload = AudioUpload(self.store, job.id, token, spool, self.quota)
+        segments = SegmentLog(self.store, job.id, token, parts, kept)
         progress = [0, 0]
         keeper = asyncio.create_task(self._keep_lease(job, stream, progress))
+
+        async def write(pcm) -> None:  # into the spool, copied into the store as it grows
+            await asyncio.to_thread(spool.write, pcm)
+            if upload.pending() >= UPLOAD_CHUNK_BYTES:
+                try:
+                    await upload.flush()
+                except StoreUnavailable as exc:  # kept in the spool; the next flush resumes
+                    self._store_down(exc)
+
         try:
-            while True:
+            await self._until_stored(lambda: segments.replay(write))  # what an earlier attempt finished
+            chunk = None
+            while stream is not None:
                 chunk = await stream.next_chunk()
                 if chunk.pcm.size:
-                    await asyncio.to_thread(spool.write, chunk.pcm)
+                    await write(chunk.pcm)
+                    segments.add(chunk.pcm)
                 progress[:] = [chunk.frames_done, chunk.frames_total]
-                if upload.pending() >= UPLOAD_CHUNK_BYTES:
-                    try:
-                        await upload.flush()
-                    except StoreUnavailable as exc:  # kept in the spool; the next flush resumes
-                        self._store_down(exc)
+                if len(kept) + stream.parts_done > segments.done:  # a segment ended: kept for a resume
+                    if not await self._until_stored(lambda: segments.end_segment(stream.ended_part_alignment)):
+                        raise LeaseLost(job.id)
                 if chunk.is_final:
                     break
             if job.id in self.stopped:
                 return  # cancelled (recorded by whoever cancelled) or taken over elsewhere
-            if chunk.error and is_capacity_error(chunk.error) and job.attempts < CAPACITY_ATTEMPTS:
+            error = chunk.error if chunk is not None else None
+            if error and is_capacity_error(error) and job.attempts < CAPACITY_ATTEMPTS:
                 # no room in the KV cache now, not a fault of the job: it waits for another turn
-                log.info("job %s: %s; queued again (attempt %d)", job.id, chunk.error, job.attempts)
+                log.info("job %s: %s; queued again (attempt %d)", job.id, error, job.attempts)
                 await self._until_stored(lambda: self.store.release(job.id, token))
                 return
-            if chunk.error:
+            if error:
                 await self._until_stored(lambda: self.store.finish(job.id, token, "failed",
-                                                                   error=f"synthesis failed: {chunk.error}"))
+                                                                   error=f"synthesis failed: {error}"))
                 return
             size = await asyncio.to_thread(spool.finish)
             await self._until_stored(lambda: upload.flush(final=True))
-            if chunk.alignment is not None:  # GET /v1/jobs/{id}/captions (service/jobs/captions.py)
-                words = json.dumps(words_json(chunk.alignment))
+            captions = segments.captions()
+            if captions is not None:  # GET /v1/jobs/{id}/captions (service/jobs/captions.py), the whole job's
+                words = json.dumps(captions)
                 await self._until_stored(lambda: self.store.put_words(job.id, token, words))
             self.state.metrics.job_audio_stored.inc()
             await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, *progress))
@@ -374,23 +402,23 @@ class JobRunner:
                 log.info("job %s was cancelled as it finished; audio discarded", job.id)
                 return
             self.state.metrics.jobs_succeeded.inc()
-            log.info("job %s succeeded (%.2f s audio, %d bytes, attempt %d)", job.id,
-                     spool.samples / chunk.sample_rate, size, job.attempts)
+            log.info("job %s succeeded (%.2f s audio, %d bytes, attempt %d, %d of %d segments kept from before)",
+                     job.id, spool.samples / SAMPLE_RATE, size, job.attempts, len(kept), len(parts))
         except OSError as exc:  # disk full, permissions (spool, audio files): this job fails, with the reason
-            stream.cancel()
+            self._cancel(stream)
             error = f"could not write audio: {exc.strerror or exc}"
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
         except QuotaExceeded as exc:  # this job only: the others go on, within what is left
-            stream.cancel()
+            self._cancel(stream)
             log.warning("job %s: %s", job.id, exc)
             error = str(exc)
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
         except LeaseLost:
             self.state.metrics.job_leases_lost.inc()
-            stream.cancel()
+            self._cancel(stream)
             log.info("job %s: no longer this replica's (cancelled or taken over)", job.id)
         except asyncio.CancelledError:
-            stream.cancel()
+            self._cancel(stream)
             if job.id not in self.stopped:  # shutdown: run it again after the restart (or elsewhere)
                 try:
                     await asyncio.wait_for(self.store.release(job.id, token), STORE_RETRY_SECONDS * 5)

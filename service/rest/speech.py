@@ -15,7 +15,7 @@ from service.errors import ApiError, capacity_error, is_capacity_error
 from service.http.admission import read_work_request
 from service.state import COUNTED, REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES, STREAMABLE, StreamEncoder
-from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
+from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event, truncated_event
 from service.synthesis.params import SpeechBody, check_model
 from service.synthesis.spool import AudioSpool
 from service.synthesis.submit import open_stream, prepare
@@ -23,6 +23,7 @@ from service.synthesis.timestamps import words_json
 from service.voices import routes as voices
 
 log = logging.getLogger("streamvox.speech")
+TRUNCATED_HEADER = "X-Streamvox-Truncated"
 
 
 def client_gone(request: web.Request) -> bool:
@@ -55,14 +56,14 @@ def delivery(body: SpeechBody) -> str | None:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    state, body = await read_work_request(request, SpeechBody)
+    state, body, parts = await read_work_request(request, SpeechBody)
     check_model(body.model, state.settings.checkpoint)
     clone = await voices.clone_for(request, body.voice, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     identity = client_identity(request, state.api_keys)
-    prepared = prepare(state.engine, request_id, text, body.params, priority, clone=clone, tenant=identity,
+    prepared = prepare(state.engine, request_id, parts, body.params, priority, clone=clone, tenant=identity,
                        timestamps=body.timestamps and stream_format == "sse")
     # a listener plays a streamed response as it comes: notice when it falls behind real time
     clock = PlaybackClock(state.engine.info.sample_rate) if stream_format is not None else None
@@ -106,11 +107,14 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str,
     # Encoded as it arrives into a spool (memory up to a threshold, then a temp file): a long
     # signal is never held whole. Encoding runs in a thread: it must not block the loop.
     spool = AudioSpool(fmt, request.app[STATE_KEY].settings.whole_file_memory_bytes, sample_rate)
+    truncated: list[str] = []  # why utterances were ended early, in order (a header says so)
     try:
         while True:
             chunk = await stream.next_chunk()
             if chunk.pcm.size:
                 await asyncio.to_thread(spool.write, chunk.pcm)
+            if chunk.truncated:
+                truncated.append(chunk.truncated)
             if chunk.is_final:
                 break
             if client_gone(request):
@@ -118,8 +122,11 @@ async def _whole_file(request: web.Request, stream: ChunkStream, fmt: str,
                 raise ApiError(499, "client_closed", "the client went away")
         _raise_failure(request, chunk)
         size = await asyncio.to_thread(spool.finish)
-        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size),
-                                               **request.app[STATE_KEY].audio_headers()})
+        headers = {"Content-Type": CONTENT_TYPES[fmt], "Content-Length": str(size),
+                   **request.app[STATE_KEY].audio_headers()}
+        if truncated:  # utterances the talker ended early (a runaway): their reasons, in order
+            headers[TRUNCATED_HEADER] = ",".join(truncated)
+        response = web.StreamResponse(headers=headers)
         try:
             await response.prepare(request)
             while block := await asyncio.to_thread(spool.read):
@@ -167,6 +174,8 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
                 await response.write(_sse(behind_event(stream)))
             samples += chunk.pcm.size
             await send(encoder.encode(chunk.pcm))
+            if sse and chunk.truncated and not chunk.error:  # (raw audio: /metrics counts it)
+                await response.write(_sse(truncated_event(chunk.truncated)))
             if chunk.is_final:
                 break
             chunk = await stream.next_chunk()

@@ -95,12 +95,13 @@ def ulaw_encode(pcm16: np.ndarray) -> bytes:
     return (~((sign << 7) | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
 
 
-def wav_stream_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A 44-byte PCM16 mono WAV header for a stream whose length is not known yet."""
-    byte_rate = sample_rate * 2
+def wav_stream_header(sample_rate: int = SAMPLE_RATE, format_tag: int = 1, bits: int = 16) -> bytes:
+    """A 44-byte mono WAV header for a stream whose length is not known yet: PCM16 by default
+    (``format_tag`` 3 with 32 bits: float; 7 with 8 bits: mu-law)."""
+    block = bits // 8
     unknown = 0xFFFFFFFF
     return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, 2, 16)
+            + b"fmt " + struct.pack("<IHHIIHH", 16, format_tag, 1, sample_rate, sample_rate * block, block, bits)
             + b"data" + struct.pack("<I", unknown))
 
 
@@ -143,9 +144,10 @@ class _Sink:
 
 
 class _FfmpegEncoder:
-    """mp3 / opus / aac, one container written as the PCM arrives."""
+    """mp3 / opus / aac, one container written as the PCM arrives; ``bit_rate`` in bits per
+    second (None: FFmpeg's default for the codec, 64 kbps for mp3)."""
 
-    def __init__(self, fmt: str, rate: int):
+    def __init__(self, fmt: str, rate: int, bit_rate: int | None = None):
         muxer, codec = _FFMPEG[fmt]
         self.rate = rate
         self.sink = _Sink()
@@ -153,6 +155,8 @@ class _FfmpegEncoder:
         self.container = av.open(self.sink, mode="w", format=muxer, options=options,
                                  container_options={"flush_packets": "1"})
         self.stream = self.container.add_stream(codec, rate=rate, layout="mono")  # a rate it takes: output_rate
+        if bit_rate:
+            self.stream.bit_rate = bit_rate
         self.pts = 0
 
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -172,15 +176,16 @@ class _FfmpegEncoder:
 
 
 class StreamEncoder:
-    """Turns 24 kHz chunks into response bytes as they arrive; ``finish`` returns the tail."""
+    """Turns 24 kHz chunks into response bytes as they arrive; ``finish`` returns the tail.
+    ``bit_rate``: mp3 / opus / aac bits per second (None: the encoder's default)."""
 
-    def __init__(self, fmt: str, sample_rate: int | None = None):
+    def __init__(self, fmt: str, sample_rate: int | None = None, bit_rate: int | None = None):
         self.fmt = fmt
         self.rate = output_rate(fmt, sample_rate)
         self._held: list[np.ndarray] = []  # flac needs the whole signal
         self._resampler = (soxr.ResampleStream(SAMPLE_RATE, self.rate, 1, dtype="float32")
                            if self.rate != SAMPLE_RATE else None)
-        self._ffmpeg = _FfmpegEncoder(fmt, self.rate) if fmt in _FFMPEG else None
+        self._ffmpeg = _FfmpegEncoder(fmt, self.rate, bit_rate) if fmt in _FFMPEG else None
 
     def header(self) -> bytes:
         return wav_stream_header(self.rate) if self.fmt == "wav" else b""

@@ -68,7 +68,7 @@ class PlaybackClock:
 
 class ChunkStream:
     def __init__(self, engine: SynthesisEngine, request: SynthesisRequest, metrics: Metrics,
-                 high_water: int = 8):
+                 high_water: int = 8, first_audio_metric: bool = True):
         self.request = request
         self._engine = engine
         self._metrics = metrics
@@ -78,7 +78,8 @@ class ChunkStream:
         self._high_water = max(1, high_water)
         self._low_water = self._high_water // 2
         self._paused_by_us = False
-        self._first_audio_seen = False
+        # time to first audio is the listener's: a later utterance of a planned text has none
+        self._first_audio_seen = not first_audio_metric
         self.handle: RequestHandle | None = None
         self.finished = False  # the final chunk was read
         self.max_buffered = 0  # largest backlog seen; tests check it stays bounded
@@ -114,6 +115,8 @@ class ChunkStream:
             self._metrics.ttfa.observe(max(0.0, time.monotonic() - submitted))
         if chunk.pcm.size:
             self._metrics.audio_seconds.inc(chunk.pcm.size / chunk.sample_rate)
+        if chunk.truncated:
+            self._metrics.truncated.labels(chunk.truncated).inc()
         if len(self._buffer) >= self._high_water and not self._paused_by_us and not chunk.is_final:
             self._paused_by_us = True
             self.handle.pause()
@@ -176,6 +179,21 @@ class ChunkStream:
             self._metrics.paused_streams.dec()
             if self.handle is not None:
                 self.handle.resume()  # let a cancelled request reach its final chunk
+
+
+TRUNCATED_WHY = {
+    "budget": "it passed its frame budget from its text without ending",
+    "max_new_tokens": "it reached max_new_tokens without ending",
+    "max_seq_len": "it ran out of positions without ending",
+    "loop": "its speech fell into a repeating loop",
+}
+
+
+def truncated_event(reason: str, **fields) -> dict:
+    """``utterance.truncated``: the talker ended an utterance that did not end by itself (a
+    runaway: engines/pipelines/talker/guard.py, budget.py); the same event on SSE and WebSocket."""
+    return {"type": "utterance.truncated", **fields, "reason": reason,
+            "message": f"the utterance was ended early: {TRUNCATED_WHY.get(reason, reason)}"}
 
 
 def behind_event(stream: ChunkStream, **fields) -> dict:

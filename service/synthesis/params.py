@@ -28,18 +28,31 @@ from service.synthesis.schema import (
     SpeechBody,
     Strict,
     SynthesisParams,
+    require_unicode,
+    speakable_text,
     validate,
 )
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_work", "engine_params", "parse",
-           "parse_body", "planned_work", "resolve_voice", "served_model_names", "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_text", "engine_params",
+           "parse", "parse_body", "plan_request", "planned_work", "public_model_name", "resolve_voice",
+           "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
     try:
         return validate(model, data, **context)
+    except FieldError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+
+
+def check_text(field: str, value: Any, max_chars: int) -> str:
+    """A whole text to speak named ``field`` by its route, checked as every route's
+    (:func:`~service.synthesis.schema.speakable_text`); ApiError(400, ``invalid_field`` /
+    ``text_too_long``) otherwise."""
+    try:
+        return speakable_text(field, value, max_chars)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
 
@@ -90,6 +103,16 @@ def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def public_model_name(name: str | None) -> str | None:
+    """How clients see a model the operator named (``--aligner``): a Hugging Face id as given,
+    a local directory by its last component only - the operator's paths are not theirs to see."""
+    if not name:
+        return None
+    if parse_model_id(name) and not os.path.isabs(name) and not os.path.exists(name):
+        return name
+    return os.path.basename(os.path.normpath(name))
+
+
 def check_model(model: str, checkpoint: str | None) -> None:
     """ApiError(400) naming the accepted names when ``model`` is not one of them."""
     names = served_model_names(checkpoint)
@@ -119,32 +142,15 @@ def build_request(request_id: str, text: str, params: SynthesisParams, priority:
                             **params.model_dump())
 
 
-def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams) -> PlannedWork:
+def plan_request(engine: SynthesisEngine, text: str, params: SynthesisParams,
+                 prompt_ids: tuple[int, ...] | None = None) -> SynthesisRequest:
+    """The request whose work is counted before it is submitted (its text's ids when known)."""
+    request = build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH)
+    return request if prompt_ids is None else replace(request, prompt_ids=prompt_ids)
+
+
+def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams,
+                 prompt_ids: tuple[int, ...] | None = None) -> PlannedWork:
     """The engine's own count of what this request will cost (vocoder frames, model steps and
-    their unit), without running the model."""
-    return engine.planned_work(build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH))
-
-
-def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> None:
-    """ApiError(413, ``too_much_work``) naming the limit and its flag when the request plans
-    more vocoder frames than ``max_work_audio_frames`` or more model steps than
-    ``max_work_frame_steps`` (DiT) / ``max_work_talker_steps`` (talker); 0 = no limit. Called
-    before any engine time is spent."""
-    work = planned_work(engine, text, params)
-    talker = work.step_unit == "talker steps"
-    frames_limit = settings.max_work_audio_frames
-    steps_limit = settings.max_work_talker_steps if talker else settings.max_work_frame_steps
-    if frames_limit and work.audio_frames > frames_limit:
-        how = "lower max_new_tokens" if talker else "shorten the input or raise speed"
-        raise ApiError(413, "too_much_work",
-                       f"this request plans {work.audio_frames} audio frames (12.5 per second of audio); the limit "
-                       f"is {frames_limit} (--max-work-audio-frames): {how}")
-    if steps_limit and work.model_steps > steps_limit:
-        if talker:
-            raise ApiError(413, "too_much_work",
-                           f"this request may run {work.model_steps} talker steps (max_new_tokens - 1, else the "
-                           f"model's default); the limit is {steps_limit} (--max-work-talker-steps): lower "
-                           "max_new_tokens")
-        raise ApiError(413, "too_much_work",
-                       f"this request plans {work.model_steps} DiT frame-steps (frames x steps); the limit is "
-                       f"{steps_limit} (--max-work-frame-steps): shorten the input, raise speed or lower steps")
+    their unit), without running the model (on ``prompt_ids`` when given: not tokenized again)."""
+    return engine.planned_work(plan_request(engine, text, params, prompt_ids))

@@ -117,21 +117,49 @@ class SynthesisParams(Strict):
         return validate(type(self), {**self.model_dump(), **changes})
 
 
+def too_long(field: str, chars: int, limit: int) -> str:
+    """The one text-limit message of every surface: HTTP bodies, WebSocket text, the CLI."""
+    return f"{field}: {chars} characters, the limit is {limit}"
+
+
+def _speakable(cls, value: str, info: ValidationInfo) -> str:
+    """The one check of a whole text to speak, on every route that takes one: non-empty, at
+    most ``context["max_chars"]`` characters (lone surrogates were refused by :func:`validate`)."""
+    if not value.strip():
+        raise ValueError("empty")
+    limit = (info.context or {}).get("max_chars")
+    if limit is not None and len(value) > limit:
+        raise PydanticCustomError("text_too_long", "{chars} characters, the limit is {limit}",
+                                  {"chars": len(value), "limit": limit})
+    return value
+
+
 class _Input(Strict):
     """``input``: non-empty text of at most ``context["max_chars"]`` characters."""
 
     input: str
 
-    @field_validator("input")
-    @classmethod
-    def _input(cls, value: str, info: ValidationInfo) -> str:
-        if not value.strip():
-            raise ValueError("empty")
-        limit = (info.context or {}).get("max_chars")
-        if limit is not None and len(value) > limit:
-            raise PydanticCustomError("text_too_long", "{chars} characters, the limit is {limit}",
-                                      {"chars": len(value), "limit": limit})
-        return value
+    _input = field_validator("input")(_speakable)
+
+
+class SpeechText(Strict):
+    """``text``: the whole text of a request under another service's name for it (the dialects'
+    HTTP routes: ``text``, ``transcript``), checked exactly as ``input`` (:func:`speakable_text`)."""
+
+    text: str
+
+    MESSAGES: ClassVar[dict[str, str]] = {"text": "must be a non-empty string"}
+
+    _text = field_validator("text")(_speakable)
+
+
+def speakable_text(field: str, value: Any, max_chars: int | None) -> str:
+    """``value`` checked as every route checks a text to speak (a non-empty string of valid
+    Unicode, at most ``max_chars`` characters); FieldError naming ``field`` otherwise."""
+    try:
+        return validate(SpeechText, {"text": value}, max_chars=max_chars).text
+    except FieldError as exc:
+        raise FieldError(field, exc.message, exc.code) from None
 
 
 class CloneFields(Strict):
@@ -226,14 +254,18 @@ def parse_json(text: str) -> Any:
         raise JsonError("not valid JSON") from None
 
 
+def require_unicode(name: str, value: str) -> None:
+    """A lone surrogate ("\\ud800" in JSON) is not text: FieldError naming the field."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FieldError(name, "is not valid Unicode (lone surrogate)") from None
+
+
 def _check_unicode(model: type[Strict], data: Mapping[str, Any]) -> None:
-    """A lone surrogate ("\\ud800" in JSON) is not text: refuse it naming the field."""
     for name, value in data.items():
         if isinstance(value, str) and name in model.model_fields:
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise FieldError(name, "is not valid Unicode (lone surrogate)") from None
+            require_unicode(name, value)
 
 
 def validate(model: type[M], data: Mapping[str, Any], **context: Any) -> M:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+
 from engines.contract import Alignment
-from service.synthesis.schema import Strict
+from service.synthesis.schema import JsonError, Strict, parse_json
 
 CAPTION_FORMATS = ("json", "srt", "vtt")
 CAPTION_WORDS = 7  # words per caption cue at most
 CAPTION_SECONDS = 3.5  # a cue's length at most
+MAX_WORD_CHARS = 1024  # one timed unit of text (the aligner's words are far shorter)
+MAX_STORED_WORDS = 1 << 20
 
 
 class TimestampsField(Strict):
@@ -31,6 +35,49 @@ def words_json(alignment: Alignment, offset_ms: float = 0.0) -> list[dict]:
     """``[{"word", "start_ms", "end_ms", "char_start", "char_end"}]`` on the stream's clock."""
     return [{"word": w.text, "start_ms": round(w.start_ms + offset_ms, 1), "end_ms": round(w.end_ms + offset_ms, 1),
              "char_start": w.char_start, "char_end": w.char_end} for w in alignment.words]
+
+
+def shift_words(words: list[dict], offset_ms: float, char_offset: int) -> list[dict]:
+    """A piece's :func:`words_json` placed later in a longer text: times by ``offset_ms``,
+    character spans by ``char_offset`` (a job's segments, service/jobs/segments.py)."""
+    return [{**w, "start_ms": round(w["start_ms"] + offset_ms, 1), "end_ms": round(w["end_ms"] + offset_ms, 1),
+             "char_start": w["char_start"] + char_offset, "char_end": w["char_end"] + char_offset} for w in words]
+
+
+class StoredWord(Strict):
+    """One entry of :func:`words_json` as a job's captions keep it: what a store hands back is
+    checked against this before it is served or copied (it may have been written by anyone)."""
+
+    word: str = Field(max_length=MAX_WORD_CHARS)
+    start_ms: float = Field(ge=0)
+    end_ms: float = Field(ge=0)
+    char_start: int = Field(ge=0)
+    char_end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "StoredWord":
+        if self.end_ms < self.start_ms or self.char_end < self.char_start:
+            raise ValueError("ends before it starts")
+        return self
+
+
+_STORED_WORDS = TypeAdapter(list[StoredWord])
+
+
+def parse_words(stored: str) -> list[dict]:
+    """A job's stored word timestamps (the JSON of :func:`words_json`), checked; ValueError
+    naming what is wrong when they are not that."""
+    try:
+        data = parse_json(stored)
+        if not isinstance(data, list) or len(data) > MAX_STORED_WORDS:
+            raise ValueError(f"not a list of at most {MAX_STORED_WORDS} words")
+        return [w.model_dump() for w in _STORED_WORDS.validate_python(data)]
+    except JsonError as exc:
+        raise ValueError(f"words: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        raise ValueError(f"words[{where}]: {first.get('msg', 'invalid')}"[:200]) from None
 
 
 def char_times(alignment: Alignment, offset_ms: float = 0.0) -> dict:
@@ -97,4 +144,5 @@ def vtt(words: list[dict]) -> str:
     return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n" for a, b, text in cues(words))
 
 
-__all__ = ["CAPTION_FORMATS", "TimestampsField", "cartesia_words", "char_times", "cues", "srt", "vtt", "words_json"]
+__all__ = ["CAPTION_FORMATS", "StoredWord", "TimestampsField", "cartesia_words", "char_times", "cues", "parse_words",
+           "shift_words", "srt", "vtt", "words_json"]

@@ -48,11 +48,16 @@ class Context(StreamSession):
     """One stream of speech on a :class:`ContextSocket`. The core (StreamSession) drives it;
     what it would write on the streamvox wire goes to the socket's dialect instead."""
 
-    def __init__(self, owner: ContextSocket, context_id: str):
+    def __init__(self, owner: ContextSocket, context_id: str, number: int):
         super().__init__(owner.request, owner.ws, owner.state)
         self.owner = owner
-        self.context_id = context_id
-        self.session_id = f"{owner.socket_id}-{context_id[:32]}"
+        self.context_id = context_id  # the client's name for it, which a later context may reuse
+        # Engine request ids are "<socket>-c<n>-<utterance>": unique by construction (the
+        # socket's own counter), never built from client text, so two contexts whose ids
+        # share a prefix, or a context reopened under an id that is still winding down,
+        # can never meet in the engine.
+        self.session_id = f"{owner.socket_id}-c{number}"
+        self.ending = False  # the client ended it (no more text): what is buffered is spoken, then it goes
         self.silenced = False  # the client dropped this context: nothing more is written for it
         self.speaker: asyncio.Task | None = None
         self.extra: dict = {}  # the dialect's per-context state (output format, counters)
@@ -135,7 +140,9 @@ class ContextSocket(MessageReader):
         self.ws = ws
         self.state = state
         self.socket_id = uuid.uuid4().hex
-        self.contexts: dict[str, Context] = {}
+        self.contexts: dict[str, Context] = {}  # open or ending contexts, by the client's id
+        self.contexts_opened = 0  # contexts opened on this socket so far: each one's number
+        self.speakers: set[asyncio.Task] = set()  # every context's speaker task until it ends, dropped ones too
         self.closed = False
         self.outcome = "ok"
         self.send_lock = asyncio.Lock()
@@ -188,12 +195,30 @@ class ContextSocket(MessageReader):
         raise NotImplementedError
 
     # -- contexts ----------------------------------------------------------------------
+    # A context's lifecycle lives here, and only here: open_context (a new context, also
+    # for an id used before), end_context (no more text: spoken, then dropped by the dialect
+    # when its last round is answered), drop_context (cancelled, or finished). The dialects
+    # ask ``self.contexts`` (open or ending contexts by client id) and ``context.ending``.
     def open_context(self, context_id: str) -> Context:
-        """A new context with its own speaker task. Callers check MAX_CONTEXTS first."""
-        context = Context(self, context_id)
+        """A new context with its own speaker task, whatever an earlier context of that id is
+        still doing (it was dropped: its engine requests are being cancelled under ids of
+        their own). Callers check MAX_CONTEXTS first."""
+        earlier = self.contexts.get(context_id)
+        if earlier is not None:  # callers open only unknown ids; never let two share one
+            self._forget(earlier)
+        self.contexts_opened += 1
+        context = Context(self, context_id, self.contexts_opened)
         self.contexts[context_id] = context
         context.speaker = asyncio.create_task(self._speak(context))
+        self.speakers.add(context.speaker)
+        context.speaker.add_done_callback(self.speakers.discard)
         return context
+
+    async def end_context(self, context: Context, label: object) -> None:
+        """The client will send no more text for ``context``: speak what it holds; the round
+        ``label`` names is answered after it (the dialect drops the context there)."""
+        context.ending = True
+        await context.flush(label)
 
     async def _speak(self, context: Context) -> None:
         try:
@@ -207,8 +232,13 @@ class ContextSocket(MessageReader):
                 del self.contexts[context.context_id]
 
     async def drop_context(self, context: Context) -> None:
-        """The client is done with ``context`` (closed or cancelled it): stop it now, say nothing more."""
+        """``context`` is over (cancelled by the client, or finished): its engine requests are
+        cancelled now, nothing more is written for it, and its id is free for a new context."""
+        self._forget(context)
+
+    def _forget(self, context: Context) -> None:
         context.silenced = True
+        context.ending = True
         context.closed = True
         context.cancel_all()
         if self.contexts.get(context.context_id) is context:
@@ -321,8 +351,7 @@ async def serve(request: web.Request, dialect: type[ContextSocket]) -> web.Strea
         state.streams.discard(socket_)
         socket_.closed = True
         socket_.cancel_all()
-        speakers = [c.speaker for c in socket_.contexts.values() if c.speaker is not None]
-        await asyncio.gather(*speakers, return_exceptions=True)
+        await asyncio.gather(*socket_.speakers, return_exceptions=True)
         if not ws.closed and ws.prepared:
             await ws.close()
         state.metrics.count(endpoint, socket_.outcome)

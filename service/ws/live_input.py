@@ -8,7 +8,8 @@ A live utterance's text goes to the engine through its :class:`~engines.contract
 as it arrives (the talker tokenizes it stably and speaks from the first text ids). Utterance
 boundaries bound length and drift: once an utterance holds ``boundary_chars`` characters it
 ends at the next sentence end (engines/models/text.py ``split_sentences``), and the text after
-it opens the next utterance. Leading whitespace of an utterance is dropped and trailing
+it opens the next utterance; text with no sentence end ends at its first space past
+``HARD_FACTOR`` x ``boundary_chars``. Leading whitespace of an utterance is dropped and trailing
 whitespace is held back until more text follows, so an utterance speaks ``text.strip()``.
 """
 
@@ -44,9 +45,13 @@ class LiveUtterance:
         self.feed.finish()
 
 
+HARD_FACTOR = 4  # a live utterance with no sentence end is cut at a space past this x boundary_chars
+
+
 class LiveInput:
     def __init__(self, boundary_chars: int):
         self.boundary_chars = boundary_chars
+        self.hard_chars = HARD_FACTOR * boundary_chars  # no sentence end by then: the first space ends it
         self.open: LiveUtterance | None = None
         self.offset = 0  # characters of the session's text so far
 
@@ -82,11 +87,16 @@ class LiveInput:
     def _boundary(self, u: LiveUtterance, delta: str) -> int | None:
         """End of the last complete sentence of the utterance's text with ``delta`` once past
         ``boundary_chars`` (sentence ends never move when more text arrives: the delta is
-        read once)."""
+        read once); with none, text that runs on past ``hard_chars`` ends at its first space
+        there (a long utterance drifts, and its stream's positions would cut it)."""
         u.sentences.feed(delta)
+        offset = u.seen  # the utterance's index of delta[0]
         u.seen += len(delta)
         cut = u.seen - len(u.sentences.rest)
-        return cut if cut >= self.boundary_chars else None
+        if cut >= self.boundary_chars:
+            return cut
+        space = next((i for i in range(max(0, self.hard_chars - offset), len(delta)) if delta[i].isspace()), None)
+        return None if space is None else offset + space
 
     def finish(self) -> LiveUtterance | None:
         """The open utterance's text is complete (input.done, cancel, idle, disconnect)."""

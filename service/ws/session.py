@@ -26,9 +26,10 @@ from service.access.limits import client_identity
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
 from service.synthesis.audio import to_pcm16
-from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event
-from service.synthesis.params import SynthesisParams, check_work, parse, update_params
-from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
+from service.synthesis.chunks import ChunkStream, PlaybackClock, behind_event, truncated_event
+from service.synthesis.params import SynthesisParams, parse, update_params
+from service.synthesis.plan import BreakTags, Pause, break_tag, check_work
+from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, too_long
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
 from service.voices.routes import clone_for, saved_clone
@@ -111,6 +112,7 @@ class StreamSession(MessageReader):
         # --- live text: on a talker checkpoint deltas feed a live utterance at once
         self.text_streaming: bool | None = None  # session.config; None = on for talker checkpoints
         self.live = LiveInput(state.settings.ws_live_utterance_chars)
+        self.breaks = BreakTags()  # live text: a break tag cut between deltas waits for its end
         self.clone: VoiceClone | None = None  # the saved voice session.config named
         # When the listener finishes playing the audio sent so far (loop time; None: nothing
         # playing): the next utterance's playback clock starts there, so audio prefetched
@@ -118,6 +120,16 @@ class StreamSession(MessageReader):
         self.plays_until: float | None = None
         self.timestamps = False  # session.config "timestamps": alignment messages after each utterance's audio
         self.samples_sent = 0  # the session's audio so far: its clock, which alignment times are on
+        # streams counted against the key's engine requests (limits.py): whether each was started
+        # (waited for its turn) or prefetched
+        self.counted: dict[ChunkStream, bool] = {}
+        self.awaiting_turn = False  # the next utterance waits for its key's turn (limits.py)
+        self.cancels = 0  # response.cancel (or the end) so far: an utterance that waited for a turn checks it
+
+    @property
+    def identity(self) -> str:
+        """Who this session works for, for the per-key limits (the key checked at the handshake)."""
+        return client_identity(self.request, self.state.api_keys, websocket=True)
 
     @property
     def live_mode(self) -> bool:
@@ -131,7 +143,7 @@ class StreamSession(MessageReader):
     @property
     def busy(self) -> bool:
         """Audio is queued or being produced (text still waiting for a sentence end is not work yet)."""
-        return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None
+        return bool(self.queue) or self.cancelled_rounds > 0 or self.current is not None or self.awaiting_turn
 
     def queued_chars(self) -> int:
         return len(self.sentences.rest) + self.queued_text
@@ -262,14 +274,26 @@ class StreamSession(MessageReader):
             return
         limit = self.state.settings.max_input_chars
         open_live = len(self.live.open.text) + len(self.live.open.held) if self.live.open is not None else 0
-        if self.queued_chars() + open_live + len(text) > limit:
-            await self.error("text_too_long", f"more than {limit} characters would be waiting; wait for audio.done")
+        waiting = self.queued_chars() + open_live
+        if waiting + len(text) > limit:
+            await self.error("text_too_long", too_long("text", waiting + len(text), limit)
+                             + ("; wait for audio.done before sending more" if waiting else ""))
             return
         if self.live_mode:
-            opened, _ended = self.live.add(text)
-            self.enqueue(Utterance("", live=u) for u in opened)
+            self.add_live(self.breaks.feed(text))
             return
         self.enqueue(Utterance(s) for s in self.sentences.feed(text))  # reads only the new text
+
+    def add_live(self, pieces) -> None:
+        """Live text: text feeds the open live utterance (opening one when none is); a break tag
+        ends it and is spoken as its own utterance, a pause (service/synthesis/plan.py)."""
+        for piece in pieces:
+            if isinstance(piece, Pause):
+                self.live.finish()
+                self.enqueue([Utterance(break_tag(piece))])
+            else:
+                opened, _ended = self.live.add(piece)
+                self.enqueue(Utterance("", live=u) for u in opened)
 
     async def over_rounds_bound(self) -> bool:
         """A client that ends rounds faster than it reads their session.done is closed."""
@@ -284,6 +308,7 @@ class StreamSession(MessageReader):
     async def on_input_done(self, message: dict) -> None:
         if await self.over_rounds_bound():
             return
+        self.add_live([self.breaks.take_rest()])  # the start of a tag that never ended was text
         self.live.finish()
         rest = self.sentences.take_rest().strip()
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
@@ -296,7 +321,9 @@ class StreamSession(MessageReader):
         if await self.over_rounds_bound():
             return
         self.sentences.take_rest()
+        self.breaks.take_rest()
         self.live.finish()
+        self.cancels += 1
         self.cancelled_rounds += self.queued_rounds + 1
         self.clear_queue()
         self.drop_prefetch()
@@ -351,27 +378,43 @@ class StreamSession(MessageReader):
             if stream is not None:
                 await self.speak(item, stream)
 
-    async def submit(self, utterance: Utterance) -> ChunkStream | None:
+    async def submit(self, utterance: Utterance, wait: bool = True) -> ChunkStream | None:
         """Submit one utterance; a fatal error closes the session, a bad field skips it, and
-        so does an utterance over the work limit (an ``error`` before any engine time)."""
+        so does an utterance over the work limit (an ``error`` before any engine time). The
+        request counts against the key's engine requests (every socket, every context):
+        ``wait`` for the key's turn, or (a prefetch) submit nothing when it has none now."""
         if utterance.refused:
             return None
         try:
-            check_work(self.state.engine, utterance.text, self.params, self.state.settings)
+            parts = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.error(exc.code, exc.message)
             return None
+        limits, identity = self.state.limits, self.identity
+        if wait:
+            cancels = self.cancels
+            self.awaiting_turn = True
+            try:
+                await limits.open_request(identity)
+            finally:
+                self.awaiting_turn = False
+            if self.closed or self.cancels != cancels:  # cancelled while it waited: it is not spoken
+                limits.close_request(identity, started=True)
+                return None
+        elif not limits.open_prefetch(identity):
+            return None
         self.submitted += 1
         request_id = f"{self.session_id}-{self.submitted}"  # ids for logs; no text is logged
         try:
-            prepared = prepare(self.state.engine, request_id, utterance.text, self.params, Priority.REALTIME,
+            prepared = prepare(self.state.engine, request_id, parts, self.params, Priority.REALTIME,
                                clone=self.clone,  # a saved voice, looked up at session.config
-                               tenant=client_identity(self.request, self.state.api_keys, websocket=True),
+                               tenant=identity,
                                text_feed=utterance.live.feed if utterance.live is not None else None,
                                timestamps=self.timestamps)
-            return open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
+            stream = open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
         except ApiError as exc:
+            limits.close_request(identity, started=wait)
             if exc.status == 429:
                 await self.fatal(exc.code, "the server is at capacity; reconnect later", CLOSE_OVERLOADED)
                 raise SessionClosed() from None
@@ -380,6 +423,18 @@ class StreamSession(MessageReader):
                 raise SessionClosed() from None
             await self.error(exc.code, exc.message)
             return None
+        except BaseException:
+            limits.close_request(identity, started=wait)
+            raise
+        self.counted[stream] = wait
+        return stream
+
+    def end_stream(self, stream: ChunkStream) -> None:
+        """The session is done with ``stream`` (spoken, dropped or cancelled): it stops, and no
+        longer counts against the key's engine requests."""
+        stream.cancel()
+        if stream in self.counted:
+            self.state.limits.close_request(self.identity, started=self.counted.pop(stream))
 
     def take_prefetched(self, utterance: Utterance) -> ChunkStream | None:
         if self.prefetched is not None and self.prefetched[0] is utterance:
@@ -391,14 +446,14 @@ class StreamSession(MessageReader):
 
     def drop_prefetch(self) -> None:
         if self.prefetched is not None:
-            self.prefetched[1].cancel()
+            self.end_stream(self.prefetched[1])
             self.prefetched = None
 
     async def prefetch_next(self) -> None:
         """Submit the next queued utterance now so its audio is ready when this one ends."""
         if self.prefetched is None and self.queue and isinstance(self.queue[0], Utterance):
             upcoming = self.queue[0]
-            stream = await self.submit(upcoming)
+            stream = await self.submit(upcoming, wait=False)  # never hold this utterance's audio for a turn
             if stream is not None:
                 self.prefetched = (upcoming, stream)
 
@@ -411,6 +466,7 @@ class StreamSession(MessageReader):
         samples = 0
         starts_at = self.samples_sent  # where this utterance starts on the session's clock
         last_sample = 0.0
+        truncated: str | None = None
         stream.clock = PlaybackClock(self.state.engine.info.sample_rate, starts_at=self.plays_until)
         if utterance.live is not None:  # silence while its text still arrives is the client's, not ours
             stream.count_gaps = lambda feed=utterance.live.feed: feed.finished
@@ -428,6 +484,9 @@ class StreamSession(MessageReader):
                     samples += sent
                     self.samples_sent += sent
                     last_sample = float(chunk.pcm[-1])
+                if chunk.truncated and not self.cancelling and not chunk.error:  # the talker ended a runaway
+                    truncated = chunk.truncated
+                    await self.send_json(truncated_event(truncated, utterance=index))
                 if chunk.is_final:
                     break
                 # Start the next utterance once this one is audible (not before: it would
@@ -451,6 +510,8 @@ class StreamSession(MessageReader):
                 log.error("session %s utterance %d failed: %s", self.session_id, index, chunk.error)
                 done["error"] = "synthesis_failed"
             done["duration_s"] = round(samples / self.state.engine.info.sample_rate, 4)
+            if truncated:
+                done["truncated"] = truncated
             if stream.clock.underruns:
                 done.update(behind_s=round(stream.clock.behind_s, 3), underruns=stream.clock.underruns)
             cancelled = done.get("cancelled", False)
@@ -460,7 +521,7 @@ class StreamSession(MessageReader):
                 done.update(text=u.text, text_start=u.text_start, text_end=u.text_start + len(u.text))
             await self.send_json(done)
         finally:
-            stream.cancel()
+            self.end_stream(stream)
             self.current = None
             self.cancelling = False
 
@@ -472,6 +533,7 @@ class StreamSession(MessageReader):
                               "words": words_json(alignment, offset_ms)})
 
     def cancel_all(self) -> None:
+        self.cancels += 1
         self.live.finish()
         self.clear_queue()
         self.cancelled_rounds = 0

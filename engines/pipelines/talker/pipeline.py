@@ -47,8 +47,7 @@ class TalkerPipeline:
         self._update_kv_wait()
         if request.text_feed is not None:
             self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
-        max_new = self.source.generation.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
-        return max(0, max_new - 1)  # upper bound (official counting)
+        return self.source.planned_frames(request)  # an upper bound: EOS usually comes first
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
         """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the
@@ -99,7 +98,7 @@ class TalkerPipeline:
 
     def tick(self, plan: StepPlan) -> list[Produced]:
         return [Produced(request_id=f.request_id, frame_start=f.frame_start, is_last=f.is_last, codes=f.codes,
-                         error=f.error) for f in self.source.tick(plan)]
+                         error=f.error, truncated=f.truncated) for f in self.source.tick(plan)]
 
     def kv_cache_stats(self) -> dict[str, float]:
         return self.source.kv_cache_stats()

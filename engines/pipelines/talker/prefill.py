@@ -14,6 +14,7 @@ from engines.models.prefix_cache import PrefixCache, position_keys
 from engines.models.talker import Talker
 from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.rows import HostIds, Utterance
+from engines.runtime.graphed_prefill import PrefillSpec
 
 
 def prefix_keys(prefix: PrefixCache | None, request: SynthesisRequest, prompt) -> list[bytes] | None:
@@ -64,6 +65,19 @@ class Prefill:
         self.rope = rope
         self.decode = decode  # completed prompts sample their code 0 as a decode step does
         self.device = device
+        # the talker forward's runner for calls whose prompts all start at 0: None = eager; a
+        # GraphedPrefill replays it per (prompts, width) bucket (engines/runtime/graphed_prefill.py)
+        self.runner = None
+
+    def spec(self, scratch_row: int, max_positions: int = 1024) -> PrefillSpec:
+        """What a GraphedPrefill captures: the talker forward over the paged cache."""
+        def forward(x, positions, rows, last, write_slots, n_blocks):
+            return self.talker.forward_paged(x, positions, self.cache, rows, n_blocks, self.rope, last=last,
+                                             write_slots=write_slots)
+
+        return PrefillSpec(forward=forward, hidden=self.talker.cfg.hidden_size, dtype=self.decode.dtype,
+                           device=self.device, scratch_row=scratch_row, block_size=self.cache.block_size,
+                           max_positions=max_positions)
 
     def run(self, queue: list[Utterance], takes: tuple[int, ...]) -> HostIds | None:
         """Chunks of queued prompts, ``takes`` positions each (oldest first, as the scheduler
@@ -83,9 +97,13 @@ class Prefill:
         positions = upload(pos_host, torch.int64, dev)
         slots = torch.where(upload(real_host, torch.bool, dev), self.cache.slots(rows, positions), 0)
         last = upload([take - 1 for _, _, take in work], torch.int64, dev)
-        n_blocks = max(self.cache.blocks_for(start + take) for _, start, take in work)
-        h = self.talker.forward_paged(x, positions, self.cache, rows, n_blocks, self.rope, last=last,
-                                      write_slots=slots)
+        h = None
+        if self.runner is not None and all(start == 0 for _, start, _ in work):
+            h = self.runner(x, positions, rows, last, slots)  # None: no graphed bucket holds the call
+        if h is None:
+            n_blocks = max(self.cache.blocks_for(start + take) for _, start, take in work)
+            h = self.talker.forward_paged(x, positions, self.cache, rows, n_blocks, self.rope, last=last,
+                                          write_slots=slots)
         done = []
         for i, (u, start, take) in enumerate(work):
             u.prefilled = start + take

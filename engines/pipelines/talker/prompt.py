@@ -113,6 +113,12 @@ class PromptBuilder:
     def tokenize_assistant(self, text: str) -> list[int]:
         return self.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
+    def text_tokens(self, request: SynthesisRequest) -> int:
+        """How many ids the request's text is (its ``prompt_ids`` when it carries them): the ids
+        the talker reads, between the role and the closing tags (as :meth:`build_ids` cuts them)."""
+        ids = request.prompt_ids if request.prompt_ids is not None else self.tokenize_assistant(request.text)
+        return len(ids[3:-5])
+
     def language_id(self, speaker: str | None, language: str) -> int | None:
         c = self.config
         lang = (language or "").lower()

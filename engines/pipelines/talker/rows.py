@@ -8,13 +8,14 @@ holds an utterance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.models.sampling import SamplingSettings, split_seed
+from engines.pipelines.talker.guard import LoopGuard
 from engines.pipelines.talker.live_text import LiveText
 
 
@@ -25,6 +26,7 @@ class TalkerFrames:
     frame_start: int  # global index of codes[0] in the utterance
     is_last: bool  # EOS reached (or max tokens, or an error): the utterance is complete
     error: str | None = None  # the utterance failed (e.g. the KV pool could not hold it)
+    truncated: str | None = None  # it ended before EOS: what cut it (Utterance.limit_reason, or "loop")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class Utterance:
     settings: RowSettings
     prompt: torch.Tensor | None  # [S, D] prefill inputs until prefilled
     prompt_len: int
-    max_frames: int  # max_new_tokens - 1 (bounded by the per-stream position limit)
+    max_frames: int  # the most frames it may take: its text's budget, max_new_tokens - 1, its positions
+    limit_reason: str = "max_new_tokens"  # which of them sets max_frames ("budget", "max_new_tokens", "max_seq_len")
+    budgeted: bool = True  # its text's budget applies (False: admitted with an exact max_new_tokens)
     prefilled: int = 0  # prompt positions in the cache
     decoding: bool = False  # prefill done, code 0 of frame 0 sampled
     next_pos: int = 0  # host copy of the row's next talker position
@@ -77,6 +81,7 @@ class Utterance:
     live: LiveText | None = None  # text still arriving (live_text.py)
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
     prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
+    guard: LoopGuard = field(default_factory=LoopGuard)  # its code-0 loop test (guard.py)
 
     @property
     def request_id(self) -> str:

@@ -29,8 +29,10 @@ One tick:
     and on-device sampling; the new ids' copy to the host starts right away;
  4. the host reads the ids of the PREVIOUS step (copied while this step was queued): a row
     whose code 0 was EOS ends (its frame from step 1 is dropped, EOS is not a frame) with an
-    empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached
-    max_new_tokens - 1 frames ends with that frame (``is_last``).
+    empty ``is_last`` TalkerFrames; any other row emits its frame; a row that reached its frame
+    limit (its text's budget, budget.py; max_new_tokens - 1; its positions) ends with that frame
+    (``is_last``, ``truncated`` naming the bound), and so does a row whose code 0 has fallen into
+    a loop (the runaway guard, guard.py: ``truncated`` "loop").
 So EOS is noticed one step late (one wasted row-step per utterance) in exchange for never
 waiting on the device inside a step. Steps 1-3 are :meth:`decode_step`: device ops only, the
 same ops at every batch size, run eagerly or by ``step_runner`` (a
@@ -75,6 +77,7 @@ from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.models.prefix_cache import PrefixCache
 from engines.models.talker import Talker
 from engines.pipelines.base import Capacity, StepPlan
+from engines.pipelines.talker.budget import frame_budget, frame_limit, planned_frames
 from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.live import LiveRows
 from engines.pipelines.talker.live_text import LiveText
@@ -89,6 +92,7 @@ from engines.pipelines.talker.rows import (
     Utterance,
     resolve_settings,
 )
+from engines.runtime.graphed_prefill import PrefillSpec
 from engines.runtime.graphed_talker import StepSpec
 
 DEFAULT_KV_CACHE_GB_CPU = 1.0
@@ -181,6 +185,10 @@ class TalkerSource:
         return self.decoder.spec(self.max_slots, self.scratch_row)
 
 
+    def prefill_spec(self) -> PrefillSpec:
+        """What a GraphedPrefill captures: the prompt forward, its padding row and sizes."""
+        return self.prefill.spec(self.scratch_row)
+
     @classmethod
     def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,
                     kv_cache_gb: float | None = None, **kwargs) -> "TalkerSource":
@@ -249,6 +257,10 @@ class TalkerSource:
 
     # ---------------------------------------------------------------- admission
 
+    def planned_frames(self, request: SynthesisRequest) -> int:
+        """The most frames ``request`` may take, known before admission (budget.py)."""
+        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
+
     def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
                          instruct: str | None = None) -> int:
         """Positions the request's prompt takes (tokenizes; no device work). A live utterance's
@@ -263,9 +275,10 @@ class TalkerSource:
               non_streaming_mode: bool | None = None, instruct: str | None = None,
               live: LiveText | None = None) -> None:
         """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
-        prefill (done in the next ticks). ValueError for an unknown voice/language or a prompt
-        that does not fit; RuntimeError when no row is free; KVPoolExhausted when the pool
-        cannot hold the prompt."""
+        prefill (done in the next ticks). ``max_new_tokens``: an exact cap that replaces the text's
+        frame budget (benchmarks and tests that run a row a given number of steps; served requests
+        never pass it). ValueError for an unknown voice/language or a prompt that does not fit;
+        RuntimeError when no row is free; KVPoolExhausted when the pool cannot hold the prompt."""
         if any(u.request_id == request.id for u in self._utts.values()):
             raise ValueError(f"request {request.id!r} is already active")
         if not self.free_rows():
@@ -280,16 +293,20 @@ class TalkerSource:
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
         s_len = x.shape[0]
         # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
-        n_max = min(settings.max_new_tokens, self.max_seq_len - s_len + 1)
-        if n_max < 1:
+        if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
+        # A live utterance's text budget is known once its text is complete (_frame_limit).
+        budgeted = max_new_tokens is None
+        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
+        max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
         keys = prefix_keys(self.prefix, request, prompt)
         cached = take_blocks(self.cache, self.prefix, row, s_len, keys)  # raises before anything changes
         self.state.start(row, request, settings, trailing, pad, s_len)
         self._admissions += 1
-        u = Utterance(request, row, settings, x, s_len, max_frames=n_max - 1, prefilled=cached, next_pos=s_len,
-                       admitted=self._admissions, live=live, prefix_keys=keys)
+        u = Utterance(request, row, settings, x, s_len, max_frames=max_frames, limit_reason=limit_reason,
+                      prefilled=cached, next_pos=s_len, admitted=self._admissions, live=live, prefix_keys=keys,
+                      budgeted=budgeted)
         self._utts[row] = u
         self._prefill_queue.append(u)
 
@@ -358,13 +375,23 @@ class TalkerSource:
                 out.append(self._final(u))
                 self._release(u)
                 continue
-            last = u.frames + 1 >= u.max_frames
-            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last))
+            limit, reason = self._frame_limit(u)
+            looped = u.guard.add(u.code0)  # the runaway guard: its code 0 repeats one pattern
+            last = looped or u.frames + 1 >= limit
+            truncated = "loop" if looped else reason if last else None
+            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=truncated))
             u.frames += 1
             u.code0 = None  # the value for the next step arrives with ``in_flight``
             if last:
                 self._release(u)
         return out
+
+    @staticmethod
+    def _frame_limit(u: Utterance) -> tuple[int, str]:
+        """The utterance's frame limit now: a live one's text budget applies once its text is complete."""
+        if u.live is None or not u.live.done or not u.budgeted:
+            return u.max_frames, u.limit_reason
+        return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
 
     @torch.no_grad()
     def tick(self, plan: StepPlan) -> list[TalkerFrames]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+from engines.contract import SAMPLE_RATE
 from service.synthesis.audio import CONTENT_TYPES
 from service.voices.store import FileVoiceStore, VoiceStore
 
@@ -53,6 +54,9 @@ class Job:
     lease_owner: str | None = None  # the replica running it
     lease_token: str | None = None  # this attempt's fence
     corrupt: str | None = None  # why the stored record cannot be used (see job_from_record); never run
+    utterances_done: int = 0  # segments of its plan finished and kept (a restart resumes after them)
+    utterances_total: int = 0  # segments its text is spoken in (utterances and pauses; 0: not planned yet)
+    audio_samples: int = 0  # samples of the finished segments
 
     @property
     def response_format(self) -> str:
@@ -61,7 +65,9 @@ class Job:
     def to_json(self) -> dict:
         body = {
             "id": self.id, "status": "failed" if self.corrupt else self.status,
-            "progress": {"frames_done": self.frames_done, "frames_total": self.frames_total},
+            "progress": {"frames_done": self.frames_done, "frames_total": self.frames_total,
+                         "utterances_done": self.utterances_done, "utterances_total": self.utterances_total,
+                         "audio_seconds": round(self.audio_samples / SAMPLE_RATE, 3)},
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "response_format": self.response_format,
         }
@@ -114,6 +120,9 @@ def job_from_record(row, taken_over: bool = False) -> Job:
         job.frames_total = _number(field("frames_total"), int, 0)
         job.audio_size = _number(field("audio_size"), int)
         job.attempts = _number(field("attempts"), int, 0)
+        job.utterances_done = _number(field("utterances_done"), int, 0)
+        job.utterances_total = _number(field("utterances_total"), int, 0)
+        job.audio_samples = _number(field("audio_samples"), int, 0)
         params = json.loads(field("params"))
         if not isinstance(params, dict):
             raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
@@ -134,6 +143,27 @@ def new_job_id() -> str:
 
 def new_lease_token() -> str:
     return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A finished segment of a job's plan (an utterance or a pause, service/synthesis/plan.py),
+    kept while the job runs so that an interrupted job resumes after it."""
+
+    index: int
+    samples: int
+    words: str | None = None  # JSON: its word times from its own start (words_json), when aligned
+
+
+def kept_in_order(rows) -> list[Segment]:
+    """Stored segment rows (idx, samples, words; by idx) -> the run of them from the first: a
+    job resumes after the last segment before any gap."""
+    kept: list[Segment] = []
+    for row in rows:
+        if row["idx"] != len(kept):
+            break
+        kept.append(Segment(int(row["idx"]), int(row["samples"]), row["words"]))
+    return kept
 
 
 # What a renewal finds: the lease is still ours, the job was cancelled, or the lease is gone
@@ -222,6 +252,23 @@ class JobStore(abc.ABC):
                      audio_size: int | None = None) -> bool:
         """Record the end of the attempt holding ``token``; False (nothing written) when the
         job is no longer that attempt's: cancelled, or taken over after the lease expired."""
+
+    # -- segments: a long job's finished utterances, kept as they finish (resume) -----------------
+    @abc.abstractmethod
+    async def start_plan(self, job_id: str, token: str, plan: str, total: int) -> list[Segment]:
+        """The attempt holding ``token`` speaks the job as ``total`` segments of plan ``plan`` (a
+        digest of them): -> the segments an earlier attempt finished of that same plan, in order
+        from the first (it resumes after them); those of another plan are dropped."""
+
+    @abc.abstractmethod
+    async def put_segment(self, job_id: str, token: str, index: int, samples: int, pcm: bytes,
+                          words: str | None) -> bool:
+        """Keep finished segment ``index`` (float32 PCM, its word times); False when the lease is
+        no longer ours. Progress (utterances done, audio seconds) follows."""
+
+    @abc.abstractmethod
+    async def read_segment(self, job_id: str, index: int) -> bytes | None:
+        """A kept segment's PCM (float32, little endian); None when it is not kept."""
 
     async def put_words(self, job_id: str, token: str, words: str) -> bool:
         """Store the word timestamps (JSON text) of the running attempt holding ``token``;

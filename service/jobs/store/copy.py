@@ -5,8 +5,9 @@ The directory is read as hostile input (service/jobs/store/untrusted.py): read-o
 followed, every record schema-checked; what cannot be used is skipped and listed in the
 report with the reason, never imported. Idempotent: a voice or job already in the database
 (same owner and name, or id) is left alone and counted as such, so a copy that was interrupted
-can simply run again. Jobs keep their ids (client URLs stay valid), owners, times and status;
-one that was running goes back to the queue. Run it with the old server stopped, so that
+can simply run again. Jobs keep their ids (client URLs stay valid), owners, times, status and
+word timestamps (captions; checked like the rest of the row); one that was running goes back to
+the queue. Run it with the old server stopped, so that
 nothing changes under the copy.
 """
 
@@ -83,7 +84,7 @@ async def copy_embedded_store(data_dir: Path, url: str, password: str | None = N
             except (OSError, ValueError) as exc:
                 report.skipped.append(Skipped("job", job.id, f"audio: {reason(exc)}"))
                 continue
-            if await target.import_job(job, _blocks(audio)):
+            if await target.import_job(job, _blocks(audio), words=job.words):
                 report.jobs_copied += 1
             else:
                 report.jobs_present += 1

@@ -33,7 +33,9 @@ from service.jobs.store.base import (
     RENEWED,
     Job,
     JobStore,
+    Segment,
     job_from_record,
+    kept_in_order,
     new_job_id,
 )
 from service.voices.store import VoiceStore
@@ -219,7 +221,44 @@ class PostgresJobStore(JobStore):
                 "RETURNING true", job_id, token, status, _text(error), audio_size)
             if done and status != "succeeded":
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
+            if done:  # the kept segments served their purpose
+                await conn.execute("DELETE FROM job_segments WHERE job_id = $1", job_id)
         return bool(done)
+
+    # -- segments (a long job's finished utterances: resume) ---------------------------------------
+    async def start_plan(self, job_id, token, plan, total) -> list[Segment]:
+        async with self.connection() as conn, conn.transaction():
+            key = await conn.fetchrow("SELECT plan_key FROM jobs WHERE id = $1 AND lease_token = $2 "
+                                      "AND status = 'running' FOR UPDATE", job_id, token)
+            if key is None:
+                return []
+            if key["plan_key"] != plan:
+                await conn.execute("DELETE FROM job_segments WHERE job_id = $1", job_id)
+            kept = kept_in_order(await conn.fetch("SELECT idx, samples, words FROM job_segments WHERE job_id = $1 "
+                                                  "ORDER BY idx", job_id))
+            await conn.execute("DELETE FROM job_segments WHERE job_id = $1 AND idx >= $2", job_id, len(kept))
+            await conn.execute("UPDATE jobs SET plan_key = $2, utterances_total = $3, utterances_done = $4, "
+                               "audio_samples = $5 WHERE id = $1", job_id, plan, total, len(kept),
+                               sum(s.samples for s in kept))
+        return kept
+
+    async def put_segment(self, job_id, token, index, samples, pcm, words) -> bool:
+        async with self.connection() as conn, conn.transaction():
+            held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
+                                       "AND status = 'running' FOR UPDATE", job_id, token)
+            if not held:
+                return False
+            await conn.execute("INSERT INTO job_segments (job_id, idx, samples, pcm, words) VALUES ($1, $2, $3, $4, $5) "
+                               "ON CONFLICT (job_id, idx) DO UPDATE SET samples = EXCLUDED.samples, pcm = EXCLUDED.pcm, "
+                               "words = EXCLUDED.words", job_id, index, samples, pcm, _text(words))
+            await conn.execute("UPDATE jobs SET utterances_done = $2, audio_samples = (SELECT coalesce(sum(samples), 0) "
+                               "FROM job_segments WHERE job_id = $1) WHERE id = $1", job_id, index + 1)
+        return True
+
+    async def read_segment(self, job_id, index) -> bytes | None:
+        async with self.connection() as conn:
+            data = await conn.fetchval("SELECT pcm FROM job_segments WHERE job_id = $1 AND idx = $2", job_id, index)
+        return bytes(data) if data is not None else None
 
     async def put_words(self, job_id, token, words) -> bool:
         async with self.connection() as conn:
@@ -253,22 +292,27 @@ class PostgresJobStore(JobStore):
                 "lease_expires = NULL WHERE id = $1 AND status IN ('queued', 'running') RETURNING true", job_id, _text(error))
             if cancelled:
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
+                await conn.execute("DELETE FROM job_segments WHERE job_id = $1", job_id)
                 await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"cancelled:{job_id}")
         return bool(cancelled)
 
     # -- moving in from the embedded store (service/jobs/store/copy.py) -----------------------------
-    async def import_job(self, job: Job, audio: AsyncIterator[bytes]) -> bool:
-        """Insert a job made elsewhere, with its id, times and (succeeded) audio, in one
-        transaction; False, nothing written, when a job with that id exists. One that was
-        running is queued again (its runner is gone)."""
+    async def import_job(self, job: Job, audio: AsyncIterator[bytes], words: str | None = None) -> bool:
+        """Insert a job made elsewhere, with its id, times, (succeeded) audio and word timestamps
+        (``words``: checked JSON), in one transaction; False, nothing written, when a job with
+        that id exists. One that was running is queued again (its runner is gone)."""
         status = "queued" if job.status == "running" else job.status
         async with self.connection() as conn, conn.transaction():
             added = await conn.fetchval(
                 "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
-                "frames_total, audio_size, attempts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
+                "frames_total, audio_size, attempts, utterances_total, utterances_done, audio_samples, words) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, json.dumps(job.params), job.owner, job.created_at,
                 None if status == "queued" else job.started_at, job.finished_at, _text(job.error),
-                0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts)
+                0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts,
+                job.utterances_total, 0 if status == "queued" else job.utterances_done,
+                0 if status == "queued" else job.audio_samples,  # a queued job's segments stay behind: it starts over
+                _text(words) if status == "succeeded" else None)
             if not added:
                 return False
             position = 0

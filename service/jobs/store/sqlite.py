@@ -27,7 +27,9 @@ from service.jobs.store.base import (
     RENEWED,
     Job,
     JobStore,
+    Segment,
     job_from_record,
+    kept_in_order,
     new_job_id,
     new_lease_token,
 )
@@ -49,11 +51,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     owner TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+CREATE TABLE IF NOT EXISTS job_segments (
+    job_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    pcm BLOB NOT NULL,
+    words TEXT,
+    PRIMARY KEY (job_id, idx)
+);
 """
 # Columns added after the first release: (name, type); added when an older database lacks them.
 _ADDED_COLUMNS = (("owner", "TEXT"), ("audio_size", "INTEGER"), ("attempts", "INTEGER NOT NULL DEFAULT 0"),
                   ("lease_owner", "TEXT"), ("lease_token", "TEXT"), ("lease_expires", "REAL"),
-                  ("words", "TEXT"))
+                  ("words", "TEXT"), ("plan_key", "TEXT"), ("utterances_total", "INTEGER NOT NULL DEFAULT 0"),
+                  ("utterances_done", "INTEGER NOT NULL DEFAULT 0"), ("audio_samples", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SqliteJobStore(JobStore):
@@ -227,8 +238,43 @@ class SqliteJobStore(JobStore):
                                    "audio_size = ?, lease_expires = NULL "
                                    "WHERE id = ? AND lease_token = ? AND status = 'running'",
                                    (status, time.time(), error, name, audio_size, job_id, token))
+            if cursor.rowcount == 1:  # the kept segments served their purpose
+                self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
             return cursor.rowcount == 1
         return await self._call(finish)
+
+    # -- segments (a long job's finished utterances: resume) ---------------------------------------
+    async def start_plan(self, job_id, token, plan, total) -> list[Segment]:
+        def start():
+            row = self._execute("SELECT plan_key FROM jobs WHERE id = ? AND lease_token = ? AND status = 'running'",
+                                (job_id, token)).fetchone()
+            if row is None:
+                return []
+            if row["plan_key"] != plan:
+                self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
+            kept = kept_in_order(self._execute("SELECT idx, samples, words FROM job_segments WHERE job_id = ? "
+                                               "ORDER BY idx", (job_id,)).fetchall())
+            self._execute("DELETE FROM job_segments WHERE job_id = ? AND idx >= ?", (job_id, len(kept)))
+            self._execute("UPDATE jobs SET plan_key = ?, utterances_total = ?, utterances_done = ?, audio_samples = ? "
+                          "WHERE id = ?", (plan, total, len(kept), sum(s.samples for s in kept), job_id))
+            return kept
+        return await self._call(start)
+
+    async def put_segment(self, job_id, token, index, samples, pcm, words) -> bool:
+        def put():
+            if not self._holds(job_id, token):
+                return False
+            self._execute("INSERT OR REPLACE INTO job_segments (job_id, idx, samples, pcm, words) VALUES (?, ?, ?, ?, ?)",
+                          (job_id, index, samples, pcm, words))
+            self._execute("UPDATE jobs SET utterances_done = ?, audio_samples = (SELECT coalesce(sum(samples), 0) "
+                          "FROM job_segments WHERE job_id = ?) WHERE id = ?", (index + 1, job_id, job_id))
+            return True
+        return await self._call(put)
+
+    async def read_segment(self, job_id, index) -> bytes | None:
+        row = await self._call(lambda: self._execute("SELECT pcm FROM job_segments WHERE job_id = ? AND idx = ?",
+                                                     (job_id, index)).fetchone())
+        return bytes(row["pcm"]) if row is not None else None
 
     async def put_words(self, job_id, token, words) -> bool:
         cursor = await self._call(self._execute, "UPDATE jobs SET words = ? WHERE id = ? AND lease_token = ? "
@@ -263,6 +309,7 @@ class SqliteJobStore(JobStore):
                                    "WHERE id = ? AND status IN ('queued', 'running')", (time.time(), error, job_id))
             if cursor.rowcount == 1:
                 self._remove_parts(job_id)
+                self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
             return cursor.rowcount == 1
         cancelled = await self._call(cancel)
         if cancelled:
@@ -285,6 +332,7 @@ class SqliteJobStore(JobStore):
                 if row["audio_file"]:
                     (self.audio_dir / row["audio_file"]).unlink(missing_ok=True)
                 self._execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
+                self._execute("DELETE FROM job_segments WHERE job_id = ?", (row["id"],))
             return len(rows)
         return await self._call(delete)
 

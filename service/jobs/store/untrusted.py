@@ -3,7 +3,8 @@ record and file is hostile input until checked.
 
 * The SQLite file is opened read-only and must be a regular file; each row is validated with a
   pydantic model (:class:`StoredJob`: id, status, times, params a JSON object whose
-  ``response_format`` is one of the fixed formats). A row that fails is skipped, with the reason.
+  ``response_format`` is one of the fixed formats, word timestamps a list of
+  :class:`~service.synthesis.timestamps.StoredWord`). A row that fails is skipped, with the reason.
 * Job audio is read only from ``audio/<id>.<format>`` as a regular file, opened without
   following links (``O_NOFOLLOW``), inside a real ``audio/`` directory (not a link).
 * Saved voices: ``voices/`` and ``voices/owners/*/`` as real directories; each voice's JSON and
@@ -22,7 +23,7 @@ import math
 import os
 import sqlite3
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -32,11 +33,13 @@ from safetensors.numpy import load as load_tensors
 
 from service.jobs.store.base import STATUSES, Job
 from service.synthesis.audio import CONTENT_TYPES
+from service.synthesis.timestamps import parse_words
 from service.voices.store import NAME_PATTERN, OWNERS_DIR, SavedVoice, owner_dir_name
 
 READ_BLOCK = 256 * 1024
 MAX_VOICE_FILE_BYTES = 64 << 20  # a voice's tensors are a few hundred KB; beyond this it is not one
 MAX_META_BYTES = 1 << 20
+MAX_WORDS_JSON_CHARS = 64 << 20  # a job's word timestamps as stored (about 80 characters a word)
 
 
 class UnreadableStore(Exception):
@@ -54,6 +57,13 @@ def _finite(value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise ValueError("not a finite number")
     return value
+
+
+@dataclass
+class ImportedJob(Job):
+    """A job read from an embedded store, with its word timestamps (checked JSON; None: none)."""
+
+    words: str | None = field(default=None, repr=False)
 
 
 class StoredParams(BaseModel):
@@ -78,19 +88,26 @@ class StoredJob(BaseModel):
     owner: str | None = Field(default=None, max_length=256)
     audio_size: int | None = Field(default=None, ge=0)
     attempts: int = Field(default=0, ge=0)
+    utterances_total: int = Field(default=0, ge=0)
+    utterances_done: int = Field(default=0, ge=0)
+    audio_samples: int = Field(default=0, ge=0)
+    words: str | None = Field(default=None, max_length=MAX_WORDS_JSON_CHARS)
 
     _times = field_validator("created_at", "started_at", "finished_at")(_finite)
 
-    def job(self) -> Job:
-        """Raises ValueError (pydantic's ValidationError is one) when params are not a stored request."""
+    def job(self) -> ImportedJob:
+        """Raises ValueError (pydantic's ValidationError is one) when params are not a stored
+        request or the word timestamps are not a word list."""
         params = json.loads(self.params)
         if not isinstance(params, dict):
             raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
         StoredParams.model_validate(params)
-        return Job(id=self.id, status=self.status, params=params, created_at=self.created_at,
-                   started_at=self.started_at, finished_at=self.finished_at, error=self.error,
-                   frames_done=self.frames_done, frames_total=self.frames_total, owner=self.owner,
-                   audio_size=self.audio_size, attempts=self.attempts)
+        words = json.dumps(parse_words(self.words)) if self.words is not None else None
+        return ImportedJob(id=self.id, status=self.status, params=params, created_at=self.created_at,
+                           started_at=self.started_at, finished_at=self.finished_at, error=self.error,
+                           frames_done=self.frames_done, frames_total=self.frames_total, owner=self.owner,
+                           audio_size=self.audio_size, attempts=self.attempts, utterances_total=self.utterances_total,
+                           utterances_done=self.utterances_done, audio_samples=self.audio_samples, words=words)
 
 
 class StoredVoiceMeta(BaseModel):
@@ -148,7 +165,7 @@ def _read_regular(path: Path, limit: int | None = None) -> bytes:
 # -- jobs -------------------------------------------------------------------------------
 
 
-def read_jobs(data_dir: Path) -> Iterator[tuple[Job | None, Skipped | None]]:
+def read_jobs(data_dir: Path) -> Iterator[tuple[ImportedJob | None, Skipped | None]]:
     """Every job row, oldest first: (job, None) or (None, why it was skipped). UnreadableStore
     when ``jobs.sqlite3`` is absent-but-named, a link, or not an SQLite database."""
     path = Path(data_dir) / "jobs.sqlite3"

@@ -116,10 +116,10 @@ class CartesiaSocket(EncodedAudioSocket):
             if len(self.contexts) >= self.MAX_CONTEXTS:
                 raise BadRequest(f"at most {self.MAX_CONTEXTS} contexts may be active on one connection")
             context = self.open_context(context_id)
-            context.extra.update(encoding=encoding, rate=rate, flushes=0, ended=False)
+            context.extra.update(encoding=encoding, rate=rate, flushes=0)
             context.timestamps = message.get("add_timestamps") is True
             await context.on_config({"voice": voice})
-        elif context.extra["ended"]:
+        elif context.ending:
             raise BadRequest(f"context {context_id[:64]!r} has ended (continue was false); use a new context_id")
         if transcript:
             await context.add_text(transcript)
@@ -130,8 +130,7 @@ class CartesiaSocket(EncodedAudioSocket):
                 context.extra["flushes"] += 1
                 await context.flush(("flush", context.extra["flushes"]))
             if not more:
-                context.extra["ended"] = True
-                await context.flush(("done", None))
+                await self.end_context(context, ("done", None))
 
     # -- our events, in Cartesia's messages -------------------------------------------
     def wire_format(self, context: Context) -> tuple[str, int]:
@@ -159,9 +158,9 @@ class CartesiaSocket(EncodedAudioSocket):
             await self.send_json({"type": "flush_done", "done": False, "flush_done": True, "flush_id": flush_id,
                                   "status_code": 206, "context_id": context.context_id})
         elif kind == "done":
+            await self.drop_context(context)  # first: once the client reads done, its id is free again
             await self.send_json({"type": "done", "done": True, "status_code": 206,
                                   "context_id": context.context_id})
-            await self.drop_context(context)
 
     async def context_error(self, context: Context | None, code: str, message: str,
                             context_id: str | None = None) -> None:

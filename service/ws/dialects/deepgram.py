@@ -46,6 +46,31 @@ def deepgram_key(request: web.Request) -> str | None:
     return None
 
 
+def query_speed(query) -> float | None:
+    """The ``speed`` query parameter (0.7-1.5; None when absent); ApiError(400) otherwise."""
+    if "speed" not in query:
+        return None
+    try:
+        speed = float(query["speed"])
+    except ValueError:
+        speed = float("nan")
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
+    return speed
+
+
+async def deepgram_voice(request: web.Request, model: str) -> str:
+    """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
+    is one), a saved voice, or ``aura-<voice>-<lang>`` of one; ApiError(400) otherwise."""
+    if await known_voice(request, model):
+        return model
+    match = _AURA.match(model)
+    if match and await known_voice(request, match.group(1)):
+        return match.group(1)
+    raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
+                                                   f"{voice_list(request)} (or aura-<voice>-en) or a saved voice")
+
+
 class DeepgramSocket(EncodedAudioSocket):
     ENDPOINT = "/v1/speak"
 
@@ -78,25 +103,12 @@ class DeepgramSocket(EncodedAudioSocket):
         if not rate.isdigit() or not MIN_RATE <= int(rate) <= MAX_RATE:
             raise ApiError(400, "invalid_query_parameter", f"sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
         self.encoding, self.rate = ENCODINGS[encoding], int(rate)
-        if "speed" in query:
-            try:
-                speed = float(query["speed"])
-            except ValueError:
-                speed = float("nan")
-            if not MIN_SPEED <= speed <= MAX_SPEED:
-                raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
-            self.speed = speed
+        self.speed = query_speed(query)
         self.model = query.get("model", "default")
         self.voice = await self.voice_for(self.model)
 
     async def voice_for(self, model: str) -> str:
-        if await known_voice(self.request, model):
-            return model
-        match = _AURA.match(model)
-        if match and await known_voice(self.request, match.group(1)):
-            return match.group(1)
-        raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
-                                                       f"{voice_list(self.request)} (or aura-<voice>-en) or a saved voice")
+        return await deepgram_voice(self.request, model)
 
     async def opened(self) -> None:
         context = self.open_context(CONTEXT)

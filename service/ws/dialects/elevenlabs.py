@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import re
+from typing import NamedTuple
 
 from aiohttp import WSCloseCode, web
 
@@ -42,8 +43,9 @@ from service.ws.contexts import Context, serve
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 
-PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 MP3_RATES = (22050, 24000, 44100)
+MP3_KBPS = (32, 48, 64, 96, 128, 192)  # ElevenLabs' mp3 bit rates; MPEG-2 rates (below 32 kHz) stop at 160
 DEFAULT_FORMAT = "mp3_44100_128"
 MAX_INACTIVITY_S = 180
 POLICY = 1008  # ElevenLabs puts the close code it would use in its error messages
@@ -51,18 +53,29 @@ _FORMAT = re.compile(r"^(pcm|mp3|ulaw)_(\d{4,5})(?:_(\d{2,3}))?$")
 DEFAULT_CONTEXT = ""
 
 
-def parse_output_format(name: str) -> tuple[str, int]:
-    """``pcm_24000`` -> (``pcm_s16le``, 24000); ApiError(400) for a format not served."""
+class OutputFormat(NamedTuple):
+    """An ``output_format`` as the wire encoder takes it: ``WireEncoder(*fmt)``."""
+
+    encoding: str
+    rate: int
+    bit_rate: int | None = None  # mp3, bits per second
+
+
+def parse_output_format(name: str) -> OutputFormat:
+    """``pcm_24000`` -> (``pcm_s16le``, 24000), ``mp3_44100_128`` -> (``mp3``, 44100, 128000);
+    ApiError(400) for a format not served."""
     match = _FORMAT.match(name)
     if match:
-        kind, rate = match.group(1), int(match.group(2))
-        if kind == "pcm" and rate in PCM_RATES and match.group(3) is None:
-            return "pcm_s16le", rate
-        if kind == "mp3" and rate in MP3_RATES and match.group(3) is not None:
-            return "mp3", rate
-        if kind == "ulaw" and rate == 8000 and match.group(3) is None:
-            return "pcm_mulaw", rate
-    served = [f"pcm_{r}" for r in PCM_RATES] + [f"mp3_{r}_128" for r in MP3_RATES] + ["ulaw_8000"]
+        kind, rate, kbps = match.group(1), int(match.group(2)), match.group(3)
+        if kind == "pcm" and rate in PCM_RATES and kbps is None:
+            return OutputFormat("pcm_s16le", rate)
+        if kind == "mp3" and rate in MP3_RATES and kbps is not None and int(kbps) in MP3_KBPS \
+                and (rate >= 32000 or int(kbps) <= 160):
+            return OutputFormat("mp3", rate, int(kbps) * 1000)
+        if kind == "ulaw" and rate == 8000 and kbps is None:
+            return OutputFormat("pcm_mulaw", rate)
+    served = ([f"pcm_{r}" for r in PCM_RATES] + [f"mp3_{r}_{{{','.join(map(str, MP3_KBPS[:-1]))}}}" for r in MP3_RATES[:2]]
+              + [f"mp3_44100_{{{','.join(map(str, MP3_KBPS))}}}", "ulaw_8000"])
     raise ApiError(400, "invalid_output_format", f"output_format {name[:40]!r} is not served; choose one of "
                                                  f"{', '.join(served)}")
 
@@ -86,7 +99,7 @@ class ElevenLabsSocket(EncodedAudioSocket):
     def __init__(self, request, ws, state):
         super().__init__(request, ws, state)
         self.voice = request.match_info["voice_id"]
-        self.encoding, self.rate = "mp3", 44100
+        self.output_format = parse_output_format(DEFAULT_FORMAT)
         self.ended = False  # stream-input: EOS was sent
 
     @classmethod
@@ -98,7 +111,7 @@ class ElevenLabsSocket(EncodedAudioSocket):
         return web.json_response({"detail": {"status": code, "message": message}}, status=status)
 
     async def check_request(self) -> None:
-        self.encoding, self.rate = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
+        self.output_format = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
         timeout = self.request.query.get("inactivity_timeout")
         if timeout is not None:
             if not timeout.isdigit() or not 1 <= int(timeout) <= MAX_INACTIVITY_S:
@@ -164,26 +177,29 @@ class ElevenLabsSocket(EncodedAudioSocket):
         await context.on_config({"voice": self.voice, **speed_of(message.get("voice_settings") or {})})
         return context
 
-    async def end_round(self, context: Context, label: str) -> None:
+    async def end_round(self, context: Context, label: str, last: bool = False) -> None:
+        """Speak what ``context`` holds (``last``: and end it: no more text)."""
         if not context.can_end_round:
             await self.context_error(context, "too_many_flushes", "flushes arrive faster than they are answered; "
                                                                   "this one was ignored")
             return
-        await context.flush(label)
+        await (self.end_context(context, label) if last else context.flush(label))
 
     async def close_context(self, context: Context | None, context_id: str, immediate: bool) -> None:
-        if context is None or (context.extra.get("closing") and not immediate):  # a barge-in may follow a close
+        if context is None or (context.ending and not immediate):  # a barge-in may follow a close
             await self.context_error(None, "context_not_found", f"context {context_id[:64]!r} is not open",
                                      context_id=context_id)
             return
-        context.extra["closing"] = True
         if immediate:
             await self.drop_context(context)
             await self.send_json({"isFinal": True, "contextId": context_id})
             return
-        await self.end_round(context, "close")
+        await self.end_round(context, "close", last=True)
 
     # -- our events, in ElevenLabs' messages -----------------------------------------
+    def wire_format(self, context: Context) -> OutputFormat:
+        return self.output_format
+
     def reply(self, context: Context, message: dict) -> dict:
         if self.MULTI:
             message["contextId"] = context.context_id

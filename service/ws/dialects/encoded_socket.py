@@ -15,8 +15,9 @@ class EncodedAudioSocket(ContextSocket):
     """A dialect socket that writes its audio through a WireEncoder. Subclasses give
     :meth:`send_encoded` (and :meth:`wire_format` when the format is per context)."""
 
-    def wire_format(self, context: Context) -> tuple[str, int]:
-        """The encoding and sample rate of ``context``'s audio (the socket's, set at the handshake)."""
+    def wire_format(self, context: Context) -> tuple:
+        """The encoding and sample rate of ``context``'s audio (the socket's, set at the handshake),
+        and an mp3 bit rate where the dialect names one: ``WireEncoder(*wire_format)``."""
         return self.encoding, self.rate
 
     async def send_encoded(self, context: Context, data: bytes) -> None:

@@ -83,6 +83,45 @@ def test_cancel_frees_the_slot_within_a_tick(engine):
     assert engine.stats().active_requests == 0
 
 
+def _wait_first_audio(col: Collected, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(c.pcm.size for c in col.chunks) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert any(c.pcm.size for c in col.chunks), "no audio in time"
+
+
+def test_an_id_reused_right_after_its_cancel_is_a_new_request(engine):
+    """Cancel a request mid-utterance and submit another with the same id at once (a barge-in
+    that reuses its id): the cancelled one leaves its slot and decoder before the new one is
+    planned, so the new one is whole and identical to the same request alone."""
+    [alone] = run_requests(engine, [_req(0, TEXTS[2], seed=5)])
+    for turn in range(5):
+        old, new = Collected(), Collected()
+        handle = engine.submit(SynthesisRequest(id="turn", text=" ".join(TEXTS) * 2, seed=1), old.deliver)
+        _wait_first_audio(old)
+        handle.cancel()
+        engine.submit(SynthesisRequest(id="turn", text=TEXTS[2], seed=5), new.deliver)
+        assert old.done.wait(60) and new.done.wait(60), f"turn {turn}: a request never ended"
+        assert old.error == "cancelled"
+        assert new.error is None, f"turn {turn}: {new.error}"
+        np.testing.assert_allclose(new.pcm, alone.pcm, atol=1e-4, rtol=0)
+    assert engine.stats().active_requests == 0 and engine.scheduler.active_slots == 0
+
+
+def test_an_id_in_flight_is_not_taken_by_a_second_request(engine):
+    """Two live requests never share an id: the second is refused with an error; the first is
+    unharmed."""
+    [alone] = run_requests(engine, [_req(0, TEXTS[4], seed=9)])
+    first, second = Collected(), Collected()
+    engine.submit(SynthesisRequest(id="twin", text=TEXTS[4], seed=9), first.deliver)
+    _wait_first_audio(first)
+    engine.submit(SynthesisRequest(id="twin", text=TEXTS[0], seed=3), second.deliver)
+    assert first.done.wait(60) and second.done.wait(60)
+    assert second.error is not None and "duplicate request id" in second.error and second.pcm.size == 0
+    assert first.error is None
+    np.testing.assert_allclose(first.pcm, alone.pcm, atol=1e-4, rtol=0)
+
+
 def test_invalid_requests_are_rejected_synchronously(engine):
     with pytest.raises(InvalidRequest) as exc:
         engine.submit(SynthesisRequest(id="x", text="hi", voice="nobody"), lambda c: None)

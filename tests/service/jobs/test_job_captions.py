@@ -1,15 +1,19 @@
 """``GET /v1/jobs/{id}/captions``: a finished job's word timestamps as JSON, SRT and WebVTT on a
 live server with the random aligner fixture (tests/fixtures/aligner/tiny); owner-scoped like
-the other job routes; 409 ``no_timestamps`` on a server without an aligner (no invented times)."""
+the other job routes; 409 ``no_timestamps`` on a server without an aligner (no invented times);
+the same captions from PostgreSQL after ``streamvox migrate-store`` (real command, real database)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sqlite3
 
 import aiohttp
 import soundfile
 from conftest import start_server
+from test_store_copy import migrate
 
 from engines.pipelines.aligner.words import split_words
 
@@ -98,3 +102,41 @@ async def test_no_aligner_no_captions(server):
             await asyncio.sleep(0.1)
         async with http.get(f"{server.url}/v1/jobs/{job_id}/captions?format=srt") as r:
             assert r.status == 409 and (await r.json())["error"]["code"] == "no_timestamps"
+
+
+async def captions(http, url: str, job_id: str, fmt: str) -> tuple[int, str]:
+    async with http.get(f"{url}/v1/jobs/{job_id}/captions?format={fmt}",
+                        headers={"Authorization": f"Bearer {ALICE}"}) as response:
+        return response.status, await response.text()
+
+
+async def test_captions_survive_migrate_store(aligned_engine, tmp_path, pg_url):
+    """Word timestamps are copied with their job, checked like the rest of the row: stored
+    words that are not a word list skip their job with the reason."""
+    data_dir = tmp_path / "embedded"
+    embedded = await start_server(aligned_engine, data_dir, api_keys=(ALICE,))
+    try:
+        async with aiohttp.ClientSession() as http:
+            job_id = await finished_job(http, embedded.url, ALICE)
+            crafted_id = await finished_job(http, embedded.url, ALICE)
+            before = {fmt: await captions(http, embedded.url, job_id, fmt) for fmt in ("json", "srt", "vtt")}
+    finally:
+        await embedded.stop()
+    assert all(status == 200 for status, _ in before.values()) and json.loads(before["json"][1])["words"]
+    db = sqlite3.connect(data_dir / "jobs.sqlite3")  # a row whose words are not a word list
+    db.execute("UPDATE jobs SET words = ? WHERE id = ?",
+               (json.dumps([{"word": "x", "start_ms": 5, "end_ms": 1, "char_start": 0, "char_end": 1}]), crafted_id))
+    db.commit()
+    db.close()
+
+    code, out, err = await migrate(data_dir, pg_url)
+    assert code == 0 and "jobs: 1 copied" in out and f"skipped job '{crafted_id}': words" in out, (out, err)
+
+    shared = await start_server(aligned_engine, tmp_path / "replica", jobs_db=pg_url, job_workers=0,
+                                api_keys=(ALICE,))
+    try:
+        async with aiohttp.ClientSession() as http:
+            after = {fmt: await captions(http, shared.url, job_id, fmt) for fmt in ("json", "srt", "vtt")}
+    finally:
+        await shared.stop()
+    assert after == before

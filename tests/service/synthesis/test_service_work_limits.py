@@ -1,6 +1,6 @@
 """Work limits in the units that cost: the vocoder's frames (after ``speed``; ``steps`` do not
 change a frame's vocoder cost), the DiT's frames x steps and the talker's decode steps
-(``max_new_tokens``) are counted by the engine and refused with 413 ``too_much_work`` (a
+(each utterance's frame budget from its text) are counted by the engine and refused with 413 ``too_much_work`` (a
 WebSocket ``error``) before any engine time, on every entry point: speech, jobs, ``/v1/stream``
 and the vllm-omni socket.
 
@@ -20,6 +20,7 @@ import websockets
 from conftest import start_server
 
 from engines.build import build_engine
+from engines.pipelines.talker.budget import FRAMES_BASE
 from service.settings import from_args
 from tests.oracle import talker_fixtures as fx
 
@@ -156,27 +157,41 @@ def talker_engine():
     engine.stop()
 
 
-async def test_a_talker_request_with_a_huge_max_new_tokens_is_refused_before_any_engine_time(talker_engine, tmp_path):
-    """The talker may speak until max_new_tokens (its stream's 4,096 positions bound it): 16,384
-    plans ~4,095 decode steps, over the default 2,048, whatever the text. The checkpoint's own
-    default (28 here) and a request under the limit are served."""
-    live = await start_server(talker_engine, tmp_path / "data", job_workers=0)
-    huge = {"input": "Hello there.", "max_new_tokens": 16384}
+async def test_the_talker_limit_checks_the_texts_budget_not_max_new_tokens(talker_engine, tmp_path):
+    """Each utterance is charged its text's frame budget (engines/pipelines/talker/budget.py),
+    capped by max_new_tokens: a huge max_new_tokens on a short text is served, and a limit under
+    the budget is refused on every entry point before any engine time (a live utterance is
+    charged the text it has when it opens: at least FRAMES_BASE)."""
+    assert FRAMES_BASE > 40
+    text = "Hello there."
+    huge = {"input": text, "max_new_tokens": 16384}
+    live = await start_server(talker_engine, tmp_path / "data", job_workers=0, max_work_talker_steps=40)
     try:
         with Submissions(talker_engine) as submitted:
-            assert_refused(await http_refusals(live.url, huge), "4095 talker steps", "--max-work-talker-steps")
+            # (long text is cut into utterances that fit; no piece of any text fits under FRAMES_BASE)
+            assert_refused(await http_refusals(live.url, huge), "talker steps", "--max-work-talker-steps")
             for url, omni in ((live.ws_url, False), (live.url.replace("http", "ws") + OMNI, True)):
                 for streaming in (True, False):  # a live utterance is checked as a sentence is
                     config = {"max_new_tokens": 16384, **({} if omni else {"text_streaming": streaming})}
-                    assert_ws_refused(await ws_refusal(url, config, "Hello there.", omni=omni),
-                                      "--max-work-talker-steps")
+                    assert_ws_refused(await ws_refusal(url, config, text, omni=omni), "--max-work-talker-steps")
                     if omni:
                         break
             assert submitted.texts == []
+            async with aiohttp.ClientSession() as http:  # max_new_tokens under the limit caps the budget: served
+                async with http.post(live.url + "/v1/audio/speech",
+                                     json={"input": text, "response_format": "pcm", "max_new_tokens": 41}) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+            assert len(submitted.texts) == 1
+    finally:
+        await live.stop()
+    live = await start_server(talker_engine, tmp_path / "data2", job_workers=0)  # the default limit
+    try:
+        with Submissions(talker_engine) as submitted:
             async with aiohttp.ClientSession() as http:
-                for extra in ({}, {"max_new_tokens": 2049}):
+                for extra in ({}, {"max_new_tokens": 16384}):
                     async with http.post(live.url + "/v1/audio/speech",
-                                         json={"input": "Hello.", "response_format": "pcm", **extra}) as response:
+                                         json={"input": text, "response_format": "pcm", **extra}) as response:
                         assert response.status == 200, await response.text()
                         await response.read()
             assert len(submitted.texts) == 2

@@ -108,7 +108,7 @@ async def test_models_says_whether_timestamps_are_served(aligned, server):
             on = (await r.json())["data"][0]["timestamps"]
         async with http.get(server.url + "/v1/models") as r:
             off = (await r.json())["data"][0]["timestamps"]
-    assert on["available"] is True and on["aligner"] == str(ALIGNER) and "english" in on["languages"]
+    assert on["available"] is True and on["aligner"] == ALIGNER.name and "english" in on["languages"]
     assert off == {"available": False, "aligner": None, "languages": []}
 
 
@@ -187,9 +187,11 @@ async def test_elevenlabs_http_with_timestamps(aligned, server):
                 return [json.loads(line) for line in (await r.text()).splitlines() if line.strip()]
     got = await lines(aligned.url)
     samples = sum(len(base64.b64decode(x["audio_base64"])) for x in got) // 2
-    timed = [x["alignment"] for x in got if x["alignment"]]
-    assert len(timed) == 1 and "".join(timed[0]["characters"]) == TEXT
-    starts, ends = timed[0]["character_start_times_seconds"], timed[0]["character_end_times_seconds"]
+    timed = [x["alignment"] for x in got if x["alignment"]]  # one line after each utterance's audio
+    assert ["".join(t["characters"]).strip() for t in timed] == SENTENCES
+    assert "".join(c for t in timed for c in t["characters"]).strip() == TEXT.strip()
+    starts = [s for t in timed for s in t["character_start_times_seconds"]]  # from the start of the response
+    ends = [e for t in timed for e in t["character_end_times_seconds"]]
     assert all(a <= b for a, b in zip(starts, starts[1:])) and all(s <= e for s, e in zip(starts, ends))
     assert ends[-1] <= samples / 24000 + 0.001
     assert all(x["alignment"] is None for x in await lines(server.url))
@@ -272,3 +274,13 @@ def test_slow_alignment_never_delays_first_audio(tmp_path):
     finally:
         slow.set()
         engine.stop()
+
+
+async def test_models_names_the_aligner_without_its_path(aligned):
+    """/v1/models says which aligner is loaded by name; the operator's directory appears nowhere."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(aligned.url + "/v1/models") as response:
+            body = await response.text()
+    [model] = json.loads(body)["data"]
+    assert model["timestamps"]["aligner"] == ALIGNER.name
+    assert str(ALIGNER.parent) not in body and str(ALIGNER.parent).replace("/", "\\/") not in body

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.models.text import split_sentences
-from service.ws.live_input import LiveInput
+from service.ws.live_input import HARD_FACTOR, LiveInput
 
 ALPHABET = "ab AB3.,!?…。！？」\"')\n"
 
@@ -54,7 +54,10 @@ class NaiveLiveInput:
             return None
         sentences, rest = split_sentences(text)
         cut = len(text) - len(rest)
-        return cut if sentences and cut >= self.boundary_chars else None
+        if sentences and cut >= self.boundary_chars:
+            return cut
+        hard = HARD_FACTOR * self.boundary_chars  # no sentence end: the first space past it
+        return next((i for i in range(hard, len(text)) if text[i].isspace()), None)
 
 
 @given(text=st.text(alphabet=ALPHABET, max_size=120),
@@ -71,6 +74,14 @@ def test_live_utterances_match_re_splitting_everything(text, cuts, boundary):
         naive.add(text[a:b])
     assert [u.text for u in opened] == naive.utterances
     assert [text[u.text_start:].startswith(u.text) for u in opened] == [True] * len(opened)
+
+
+def test_text_with_no_sentence_end_is_cut_at_a_space_past_the_hard_bound():
+    live, opened = LiveInput(10), []
+    for word in ("word " * 30).split(" "):
+        opened += live.add(word + " ")[0]
+    assert len(opened) > 1 and all(40 <= len(u.text) <= 45 for u in opened[:-1])
+    assert " ".join(u.text for u in opened) == ("word " * 30).strip()
 
 
 def test_a_delta_costs_its_own_length_not_the_utterances():

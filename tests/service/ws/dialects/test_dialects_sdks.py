@@ -3,9 +3,7 @@ realtime (stream-input) helper, LiveKit Agents' ElevenLabs / Cartesia / Deepgram
 and Pipecat's ElevenLabs / Cartesia TTS services in a minimal pipeline, each sending text in
 pieces with its base URL pointed at the server.
 
-The SDKs live in their own virtualenv (.venv-agents, scripts/agents-env.sh, built by
-scripts/dev-setup.sh) and run as subprocesses (tests/agents_clients.py). Without that venv
-the tests fail under CI and are skipped on a developer machine that has not built it.
+The SDKs live in their own virtualenv and run as subprocesses (tests/agents_helpers.py).
 
 What each client gets back is compared with the same text spoken over the Cartesia socket
 directly: the same number of samples (the tiny DiT engine is deterministic, seed 0)."""
@@ -15,24 +13,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import shutil
 import ssl
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import websockets
-from conftest import REPO, start_server
+from agents_helpers import KEY, TEXT, needs_agents, run_client
+from conftest import start_server
 
-AGENTS_PYTHON = REPO / ".venv-agents" / "bin" / "python"
-CLIENTS = REPO / "tests" / "agents_clients.py"
-TEXT = "Hello there. How are you today? Fine, thanks."  # what agents_clients.PIECES joins to
-KEY = "agent-key"
-
-pytestmark = pytest.mark.skipif(not AGENTS_PYTHON.exists() and not os.environ.get("CI"),
-                                reason="run scripts/agents-env.sh to build .venv-agents (CI builds it)")
+pytestmark = needs_agents
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +36,6 @@ def tls_files(tmp_path_factory):
                     "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
     return cert, key
-
-
-async def run_client(kind: str, base: str, cert: Path | None = None) -> dict:
-    assert AGENTS_PYTHON.exists(), "build .venv-agents with scripts/agents-env.sh"
-    env = {**os.environ, "PYTHONPATH": "", "LOGURU_LEVEL": "WARNING"}
-    if cert is not None:
-        env["SSL_CERT_FILE"] = str(cert)
-    process = await asyncio.create_subprocess_exec(str(AGENTS_PYTHON), str(CLIENTS), kind, base, KEY, env=env,
-                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
-    except asyncio.TimeoutError:
-        process.kill()
-        raise
-    assert process.returncode == 0, f"{kind} failed:\n{stderr.decode()[-3000:]}"
-    return json.loads(stdout.decode().strip().splitlines()[-1])
 
 
 async def reference_samples(url: str) -> int:
@@ -86,7 +61,7 @@ async def live(engine, tmp_path):
 @pytest.mark.parametrize("kind", ["livekit-elevenlabs", "livekit-cartesia", "livekit-deepgram",
                                   "pipecat-elevenlabs", "pipecat-cartesia"])
 async def test_agent_sdk_gets_the_audio(live, kind):
-    result = await run_client(kind, live.url)
+    result = await run_client(kind, live.url, voice="default")
     assert result["sample_rate"] == 24000 and result["peak"] > 0.01
     # every sample, as spoken alone (LiveKit's Deepgram plugin may pad the end of a segment)
     expected = await reference_samples(live.url.replace("http", "ws", 1))
@@ -135,7 +110,7 @@ async def test_agent_sdk_gets_word_timestamps(aligned_engine, engine, tmp_path, 
 
     server = await start_server(aligned_engine, tmp_path / "aligned", api_keys=(KEY,))
     try:
-        result = await run_client(kind, server.url)
+        result = await run_client(kind, server.url, voice="default")
     finally:
         await server.stop()
     assert result["peak"] > 0.01
@@ -146,6 +121,6 @@ async def test_agent_sdk_gets_word_timestamps(aligned_engine, engine, tmp_path, 
         assert starts == sorted(starts)
     plain = await start_server(engine, tmp_path / "plain", api_keys=(KEY,))
     try:
-        assert not (await run_client(kind, plain.url))["timed"]
+        assert not (await run_client(kind, plain.url, voice="default"))["timed"]
     finally:
         await plain.stop()

@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 import websockets
 from conftest import start_server
+from ws_helpers import read_until_json
 
 TEXT = ["Hello there. ", "How are ", "you today?"]
 RAW_SUBTYPES = {"pcm_s16le": "PCM_16", "pcm_f32le": "FLOAT", "pcm_mulaw": "ULAW"}
@@ -309,16 +310,9 @@ async def test_deepgram_speak_flush_clear(server):
         for piece in TEXT:
             await ws.send(json.dumps({"type": "Speak", "text": piece}))
         await ws.send(json.dumps({"type": "Flush"}))
-        audio = bytearray()
-        while True:
-            message = await asyncio.wait_for(ws.recv(), 60)
-            if isinstance(message, bytes):
-                audio += message
-                continue
-            message = json.loads(message)
-            assert message == {"type": "Flushed", "sequence_id": 1}
-            break
-        pcm = read_raw(bytes(audio), "pcm_s16le", 16000)
+        audio, message = await read_until_json(ws)
+        assert message == {"type": "Flushed", "sequence_id": 1}
+        pcm = read_raw(audio, "pcm_s16le", 16000)
         assert pcm.size > 1600
         # barge-in: Clear during a long text stops the audio within one chunk, then Cleared
         await ws.send(json.dumps({"type": "Speak", "text": LONG}))

@@ -1,0 +1,50 @@
+"""Other TTS services' stock voice names as aliases of the loaded model's voices, so a voice
+agent switched over to streamvox keeps its settings (docs/API.md, "Voice aliases").
+
+Each vendor name maps to an OpenAI voice name, which the engine has already mapped onto one
+of its own voices (the DiT's voice table, a CustomVoice checkpoint's speakers): the alias
+lands wherever that OpenAI name does. A ``--voice-aliases`` file adds names or re-points
+them (its targets: any voice or alias of the model); a ``null`` target drops one.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+# The defaults the SDKs and agent frameworks send when a user names no voice, and the names
+# their documentation and examples use (read from the installed packages' sources).
+VENDOR_VOICE_ALIASES: dict[str, str] = {
+    # Deepgram Aura models (the `model` of /v1/speak)
+    "aura-2-thalia-en": "nova",  # Deepgram's documentation and SDK examples
+    "aura-2-helena-en": "shimmer",  # Pipecat's DeepgramTTSService / DeepgramHttpTTSService default
+    "aura-2-andromeda-en": "coral",  # LiveKit's Deepgram plugin default
+    "aura-asteria-en": "alloy",  # Deepgram's first Aura default
+    # Cartesia voice ids (`voice.id`)
+    "f786b574-daa5-4673-aa0c-cbe3e8534c02": "nova",  # LiveKit's Cartesia plugin default (TTSDefaultVoiceId)
+    "86e30c1d-714b-4074-a1f2-1cb6b552fb49": "shimmer",  # Pipecat's project scaffolding default
+    "71a7ad14-091c-4e8e-a314-022ece01c121": "fable",  # Pipecat's examples
+    "6ccbfb76-1fc6-48f7-b71d-91ac6298247b": "alloy",  # the cartesia SDK's placeholder when a context ends
+    # ElevenLabs premade voice ids (`voice_id`)
+    "hpp4J3VqNfWAUOO0d1Us": "shimmer",  # LiveKit's ElevenLabs plugin default (DEFAULT_VOICE_ID)
+    "21m00Tcm4TlvDq8ikWAM": "nova",  # "Rachel", the elevenlabs SDK's examples
+    "JBFqnCBsd6RMkjVDRZzb": "onyx",  # "George", the elevenlabs SDK's examples
+}
+
+
+def extend_aliases(aliases: Mapping[str, str], voices: tuple[str, ...],
+                   extra: Mapping[str, str | None]) -> dict[str, str]:
+    """``aliases`` plus ``extra`` (name -> a voice or alias of the model; None drops the name),
+    each target resolved to one of ``voices``; ValueError naming an alias whose target is neither."""
+    canonical = {v.lower(): v for v in voices}
+    resolved = dict(aliases)
+    lookup = {k.lower(): v for k, v in aliases.items()}
+    for name, target in extra.items():
+        if target is None:
+            resolved.pop(name, None)
+            continue
+        voice = canonical.get(target.lower()) or lookup.get(target.lower())
+        if voice is None:
+            raise ValueError(f"voice alias {name!r}: {target!r} is not a voice of this model "
+                             f"(voices: {', '.join(voices)}; aliases: {', '.join(sorted(aliases))})")
+        resolved[name] = voice
+    return resolved

@@ -1,0 +1,82 @@
+"""Logs nobody can forge or flood: what a client sends (a path, a header, a name) is written
+with its control characters escaped, so it can never start a line of its own; and an error
+that repeats (the same message, numbers aside) is written a few times, then counted, not
+written, until its window passes.
+
+``escape_controls`` is for a log call that writes a client's value; :class:`SafeFormatter`
+applies it to every message the server logs (whatever a future call forgets), and
+:class:`RepeatFilter` bounds repeated warnings and errors. ``configure`` installs both on the
+process's log handler (service/server.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+# C0 controls, DEL, C1 controls, the Unicode line and paragraph separators (a log viewer may
+# break lines there), and lone surrogates (a stream encoding UTF-8 would fail on them).
+_ESCAPES = {cp: f"\\x{cp:02x}" for cp in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+_ESCAPES.update({cp: f"\\u{cp:04x}" for cp in range(0xD800, 0xE000)})
+_NEEDS_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+REPEAT_WINDOW_S = 60.0  # a repeated message is counted per window...
+REPEAT_BURST = 5  # ...and written this many times in one
+_VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+")  # task names, addresses, counts: the same error all the same
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character that could end or forge a log line escaped (``\\n``, ``\\x1b``...)."""
+    return text.translate(_ESCAPES) if _NEEDS_ESCAPE.search(text) else text
+
+
+class SafeFormatter(logging.Formatter):
+    """A formatter whose message part is always one line: control characters escaped. The
+    traceback of an exception stays as Python wrote it (its lines are the server's own)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
+class RepeatFilter(logging.Filter):
+    """Warnings and errors that repeat are written at most ``burst`` times per ``window_s``;
+    the first one written after a quiet spell says how many were left out. Two records repeat
+    when logger, level, message template (numbers aside) and exception type match."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S, burst: int = REPEAT_BURST, max_keys: int = 1024):
+        super().__init__()
+        self.window_s = window_s
+        self.burst = burst
+        self.max_keys = max_keys
+        self._seen: dict[tuple, list] = {}  # key -> [window start, written in it, left out since last written]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        exc_type = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
+        key = (record.name, record.levelno, _VARYING.sub("#", str(record.msg)[:200]), exc_type)
+        now = time.monotonic()
+        entry = self._seen.get(key)
+        if entry is None or now - entry[0] >= self.window_s:
+            if entry is None and len(self._seen) >= self.max_keys:
+                self._seen = {k: e for k, e in self._seen.items() if now - e[0] < self.window_s}
+            left_out = entry[2] if entry is not None else 0
+            entry = self._seen[key] = [now, 0, left_out]
+        if entry[1] >= self.burst:
+            entry[2] += 1
+            return False
+        entry[1] += 1
+        if entry[2]:
+            record.msg = f"{record.msg} [{entry[2]} more like this left out of the log]"
+            entry[2] = 0
+        return True
+
+
+def configure(handler: logging.Handler, fmt: str) -> None:
+    handler.setFormatter(SafeFormatter(fmt))
+    handler.addFilter(RepeatFilter())
+
+
+__all__ = ["RepeatFilter", "SafeFormatter", "configure", "escape_controls"]

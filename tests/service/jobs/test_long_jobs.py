@@ -1,0 +1,141 @@
+"""Long jobs: a job's text is spoken as utterances (service/synthesis/plan.py), each kept in the
+store as it finishes (service/jobs/segments.py). ``GET /v1/jobs/{id}`` shows progress by utterance
+and the audio seconds so far; a job interrupted by a restart resumes at the next utterance, on
+SQLite and on PostgreSQL, and its audio equals an uninterrupted greedy run's; its captions span
+the whole text. A job's input may be up to ``--max-job-chars``, over ``--max-input-chars``.
+
+Real servers on 127.0.0.1 (the second one on the first one's store), real HTTP clients, real
+PostgreSQL; the tiny talker oracle fixture with the random forced aligner. (A 100,000-character
+job: benchmarks/bench_long_job.py.)"""
+
+from __future__ import annotations
+
+import io
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import start_server, wait_until
+from long_text_helpers import Recorded, long_text
+
+
+TEXT = long_text(1500)
+UNINTERRUPTED: dict = {}  # the uninterrupted run, made once for both stores
+JOB = {"input": TEXT, "response_format": "wav", "temperature": 0}
+
+
+async def get_job(http, url: str, job_id: str) -> dict:
+    async with http.get(f"{url}/v1/jobs/{job_id}") as r:
+        return await r.json()
+
+
+async def finished(http, url: str, job_id: str) -> tuple[dict, np.ndarray, list[dict]]:
+    async def done():
+        return (await get_job(http, url, job_id))["status"] in ("succeeded", "failed", "cancelled")
+
+    await wait_until(done, timeout_s=300, every_s=0.1)
+    job = await get_job(http, url, job_id)
+    assert job["status"] == "succeeded", job
+    async with http.get(f"{url}/v1/jobs/{job_id}/audio") as r:
+        audio, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
+    async with http.get(f"{url}/v1/jobs/{job_id}/captions") as r:
+        assert r.status == 200, await r.text()
+        words = (await r.json())["words"]
+    assert rate == 24000
+    return job, audio, words
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path) -> dict:
+    """Settings for a server's job store: SQLite under a data dir, or a fresh PostgreSQL database."""
+    if request.param == "postgresql":
+        return {"jobs_db": request.getfixturevalue("pg_url")}
+    return {}
+
+
+async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path, store):
+    async with aiohttp.ClientSession() as http:
+        if not UNINTERRUPTED:  # the uninterrupted run, for comparison
+            plain = await start_server(aligned_talker, tmp_path / "plain", job_workers=1)
+            try:
+                with Recorded(aligned_talker) as whole:
+                    async with http.post(plain.url + "/v1/jobs", json=JOB) as r:
+                        assert r.status == 202, await r.text()
+                        job_id = (await r.json())["id"]
+                    UNINTERRUPTED.update(zip(("job", "audio", "words"), await finished(http, plain.url, job_id)))
+                UNINTERRUPTED["texts"] = [r.text for r in whole.requests]
+            finally:
+                await plain.stop()
+        job, expected, texts = UNINTERRUPTED["job"], UNINTERRUPTED["audio"], UNINTERRUPTED["texts"]
+        total = job["progress"]["utterances_total"]
+        assert total == len(texts) >= 8 and " ".join(texts) == TEXT
+        assert job["progress"]["utterances_done"] == total
+        assert job["progress"]["audio_seconds"] == pytest.approx(expected.size / 24000, abs=1e-3)
+
+        # the same job, stopped halfway, then resumed by a new server on the same store
+        first = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
+        try:
+            async with http.post(first.url + "/v1/jobs", json=JOB) as r:
+                job_id = (await r.json())["id"]
+
+            async def halfway():
+                progress = (await get_job(http, first.url, job_id))["progress"]
+                return progress["utterances_done"] >= 3
+
+            await wait_until(halfway, timeout_s=120, every_s=0.02)
+        finally:
+            await first.stop()  # a restart: the running job goes back to the queue
+        progress = (await get_job_from_store(first, job_id))
+        done_before = progress["utterances_done"]
+        assert 3 <= done_before < total and progress["audio_seconds"] > 0
+        second = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
+        try:
+            with Recorded(aligned_talker) as resumed:
+                job, audio, words = await finished(http, second.url, job_id)
+        finally:
+            await second.stop()
+        # it went on from the next utterance: nothing before it was spoken again
+        assert [r.text for r in resumed.requests] == texts[done_before:]
+        assert job["progress"]["utterances_done"] == total
+        # and its audio is the uninterrupted run's (the decoder's float math may move a PCM16 step)
+        assert audio.shape == expected.shape
+        assert np.abs(audio - expected).max() <= 2 / 32768
+        # captions across the whole job: in order, within the audio, to its last words
+        starts = [w["start_ms"] for w in words]
+        assert starts == sorted(starts) and words[-1]["end_ms"] <= audio.size / 24 + 1
+        assert words[-1]["char_end"] >= len(TEXT) - len("and so on.")
+        assert all(TEXT[w["char_start"]:w["char_end"]] == w["word"] for w in words)
+
+
+async def get_job_from_store(server, job_id: str) -> dict:
+    """A stopped server's job, read from its store (the API is gone with it)."""
+    from service.jobs.store import make_job_store
+
+    store = make_job_store(server.state.settings)
+    await store.open()
+    try:
+        return (await store.get(job_id)).to_json()["progress"]
+    finally:
+        await store.close()
+
+
+async def test_a_job_may_be_longer_than_a_speech_request(aligned_talker, tmp_path):
+    live = await start_server(aligned_talker, tmp_path / "data", job_workers=0, max_input_chars=1000, max_job_chars=3000,
+                              max_body_bytes=10_000)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(live.url + "/v1/audio/speech", json={"input": TEXT}) as r:
+                assert r.status == 400 and (await r.json())["error"]["code"] == "text_too_long"
+            async with http.post(live.url + "/v1/jobs", json={"input": TEXT}) as r:
+                assert r.status == 202, await r.text()
+            async with http.post(live.url + "/v1/jobs", json={"input": long_text(3100)}) as r:
+                assert r.status == 400 and (await r.json())["error"]["code"] == "text_too_long"
+            # its body may be bigger than other requests' (3,000 CJK characters, escaped: ~18 KB)
+            cjk = {"input": "你好世界。" * 600}
+            async with http.post(live.url + "/v1/audio/speech", json=cjk) as r:
+                assert r.status == 413, await r.text()
+            async with http.post(live.url + "/v1/jobs", json=cjk) as r:
+                assert r.status == 202, await r.text()
+    finally:
+        await live.stop()
