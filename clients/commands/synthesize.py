@@ -56,12 +56,12 @@ def _progress(done: int, total: int, started: float, stream) -> None:
 
 
 def _clone(engine, args: argparse.Namespace):
-    """--ref-audio -> the request's clone (the server's checks and decoding: service/voices/routes.py)."""
+    """--ref-audio -> the request's clone (the server's checks and decoding: service/voices/clones.py)."""
     if args.ref_audio is None:
         return None
     from engines.contract import VoiceClone
     from service.errors import ApiError
-    from service.voices.routes import reference_audio
+    from service.voices.decoder_pool import reference_audio
 
     if not args.x_vector_only and not (args.ref_text or "").strip():
         raise ValueError("--ref-text: in-context cloning needs the transcript of --ref-audio (or --x-vector-only)")

@@ -35,7 +35,7 @@ from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.params import JobBody
 from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
-from service.voices.routes import job_voice_scope, saved_clone, scoped_clone
+from service.voices.clones import job_voice_scope, saved_clone, scoped_clone
 
 log = logging.getLogger("streamvox.jobs")
 

@@ -149,7 +149,7 @@ class JobRunner:
                  voice_clone: Callable[[str, str | None], Awaitable[VoiceClone | None]] | None = None):
         self.state = state
         self.store = store
-        # (a saved voice's name, the job's owner) -> its clone as that owner sees it (service/voices/routes.py), else None
+        # (a saved voice's name, the job's owner) -> its clone as that owner sees it (service/voices/clones.py), else None
         self.voice_clone = voice_clone
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
         self.lease_seconds = state.settings.job_lease_seconds

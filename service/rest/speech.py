@@ -20,7 +20,7 @@ from service.synthesis.params import SpeechBody, check_model
 from service.synthesis.spool import AudioSpool
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import words_json
-from service.voices import routes as voices
+from service.voices import clones as voices
 
 log = logging.getLogger("streamvox.speech")
 TRUNCATED_HEADER = "X-Streamvox-Truncated"

@@ -164,7 +164,7 @@ def speakable_text(field: str, value: Any, max_chars: int | None) -> str:
 
 class CloneFields(Strict):
     """Voice cloning from a reference (vllm-omni's names): on speech bodies and on
-    WebSocket ``session.config`` (service/voices/routes.py decodes and checks the audio)."""
+    WebSocket ``session.config`` (service/voices/clones.py decodes and checks the audio)."""
 
     ref_audio: str | None = None  # base64 audio or a data: URL
     ref_text: str | None = Field(None, max_length=MAX_INSTRUCTION_CHARS)

@@ -1,179 +1,41 @@
-"""Voice cloning at the service boundary: reference audio in, a request's ``clone`` out, and
-the saved-voice routes (vllm-omni's ``/v1/audio/voices``).
+"""The saved-voice routes (vllm-omni's ``/v1/audio/voices``).
 
-* ``ref_audio`` (base64, a ``data:`` URL, or an ``http(s)://`` / ``file://`` URL under
-  ``--ref-audio-url-prefixes``: service/voices/fetch.py) -> float32 mono 24 kHz by
-  :func:`service.voices.decoder_pool.decode_reference` (allowed containers only, in a worker
-  process), refused with a 4xx naming the problem when it is not allowed or decodable, empty,
-  silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger than
-  ``--max-ref-audio-mb``.
-* :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
-  ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
-  else a saved voice named by ``voice``. Features come from ``engine.voice_features`` (computed
-  once per content, off the event loop) or from the store.
-* ``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
-  ``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
-  ``GET /v1/audio/voices`` lists built-in speakers and uploaded voices, a page at a time
-  (``?limit=``, ``?after=``); ``DELETE /v1/audio/voices/{name}``. Storage:
-  :mod:`service.voices.store` (``--data-dir``) or :mod:`service.voices.store_postgres` (``--jobs-db``).
+``POST /v1/audio/voices`` (multipart ``audio_sample``, ``name``, optional ``ref_text``,
+``consent``, ``speaker_description``) computes and stores the x-vector and reference codes;
+``GET /v1/audio/voices`` lists built-in speakers and uploaded voices, a page at a time
+(``?limit=``, ``?after=``); ``DELETE /v1/audio/voices/{name}``. Storage:
+:mod:`service.voices.store` (``--data-dir``) or :mod:`service.voices.store_postgres` (``--jobs-db``).
+How a request uses a saved voice (or inline ``ref_audio``) is :mod:`service.voices.clones`.
 
-Saved voices belong to their key, as jobs do (:class:`VoiceScope`): with keys on, a key lists,
-uses and deletes only its own voices (another key's voice does not exist for it: 404, or "no
-saved voice" where one is named), names are unique per key, admin keys (``admin.``) list every
-key's and may use or delete the unowned ones (saved before voices had owners). With auth off
-there is one namespace, as before. Uploads and deletes take a ``--rate-limit`` token like
-every other write; uploads are capped per key (``--max-voices-per-key``) and in total
-(``--max-voices``).
+Saved voices belong to their key, as jobs do (:class:`~service.voices.clones.VoiceScope`): with
+keys on, a key lists, uses and deletes only its own voices (another key's voice does not exist
+for it: 404), names are unique per key, admin keys (``admin.``) list every key's and may use or
+delete the unowned ones (saved before voices had owners). With auth off there is one namespace,
+as before. Uploads and deletes take a ``--rate-limit`` token like every other write; uploads are
+capped per key (``--max-voices-per-key``) and in total (``--max-voices``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
 import logging
-from dataclasses import dataclass
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 
-from engines.contract import SAMPLE_RATE, InvalidRequest, SynthesisEngine, VoiceClone
-from service.access.auth import key_owner
+from engines.contract import SAMPLE_RATE
 from service.access.limits import client_identity
-from service.errors import ApiError, engine_error, invalid_field
+from service.errors import ApiError, invalid_field
 from service.state import STATE_KEY
-from service.synthesis.schema import CloneFields
-from service.voices.decoder_pool import decode_reference, reference_audio
-from service.voices.fetch import fetch_reference, is_url
+from service.voices.clones import VOICE_STORE_KEY, VoiceScope, audio_error, content_key, features_of, voice_scope
+from service.voices.decoder_pool import decode_reference
 from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceLimitReached, VoiceStore, limit_message
 
 log = logging.getLogger("streamvox.voices")
 
-VOICE_STORE_KEY: web.AppKey[VoiceStore] = web.AppKey("voice_store", VoiceStore)
 MAX_NAME_FIELD_BYTES = 4096
 DEFAULT_VOICE_PAGE = 100
 TOO_MANY_VOICES_RETRY_SECONDS = 60  # a cap frees up only when voices are deleted
 
-
-@dataclass(frozen=True)
-class VoiceScope:
-    """Whose saved voices a caller works with: ``owner`` (None: the unowned namespace, all there
-    is with auth off) for uploads and names; ``sees_all``: lists every owner's voices and may
-    name the unowned ones (admin keys; everyone with auth off)."""
-
-    owner: str | None
-    sees_all: bool
-
-    def lookup(self) -> tuple[str | None, ...]:
-        """The namespaces a voice name is looked up in, in order: the caller's own, then (an
-        admin key's) the unowned one."""
-        if self.owner is not None and self.sees_all:
-            return (self.owner, None)
-        return (self.owner,)
-
-
-def voice_scope(request: web.Request) -> VoiceScope:
-    owner, sees_all = key_owner(request, request.app[STATE_KEY].api_keys)
-    if owner == "":  # keys on and no key: unreachable past the auth checks, and it owns nothing
-        raise ApiError(401, "unauthorized", "missing or invalid API key")
-    return VoiceScope(owner, sees_all)
-
-
-def job_voice_scope(app: web.Application, job_owner: str | None) -> VoiceScope:
-    """The scope of a stored job's owner (the runner has no request): with keys on the key's
-    digest; with auth off a job's owner is its client address, and voices have one namespace."""
-    keys = app[STATE_KEY].api_keys
-    if not keys.enabled:
-        return VoiceScope(None, True)
-    return VoiceScope(job_owner or "", keys.is_admin_owner(job_owner))
-
-
-def _bad(field: str, message: str, code: str = "invalid_audio", status: int = 400) -> ApiError:
-    return ApiError(status, code, f"{field}: {message}")
-
-
-def decode_base64_audio(value: str, max_bytes: int, field: str = "ref_audio") -> bytes:
-    """Base64 or a ``data:[mime];base64,`` URL -> bytes (other URLs: service/voices/fetch.py)."""
-    text = value.strip()
-    if text[:5].lower() == "data:":
-        header, sep, text = text.partition(",")
-        if not sep or ";base64" not in header.lower():
-            raise _bad(field, "a data: URL must be base64 encoded (data:audio/wav;base64,...)", code="invalid_field")
-    if len(text) * 3 // 4 > max_bytes:
-        raise _bad(field, f"more than {max_bytes // (1 << 20)} MiB of audio", code="ref_audio_too_large", status=413)
-    try:
-        data = base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad(field, "not valid base64", code="invalid_field") from None
-    return data
-
-
-async def features_of(engine: SynthesisEngine, audio: np.ndarray, field: str = "ref_audio"):
-    """The engine's features of a reference (off the event loop); 400 when it cannot clone."""
-    try:
-        return await asyncio.to_thread(engine.voice_features, audio)
-    except InvalidRequest as exc:
-        raise engine_error(exc) from None
-
-
-def _content_key(audio: np.ndarray) -> str:
-    return hashlib.sha256(audio.tobytes()).hexdigest()
-
-
-async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> VoiceClone | None:
-    """The ``clone`` a speech body or WebSocket ``session.config`` asks for (see the module
-    docstring): inline ``fields.ref_audio``, else the saved voice named ``voice``; None when
-    neither names one."""
-    state = request.app[STATE_KEY]
-    settings = state.settings
-    x_only = bool(fields.x_vector_only_mode)
-    if fields.ref_audio is not None:
-        max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
-        if is_url(fields.ref_audio):  # only under the operator's prefixes (--ref-audio-url-prefixes)
-            data = await fetch_reference(fields.ref_audio, settings.ref_audio_url_prefixes, max_bytes)
-        else:
-            data = decode_base64_audio(fields.ref_audio, max_bytes)
-        audio = await decode_reference(data, settings.max_ref_audio_seconds)
-        if not x_only and not (fields.ref_text or "").strip():
-            raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
-                                                 "(or x_vector_only_mode: true)")
-        features = await features_of(state.engine, audio)
-        if x_only:
-            return VoiceClone(features.xvector, key=_content_key(audio))
-        return VoiceClone(features.xvector, features.codes, fields.ref_text, key=_content_key(audio))
-    clone = await saved_clone(request, voice)
-    if clone is None:
-        if state.engine.capabilities.task_type == "Base" and voice.strip().lower() != "default":
-            raise ApiError(400, "invalid_field", f"voice: no saved voice named {voice[:64]!r}; upload one "
-                                                 "with POST /v1/audio/voices or send ref_audio")
-        return None
-    return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
-
-
-async def saved_clone(request: web.Request, voice: str) -> VoiceClone | None:
-    """The clone of the caller's saved voice named ``voice`` (WebSocket sessions: ``session.config``
-    voice), else None: another key's voice is no voice. Raises StoreUnavailable while a shared
-    store's database is down."""
-    return await scoped_clone(request.app, voice, voice_scope(request))
-
-
-async def scoped_clone(app: web.Application, voice: str, scope: VoiceScope) -> VoiceClone | None:
-    """The clone of the saved voice ``voice`` as ``scope`` sees it (jobs: :func:`job_voice_scope`)."""
-    store = app.get(VOICE_STORE_KEY)
-    saved = None
-    for owner in scope.lookup() if store is not None else ():
-        if (saved := await store.get(voice, owner)) is not None:
-            break
-    if saved is None:
-        return None
-    if not saved.ref_text:
-        return VoiceClone(saved.xvector, key=saved.audio_sha256)
-    return VoiceClone(saved.xvector, saved.codes, saved.ref_text, key=saved.audio_sha256)
-
-
-# --------------------------------------------------------------------------- routes
 
 
 async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes | None]:
@@ -194,7 +56,7 @@ async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], b
                 data += chunk
                 if len(data) > limit:
                     if part.name == "audio_sample":
-                        raise _bad("audio_sample", f"more than {max_bytes // (1 << 20)} MiB",
+                        raise audio_error("audio_sample", f"more than {max_bytes // (1 << 20)} MiB",
                                    code="ref_audio_too_large", status=413)
                     raise ApiError(400, "invalid_field", f"{part.name}: longer than {limit} bytes")
             if part.name == "audio_sample":
@@ -235,7 +97,7 @@ async def create_voice(request: web.Request) -> web.Response:
     voice = SavedVoice(name=name, xvector=features.xvector, codes=features.codes, ref_text=ref_text,
                        consent=fields.get("consent") or None,
                        speaker_description=fields.get("speaker_description") or None,
-                       audio_sha256=_content_key(audio), seconds=audio.size / SAMPLE_RATE, owner=scope.owner)
+                       audio_sha256=content_key(audio), seconds=audio.size / SAMPLE_RATE, owner=scope.owner)
     try:
         await store.add(voice, max_per_owner=max_per_key, max_total=settings.max_voices)
     except VoiceExists:
@@ -312,5 +174,4 @@ def add_routes(app: web.Application, store: VoiceStore) -> None:
     app.router.add_delete("/v1/audio/voices/{name}", delete_voice)
 
 
-__all__ = ["VOICE_STORE_KEY", "VoiceScope", "add_routes", "clone_for", "decode_base64_audio", "job_voice_scope",
-           "reference_audio", "saved_clone", "scoped_clone", "voice_scope"]
+__all__ = ["add_routes"]

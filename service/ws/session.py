@@ -32,7 +32,7 @@ from service.synthesis.plan import BreakTags, Pause, break_tag, check_work
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig, too_long
 from service.synthesis.submit import open_stream, prepare
 from service.synthesis.timestamps import TimestampsField, words_json
-from service.voices.routes import clone_for, saved_clone
+from service.voices.clones import clone_for, saved_clone
 from service.ws.live_input import LiveInput, LiveUtterance
 from service.ws.reader import MessageReader
 

@@ -7,7 +7,7 @@ from aiohttp import web
 from engines.contract import InvalidRequest
 from service.errors import ApiError, StoreUnavailable
 from service.state import STATE_KEY
-from service.voices.routes import saved_clone
+from service.voices.clones import saved_clone
 
 
 async def known_voice(request: web.Request, name: str) -> bool:
