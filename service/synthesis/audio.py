@@ -7,7 +7,9 @@ encoders take only some rates; any other asked rate is served at the nearest one
 int16 little-endian, ``wav`` streams with a header whose sizes say "unknown"
 (0xFFFFFFFF, as OpenAI does), ``ulaw`` is 8 kHz G.711 mu-law for telephony, mp3 / opus
 (Ogg) / aac (ADTS) are encoded incrementally by FFmpeg through PyAV, so every format but
-flac (libsndfile, needs the whole signal) streams as it is generated.
+flac (libsndfile, needs the whole signal) streams as it is generated. The same encoder writes
+the voice-agent dialects' raw encodings (``pcm_s16le``, ``pcm_f32le``, ``pcm_mulaw`` at the rate
+the client asked: service/ws/dialects/wire_audio.py).
 """
 
 from __future__ import annotations
@@ -95,6 +97,20 @@ def ulaw_encode(pcm16: np.ndarray) -> bytes:
     return (~((sign << 7) | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
 
 
+def to_ulaw(pcm: np.ndarray) -> bytes:
+    return ulaw_encode(np.frombuffer(to_pcm16(pcm), dtype="<i2"))
+
+
+def to_pcm_f32(pcm: np.ndarray) -> bytes:
+    return np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0).astype("<f4").tobytes()
+
+
+# Raw samples, by format: the responses' (pcm, the data of wav, ulaw: 8 kHz G.711) and the
+# voice-agent dialects' names (pcm_mulaw at any rate, float32 too).
+_RAW = {"pcm": to_pcm16, "wav": to_pcm16, "ulaw": to_ulaw,
+        "pcm_s16le": to_pcm16, "pcm_f32le": to_pcm_f32, "pcm_mulaw": to_ulaw}
+
+
 def wav_stream_header(sample_rate: int = SAMPLE_RATE, format_tag: int = 1, bits: int = 16) -> bytes:
     """A 44-byte mono WAV header for a stream whose length is not known yet: PCM16 by default
     (``format_tag`` 3 with 32 bits: float; 7 with 8 bits: mu-law)."""
@@ -176,10 +192,13 @@ class _FfmpegEncoder:
 
 
 class StreamEncoder:
-    """Turns 24 kHz chunks into response bytes as they arrive; ``finish`` returns the tail.
-    ``bit_rate``: mp3 / opus / aac bits per second (None: the encoder's default)."""
+    """Turns 24 kHz chunks into bytes of ``fmt`` (a response format, or a dialect's raw encoding)
+    as they arrive; ``finish`` returns the tail. ``bit_rate``: mp3 / opus / aac bits per second
+    (None: the encoder's default)."""
 
     def __init__(self, fmt: str, sample_rate: int | None = None, bit_rate: int | None = None):
+        if fmt not in _RAW and fmt not in _FFMPEG and fmt != "flac":
+            raise ValueError(f"unknown audio format {fmt!r}")
         self.fmt = fmt
         self.rate = output_rate(fmt, sample_rate)
         self._held: list[np.ndarray] = []  # flac needs the whole signal
@@ -199,8 +218,7 @@ class StreamEncoder:
             pcm = self._resampler.resample_chunk(pcm, last=last)
         if self._ffmpeg is not None:
             return self._ffmpeg.encode(pcm)
-        pcm16 = to_pcm16(pcm)
-        return ulaw_encode(np.frombuffer(pcm16, dtype="<i2")) if self.fmt == "ulaw" else pcm16
+        return _RAW[self.fmt](pcm)
 
     def finish(self) -> bytes:
         if self.fmt == "flac":

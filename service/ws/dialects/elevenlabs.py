@@ -54,7 +54,7 @@ DEFAULT_CONTEXT = ""
 
 
 class OutputFormat(NamedTuple):
-    """An ``output_format`` as the wire encoder takes it: ``WireEncoder(*fmt)``."""
+    """An ``output_format`` as the wire encoder takes it: ``StreamEncoder(*fmt)``."""
 
     encoding: str
     rate: int

@@ -1,5 +1,5 @@
 """The audio half the voice-agent dialects share: each utterance of a context gets its own
-:class:`~service.ws.dialects.wire_audio.WireEncoder` (the client's encoding and rate); its
+:class:`~service.synthesis.audio.StreamEncoder` (the client's encoding and rate); its
 chunks, and the encoder's tail unless the utterance was cancelled, go out in the dialect's
 audio message; a failed utterance is the dialect's ``generation_failed`` error."""
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 
 from service.ws.contexts import Context, ContextSocket
-from service.ws.dialects.wire_audio import WireEncoder
+from service.synthesis.audio import StreamEncoder
 
 
 class EncodedAudioSocket(ContextSocket):
-    """A dialect socket that writes its audio through a WireEncoder. Subclasses give
+    """A dialect socket that writes its audio through a StreamEncoder. Subclasses give
     :meth:`send_encoded` (and :meth:`wire_format` when the format is per context)."""
 
     def wire_format(self, context: Context) -> tuple:
         """The encoding and sample rate of ``context``'s audio (the socket's, set at the handshake),
-        and an mp3 bit rate where the dialect names one: ``WireEncoder(*wire_format)``."""
+        and an mp3 bit rate where the dialect names one: ``StreamEncoder(*wire_format)``."""
         return self.encoding, self.rate
 
     async def send_encoded(self, context: Context, data: bytes) -> None:
@@ -25,7 +25,7 @@ class EncodedAudioSocket(ContextSocket):
         raise NotImplementedError
 
     async def utterance_start(self, context: Context, text: str) -> None:
-        context.extra["encoder"] = WireEncoder(*self.wire_format(context))
+        context.extra["encoder"] = StreamEncoder(*self.wire_format(context))
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
         data = context.extra["encoder"].encode(pcm)

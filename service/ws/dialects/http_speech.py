@@ -32,11 +32,12 @@ from service.access.limits import client_identity
 from service.errors import ApiError
 from service.http.body import read_json_object
 from service.state import COUNTED, REQUEST_ID, STATE_KEY, AppState
+from service.synthesis.audio import StreamEncoder
 from service.synthesis.params import check_text
 from service.synthesis.plan import check_work
 from service.ws.contexts import Context, ContextSocket
 from service.ws.session import SessionClosed
-from service.ws.dialects.wire_audio import WireEncoder, wav_header
+from service.ws.dialects.wire_audio import wav_header
 
 # The status of a context error that ends a request before its first audio (others: 400).
 ERROR_STATUS = {"too_much_work": 413, "overloaded": 429, "unavailable": 503, "shutting_down": 503,
@@ -50,7 +51,7 @@ class Speech:
 
     text: str
     voice: str
-    encoding: str  # a WireEncoder encoding
+    encoding: str  # a wire encoding (service/ws/dialects/wire_audio.py)
     rate: int = 24000
     bit_rate: int | None = None  # mp3
     wav: bool = False  # a WAV header before the samples
@@ -68,7 +69,7 @@ class HttpSpeech(ContextSocket):
     def __init__(self, request: web.Request, state: AppState):
         super().__init__(request, None, state)
         self.response: web.StreamResponse | None = None
-        self.encoder: WireEncoder | None = None
+        self.encoder: StreamEncoder | None = None
         self.speech: Speech | None = None
         self.failure: ApiError | None = None
         self.finished = asyncio.Event()
@@ -166,7 +167,7 @@ class HttpSpeech(ContextSocket):
     async def speak(self, speech: Speech) -> web.StreamResponse:
         """Speak ``speech`` as one round of one context; the response once it has all been sent."""
         self.speech = speech
-        self.encoder = WireEncoder(speech.encoding, speech.rate, speech.bit_rate)
+        self.encoder = StreamEncoder(speech.encoding, speech.rate, speech.bit_rate)
         config = {"voice": speech.voice, "text_streaming": False, **speech.config}  # the whole text is here
         context = self.open_context(CONTEXT)
         context.timestamps = speech.timestamps
