@@ -171,7 +171,7 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
         await send(encoder.header())
         while True:
             if sse and stream.last_gap:  # (raw audio cannot carry it: /metrics counts it for every stream)
-                await response.write(_sse(behind_event(stream)))
+                await response.write(_sse(behind_event(stream.last_gap, stream.clock.behind_s)))
             samples += chunk.pcm.size
             await send(encoder.encode(chunk.pcm))
             if sse and chunk.truncated and not chunk.error:  # (raw audio: /metrics counts it)

@@ -196,10 +196,10 @@ def truncated_event(reason: str, **fields) -> dict:
             "message": f"the utterance was ended early: {TRUNCATED_WHY.get(reason, reason)}"}
 
 
-def behind_event(stream: ChunkStream, **fields) -> dict:
-    """``stream.behind``: the chunk that follows comes after the listener ran out of audio
-    (the engine is slower than real time here); the same event on SSE and WebSocket."""
-    return {"type": "stream.behind", **fields, "gap_s": round(stream.last_gap, 3),
-            "behind_s": round(stream.clock.behind_s, 3),
+def behind_event(gap_s: float, behind_s: float, **fields) -> dict:
+    """``stream.behind``: the chunk that follows comes after the listener ran out of audio for
+    ``gap_s`` (the engine is slower than real time here; ``behind_s``: the stream's silences so
+    far, ChunkStream.last_gap and .clock.behind_s); the same event on SSE and WebSocket."""
+    return {"type": "stream.behind", **fields, "gap_s": round(gap_s, 3), "behind_s": round(behind_s, 3),
             "message": "the audio is arriving slower than real time: the listener hears gaps; "
                        "use whole-file speech (stream: false) or a job on this server"}

@@ -1,9 +1,9 @@
 """WebSocket ``/v1/audio/speech/stream``: vllm-omni's streaming-text speech protocol, so
 clients written for vllm-omni's Qwen3-TTS server work unmodified.
 
-The session machinery is ``service/ws/session.py``'s (sentence cutting, prefetch, back-pressure,
-limits, drain); this module is the dialect: what a ``session.config`` may carry and how
-our events are named and shaped on the wire.
+The session machinery is ``/v1/stream``'s (service/ws/session.py on the session core: sentence
+cutting, prefetch, back-pressure, limits, drain, the handshake); this module is the dialect: what
+a ``session.config`` may carry, and how the core's events are named and shaped on the wire.
 
 Client: ``session.config`` (REST fields: voice, language, instructions, response_format,
 sample_rate, stream_audio, model, sampling, ref_audio / ref_text / x_vector_only_mode), ``input.text``, ``input.done`` (a flush; the
@@ -29,12 +29,14 @@ from service.errors import ApiError
 from service.synthesis.audio import StreamEncoder, encode_file, output_rate
 from service.synthesis.params import check_model, parse
 from service.synthesis.schema import SPEECH_FORMATS, Strict
-from service.ws.session import StreamSession, stream_session
+from service.ws.events import Audio, RoundDone, StreamBehind, UtteranceDone, UtteranceStarted
+from service.ws.handshake import serve
+from service.ws.session import StreamSession
 
 ENDPOINT = "/v1/audio/speech/stream"
 # vllm-omni fields this endpoint does not serve: refused rather than ignored (ignoring them would
 # answer with another voice than the client asked for). ref_audio / ref_text / x_vector_only_mode
-# clone as on HTTP speech (service/ws/session.py StreamSession.voice_after).
+# clone as on HTTP speech (service/ws/core.py SessionCore.configure).
 UNSERVED_FIELDS = ("speaker_embedding",)
 
 
@@ -53,6 +55,9 @@ class OmniConfig(Strict):
 
 
 class OmniSession(StreamSession):
+    ENDPOINT = ENDPOINT
+    TEXT_STREAMING = False  # vllm-omni's protocol speaks sentences (audio.start names each one)
+
     def __init__(self, request: web.Request, ws: web.WebSocketResponse, state):
         super().__init__(request, ws, state)
         self.config = OmniConfig()
@@ -61,7 +66,6 @@ class OmniSession(StreamSession):
         self.sent_bytes = 0
         self.encoder: StreamEncoder | None = None  # stream_audio: PCM at the asked rate
         self.held: list[np.ndarray] = []  # otherwise the sentence's audio, sent as one file
-        self.text_streaming = False  # vllm-omni's protocol speaks sentences (audio.start names each one)
 
     async def on_config(self, message: dict) -> None:
         refused = [name for name in UNSERVED_FIELDS if message.get(name) is not None]
@@ -79,44 +83,46 @@ class OmniSession(StreamSession):
         self.config = config
         await super().on_config(message)
 
-    async def send_pcm(self, pcm: np.ndarray) -> int:
+    # -- the core's events, in vllm-omni's names and fields ------------------------------
+    async def opened(self) -> None:
+        """vllm-omni sends nothing on connect."""
+
+    async def utterance_started(self, event: UtteranceStarted) -> None:
+        stream = self.config.stream_audio
+        self.encoder = StreamEncoder("pcm", self.config.sample_rate) if stream else None
+        self.held, self.sent_bytes = [], 0
+        fmt = "pcm" if stream else self.config.response_format
+        await self.send_json({"type": "audio.start", "utterance_index": self.flush_index,
+                              "sentence_index": self.sentence_index, "sentence_text": event.text,
+                              "format": fmt, "sample_rate": output_rate(fmt, self.config.sample_rate),
+                              "channels": 1})
+
+    async def audio(self, event: Audio) -> None:
         if self.encoder is not None:
-            data = self.encoder.encode(pcm)
+            data = self.encoder.encode(event.pcm)
             if data:
                 await self.send_bytes(data)
                 self.sent_bytes += len(data)
         else:
-            self.held.append(np.asarray(pcm, dtype=np.float32))
-        return int(pcm.size)
+            self.held.append(np.asarray(event.pcm, dtype=np.float32))
 
-    async def send_json(self, message: dict) -> None:
-        """Our events in vllm-omni's names and fields."""
-        kind = message.get("type")
-        if kind == "session.created":
-            return  # vllm-omni sends nothing on connect
-        if kind == "stream.behind" and not self.config.stream_audio:
-            return  # each sentence goes as one file: nobody plays it as it is generated
-        if kind == "audio.start":
-            stream = self.config.stream_audio
-            self.encoder = StreamEncoder("pcm", self.config.sample_rate) if stream else None
-            self.held, self.sent_bytes = [], 0
-            message = {"type": "audio.start", "utterance_index": self.flush_index,
-                       "sentence_index": self.sentence_index, "sentence_text": message["text"],
-                       "format": "pcm" if stream else self.config.response_format,
-                       "sample_rate": output_rate("pcm" if stream else self.config.response_format,
-                                                  self.config.sample_rate), "channels": 1}
-        elif kind == "audio.done":
-            await self.flush_audio(failed=bool(message.get("error")))
-            message = {"type": "audio.done", "utterance_index": self.flush_index,
-                       "sentence_index": self.sentence_index, "total_bytes": self.sent_bytes,
-                       "error": bool(message.get("error")), "cancelled": bool(message.get("cancelled"))}
-            self.sentence_index += 1
-        elif kind == "session.done":
-            message = {"type": "session.done", "utterance_index": self.flush_index,
-                       "total_sentences": self.sentence_index}
-            self.flush_index += 1
-            self.sentence_index = 0
-        await super().send_json(message)
+    async def stream_behind(self, event: StreamBehind) -> None:
+        if self.config.stream_audio:  # each sentence as one file: nobody plays it as it is generated
+            await super().stream_behind(event)
+
+    async def utterance_done(self, event: UtteranceDone) -> None:
+        failed = bool(event.error)
+        await self.flush_audio(failed)
+        await self.send_json({"type": "audio.done", "utterance_index": self.flush_index,
+                              "sentence_index": self.sentence_index, "total_bytes": self.sent_bytes,
+                              "error": failed, "cancelled": event.cancelled})
+        self.sentence_index += 1
+
+    async def round_done(self, event: RoundDone) -> None:
+        await self.send_json({"type": "session.done", "utterance_index": self.flush_index,
+                              "total_sentences": self.sentence_index})
+        self.flush_index += 1
+        self.sentence_index = 0
 
     async def flush_audio(self, failed: bool) -> None:
         """The end of a sentence: the resampler's tail, or the whole sentence as one file."""
@@ -136,5 +142,5 @@ class OmniSession(StreamSession):
             self.sent_bytes += len(data)
 
 
-async def speech_stream(request: web.Request) -> web.WebSocketResponse:
-    return await stream_session(request, OmniSession, ENDPOINT)
+async def speech_stream(request: web.Request) -> web.StreamResponse:
+    return await serve(request, OmniSession)

@@ -31,10 +31,11 @@ from aiohttp import web
 
 from service.access.auth import bearer_key
 from service.synthesis.timestamps import cartesia_words
-from service.ws.contexts import Context, serve
+from service.ws.contexts import Context
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
+from service.ws.handshake import serve
 
 ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw")
 MAX_CONTEXTS = 16
@@ -117,8 +118,7 @@ class CartesiaSocket(EncodedAudioSocket):
                 raise BadRequest(f"at most {self.MAX_CONTEXTS} contexts may be active on one connection")
             context = self.open_context(context_id)
             context.extra.update(encoding=encoding, rate=rate, flushes=0)
-            context.timestamps = message.get("add_timestamps") is True
-            await context.on_config({"voice": voice})
+            await context.configure(voice, timestamps=message.get("add_timestamps") is True)
         elif context.ending:
             raise BadRequest(f"context {context_id[:64]!r} has ended (continue was false); use a new context_id")
         if transcript:

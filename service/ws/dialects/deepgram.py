@@ -24,10 +24,11 @@ import re
 from aiohttp import WSCloseCode, web
 
 from service.errors import ApiError
-from service.ws.contexts import Context, serve
+from service.ws.contexts import Context
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
+from service.ws.handshake import serve
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "pcm_mulaw"}
 DEFAULT_RATES = {"linear16": 24000, "mulaw": 8000}
@@ -112,7 +113,7 @@ class DeepgramSocket(EncodedAudioSocket):
 
     async def opened(self) -> None:
         context = self.open_context(CONTEXT)
-        await context.on_config({"voice": self.voice, **({"speed": self.speed} if self.speed else {})})
+        await context.configure(self.voice, speed=self.speed)
         await self.send_json({"type": "Metadata", "request_id": self.socket_id, "model_name": self.model,
                               "model_version": "streamvox", "model_uuid": self.socket_id})
 

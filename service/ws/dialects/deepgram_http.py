@@ -77,13 +77,12 @@ class DeepgramSpeak(HttpSpeech):
         elif "bit_rate" in query:
             raise bad_query(f"bit_rate: only for mp3, not {encoding}")
         speed = query_speed(query)
-        config = {"speed": speed} if speed is not None else {}
         voice = await deepgram_voice(self.request, query.get("model", "default"))
         text = body.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, "invalid_request_body", "text: must be a non-empty string")
         return Speech(text=text, voice=voice, encoding=ENCODINGS[encoding], rate=rate, bit_rate=bit_rate,
-                      wav=container == "wav", config=config)
+                      wav=container == "wav", speed=speed)
 
     def content_type(self) -> str:
         return "audio/wav" if self.speech.wav else CONTENT_TYPES[self.speech.encoding]

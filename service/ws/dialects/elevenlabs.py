@@ -39,9 +39,10 @@ from aiohttp import WSCloseCode, web
 from service.access.auth import bearer_key
 from service.errors import ApiError
 from service.synthesis.timestamps import char_times
-from service.ws.contexts import Context, serve
+from service.ws.contexts import Context
 from service.ws.dialects.common import known_voice, voice_list
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
+from service.ws.handshake import serve
 
 PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 MP3_RATES = (22050, 24000, 44100)
@@ -85,10 +86,9 @@ def elevenlabs_key(request: web.Request) -> str | None:
             or request.query.get("xi_api_key") or bearer_key(request))
 
 
-def speed_of(voice_settings: dict) -> dict:
-    """The fields of ``voice_settings`` that change our synthesis (only ``speed``)."""
-    speed = voice_settings.get("speed")
-    return {"speed": speed} if speed is not None else {}
+def speed_of(voice_settings: dict) -> object:
+    """What of ``voice_settings`` changes our synthesis: only ``speed`` (None: absent)."""
+    return voice_settings.get("speed")
 
 
 class ElevenLabsSocket(EncodedAudioSocket):
@@ -173,8 +173,8 @@ class ElevenLabsSocket(EncodedAudioSocket):
             return None
         context = self.open_context(context_id)
         context.extra["encoder"] = None
-        context.timestamps = True  # ElevenLabs always sends alignment (asked of an engine with an aligner only)
-        await context.on_config({"voice": self.voice, **speed_of(message.get("voice_settings") or {})})
+        # ElevenLabs always sends alignment (asked of an engine with an aligner only)
+        await context.configure(self.voice, speed=speed_of(message.get("voice_settings") or {}), timestamps=True)
         return context
 
     async def end_round(self, context: Context, label: str, last: bool = False) -> None:

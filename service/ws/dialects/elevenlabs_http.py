@@ -65,7 +65,7 @@ class ElevenLabsSpeech(HttpSpeech):
         if not isinstance(settings, dict):
             raise ApiError(400, "invalid_voice_settings", "voice_settings: must be an object")
         return Speech(text=text, voice=voice, encoding=fmt.encoding, rate=fmt.rate, bit_rate=fmt.bit_rate,
-                      timestamps=self.TIMESTAMPS, config=speed_of(settings))
+                      timestamps=self.TIMESTAMPS, speed=speed_of(settings))
 
     def content_type(self) -> str:
         if self.TIMESTAMPS:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.ws.contexts import Context, ContextSocket
 from service.synthesis.audio import StreamEncoder
+from service.ws.contexts import Context, ContextSocket
 
 
 class EncodedAudioSocket(ContextSocket):

@@ -23,7 +23,7 @@ service/http/middleware.py); after it, :meth:`write_failure` says so in-stream w
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from aiohttp import web
@@ -36,7 +36,7 @@ from service.synthesis.audio import StreamEncoder
 from service.synthesis.params import check_text
 from service.synthesis.plan import check_work
 from service.ws.contexts import Context, ContextSocket
-from service.ws.session import SessionClosed
+from service.ws.events import SessionClosed
 from service.ws.dialects.wire_audio import wav_header
 
 # The status of a context error that ends a request before its first audio (others: 400).
@@ -56,7 +56,7 @@ class Speech:
     bit_rate: int | None = None  # mp3
     wav: bool = False  # a WAV header before the samples
     timestamps: bool = False  # word timestamps (with --aligner)
-    config: dict = field(default_factory=dict)  # more session.config fields (speed)
+    speed: object = None  # the dialect's speed field, checked by the session core (None: 1.0)
     text_field: str = "text"  # the text's name in the dialect's body, for error messages
 
 
@@ -65,6 +65,7 @@ class HttpSpeech(ContextSocket):
 
     CONTENT_TYPE = "application/octet-stream"
     RESPOND_AT_END = False  # True: the status line waits for the whole audio (one JSON answer)
+    TEXT_STREAMING = False  # the whole text is here: sentences
 
     def __init__(self, request: web.Request, state: AppState):
         super().__init__(request, None, state)
@@ -168,12 +169,10 @@ class HttpSpeech(ContextSocket):
         """Speak ``speech`` as one round of one context; the response once it has all been sent."""
         self.speech = speech
         self.encoder = StreamEncoder(speech.encoding, speech.rate, speech.bit_rate)
-        config = {"voice": speech.voice, "text_streaming": False, **speech.config}  # the whole text is here
         context = self.open_context(CONTEXT)
-        context.timestamps = speech.timestamps
-        await context.on_config(config)
+        await context.configure(speech.voice, speed=speech.speed, timestamps=speech.timestamps)
         if self.failure is None:
-            check_work(self.state.engine, speech.text, context.params, self.state.settings)  # the whole text, up front
+            check_work(self.state.engine, speech.text, context.core.params, self.state.settings)  # the whole text, up front
             await context.add_text(speech.text)
         if self.failure is None:
             await context.flush("end")

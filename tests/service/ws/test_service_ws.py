@@ -213,7 +213,7 @@ async def test_slow_reader_is_paused_and_does_not_delay_others(engine, tmp_path)
         assert await metric_value(server.url, "streamvox_paused_streams") >= 1  # still backed up, still bounded
         # Every engine request of the slow session buffered at most high water + the one chunk in flight.
         streams = [stream for session in server.state.streams
-                   for stream in (session.current, session.prefetched and session.prefetched[1]) if stream]
+                   for stream in (session.core.current, session.core.prefetched and session.core.prefetched[1]) if stream]
         assert streams and all(stream.max_buffered <= 3 for stream in streams)
         slow.transport.abort()
 
