@@ -63,10 +63,10 @@ class Context(SessionSink):
         self.round_labels: collections.deque = collections.deque()  # what each pending round was, in order
 
     # -- what a dialect calls ----------------------------------------------------------
-    async def configure(self, voice: str, speed: object = None, timestamps: bool = False) -> bool:
+    async def configure(self, voice: str, speed: object = None, timestamps: bool = False) -> None:
         """The context's voice (a voice of the model or a saved voice), ``speed`` (None: 1.0)
-        and word timestamps; False when refused (the dialect's error was sent)."""
-        return await self.core.configure({"voice": voice, "speed": speed}, timestamps=timestamps)
+        and word timestamps (a refusal is the dialect's error)."""
+        await self.core.configure({"voice": voice, "speed": speed}, timestamps=timestamps)
 
     async def add_text(self, text: str) -> None:
         await self.core.add_text(text)

@@ -109,8 +109,8 @@ class SessionCore:
 
     # -- what the socket calls -----------------------------------------------------------
     async def configure(self, changes: Mapping[str, Any], *, clone: CloneFields | None = None,
-                        text_streaming: bool | None = None, timestamps: bool | None = None) -> bool:
-        """Apply a configuration, all of it or none (False: a SessionError said why).
+                        text_streaming: bool | None = None, timestamps: bool | None = None) -> None:
+        """Apply a configuration, all of it or none (a SessionError says why not).
         ``changes``: the SynthesisParams fields to change (:meth:`SynthesisParams.update`);
         ``clone``: inline reference audio; else a new ``voice`` may name a saved voice; else
         the session's voice prompt stays. Each None: unchanged."""
@@ -125,12 +125,12 @@ class SessionCore:
                 voice_clone = self.clone
         except ApiError as exc:
             await self.sink.session_error(SessionError(exc.code, exc.message))
-            return False
+            return
         except StoreUnavailable:
             await self.sink.session_error(SessionError(
                 "database_unavailable", "voice: saved voices are unreachable now (the database is down); retry, "
                                         "or use a built-in voice"))
-            return False
+            return
         self.params, self.clone = params, voice_clone
         if timestamps is not None:
             self.timestamps = timestamps
@@ -138,7 +138,6 @@ class SessionCore:
             self._queue.finish_live()  # the open live utterance (if any) ends where the mode changes
             self.text_streaming = text_streaming
         self._drop_prefetch()  # it was submitted with the old parameters
-        return True
 
     async def add_text(self, text: str) -> None:
         """More text: sentences (or live text) queue for the speaker; too much waiting is an error."""

@@ -123,5 +123,5 @@ class SessionSink:
         raise NotImplementedError
 
 
-__all__ = ["CLOSE_OVERLOADED", "AlignmentReady", "Audio", "RoundDone", "SessionClosed", "SessionError", "SessionSink", "StreamBehind",
-           "UtteranceDone", "UtteranceStarted", "UtteranceTruncated"]
+__all__ = ["CLOSE_OVERLOADED", "AlignmentReady", "Audio", "RoundDone", "SessionClosed", "SessionError", "SessionSink",
+           "StreamBehind", "UtteranceDone", "UtteranceStarted", "UtteranceTruncated"]

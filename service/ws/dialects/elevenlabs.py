@@ -173,8 +173,9 @@ class ElevenLabsSocket(EncodedAudioSocket):
             return None
         context = self.open_context(context_id)
         context.extra["encoder"] = None
+        speed = speed_of(message.get("voice_settings") or {})
         # ElevenLabs always sends alignment (asked of an engine with an aligner only)
-        await context.configure(self.voice, speed=speed_of(message.get("voice_settings") or {}), timestamps=True)
+        await context.configure(self.voice, speed=speed, timestamps=True)
         return context
 
     async def end_round(self, context: Context, label: str, last: bool = False) -> None:

@@ -172,7 +172,8 @@ class HttpSpeech(ContextSocket):
         context = self.open_context(CONTEXT)
         await context.configure(speech.voice, speed=speech.speed, timestamps=speech.timestamps)
         if self.failure is None:
-            check_work(self.state.engine, speech.text, context.core.params, self.state.settings)  # the whole text, up front
+            # the whole text, up front
+            check_work(self.state.engine, speech.text, context.core.params, self.state.settings)
             await context.add_text(speech.text)
         if self.failure is None:
             await context.flush("end")
