@@ -63,7 +63,7 @@ class Worker:
 
     def __init__(
         self,
-        source: Pipeline,
+        pipeline: Pipeline,
         vocalizer: Vocalizer,
         voice_index: Callable[[str], int],
         max_slots: int,
@@ -80,13 +80,13 @@ class Worker:
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         host_copy_event: Callable[[], object] | None = None,
     ):
-        self.source = source
+        self.pipeline = pipeline
         self.vocalizer = vocalizer
         self.voice_index = voice_index
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
                                    prefill_token_budget=prefill_token_budget)
-        self.executor = Executor(source, vocalizer, trace)
+        self.executor = Executor(pipeline, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
         self._active: OrderedDict[str, RequestState] = OrderedDict()
@@ -139,7 +139,7 @@ class Worker:
         """Any thread: something changed for an active request (live text arrived)."""
         self._wake.set()
 
-    def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
+    def enqueue(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         with self._pending_lock:
             if self._pending >= self.max_queue:
                 raise EngineOverloaded(f"admission queue is full ({self.max_queue} waiting)", retry_after_s=1.0)
@@ -211,7 +211,7 @@ class Worker:
 
     def step(self) -> bool:
         """One loop iteration; False when there was nothing to do (the loop then sleeps)."""
-        generating = self.source.active_slots > 0
+        generating = self.pipeline.active_slots > 0
         with self._stage("deliver"):
             self._deliver(wait=not generating and not self._vocoder_ready())
         self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
@@ -222,7 +222,7 @@ class Worker:
             self._fill_slots()
         t0 = time.perf_counter()
         rows = slots = frames = None
-        if self.source.active_slots > 0:
+        if self.pipeline.active_slots > 0:
             try:
                 rows, slots, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
@@ -248,7 +248,7 @@ class Worker:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
         for active in list(self._active.values()):
-            if active.in_slot(self.source.wants_slot):
+            if active.in_slot(self.pipeline.wants_slot):
                 self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
     def _fail_inbox(self, reason: str) -> None:
@@ -301,7 +301,7 @@ class Worker:
         if not ready:
             return
         try:
-            results = self.source.prepare_many([(h.request, v) for h, _, v in ready])
+            results = self.pipeline.prepare_many([(h.request, v) for h, _, v in ready])
         except Exception as exc:
             log.warning("planning %d requests together failed (%s: %s); planning them one by one",
                         len(ready), type(exc).__name__, exc)
@@ -309,7 +309,7 @@ class Worker:
         for (handle, deliver, _), result in zip(ready, results):
             self._admitting.remove((handle, deliver))
             if isinstance(result, Exception):
-                self.source.drop(handle.request_id)
+                self.pipeline.drop(handle.request_id)
                 self._planning_failed(handle, deliver, result)
             else:
                 self._active[handle.request_id] = RequestState(handle=handle, deliver=deliver, frames_total=result)
@@ -326,9 +326,9 @@ class Worker:
         active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
-            active.frames_total = self.source.prepare(handle.request, self.voice_index(handle.request.voice))
+            active.frames_total = self.pipeline.prepare(handle.request, self.voice_index(handle.request.voice))
         except Exception as exc:
-            self.source.drop(handle.request_id)
+            self.pipeline.drop(handle.request_id)
             self._planning_failed(handle, deliver, exc)
             return
         self._active[handle.request_id] = active
@@ -366,11 +366,11 @@ class Worker:
 
     def _fill_slots(self) -> None:
         for active in self.scheduler.slot_order(list(self._active.values()),
-                                                self.scheduler.admissible(self.source.capacity()),
-                                                self.source.wants_slot):
+                                                self.scheduler.admissible(self.pipeline.capacity()),
+                                                self.pipeline.wants_slot):
             try:
                 self._hook(active.request_id, "admit")
-                self.source.start(active.request_id)
+                self.pipeline.start(active.request_id)
             except Exception as exc:
                 log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
@@ -382,10 +382,10 @@ class Worker:
     def _generate(self) -> tuple[int, int, int]:
         """One generation step; its code frames join their requests' pending work."""
         with self._stage("tick"):
-            produced = self.executor.generate(self.scheduler.step_plan(self.source.capacity()))
+            produced = self.executor.generate(self.scheduler.step_plan(self.pipeline.capacity()))
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
-        rows = self.source.last_batch_rows
-        slots = self.source.active_slots + sum(1 for p in produced if p.is_last)
+        rows = self.pipeline.last_batch_rows
+        slots = self.pipeline.active_slots + sum(1 for p in produced if p.is_last)
         frames = 0
         for p in produced:
             active = self._active.get(p.request_id)
@@ -409,12 +409,12 @@ class Worker:
                 log.exception("tick listener failed")
 
     def _vocoder_ready(self) -> bool:
-        return any(self.scheduler.ready(a, self.source.flush_frames) for a in self._active.values())
+        return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self._active.values())
 
     def _vocode(self) -> bool:
         """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
-        for w in self.scheduler.vocoder_piece(list(self._active.values()), self.source.flush_frames):
+        for w in self.scheduler.vocoder_piece(list(self._active.values()), self.pipeline.flush_frames):
             active = w.state
             active.pending = active.pending[len(w.pieces):]
             try:
