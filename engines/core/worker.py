@@ -9,13 +9,15 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
      batch slot budget);
   5. one generation step of the pipeline (core/executor.py) -> code frames;
   6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox;
-  7. with an aligner, one bounded batch of word alignments of finished requests, only while
-     no realtime request waits for its first audio (core/aligning.py).
-The thread sleeps on the inbox when nothing is active. Failures are per request:
-an exception while preparing, starting or vocoding one request fails only it.
+  7. with an aligner, one bounded batch of word alignments of requests whose audio is all
+     delivered, only while no realtime request waits for its first audio (core/aligning.py).
+Each request's status (core/scheduler.py ``RequestStatus``) moves with these stages; the
+scheduler holds the requests. The thread sleeps on the inbox when nothing is active. Failures
+are per request: an exception while preparing, starting or vocoding one request fails only it.
 
-(~400 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
-together; policy, execution and delivery already live in scheduler/executor/outbox.)
+(~450 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
+together; policy and the requests, execution, delivery and alignment live in
+scheduler/executor/outbox/aligning.)
 """
 
 from __future__ import annotations
@@ -24,25 +26,30 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
 
 from engines.contract import (
-    SAMPLE_RATE,
     Deliver,
     EngineOverloaded,
     RequestHandle,
     SynthesisRequest,
     TickReport,
 )
-from engines.core.aligning import AlignQueue, Piece, alignment_language
+from engines.core.aligning import Aligning
 from engines.core.executor import Executor
 from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
-from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, RequestState, Scheduler, VocoderWork
+from engines.core.scheduler import (
+    DEFAULT_PREFILL_TOKEN_BUDGET,
+    RequestState,
+    RequestStatus,
+    Scheduler,
+    VocoderWork,
+)
 from engines.pipelines.base import Pipeline
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
@@ -89,25 +96,23 @@ class Worker:
         self.executor = Executor(pipeline, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
-        self._active: OrderedDict[str, RequestState] = OrderedDict()
         self._listeners: list[Callable[[TickReport], None]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pending = 0  # requests submitted but not yet started (queue depth)
         self._pending_lock = threading.Lock()
-        self._admitting: list[tuple[RequestHandle, Deliver]] = []  # taken from the inbox, not yet active
+        self._admitting: list[tuple[RequestHandle, Deliver]] = []  # taken from the inbox, not yet prepared
         # Plan all requests taken from the inbox in one loop iteration together (one encoder
-        # forward), when the source can: a win where per-request launch overhead dominates
+        # forward), when the pipeline can: a win where per-request launch overhead dominates
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
         self.batch_planning = batch_planning
         # vocoded audio not yet delivered, oldest first; ``host_copy_event``: a virtual device's
         # event for PCM already on the host (engines/virtual/), else CUDA events or none
         self._outbox = Outbox(host_copy_event=host_copy_event)
-        # Word timestamps (an engines.pipelines.aligner.Aligner): the audio of requests that
-        # asked for them, kept as it is delivered; finished ones wait in the queue for alignment.
-        self.aligning = AlignQueue(aligner) if aligner is not None else None
-        self._pieces: dict[str, Piece] = {}
+        # Word timestamps (an engines.pipelines.aligner.Aligner): the stage that keeps the audio
+        # of requests that asked for them and aligns them once it is all delivered.
+        self.aligning = Aligning(aligner) if aligner is not None else None
         self.ticks = 0
         self.error: str | None = None
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
@@ -151,8 +156,8 @@ class Worker:
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight: no request active, admitting, queued or waiting for alignment."""
-        return not (self._active or self._admitting or self.aligning or self._pieces or self._inbox.qsize())
+        """Nothing in flight: no request queued, being prepared, in flight or aligning."""
+        return not (self.scheduler.requests or self.scheduler.aligning or self._admitting or self._inbox.qsize())
 
     @property
     def queue_depth(self) -> int:
@@ -160,7 +165,7 @@ class Worker:
 
     @property
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self.scheduler.requests)
 
     # ------------------------------------------------------------- worker thread
     def _run(self) -> None:
@@ -185,7 +190,7 @@ class Worker:
                 else:
                     if self.idle:
                         self.trim.idle()
-                    self._wake.wait(0.05 if self._active else 0.5)
+                    self._wake.wait(0.05 if self.scheduler.requests else 0.5)
                     self._wake.clear()
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
@@ -194,7 +199,7 @@ class Worker:
                 self._release_pending()
                 deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
             self._admitting = []
-            for active in list(self._active.values()):
+            for active in self.scheduler.in_flight():
                 self._finish(active, error="engine_failure")
             raise
         finally:
@@ -202,11 +207,10 @@ class Worker:
                 self._deliver(wait=True)  # audio already made is not lost on stop
             except Exception:
                 log.exception("delivering the last audio failed")
-            for active in list(self._active.values()):
+            for active in self.scheduler.in_flight():
                 self._finish(active, error="engine_stopped")
-            while self.aligning:  # their audio is complete: they end without word times
-                for piece in self.aligning.take_batch():
-                    self._end_piece(piece, None)
+            for state in list(self.scheduler.aligning):  # their audio is complete: they end without word times
+                self._end_aligning(state, None)
             self._fail_inbox("engine_stopped")
 
     def step(self) -> bool:
@@ -242,12 +246,12 @@ class Worker:
         """A batched step failed: the requests whose work was in it fail, the server lives on.
 
         A batched forward cannot say which row caused it, so every request holding a slot
-        in that tick ends with an error (their slots are freed, so the source's state is
+        in that tick ends with an error (their slots are freed, so the pipeline's state is
         consistent again); requests still waiting for a slot are untouched."""
         log.error("tick failed (%s: %s); failing the requests in it", type(exc).__name__, exc)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
-        for active in list(self._active.values()):
+        for active in self.scheduler.in_flight():
             if active.in_slot(self.pipeline.wants_slot):
                 self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
@@ -280,10 +284,10 @@ class Worker:
             self._admitting.pop(0)
 
     def _admit_batch(self) -> None:
-        """Plan every request in ``_admitting`` with one ``source.prepare_many``; each failure
+        """Plan every request in ``_admitting`` with one ``pipeline.prepare_many``; each failure
         fails its request alone. If the batched call itself fails, the requests stay in
         ``_admitting`` and are planned one by one (which isolates the culprit). A request
-        leaves ``_admitting`` the moment it is active or finalised (the worker-death path
+        leaves ``_admitting`` the moment it is WAITING or finalised (the worker-death path
         fails whatever is still there)."""
         ready = []
         for handle, deliver in list(self._admitting):
@@ -312,8 +316,7 @@ class Worker:
                 self.pipeline.drop(handle.request_id)
                 self._planning_failed(handle, deliver, result)
             else:
-                self._active[handle.request_id] = RequestState(handle=handle, deliver=deliver, frames_total=result)
-                self._track_piece(self._active[handle.request_id])
+                self._admitted(RequestState(handle=handle, deliver=deliver, frames_total=result))
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
@@ -331,15 +334,20 @@ class Worker:
             self.pipeline.drop(handle.request_id)
             self._planning_failed(handle, deliver, exc)
             return
-        self._active[handle.request_id] = active
-        self._track_piece(active)
+        self._admitted(active)
+
+    def _admitted(self, state: RequestState) -> None:
+        """Prepared: WAITING for a slot (its audio kept for word times if it asked for them)."""
+        self.scheduler.add(state)
+        if self.aligning is not None:
+            self.aligning.track(state)
 
     def _id_free(self, handle: RequestHandle, deliver: Deliver) -> bool:
         """Whether ``handle``'s id may be planned: the pipeline's and the vocoder's state are
-        keyed by request id, so an earlier request of that id that is still active must leave
+        keyed by request id, so an earlier request of that id that is still in flight must leave
         first. A cancelled one is finished now (its slot and decoder state freed); a live one
         keeps its id and the newcomer is refused, never mixed into its state."""
-        earlier = self._active.get(handle.request_id)
+        earlier = self.scheduler.requests.get(handle.request_id)
         if earlier is None:
             return True
         if earlier.handle.cancelled:
@@ -356,16 +364,14 @@ class Worker:
         deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
 
     def _drop_cancelled(self) -> None:
-        for active in list(self._active.values()):
+        for active in self.scheduler.in_flight():
             if active.handle.cancelled:
                 self._finish(active, error="cancelled")
-        if self.aligning:
-            for piece in [p for p in self.aligning.pieces if p.state.handle.cancelled]:
-                self.aligning.pieces.remove(piece)
-                self._end_piece(piece, None, error="cancelled")
+        for state in [s for s in self.scheduler.aligning if s.handle.cancelled]:
+            self._end_aligning(state, None, error="cancelled")
 
     def _fill_slots(self) -> None:
-        for active in self.scheduler.slot_order(list(self._active.values()),
+        for active in self.scheduler.slot_order(self.scheduler.in_flight(),
                                                 self.scheduler.admissible(self.pipeline.capacity()),
                                                 self.pipeline.wants_slot):
             try:
@@ -375,9 +381,8 @@ class Worker:
                 log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
                 continue
-            if active.started_at is None:
-                active.started_at = time.monotonic()
-                self._release_pending()
+            if self.scheduler.started(active, time.monotonic()):
+                self._release_pending()  # it left the queue
 
     def _generate(self) -> tuple[int, int, int]:
         """One generation step; its code frames join their requests' pending work."""
@@ -388,15 +393,13 @@ class Worker:
         slots = self.pipeline.active_slots + sum(1 for p in produced if p.is_last)
         frames = 0
         for p in produced:
-            active = self._active.get(p.request_id)
+            active = self.scheduler.requests.get(p.request_id)
             if active is None:
                 continue  # finished or cancelled meanwhile
             if p.error is not None:  # this request failed in the pipeline; the others carry on
                 self._finish(active, error=p.error)
                 continue
-            active.pending.append(p)
-            active.finished_source |= p.is_last
-            active.truncated = active.truncated or p.truncated
+            self.scheduler.produced(active, p)
             frames += p.num_frames
         self.scheduler.observe(frames)
         return rows, slots, frames
@@ -409,22 +412,22 @@ class Worker:
                 log.exception("tick listener failed")
 
     def _vocoder_ready(self) -> bool:
-        return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self._active.values())
+        return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self.scheduler.requests.values())
 
     def _vocode(self) -> bool:
         """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
-        for w in self.scheduler.vocoder_piece(list(self._active.values()), self.pipeline.flush_frames):
+        for w in self.scheduler.vocoder_piece(self.scheduler.in_flight(), self.pipeline.flush_frames):
             active = w.state
-            active.pending = active.pending[len(w.pieces):]
+            active.pending = active.pending[len(w.frames):]
             try:
                 self._hook(active.request_id, "vocalize")
             except Exception as exc:
                 self._finish(active, error=f"vocalizer failed: {exc}")
                 continue
-            item = VocalizeItem(stream_id=active.request_id, codes=torch.cat([p.codes for p in w.pieces]),
-                                frame_offset=w.pieces[0].frame_start,
-                                is_last=active.finished_source and not active.pending)
+            item = VocalizeItem(stream_id=active.request_id, codes=torch.cat([p.codes for p in w.frames]),
+                                frame_offset=w.frames[0].frame_start,
+                                is_last=active.status is RequestStatus.VOCALIZING and not active.pending)
             work.append((w, item))
         if not work:
             return False
@@ -441,7 +444,7 @@ class Worker:
                 active.first_audio_at = now
             if item.is_last:
                 active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
-            text = next((p.text for p in w.pieces if p.text), None)
+            text = next((p.text for p in w.frames if p.text), None)
             pcm.append(result.pcm)
             entries.append((active, item.is_last, text, active.frames_done))
         self._outbox.put(pcm, entries)
@@ -452,72 +455,56 @@ class Worker:
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
         host never waits on the device in steady state."""
-        for (active, final, text, frames_done), piece in self._outbox.take(wait):
-            if self._active.get(active.request_id) is not active:
+        for (active, final, text, frames_done), pcm in self._outbox.take(wait):
+            if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
-            aligned = self._pieces.get(active.request_id)
-            if aligned is not None:
-                aligned.keep(piece)
-                if final:  # the last audio goes now; the final chunk follows with the word times
-                    emit_audio(active, piece, False, text, frames_done)
-                    self._await_alignment(active, aligned)
-                    continue
-            emit_audio(active, piece, final, text, frames_done)
+            if self.aligning is not None and self.aligning.keep(active, pcm) and final:
+                # the last audio goes now; the final chunk follows with the word times
+                emit_audio(active, pcm, False, text, frames_done)
+                self._await_alignment(active)
+                continue
+            emit_audio(active, pcm, final, text, frames_done)
             if final:
                 self._finish(active, error=None, delivered_final=True)
 
     # ------------------------------------------------------------ word timestamps
-    def _track_piece(self, active: RequestState) -> None:
-        """Keep the audio of a request that asked for word times (when an aligner is loaded)."""
-        request = active.request
-        if self.aligning is None or not request.timestamps:
-            return
-        text = request.text if request.text_feed is None else ""
-        self._pieces[active.request_id] = Piece(active, text, None,
-                                                max_samples=int(self.aligning.max_seconds * SAMPLE_RATE))
-
-    def _await_alignment(self, active: RequestState, piece: Piece) -> None:
+    def _await_alignment(self, active: RequestState) -> None:
         """All its audio is delivered: the request leaves the slots and waits for alignment."""
-        rid = active.request_id
-        del self._pieces[rid]
-        self._active.pop(rid, None)
-        self.executor.release(rid)
-        request = active.request
-        if request.text_feed is not None:
-            piece.text = request.text_feed.read(0)[0]
-        piece.language = alignment_language(request.language, piece.text, self.aligning.languages)
-        self.aligning.add(piece)
+        self.scheduler.align(active)
+        self.executor.release(active.request_id)
+        self.aligning.complete(active)
 
     def _align(self) -> bool:
         """One bounded alignment batch, only while no realtime request waits for its first audio."""
-        if not self.aligning or self.scheduler.first_audio_waiting(list(self._active.values())):
+        if not self.scheduler.aligning or self.scheduler.first_audio_waiting():
             return False
-        batch = self.aligning.take_batch()
+        batch = self.aligning.batch(self.scheduler.aligning)
         live = []
-        for piece in batch:
+        for state in batch:
             try:
-                self._hook(piece.state.request_id, "align")
-                live.append(piece)
+                self._hook(state.request_id, "align")
+                live.append(state)
             except Exception as exc:
-                log.warning("request %s: alignment failed: %s", piece.state.request_id, exc)
-                self._end_piece(piece, None)
-        for piece, alignment in zip(live, self.aligning.align(live) if live else []):
-            self._end_piece(piece, alignment)
+                log.warning("request %s: alignment failed: %s", state.request_id, exc)
+                self._end_aligning(state, None)
+        for state, alignment in zip(live, self.aligning.align(live) if live else []):
+            self._end_aligning(state, alignment)
         return bool(batch)
 
-    def _end_piece(self, piece: Piece, alignment, error: str | None = None) -> None:
-        active = piece.state
-        deliver_final(active.handle, active.deliver, active.delivered, active.frames_done, active.frames_total,
-                      error, active.started_at, alignment=alignment, truncated=active.truncated)
+    def _end_aligning(self, state: RequestState, alignment, error: str | None = None) -> None:
+        """Its final chunk, with its word times (None: it could not be aligned)."""
+        if self.scheduler.end(state, error) is None:
+            return
+        deliver_final(state.handle, state.deliver, state.delivered, state.frames_done, state.frames_total,
+                      error, state.started_at, alignment=alignment, truncated=state.truncated)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
-        rid = active.handle.request_id
-        if self._active.pop(rid, None) is None:
+        was = self.scheduler.end(active, error)
+        if was is None:  # ended already
             return
-        self._pieces.pop(rid, None)
-        self.executor.release(rid)
-        if active.started_at is None:
-            self._release_pending()
+        self.executor.release(active.request_id)
+        if was is RequestStatus.WAITING:
+            self._release_pending()  # it leaves the queue without a slot
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
                           active.frames_total, error, active.started_at, truncated=active.truncated)
