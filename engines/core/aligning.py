@@ -126,6 +126,20 @@ class Aligning:
             seconds += length
         return batch
 
+    def run(self, waiting: list, hook) -> list[tuple]:
+        """One bounded batch of ``waiting`` (ALIGNING requests, oldest first): (request, its
+        alignment) each; None for one that could not be aligned or whose ``hook(request_id,
+        "align")`` raised (a fault test's injected failure)."""
+        batch, live = self.batch(waiting), []
+        for state in batch:
+            try:
+                hook(state.request_id, "align")
+                live.append(state)
+            except Exception as exc:
+                log.warning("request %s: alignment failed: %s", state.request_id, exc)
+        aligned = dict(zip(map(id, live), self.align(live) if live else []))
+        return [(state, aligned.get(id(state))) for state in batch]
+
     def align(self, states: list) -> list[Alignment | None]:
         """Each request's alignment (None: it could not be aligned; logged, never invented)."""
         from engines.pipelines.aligner import AlignItem

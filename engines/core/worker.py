@@ -15,7 +15,7 @@ Each request's status (core/scheduler.py ``RequestStatus``) moves with these sta
 scheduler holds the requests. The thread sleeps on the inbox when nothing is active. Failures
 are per request: an exception while preparing, starting or vocoding one request fails only it.
 
-(~450 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
+(~500 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
 together; policy and the requests, execution, delivery and alignment live in
 scheduler/executor/outbox/aligning.)
 """
@@ -478,18 +478,9 @@ class Worker:
         """One bounded alignment batch, only while no realtime request waits for its first audio."""
         if not self.scheduler.aligning or self.scheduler.first_audio_waiting():
             return False
-        batch = self.aligning.batch(self.scheduler.aligning)
-        live = []
-        for state in batch:
-            try:
-                self._hook(state.request_id, "align")
-                live.append(state)
-            except Exception as exc:
-                log.warning("request %s: alignment failed: %s", state.request_id, exc)
-                self._end_aligning(state, None)
-        for state, alignment in zip(live, self.aligning.align(live) if live else []):
+        for state, alignment in self.aligning.run(self.scheduler.aligning, self._hook):
             self._end_aligning(state, alignment)
-        return bool(batch)
+        return True
 
     def _end_aligning(self, state: RequestState, alignment, error: str | None = None) -> None:
         """Its final chunk, with its word times (None: it could not be aligned)."""
