@@ -55,9 +55,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-SOURCES = tuple(PIPELINES)  # the pipelines ``source`` (--source) may name
-
-
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
@@ -101,8 +98,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     config = get_preset(preset or default_preset(dev))
     if source is None:
         source = "talker" if has_talker_weights(checkpoint) else "dit"
-    if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source not in PIPELINES:  # (the pipelines engines/pipelines/registry.py lists)
+        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(PIPELINES)}")
     if source == "talker" and not checkpoint:
         raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
     dtype = dtype or default_dtype(dev)
