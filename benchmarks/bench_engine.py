@@ -184,7 +184,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
     if engine.virtual is not None:
         name = f"{engine.info.device}, on CPU x{torch.get_num_threads()} threads"
-    print(f"streamvox bench_engine: source {engine.source.name}, preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
+    print(f"streamvox bench_engine: source {engine.pipeline.name}, preset {args.preset}, device {dev} ({name}), dtype {engine.dtype}, "
           f"slots {engine.info.max_slots}, start (capture + warm-up) {time.perf_counter() - t0:.1f}s")
     print(f"{'clients':>7} {'errors':>6} {'TTFA p50':>9} {'TTFA p95':>9} {'underrun':>8} {'audio s/s':>9} "
           f"{'ms/tick':>8} | stage share of worker wall time: plan admit tick vocalize deliver")

@@ -62,7 +62,7 @@ class TalkerCosts:
 
     def __init__(self, engine):
         self.engine = engine
-        self.source = engine.source.source  # TalkerPipeline -> TalkerSource
+        self.source = engine.pipeline.source  # TalkerPipeline -> TalkerSource
         self.vocalizer = engine.vocalizer
         self.device = self.source.device
         self.cache = self.source.cache
@@ -177,7 +177,7 @@ def main() -> int:
     decoder = costs.vocalizer.graphed_decoder
     with torch.no_grad():
         t = time.perf_counter()
-        engine.source.capture_graphs()
+        engine.pipeline.capture_graphs()
         talker_capture = time.perf_counter() - t
         t = time.perf_counter()
         engine.vocalizer.capture_graphs()

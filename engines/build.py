@@ -23,6 +23,7 @@ from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
+from engines.pipelines.registry import PIPELINES
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
     Models,
@@ -52,9 +53,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-SOURCES = ("dit", "talker")
 
 
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
@@ -89,7 +87,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     checkpoint's config and tokenizer files are read); ``virtual_eos_frames``: every utterance
     then samples EOS after that many frames (None: it runs to its frame budget).
     ``voice_aliases``: voice names added to (None: dropped from) the vendor aliases
-    (engines/core/voice_aliases.py)."""
+    (engines/pipelines/voice_aliases.py)."""
     if checkpoint and not Path(checkpoint).exists():
         checkpoint = str(resolve_model(checkpoint))
     if virtual_device:
@@ -100,8 +98,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     config = get_preset(preset or default_preset(dev))
     if source is None:
         source = "talker" if has_talker_weights(checkpoint) else "dit"
-    if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source not in PIPELINES:  # (the pipelines engines/pipelines/registry.py lists)
+        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(PIPELINES)}")
     if source == "talker" and not checkpoint:
         raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
     dtype = dtype or default_dtype(dev)
@@ -110,13 +108,14 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         config = replace(config, stream=replace(config.stream, max_slots=max_slots, batch_ceiling=2 * max_slots))
     t0 = time.perf_counter()
-    talker = None
+    options: dict = {}  # the pipeline's own (engines/pipelines/<name>/adapter.py)
     if checkpoint:
         models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
         if source == "talker":
             from engines.pipelines.talker.reference import TalkerBundle
 
-            talker = TalkerBundle.from_checkpoint(checkpoint, dev, dtype, predictor=models.code_predictor.to(dev, dtype))
+            talker = options["talker"] = TalkerBundle.from_checkpoint(checkpoint, dev, dtype,
+                                                                      predictor=models.code_predictor.to(dev, dtype))
             quantize = resolve_quantize(quantize, dev, dtype, talker=True)
             if quantize:
                 quantize_talker(talker.talker, talker.predictor, quantize)
@@ -129,8 +128,6 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         models = apply_backend(models, backend, artifacts_dir, dev)
     log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
              time.perf_counter() - t0)
-    if talker_slots is None:
-        talker_slots = max_slots or 8
     loaded_aligner = None
     if aligner:
         from engines.pipelines.aligner import Aligner
@@ -140,14 +137,16 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         log.info("loaded the forced aligner %s (word timestamps)", aligner)
     if prefill_token_budget is None:
         prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET  # the scheduler's, which decides each step's prefill
+    slots = None  # the config's stream.max_slots (the DiT's, set above)
+    if source == "talker":
+        options.update(_kv_options(kv_cache_gb, prefix_cache_fraction))
+        slots = talker_slots or max_slots or 8
     engine = Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
-                    talker=talker, talker_slots=talker_slots, batch_planning=batch_planning, backend=backend,
+                    pipeline=source, max_slots=slots,
+                    batch_planning=batch_planning, backend=backend, options=options,
                     switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
-                    prefill_token_budget=prefill_token_budget, voice_aliases=voice_aliases,
-                    talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                      ("prefix_cache_fraction", prefix_cache_fraction))
-                                    if v is not None})
-    if talker is not None and quantize:
+                    prefill_token_budget=prefill_token_budget, voice_aliases=voice_aliases)
+    if source == "talker" and quantize:
         engine.info = replace(engine.info, quantize=quantize)
     return engine
 
@@ -174,11 +173,16 @@ def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, devi
                     code_predictor=None, decoder=None, random_components=())  # type: ignore[arg-type]
     log.info("serving on a %s", virtual.describe())
     return Engine(models, canonical_device("cpu"), torch.float32, max_queue=max_queue, fault_hook=fault_hook,
-                  warmup=warmup, talker=virtual.talker_bundle(checkpoint), talker_slots=talker_slots,
+                  warmup=warmup, pipeline="talker", max_slots=talker_slots,
+                  options={"talker": virtual.talker_bundle(checkpoint), **_kv_options(kv_cache_gb, prefix_cache_fraction)},
                   prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET, virtual=virtual,
-                  voice_aliases=voice_aliases, talker_options={k: v for k, v in (("kv_cache_gb", kv_cache_gb),
-                                                    ("prefix_cache_fraction", prefix_cache_fraction))
-                                  if v is not None})
+                  voice_aliases=voice_aliases)
+
+
+def _kv_options(kv_cache_gb: float | None, prefix_cache_fraction: float | None) -> dict:
+    """The talker source's KV pool options that were given (engines/pipelines/talker/source.py)."""
+    return {k: v for k, v in (("kv_cache_gb", kv_cache_gb), ("prefix_cache_fraction", prefix_cache_fraction))
+            if v is not None}
 
 
 def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:

@@ -50,11 +50,11 @@ def run_requests(engine: Engine, requests: list[SynthesisRequest], timeout: floa
     return out
 
 
-def run_chunks(sched, jobs) -> dict:
-    """Admit every ChunkJob into the scheduler, tick until all finish -> {key: latents}."""
+def run_chunks(denoiser, jobs) -> dict:
+    """Admit every ChunkJob into the denoiser, tick until all finish -> {key: latents}."""
     for job in jobs:
-        sched.admit(job)
+        denoiser.admit(job)
     out = {}
-    while sched.active_slots:
-        out.update({f.key: f.latents for f in sched.tick()})
+    while denoiser.active_slots:
+        out.update({f.key: f.latents for f in denoiser.tick()})
     return out

@@ -1,5 +1,20 @@
-"""Scheduling policy, nothing else: which waiting requests get a slot, and which finished code
-frames the vocoder decodes this step (vLLM's ``schedule()``; the executor runs what it picks).
+"""The scheduler: the requests in the engine, each with one explicit :class:`RequestStatus`, and
+the policy of which waiting requests get a slot and which finished code frames the vocoder
+decodes this step (vLLM's ``schedule()``; the executor runs what it picks).
+
+A request's life, as the worker (core/worker.py) moves it through its stages:
+
+    WAITING -> PREFILLING -> RUNNING -> VOCALIZING -> [ALIGNING] -> FINISHED
+         (any of them) -> CANCELLED | FAILED
+
+* WAITING: the pipeline prepared it; it waits for a slot (it counts in the queue depth).
+* PREFILLING: it holds a slot, no frame of it produced yet (the talker prefills its prompt).
+* RUNNING: the pipeline produces its frames (a DiT request between two chunks waits for a slot
+  again, still running).
+* VOCALIZING: the pipeline produced its last frames; the vocoder decodes the rest.
+* ALIGNING: all its audio is delivered; its final chunk waits for its word times (core/aligning.py).
+The scheduler holds the requests in flight (WAITING to VOCALIZING: their ids are the pipeline's
+and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder have forgotten them).
 
 * Slots: realtime first; batch work (jobs, non-streamed calls) holds at most
   ``batch_slot_limit`` slots, so a realtime arrival always finds one within a chunk's lifetime.
@@ -32,9 +47,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from enum import Enum
+from typing import Any, Callable
 
 from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
 from engines.pipelines.base import Capacity, Produced, StepPlan
@@ -46,6 +62,37 @@ CHUNK_OVERHEAD_STEPS = 1.5
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
 
 
+class RequestStatus(Enum):
+    """Where a request is in its life (this module's docstring)."""
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    VOCALIZING = "vocalizing"
+    ALIGNING = "aligning"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def in_flight(self) -> bool:
+        """The pipeline or the vocoder still holds state of it (under its request id)."""
+        return self in IN_FLIGHT
+
+    @property
+    def generating(self) -> bool:
+        """It holds a slot or is between slots: the pipeline has frames of it to make."""
+        return self in (RequestStatus.PREFILLING, RequestStatus.RUNNING)
+
+    @property
+    def done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.FAILED)
+
+
+IN_FLIGHT = frozenset({RequestStatus.WAITING, RequestStatus.PREFILLING, RequestStatus.RUNNING,
+                       RequestStatus.VOCALIZING})
+
+
 @dataclass
 class RequestState:
     """One admitted request, as the core tracks it."""
@@ -53,13 +100,14 @@ class RequestState:
     handle: RequestHandle
     deliver: Deliver
     frames_total: int = 0
+    status: RequestStatus = RequestStatus.WAITING
     frames_done: int = 0  # frames vocoded (their audio is delivered or on its way)
     delivered: int = 0  # chunks delivered
-    started_at: float | None = None  # first slot
+    started_at: float | None = None  # when it first took a slot (its time in the queue ends)
     first_audio_at: float | None = None  # first audio handed to the outbox: playback starts
-    finished_source: bool = False  # the pipeline produced its last frames
     truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
     pending: list[Produced] = field(default_factory=list)  # produced, not yet vocoded
+    kept_audio: Any = None  # core/aligning.py KeptAudio: its audio, kept for word times (None: not asked)
 
     @property
     def request(self) -> SynthesisRequest:
@@ -70,7 +118,7 @@ class RequestState:
         return self.handle.request_id
 
     def in_slot(self, wants_slot: Callable[[str], bool]) -> bool:
-        return self.started_at is not None and not self.finished_source and not wants_slot(self.request_id)
+        return self.status.generating and not wants_slot(self.request_id)
 
 
 @dataclass(frozen=True)
@@ -78,11 +126,11 @@ class VocoderWork:
     """A request's gathered frames, taken for this step's vocoder piece."""
 
     state: RequestState
-    pieces: list[Produced]
+    frames: list[Produced]
 
     @property
     def num_frames(self) -> int:
-        return sum(p.num_frames for p in self.pieces)
+        return sum(p.num_frames for p in self.frames)
 
 
 class Scheduler:
@@ -105,6 +153,57 @@ class Scheduler:
         self._rate = 0.0  # frames produced per generation step, moving average
         self.step_period = 0.0  # seconds between generation steps while busy, moving average
         self._last_step: float | None = None
+        self.requests: OrderedDict[str, RequestState] = OrderedDict()  # in flight, in admission order
+        self.aligning: list[RequestState] = []  # ALIGNING, in the order their audio completed
+
+    # ------------------------------------------------------------ the requests and their status
+    def in_flight(self) -> list[RequestState]:
+        return list(self.requests.values())
+
+    def add(self, state: RequestState) -> None:
+        """A prepared request: WAITING for a slot."""
+        state.status = RequestStatus.WAITING
+        self.requests[state.request_id] = state
+
+    def started(self, state: RequestState, now: float) -> bool:
+        """It took a slot; True the first time (it leaves the queue: PREFILLING)."""
+        if state.status is not RequestStatus.WAITING:
+            return False
+        state.status, state.started_at = RequestStatus.PREFILLING, now
+        return True
+
+    @staticmethod
+    def produced(state: RequestState, p: Produced) -> None:
+        """The pipeline produced frames of it: RUNNING, VOCALIZING after its last."""
+        state.pending.append(p)
+        state.truncated = state.truncated or p.truncated
+        if p.is_last:
+            state.status = RequestStatus.VOCALIZING
+        elif state.status is RequestStatus.PREFILLING:
+            state.status = RequestStatus.RUNNING
+
+    def align(self, state: RequestState) -> None:
+        """All its audio is delivered: it leaves the requests in flight and waits for its word times."""
+        del self.requests[state.request_id]
+        state.status = RequestStatus.ALIGNING
+        self.aligning.append(state)
+
+    def end(self, state: RequestState, error: str | None) -> RequestStatus | None:
+        """It leaves the engine: FINISHED without ``error``, CANCELLED or FAILED. Returns the status
+        it had, None when it had already ended (or another request holds its id)."""
+        was = state.status
+        if was.in_flight:
+            if self.requests.get(state.request_id) is not state:
+                return None
+            del self.requests[state.request_id]
+        elif was is RequestStatus.ALIGNING:
+            self.aligning.remove(state)
+        else:
+            return None
+        state.status = (RequestStatus.FINISHED if error is None else
+                        RequestStatus.CANCELLED if error == "cancelled" else RequestStatus.FAILED)
+        state.kept_audio = None  # (its audio may be long)
+        return was
 
     def observe(self, frames_produced: int, now: float | None = None) -> None:
         """One generation step produced this many frames (``now``: when, for the step period)."""
@@ -210,12 +309,11 @@ class Scheduler:
                 best = s
         return best
 
-    @staticmethod
-    def first_audio_waiting(states: list[RequestState]) -> bool:
-        """A realtime request has not had its first audio delivered yet (generated, vocoded or
-        not): word alignment, which holds the engine thread, waits for it."""
+    def first_audio_waiting(self) -> bool:
+        """A realtime request in flight has not had its first audio delivered yet (generated,
+        vocoded or not): word alignment, which holds the engine thread, waits for it."""
         return any(s.delivered == 0 and s.request.priority == Priority.REALTIME and not s.handle.cancelled
-                   for s in states)
+                   for s in self.requests.values())
 
     @staticmethod
     def _first_audio_pending(states: list[RequestState]) -> bool:
@@ -237,11 +335,11 @@ class Scheduler:
         return state.first_audio_at + state.frames_done * FRAME_SECONDS
 
     def ready(self, state: RequestState, flush_frames: Callable[[int], int]) -> bool:
-        """The request has gathered enough frames to vocode (all of them once its source is done)."""
+        """The request has gathered enough frames to vocode (all of them once the pipeline is done with it)."""
         if state.handle.paused or not state.pending:
             return False  # back-pressure: hold the (small) codes, not the PCM
         gathered = sum(p.num_frames for p in state.pending)
-        return state.finished_source or gathered >= self.flush_size(state, flush_frames)
+        return state.status is RequestStatus.VOCALIZING or gathered >= self.flush_size(state, flush_frames)
 
     def flush_size(self, state: RequestState, flush_frames: Callable[[int], int]) -> int:
         """Frames to gather before the next vocoder piece, by load (the step period):

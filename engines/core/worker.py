@@ -9,13 +9,15 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
      batch slot budget);
   5. one generation step of the pipeline (core/executor.py) -> code frames;
   6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox;
-  7. with an aligner, one bounded batch of word alignments of finished requests, only while
-     no realtime request waits for its first audio (core/aligning.py).
-The thread sleeps on the inbox when nothing is active. Failures are per request:
-an exception while preparing, starting or vocoding one request fails only it.
+  7. with an aligner, one bounded batch of word alignments of requests whose audio is all
+     delivered, only while no realtime request waits for its first audio (core/aligning.py).
+Each request's status (core/scheduler.py ``RequestStatus``) moves with these stages; the
+scheduler holds the requests. The thread sleeps on the inbox when nothing is active. Failures
+are per request: an exception while preparing, starting or vocoding one request fails only it.
 
-(~400 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
-together; policy, execution and delivery already live in scheduler/executor/outbox.)
+(~500 lines: the thread's lifecycle, the inbox and the per-request failure paths belong
+together; policy and the requests, execution, delivery and alignment live in
+scheduler/executor/outbox/aligning.)
 """
 
 from __future__ import annotations
@@ -24,25 +26,30 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
 
 from engines.contract import (
-    SAMPLE_RATE,
     Deliver,
     EngineOverloaded,
     RequestHandle,
     SynthesisRequest,
     TickReport,
 )
-from engines.core.aligning import AlignQueue, Piece, alignment_language
+from engines.core.aligning import Aligning
 from engines.core.executor import Executor
 from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
-from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, RequestState, Scheduler, VocoderWork
+from engines.core.scheduler import (
+    DEFAULT_PREFILL_TOKEN_BUDGET,
+    RequestState,
+    RequestStatus,
+    Scheduler,
+    VocoderWork,
+)
 from engines.pipelines.base import Pipeline
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
 
@@ -63,7 +70,7 @@ class Worker:
 
     def __init__(
         self,
-        source: Pipeline,
+        pipeline: Pipeline,
         vocalizer: Vocalizer,
         voice_index: Callable[[str], int],
         max_slots: int,
@@ -80,34 +87,32 @@ class Worker:
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         host_copy_event: Callable[[], object] | None = None,
     ):
-        self.source = source
+        self.pipeline = pipeline
         self.vocalizer = vocalizer
         self.voice_index = voice_index
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
                                    prefill_token_budget=prefill_token_budget)
-        self.executor = Executor(source, vocalizer, trace)
+        self.executor = Executor(pipeline, vocalizer, trace)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
-        self._active: OrderedDict[str, RequestState] = OrderedDict()
         self._listeners: list[Callable[[TickReport], None]] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pending = 0  # requests submitted but not yet started (queue depth)
         self._pending_lock = threading.Lock()
-        self._admitting: list[tuple[RequestHandle, Deliver]] = []  # taken from the inbox, not yet active
+        self._admitting: list[tuple[RequestHandle, Deliver]] = []  # taken from the inbox, not yet prepared
         # Plan all requests taken from the inbox in one loop iteration together (one encoder
-        # forward), when the source can: a win where per-request launch overhead dominates
+        # forward), when the pipeline can: a win where per-request launch overhead dominates
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
         self.batch_planning = batch_planning
         # vocoded audio not yet delivered, oldest first; ``host_copy_event``: a virtual device's
         # event for PCM already on the host (engines/virtual/), else CUDA events or none
         self._outbox = Outbox(host_copy_event=host_copy_event)
-        # Word timestamps (an engines.pipelines.aligner.Aligner): the audio of requests that
-        # asked for them, kept as it is delivered; finished ones wait in the queue for alignment.
-        self.aligning = AlignQueue(aligner) if aligner is not None else None
-        self._pieces: dict[str, Piece] = {}
+        # Word timestamps (an engines.pipelines.aligner.Aligner): the stage that keeps the audio
+        # of requests that asked for them and aligns them once it is all delivered.
+        self.aligning = Aligning(aligner) if aligner is not None else None
         self.ticks = 0
         self.error: str | None = None
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
@@ -139,7 +144,7 @@ class Worker:
         """Any thread: something changed for an active request (live text arrived)."""
         self._wake.set()
 
-    def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
+    def enqueue(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
         with self._pending_lock:
             if self._pending >= self.max_queue:
                 raise EngineOverloaded(f"admission queue is full ({self.max_queue} waiting)", retry_after_s=1.0)
@@ -151,8 +156,8 @@ class Worker:
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight: no request active, admitting, queued or waiting for alignment."""
-        return not (self._active or self._admitting or self.aligning or self._pieces or self._inbox.qsize())
+        """Nothing in flight: no request queued, being prepared, in flight or aligning."""
+        return not (self.scheduler.requests or self.scheduler.aligning or self._admitting or self._inbox.qsize())
 
     @property
     def queue_depth(self) -> int:
@@ -160,7 +165,7 @@ class Worker:
 
     @property
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self.scheduler.requests)
 
     # ------------------------------------------------------------- worker thread
     def _run(self) -> None:
@@ -185,7 +190,7 @@ class Worker:
                 else:
                     if self.idle:
                         self.trim.idle()
-                    self._wake.wait(0.05 if self._active else 0.5)
+                    self._wake.wait(0.05 if self.scheduler.requests else 0.5)
                     self._wake.clear()
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
@@ -194,7 +199,7 @@ class Worker:
                 self._release_pending()
                 deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
             self._admitting = []
-            for active in list(self._active.values()):
+            for active in self.scheduler.in_flight():
                 self._finish(active, error="engine_failure")
             raise
         finally:
@@ -202,16 +207,15 @@ class Worker:
                 self._deliver(wait=True)  # audio already made is not lost on stop
             except Exception:
                 log.exception("delivering the last audio failed")
-            for active in list(self._active.values()):
+            for active in self.scheduler.in_flight():
                 self._finish(active, error="engine_stopped")
-            while self.aligning:  # their audio is complete: they end without word times
-                for piece in self.aligning.take_batch():
-                    self._end_piece(piece, None)
+            for state in list(self.scheduler.aligning):  # their audio is complete: they end without word times
+                self._end_aligning(state, None)
             self._fail_inbox("engine_stopped")
 
     def step(self) -> bool:
         """One loop iteration; False when there was nothing to do (the loop then sleeps)."""
-        generating = self.source.active_slots > 0
+        generating = self.pipeline.active_slots > 0
         with self._stage("deliver"):
             self._deliver(wait=not generating and not self._vocoder_ready())
         self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
@@ -222,7 +226,7 @@ class Worker:
             self._fill_slots()
         t0 = time.perf_counter()
         rows = slots = frames = None
-        if self.source.active_slots > 0:
+        if self.pipeline.active_slots > 0:
             try:
                 rows, slots, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
@@ -242,13 +246,13 @@ class Worker:
         """A batched step failed: the requests whose work was in it fail, the server lives on.
 
         A batched forward cannot say which row caused it, so every request holding a slot
-        in that tick ends with an error (their slots are freed, so the source's state is
+        in that tick ends with an error (their slots are freed, so the pipeline's state is
         consistent again); requests still waiting for a slot are untouched."""
         log.error("tick failed (%s: %s); failing the requests in it", type(exc).__name__, exc)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
-        for active in list(self._active.values()):
-            if active.in_slot(self.source.wants_slot):
+        for active in self.scheduler.in_flight():
+            if active.in_slot(self.pipeline.wants_slot):
                 self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
     def _fail_inbox(self, reason: str) -> None:
@@ -280,10 +284,10 @@ class Worker:
             self._admitting.pop(0)
 
     def _admit_batch(self) -> None:
-        """Plan every request in ``_admitting`` with one ``source.prepare_many``; each failure
+        """Plan every request in ``_admitting`` with one ``pipeline.prepare_many``; each failure
         fails its request alone. If the batched call itself fails, the requests stay in
         ``_admitting`` and are planned one by one (which isolates the culprit). A request
-        leaves ``_admitting`` the moment it is active or finalised (the worker-death path
+        leaves ``_admitting`` the moment it is WAITING or finalised (the worker-death path
         fails whatever is still there)."""
         ready = []
         for handle, deliver in list(self._admitting):
@@ -301,7 +305,7 @@ class Worker:
         if not ready:
             return
         try:
-            results = self.source.prepare_many([(h.request, v) for h, _, v in ready])
+            results = self.pipeline.prepare_many([(h.request, v) for h, _, v in ready])
         except Exception as exc:
             log.warning("planning %d requests together failed (%s: %s); planning them one by one",
                         len(ready), type(exc).__name__, exc)
@@ -309,11 +313,10 @@ class Worker:
         for (handle, deliver, _), result in zip(ready, results):
             self._admitting.remove((handle, deliver))
             if isinstance(result, Exception):
-                self.source.drop(handle.request_id)
+                self.pipeline.drop(handle.request_id)
                 self._planning_failed(handle, deliver, result)
             else:
-                self._active[handle.request_id] = RequestState(handle=handle, deliver=deliver, frames_total=result)
-                self._track_piece(self._active[handle.request_id])
+                self._admitted(RequestState(handle=handle, deliver=deliver, frames_total=result))
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
@@ -326,20 +329,25 @@ class Worker:
         active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
-            active.frames_total = self.source.prepare(handle.request, self.voice_index(handle.request.voice))
+            active.frames_total = self.pipeline.prepare(handle.request, self.voice_index(handle.request.voice))
         except Exception as exc:
-            self.source.drop(handle.request_id)
+            self.pipeline.drop(handle.request_id)
             self._planning_failed(handle, deliver, exc)
             return
-        self._active[handle.request_id] = active
-        self._track_piece(active)
+        self._admitted(active)
+
+    def _admitted(self, state: RequestState) -> None:
+        """Prepared: WAITING for a slot (its audio kept for word times if it asked for them)."""
+        self.scheduler.add(state)
+        if self.aligning is not None:
+            self.aligning.track(state)
 
     def _id_free(self, handle: RequestHandle, deliver: Deliver) -> bool:
         """Whether ``handle``'s id may be planned: the pipeline's and the vocoder's state are
-        keyed by request id, so an earlier request of that id that is still active must leave
+        keyed by request id, so an earlier request of that id that is still in flight must leave
         first. A cancelled one is finished now (its slot and decoder state freed); a live one
         keeps its id and the newcomer is refused, never mixed into its state."""
-        earlier = self._active.get(handle.request_id)
+        earlier = self.scheduler.requests.get(handle.request_id)
         if earlier is None:
             return True
         if earlier.handle.cancelled:
@@ -356,47 +364,42 @@ class Worker:
         deliver_final(handle, deliver, 0, 0, 0, f"planning failed: {exc}")
 
     def _drop_cancelled(self) -> None:
-        for active in list(self._active.values()):
+        for active in self.scheduler.in_flight():
             if active.handle.cancelled:
                 self._finish(active, error="cancelled")
-        if self.aligning:
-            for piece in [p for p in self.aligning.pieces if p.state.handle.cancelled]:
-                self.aligning.pieces.remove(piece)
-                self._end_piece(piece, None, error="cancelled")
+        for state in [s for s in self.scheduler.aligning if s.handle.cancelled]:
+            self._end_aligning(state, None, error="cancelled")
 
     def _fill_slots(self) -> None:
-        for active in self.scheduler.slot_order(list(self._active.values()),
-                                                self.scheduler.admissible(self.source.capacity()),
-                                                self.source.wants_slot):
+        for active in self.scheduler.slot_order(self.scheduler.in_flight(),
+                                                self.scheduler.admissible(self.pipeline.capacity()),
+                                                self.pipeline.wants_slot):
             try:
                 self._hook(active.request_id, "admit")
-                self.source.start(active.request_id)
+                self.pipeline.start(active.request_id)
             except Exception as exc:
                 log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
                 continue
-            if active.started_at is None:
-                active.started_at = time.monotonic()
-                self._release_pending()
+            if self.scheduler.started(active, time.monotonic()):
+                self._release_pending()  # it left the queue
 
     def _generate(self) -> tuple[int, int, int]:
         """One generation step; its code frames join their requests' pending work."""
         with self._stage("tick"):
-            produced = self.executor.generate(self.scheduler.step_plan(self.source.capacity()))
+            produced = self.executor.generate(self.scheduler.step_plan(self.pipeline.capacity()))
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
-        rows = self.source.last_batch_rows
-        slots = self.source.active_slots + sum(1 for p in produced if p.is_last)
+        rows = self.pipeline.last_batch_rows
+        slots = self.pipeline.active_slots + sum(1 for p in produced if p.is_last)
         frames = 0
         for p in produced:
-            active = self._active.get(p.request_id)
+            active = self.scheduler.requests.get(p.request_id)
             if active is None:
                 continue  # finished or cancelled meanwhile
             if p.error is not None:  # this request failed in the pipeline; the others carry on
                 self._finish(active, error=p.error)
                 continue
-            active.pending.append(p)
-            active.finished_source |= p.is_last
-            active.truncated = active.truncated or p.truncated
+            self.scheduler.produced(active, p)
             frames += p.num_frames
         self.scheduler.observe(frames)
         return rows, slots, frames
@@ -409,22 +412,22 @@ class Worker:
                 log.exception("tick listener failed")
 
     def _vocoder_ready(self) -> bool:
-        return any(self.scheduler.ready(a, self.source.flush_frames) for a in self._active.values())
+        return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self.scheduler.requests.values())
 
     def _vocode(self) -> bool:
         """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
-        for w in self.scheduler.vocoder_piece(list(self._active.values()), self.source.flush_frames):
+        for w in self.scheduler.vocoder_piece(self.scheduler.in_flight(), self.pipeline.flush_frames):
             active = w.state
-            active.pending = active.pending[len(w.pieces):]
+            active.pending = active.pending[len(w.frames):]
             try:
                 self._hook(active.request_id, "vocalize")
             except Exception as exc:
                 self._finish(active, error=f"vocalizer failed: {exc}")
                 continue
-            item = VocalizeItem(stream_id=active.request_id, codes=torch.cat([p.codes for p in w.pieces]),
-                                frame_offset=w.pieces[0].frame_start,
-                                is_last=active.finished_source and not active.pending)
+            item = VocalizeItem(stream_id=active.request_id, codes=torch.cat([p.codes for p in w.frames]),
+                                frame_offset=w.frames[0].frame_start,
+                                is_last=active.status is RequestStatus.VOCALIZING and not active.pending)
             work.append((w, item))
         if not work:
             return False
@@ -441,7 +444,7 @@ class Worker:
                 active.first_audio_at = now
             if item.is_last:
                 active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
-            text = next((p.text for p in w.pieces if p.text), None)
+            text = next((p.text for p in w.frames if p.text), None)
             pcm.append(result.pcm)
             entries.append((active, item.is_last, text, active.frames_done))
         self._outbox.put(pcm, entries)
@@ -452,72 +455,47 @@ class Worker:
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
         host never waits on the device in steady state."""
-        for (active, final, text, frames_done), piece in self._outbox.take(wait):
-            if self._active.get(active.request_id) is not active:
+        for (active, final, text, frames_done), pcm in self._outbox.take(wait):
+            if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
-            aligned = self._pieces.get(active.request_id)
-            if aligned is not None:
-                aligned.keep(piece)
-                if final:  # the last audio goes now; the final chunk follows with the word times
-                    emit_audio(active, piece, False, text, frames_done)
-                    self._await_alignment(active, aligned)
-                    continue
-            emit_audio(active, piece, final, text, frames_done)
+            if self.aligning is not None and self.aligning.keep(active, pcm) and final:
+                # the last audio goes now; the final chunk follows with the word times
+                emit_audio(active, pcm, False, text, frames_done)
+                self._await_alignment(active)
+                continue
+            emit_audio(active, pcm, final, text, frames_done)
             if final:
                 self._finish(active, error=None, delivered_final=True)
 
     # ------------------------------------------------------------ word timestamps
-    def _track_piece(self, active: RequestState) -> None:
-        """Keep the audio of a request that asked for word times (when an aligner is loaded)."""
-        request = active.request
-        if self.aligning is None or not request.timestamps:
-            return
-        text = request.text if request.text_feed is None else ""
-        self._pieces[active.request_id] = Piece(active, text, None,
-                                                max_samples=int(self.aligning.max_seconds * SAMPLE_RATE))
-
-    def _await_alignment(self, active: RequestState, piece: Piece) -> None:
+    def _await_alignment(self, active: RequestState) -> None:
         """All its audio is delivered: the request leaves the slots and waits for alignment."""
-        rid = active.request_id
-        del self._pieces[rid]
-        self._active.pop(rid, None)
-        self.executor.release(rid)
-        request = active.request
-        if request.text_feed is not None:
-            piece.text = request.text_feed.read(0)[0]
-        piece.language = alignment_language(request.language, piece.text, self.aligning.languages)
-        self.aligning.add(piece)
+        self.scheduler.align(active)
+        self.executor.release(active.request_id)
+        self.aligning.complete(active)
 
     def _align(self) -> bool:
         """One bounded alignment batch, only while no realtime request waits for its first audio."""
-        if not self.aligning or self.scheduler.first_audio_waiting(list(self._active.values())):
+        if not self.scheduler.aligning or self.scheduler.first_audio_waiting():
             return False
-        batch = self.aligning.take_batch()
-        live = []
-        for piece in batch:
-            try:
-                self._hook(piece.state.request_id, "align")
-                live.append(piece)
-            except Exception as exc:
-                log.warning("request %s: alignment failed: %s", piece.state.request_id, exc)
-                self._end_piece(piece, None)
-        for piece, alignment in zip(live, self.aligning.align(live) if live else []):
-            self._end_piece(piece, alignment)
-        return bool(batch)
+        for state, alignment in self.aligning.run(self.scheduler.aligning, self._hook):
+            self._end_aligning(state, alignment)
+        return True
 
-    def _end_piece(self, piece: Piece, alignment, error: str | None = None) -> None:
-        active = piece.state
-        deliver_final(active.handle, active.deliver, active.delivered, active.frames_done, active.frames_total,
-                      error, active.started_at, alignment=alignment, truncated=active.truncated)
+    def _end_aligning(self, state: RequestState, alignment, error: str | None = None) -> None:
+        """Its final chunk, with its word times (None: it could not be aligned)."""
+        if self.scheduler.end(state, error) is None:
+            return
+        deliver_final(state.handle, state.deliver, state.delivered, state.frames_done, state.frames_total,
+                      error, state.started_at, alignment=alignment, truncated=state.truncated)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
-        rid = active.handle.request_id
-        if self._active.pop(rid, None) is None:
+        was = self.scheduler.end(active, error)
+        if was is None:  # ended already
             return
-        self._pieces.pop(rid, None)
-        self.executor.release(rid)
-        if active.started_at is None:
-            self._release_pending()
+        self.executor.release(active.request_id)
+        if was is RequestStatus.WAITING:
+            self._release_pending()  # it leaves the queue without a slot
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
                           active.frames_total, error, active.started_at, truncated=active.truncated)

@@ -4,14 +4,15 @@ Every pipeline emits code frames (``[rows, G]`` Qwen3-TTS codec codes, 80 ms eac
 vocoder (engines/pipelines/vocoder.py) turns them into PCM, and nothing downstream of a
 pipeline knows which one ran.
 
-* :class:`engines.pipelines.dit.source.DiTSource` - the flow DiT stream: a request is planned
+* :class:`engines.pipelines.dit.pipeline.DiTPipeline` - the flow DiT stream: a request is planned
   into frame chunks at admission; a slot holds one chunk, which advances one denoising step
   per tick; finished latents go through the pipeline's own codec head and code predictor.
 * :class:`engines.pipelines.talker.pipeline.TalkerPipeline` - the Qwen3-TTS talker: a slot
   holds one utterance, which advances one talker step (codes included) per tick.
 
 The core owns queueing, priorities, back-pressure, delivery and errors; a pipeline owns its
-slots and per-request model state.
+slots and per-request model state. Each pipeline folder's adapter (engines/pipelines/profile.py)
+builds its pipeline beside the model's profile.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class StepPlan:
 
 class Pipeline(Protocol):
     name: str
+    graphed: tuple  # the CUDA-graph wrappers it replays (``capture_all()``, ``late_captures`` each)
 
     def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
         """Admission-time work; returns the frame count (an upper bound if unknown).
@@ -98,6 +100,9 @@ class Pipeline(Protocol):
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
         """The request with its text tokenized (``prompt_ids``), done once, at validation;
         ValueError when its prompt could never be served (too long for the model)."""
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        """The KV pool's figures (blocks total/used, admission waits); empty without a pool."""
 
     def capture_graphs(self) -> None:
         """CUDA: capture every graph the pipeline replays (engine start, before /readyz);

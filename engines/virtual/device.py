@@ -5,8 +5,10 @@
     source = device.talker_source(bundle, max_slots=64)  # engines/virtual/talker.py
     vocalizer = device.vocalizer(model_config, max_streams=128)   # engines/virtual/vocoder.py
 
-The engine (engines/core/engine.py) puts these where the real talker source and vocalizer go;
-the service, worker, scheduler and outbox run unchanged (the outbox waits on the clock's events).
+The engine (engines/core/engine.py) takes its vocalizer from here, and its pipeline from
+``build_pipeline``: the talker's adapter (engines/pipelines/talker/adapter.py) over the virtual
+source; the service, worker, scheduler and outbox run unchanged (the outbox waits on the
+clock's events).
 Only the checkpoint's ``config.json``, ``speech_tokenizer/config.json``, tokenizer files and
 ``generation_config.json`` are read: prompts are tokenized as served, no weight is loaded.
 """
@@ -23,6 +25,8 @@ from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig, read_configs, talker_config
 from engines.contract import SAMPLES_PER_FRAME
 from engines.models.configs import ModelConfig
+from engines.pipelines.profile import Adapter, PipelineSetup
+from engines.pipelines.talker import adapter as talker_adapter
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import TalkerBundle
 from engines.virtual.clock import DeviceClock
@@ -87,6 +91,16 @@ class VirtualDevice:
                                            self.clock, max_slots=max_slots, max_seq_len=max_seq_len,
                                            kv_blocks=kv_blocks, eos_frames=self.eos_frames)
         return self._source
+
+    def build_pipeline(self, name: str, setup: PipelineSetup) -> Adapter:
+        """The talker's adapter with this device's source in place of the real one."""
+        if name != "talker":
+            raise ValueError(f"a virtual device runs the talker pipeline, not {name!r}")
+
+        def make_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[VirtualTalkerSource, tuple]:
+            source = self.talker_source(bundle, setup.max_slots, **options)
+            return source, (source.graphs,)  # captured at start as the real step graphs are
+        return talker_adapter.build(setup, make_source)
 
     def vocalizer(self, model_cfg: ModelConfig, max_streams: int) -> VirtualVocalizer:
         self._decoder = VirtualCodecDecoder(self.table, self.clock, model_cfg.stream, max_streams, SAMPLES_PER_FRAME)

@@ -57,7 +57,7 @@ def mixed_requests(n: int) -> list[dict]:
 
 
 async def test_fifty_mixed_requests_capture_no_graph_after_start(static_step_engine, tmp_path):
-    runner = static_step_engine.source.source.step_runner
+    runner = static_step_engine.pipeline.source.step_runner
     assert isinstance(runner, GraphedTalkerStep), "the CPU step should run through the static buckets"
     live = await start_server(static_step_engine, tmp_path / "data")
     try:
@@ -75,7 +75,7 @@ async def test_fifty_mixed_requests_capture_no_graph_after_start(static_step_eng
             assert await captures_after_start(http, live.url) == 0
 
             # The books can count: a moved step buffer drops every graph (a GPU captures each again).
-            source = static_step_engine.source.source
+            source = static_step_engine.pipeline.source
             source.state.ensure_trail(source.state.trail.shape[1] * 2)
             await speak({"input": "Hello again.", "max_new_tokens": 4, "temperature": 0})
             assert await captures_after_start(http, live.url) >= 1

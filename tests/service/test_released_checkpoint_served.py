@@ -54,7 +54,7 @@ def assert_speech(audio: np.ndarray, what: str) -> None:
 
 
 def test_the_checkpoint_holds_the_released_values(released):
-    talker = released.source.source
+    talker = released.pipeline.source
     assert talker.generation.max_new_tokens == 8192 and talker.generation.do_sample
     assert released.models.code_predictor.cfg.head_dim == fx.RELEASED_PREDICTOR_HEAD_DIM
     # what the work limit is charged: the text's budget, far under --max-work-talker-steps (2048)

@@ -79,7 +79,7 @@ async def test_defaults_are_the_checkpoints_generation_config(tmp_path):
     engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path), warmup=False)
     engine.start()
     try:
-        gen = engine.source.source.generation
+        gen = engine.pipeline.source.generation
         settings = resolve_settings(gen, SynthesisRequest(id="a", text="x"))
         assert (settings.talker.greedy, settings.talker.temperature, settings.talker.top_k, settings.talker.top_p) == (
             False, 0.55, 7, 0.8)
@@ -94,7 +94,7 @@ async def test_defaults_are_the_checkpoints_generation_config(tmp_path):
         from engines.pipelines.talker.reference import TalkerBundle
 
         bundle = TalkerBundle.from_checkpoint(path, "cpu", torch.float32, predictor=engine.models.code_predictor)
-        voice = engine.voice_names[0]
+        voice = engine.capabilities.voices[0]
         want = bundle.generate_codes(TEXT, voice, seed=5)  # every setting from the file
         assert 0 < want.shape[0] <= 8
         server = await start_server(engine, tmp_path / "data")

@@ -208,7 +208,7 @@ class Denoiser:
         if job.enc.dim() != 2 or job.enc.shape[1] != C or job.enc.shape[0] < 1:
             raise ValueError(f"enc must be [L, {C}] with L >= 1, got {tuple(job.enc.shape)}")
         if job.enc.device != self.device:
-            raise ValueError(f"enc is on {job.enc.device}, the scheduler on {self.device}")
+            raise ValueError(f"enc is on {job.enc.device}, the denoiser on {self.device}")
         if job.enc_null is not None and (job.enc_null.shape != job.enc.shape or job.enc_null.device != self.device):
             raise ValueError(f"enc_null must match enc ({tuple(job.enc.shape)} on {self.device}), "
                              f"got {tuple(job.enc_null.shape)} on {job.enc_null.device}")

@@ -53,9 +53,10 @@ block, and prefills only the rest; every completed prompt is indexed, within
 ``prefix_cache_fraction`` of the pool (least recently used blocks nobody holds are evicted
 first, also when the pool runs short). ``kv_cache_stats()`` counts hits, misses, evictions.
 
-The batch is split by concern: rows.py (row state, settings, an utterance's bookkeeping),
-prefill.py (prompt blocks, prefix-cache hits, chunked prefill), decode.py (the device step),
-live.py (text still arriving); this module coordinates them. The budgets - who is admitted,
+The batch is split by concern: batch.py (the host side: rows, admission, capacity, the order
+of a tick, release; shared with the virtual device's source), rows.py (row state, settings,
+an utterance's bookkeeping), prefill.py (prompt blocks, prefix-cache hits, chunked prefill),
+decode.py (the device step), live.py (text still arriving); this module coordinates them. The budgets - who is admitted,
 how many prompt positions each queued prompt prefills, the prefill token budget itself - are
 the scheduler's (engines/core/scheduler.py), decided from :meth:`TalkerSource.capacity`.
 
@@ -65,24 +66,21 @@ keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor
-from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
+from engines.models.paged_kv import PagedKVCache
 from engines.models.prefix_cache import PrefixCache
 from engines.models.talker import Talker
-from engines.pipelines.base import Capacity, StepPlan
-from engines.pipelines.talker.budget import frame_budget, frame_limit, planned_frames
+from engines.pipelines.talker.batch import UtteranceBatch
+from engines.pipelines.talker.budget import frame_budget
 from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.live import LiveRows
-from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prefill import Prefill, prefix_keys, take_blocks
-from engines.pipelines.talker.prompt import PromptBuilder
+from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
 from engines.pipelines.talker.reference import TalkerBundle, prompt_tensors
 from engines.pipelines.talker.rows import (
     HostIds,
@@ -106,26 +104,21 @@ DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefi
 GRAPHED_TRAIL_CAPACITY = 1024
 
 
-class TalkerSource:
+class TalkerSource(UtteranceBatch):
     """Continuous batching of talker utterances (see the module docstring): the coordinator of
-    the rows (rows.py), prefill (prefill.py), the decode step (decode.py) and live text (live.py)."""
+    the rows (batch.py, rows.py), prefill (prefill.py), the decode step (decode.py) and live
+    text (live.py)."""
 
     def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_blocks: int | None = None,
                  prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION):
-        if max_slots <= 0:
-            raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        super().__init__(prompt, generation, talker.cfg.num_code_groups, max_slots, max_seq_len,
+                         canonical_device(device))
         self.talker = talker.eval()
-        self.prompt = prompt
-        self.generation = generation
-        self.device = canonical_device(device)
         self.dtype = dtype
-        self.max_slots = max_slots
-        self.max_seq_len = max_seq_len  # positions per stream (prompt + frames)
         cfg = talker.cfg
-        self.num_code_groups = cfg.num_code_groups
         n_valid = talker.valid_ids.numel()  # compact code-0 columns (codebook + EOS)
         kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
@@ -148,16 +141,9 @@ class TalkerSource:
                                   max_seq_len, self.device, dtype)
         self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device)
         self.live_rows = LiveRows(self.talker, self.state, prompt.config.tts_pad_token_id, self.device)
-        self._utts: dict[int, Utterance] = {}  # row -> utterance
-        self._prefill_queue: list[Utterance] = []  # admission order
         self._pending: list[HostIds] = []
-        self._last_batch_rows = 0
-        self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
-        self.admission_waits = 0  # ticks in which a free row waited for KV blocks
         # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
         self.step_runner = None
-        self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
-        self._admissions = 0
 
     @property
     def predictor(self) -> CodePredictor:
@@ -184,7 +170,6 @@ class TalkerSource:
         self.state.ensure_trail(min(self.max_seq_len, GRAPHED_TRAIL_CAPACITY))
         return self.decoder.spec(self.max_slots, self.scratch_row)
 
-
     def prefill_spec(self) -> PrefillSpec:
         """What a GraphedPrefill captures: the prompt forward, its padding row and sizes."""
         return self.prefill.spec(self.scratch_row)
@@ -195,125 +180,28 @@ class TalkerSource:
         return cls(bundle.talker, bundle.predictor, bundle.prompt, bundle.generation, bundle.device, bundle.dtype,
                    max_slots=max_slots, max_seq_len=max_seq_len, kv_cache_gb=kv_cache_gb, **kwargs)
 
-    # ---------------------------------------------------------------- introspection
-
-    def voices(self) -> list[str]:
-        return self.prompt.voices()
-
-    def languages(self) -> list[str]:
-        return self.prompt.languages()
-
-    def free_rows(self) -> int:
-        return self.max_slots - len(self._utts)
-
-    def capacity(self) -> Capacity:
-        """What the scheduler decides from (engines/core/scheduler.py): free rows, free KV blocks,
-        the decoding rows' growth, the blocks the longest waiting prompt needs, and the prompt
-        positions each queued prompt has left (oldest first)."""
-        return Capacity(free_rows=self.free_rows(), free_blocks=self.cache.free_blocks,
-                        growth_blocks=self._growth_reserve(), waiting_blocks=self._waiting_prompt_blocks,
-                        prefill_waiting=tuple(u.prompt_len - u.prefilled for u in self._prefill_queue
-                                              if u.max_frames > 0))
-
-    def check_fits(self, prompt_positions: int) -> None:
-        """ValueError for a prompt this source could never admit (longer than the per-stream
-        position limit, or more blocks than the whole pool): it must fail, not wait forever."""
-        if prompt_positions >= self.max_seq_len:
-            raise ValueError(f"prompt of {prompt_positions} positions does not fit max_seq_len {self.max_seq_len}")
-        need = self.cache.blocks_for(prompt_positions + 1) + 1
-        if need > self.cache.capacity_blocks:
-            raise ValueError(f"prompt of {prompt_positions} positions needs {need} KV cache blocks; the pool has "
-                             f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
-
-    def wait_for(self, prompt_positions: int) -> None:
-        """The longest prompt waiting for a row, in positions (the scheduler keeps room for it)."""
-        self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
-
-    def _growth_reserve(self) -> int:
-        return sum(1 for u in self._utts.values() if u.decoding)
-
-    @property
-    def active_slots(self) -> int:
-        return len(self._utts)
-
-    @property
-    def last_batch_rows(self) -> int:
-        """Rows in the last tick's decode step."""
-        return self._last_batch_rows
-
-    @property
-    def rows(self) -> list[str]:
-        """Occupied rows' request ids, by row."""
-        return [self._utts[r].request_id for r in sorted(self._utts)]
-
     def kv_cache_stats(self) -> dict[str, float]:
-        c = self.cache
-        stats = {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
-                 "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
+        stats = super().kv_cache_stats()
         if self.prefix is not None:  # hits, misses, evictions, positions not prefilled, blocks indexed
             stats.update(self.prefix.stats())
         return stats
 
-
     # ---------------------------------------------------------------- admission
 
-    def planned_frames(self, request: SynthesisRequest) -> int:
-        """The most frames ``request`` may take, known before admission (budget.py)."""
-        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
-
-    def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
-                         instruct: str | None = None) -> int:
-        """Positions the request's prompt takes (tokenizes; no device work). A live utterance's
-        prompt holds its first text id only (streaming-text mode), as an empty text's does."""
-        if request.text_feed is not None:
-            non_streaming_mode = False
-        return len(self.prompt.for_request(request, non_streaming_mode, instruct).text_ids)
-
-
-    @torch.no_grad()
-    def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
-              non_streaming_mode: bool | None = None, instruct: str | None = None,
-              live: LiveText | None = None) -> None:
-        """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
-        prefill (done in the next ticks). ``max_new_tokens``: an exact cap that replaces the text's
-        frame budget (benchmarks and tests that run a row a given number of steps; served requests
-        never pass it). ValueError for an unknown voice/language or a prompt that does not fit;
-        RuntimeError when no row is free; KVPoolExhausted when the pool cannot hold the prompt."""
-        if any(u.request_id == request.id for u in self._utts.values()):
-            raise ValueError(f"request {request.id!r} is already active")
-        if not self.free_rows():
-            raise RuntimeError("no free talker slot")
-        if max_new_tokens is not None:
-            request = replace(request, max_new_tokens=max_new_tokens)
-        settings = resolve_settings(self.generation, request)
-        if live is not None:  # --- live text: the prompt of the text committed so far
-            prompt = live.prompt(request, instruct=instruct)
-        else:
-            prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
+    def _prompt_inputs(self, prompt: TalkerPrompt) -> tuple[tuple, int]:
         x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
-        s_len = x.shape[0]
-        # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
-        if s_len > self.max_seq_len:
-            raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
-        # A live utterance's text budget is known once its text is complete (_frame_limit).
-        budgeted = max_new_tokens is None
-        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
-        max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
-        row = min(set(range(self.max_slots)) - set(self._utts))
+        return (x, trailing, pad), x.shape[0]
+
+    def _take_row(self, row: int, request: SynthesisRequest, settings: RowSettings, prompt: TalkerPrompt,
+                  inputs: tuple, prompt_len: int) -> dict:
+        """The prompt's blocks (shared prefixes adopted: prefill.py) and the row's device state."""
+        x, trailing, pad = inputs
         keys = prefix_keys(self.prefix, request, prompt)
-        cached = take_blocks(self.cache, self.prefix, row, s_len, keys)  # raises before anything changes
-        self.state.start(row, request, settings, trailing, pad, s_len)
-        self._admissions += 1
-        u = Utterance(request, row, settings, x, s_len, max_frames=max_frames, limit_reason=limit_reason,
-                      prefilled=cached, next_pos=s_len, admitted=self._admissions, live=live, prefix_keys=keys,
-                      budgeted=budgeted)
-        self._utts[row] = u
-        self._prefill_queue.append(u)
+        cached = take_blocks(self.cache, self.prefix, row, prompt_len, keys)  # raises before anything changes
+        self.state.start(row, request, settings, trailing, pad, prompt_len)
+        return {"prompt": x, "prompt_len": prompt_len, "prefilled": cached, "prefix_keys": keys}
 
-
-    # ---------------------------------------------------------------- steps
-
-    # ---------------------------------------------------------------- decode step
+    # ---------------------------------------------------------------- the tick's device work
 
     def _rows_to_step(self) -> list[Utterance]:
         """The utterances that take a decode step this tick, by row. A row left out keeps its
@@ -321,27 +209,6 @@ class TalkerSource:
         not arrived yet sits out until it does."""
         waiting = self.live_rows.feed(self._utts)
         return [self._utts[r] for r in sorted(self._utts) if self._utts[r].decoding and r not in waiting]
-
-
-    def _grow(self, utts: list[Utterance]) -> tuple[list[Utterance], list[TalkerFrames]]:
-        """Blocks for each stepping row's next position. A row the pool cannot serve now sits
-        this step out (its state is untouched; blocks free up as other streams end). Only when
-        no row at all could step (every one waits for blocks, so none would ever free any) the
-        youngest waiting stream ends with ``kv_cache_exhausted``: it has outgrown the pool."""
-        ok, blocked, failed = [], [], []
-        for u in utts:
-            try:
-                self.cache.reserve(u.row, u.next_pos + 1)
-                ok.append(u)
-            except KVPoolExhausted as exc:
-                blocked.append((u, exc))
-        self.kv_stalls += len(blocked)
-        if blocked and not ok and not self._prefill_queue:
-            u, exc = max(blocked, key=lambda item: item[0].admitted)
-            self._release(u)
-            failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
-        return ok, failed
-
 
     def _eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
                     any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,54 +260,12 @@ class TalkerSource:
             return u.max_frames, u.limit_reason
         return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
 
-    @torch.no_grad()
-    def tick(self, plan: StepPlan) -> list[TalkerFrames]:
-        """The scheduler's prefill positions (``plan``, from :meth:`capacity`), then one decode
-        step of the rows that step."""
-        out: list[TalkerFrames] = []
-        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute
-        # (``capacity`` left them out of the prefill queue it reported).
-        for u in [u for u in self._utts.values() if u.max_frames <= 0]:
-            out.append(self._final(u))
-            self._release(u)
-        self.admission_waits += plan.kv_wait
-        self._prefill(plan.prefill)
-        utts, failed = self._grow(self._rows_to_step())
-        self.cache.flush()
-        out += failed
-        self._last_batch_rows = len(utts)
-        if utts:
-            out += self._decode(utts)
-        return out
-
     def _prefill(self, takes: tuple[int, ...]) -> None:
         """The planned prefill positions of the queued prompts (prefill.py); completed ones leave the queue."""
         prefilled = self.prefill.run(self._prefill_queue, takes)
         if prefilled is not None:  # prompts completed: their code 0 is on its way to the host
             self._pending.append(prefilled)
             self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
-
-    def _final(self, u: Utterance) -> TalkerFrames:
-        empty = torch.zeros(0, self.num_code_groups, dtype=torch.int64, device=self.device)
-        return TalkerFrames(u.request_id, empty, u.frames, True)
-
-    # ---------------------------------------------------------------- removal
-
-    def cancel(self, request_id: str) -> bool:
-        for u in list(self._utts.values()):
-            if u.request_id == request_id:
-                self._release(u)
-                return True
-        return False
-
-    def _release(self, u: Utterance) -> None:
-        """The row and its KV blocks are free again; nothing else moves."""
-        if self._utts.get(u.row) is u:
-            del self._utts[u.row]
-            self.cache.release(u.row)
-            if u in self._prefill_queue:
-                self._prefill_queue.remove(u)
-
 
 
 def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:

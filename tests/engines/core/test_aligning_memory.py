@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from engines.core.aligning import Piece
+from engines.core.aligning import KeptAudio
 
 
-def test_a_piece_keeps_int16_audio_that_round_trips():
-    piece = Piece(state=None, text="hi", language="english", max_samples=10_000)
+def test_kept_audio_is_int16_and_round_trips():
+    kept = KeptAudio(text="hi", language="english", max_samples=10_000)
     pcm = np.linspace(-1.0, 1.0, 4_000, dtype=np.float32)
-    piece.keep(pcm)
-    piece.keep(pcm[:1_000])
-    assert piece.samples == 5_000 and all(a.dtype == np.int16 for a in piece.audio)
-    assert sum(a.nbytes for a in piece.audio) == 5_000 * 2
-    np.testing.assert_allclose(piece.pcm(), np.concatenate([pcm, pcm[:1_000]]), atol=1 / 32767)
+    kept.keep(pcm)
+    kept.keep(pcm[:1_000])
+    assert kept.samples == 5_000 and all(a.dtype == np.int16 for a in kept.audio)
+    assert sum(a.nbytes for a in kept.audio) == 5_000 * 2
+    np.testing.assert_allclose(kept.pcm(), np.concatenate([pcm, pcm[:1_000]]), atol=1 / 32767)
 
 
-def test_a_piece_longer_than_the_aligner_takes_keeps_nothing():
-    piece = Piece(state=None, text="hi", language="english", max_samples=10_000)
+def test_audio_longer_than_the_aligner_takes_is_not_kept():
+    kept = KeptAudio(text="hi", language="english", max_samples=10_000)
     for _ in range(4):
-        piece.keep(np.zeros(3_000, np.float32))
-    assert piece.too_long and piece.audio == [] and piece.samples == 12_000
-    piece.keep(np.zeros(3_000, np.float32))
-    assert piece.audio == [] and piece.samples == 15_000
+        kept.keep(np.zeros(3_000, np.float32))
+    assert kept.too_long and kept.audio == [] and kept.samples == 12_000
+    kept.keep(np.zeros(3_000, np.float32))
+    assert kept.audio == [] and kept.samples == 15_000

@@ -113,7 +113,7 @@ def run_burst(streams: int, vocoder_frames: int, chunks: int = 3, frames: int = 
                 done.set()
 
     for i in range(streams):
-        worker.submit(SynthesisRequest(id=f"s{i}", text="x"), deliver)
+        worker.enqueue(SynthesisRequest(id=f"s{i}", text="x"), deliver)
     with torch.no_grad():
         for _ in range(10_000):
             if done.is_set():

@@ -76,15 +76,15 @@ def test_the_engine_prefills_what_its_scheduler_allows_and_the_audio_stays_the_s
         engine = build_engine(preset="tiny", device="cpu", checkpoint=checkpoint, warmup=False,
                               prefill_token_budget=budget)
         assert engine.worker.scheduler.prefill_token_budget == (budget or DEFAULT_PREFILL_TOKEN_BUDGET)
-        assert not hasattr(engine.source.source, "prefill_token_budget"), "the talker keeps no budget"
+        assert not hasattr(engine.pipeline.source, "prefill_token_budget"), "the talker keeps no budget"
         plans = planned[budget] = []
-        pipeline_tick = engine.source.tick
+        pipeline_tick = engine.pipeline.tick
 
         def recording_tick(plan, plans=plans, pipeline_tick=pipeline_tick):
             plans.append(sum(plan.prefill))
             return pipeline_tick(plan)
 
-        engine.source.tick = recording_tick
+        engine.pipeline.tick = recording_tick
         engine.start()
         try:
             [done] = run_requests(engine, [SynthesisRequest(id="p", text="Hello there, prefill.", seed=0,

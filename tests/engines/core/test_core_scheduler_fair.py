@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 
 from engines.contract import Priority, RequestHandle, SynthesisRequest
-from engines.core.scheduler import RequestState, Scheduler
+from engines.core.scheduler import RequestState, RequestStatus, Scheduler
 
 
 def state(rid: str, tenant: str, priority: Priority = Priority.REALTIME, started: bool = False) -> RequestState:
     s = RequestState(handle=RequestHandle(SynthesisRequest(id=rid, text="x", tenant=tenant, priority=priority)),
                      deliver=lambda chunk: None)
     if started:
-        s.started_at = time.monotonic()
+        s.status, s.started_at = RequestStatus.RUNNING, time.monotonic()
     return s
 
 

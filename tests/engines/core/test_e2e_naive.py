@@ -39,7 +39,7 @@ def naive_latents(engine, req: SynthesisRequest) -> torch.Tensor:
     """Plain flow-matching sampling, chunk after chunk, CFG as two forwards."""
     m, cfg = engine.models, engine.models.config
     D, Tc, shift = cfg.dit.latent_dim, cfg.dit.context_frames, cfg.stream.schedule_shift
-    plans = engine.planner.plan(req.text, engine.voice_names.index(engine.resolve_voice(req.voice)), req.speed)
+    plans = engine.pipeline.planner.plan(req.text, engine.profile.voice_index(req.voice), req.speed)
     ts = [shift * t / (1 + (shift - 1) * t) for t in np.linspace(1.0, 0.0, req.steps + 1).tolist()]
     context = torch.zeros(0, D)
     out = []
@@ -96,7 +96,7 @@ def test_engine_in_a_crowd_equals_naive_pipeline(engine):
         return results
 
     engine.vocalizer.vocalize = recording_vocalize
-    forwards_before = engine.scheduler.forward_count
+    forwards_before = engine.pipeline.denoiser.forward_count
     ticks_before = engine.worker.ticks
     max_rows = []
     engine.add_tick_listener(lambda rep: max_rows.append(rep.batch_rows))
@@ -111,7 +111,7 @@ def test_engine_in_a_crowd_equals_naive_pipeline(engine):
         engine.vocalizer.vocalize = vocalize
     assert all(c.error is None for c in cols)
     # One DiT forward per tick, and the crowd really shared ticks under fused CFG.
-    assert engine.scheduler.forward_count - forwards_before == engine.worker.ticks - ticks_before
+    assert engine.pipeline.denoiser.forward_count - forwards_before == engine.worker.ticks - ticks_before
     assert max(max_rows) >= 16, "8 guided requests should put 2n = 16 rows in one forward"
 
     with torch.no_grad():

@@ -79,7 +79,7 @@ def test_cancel_frees_the_slot_within_a_tick(engine):
     assert col.done.wait(30)
     assert col.error == "cancelled"
     assert engine.worker.ticks - ticks_at_cancel <= 1
-    assert engine.scheduler.active_slots == 0
+    assert engine.pipeline.active_slots == 0
     assert engine.stats().active_requests == 0
 
 
@@ -105,7 +105,7 @@ def test_an_id_reused_right_after_its_cancel_is_a_new_request(engine):
         assert old.error == "cancelled"
         assert new.error is None, f"turn {turn}: {new.error}"
         np.testing.assert_allclose(new.pcm, alone.pcm, atol=1e-4, rtol=0)
-    assert engine.stats().active_requests == 0 and engine.scheduler.active_slots == 0
+    assert engine.stats().active_requests == 0 and engine.pipeline.active_slots == 0
 
 
 def test_an_id_in_flight_is_not_taken_by_a_second_request(engine):
@@ -202,7 +202,7 @@ def test_worker_death_still_ends_every_request_and_reports_not_alive():
 
 def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
     eng = tiny_engine()
-    real_tick = eng.source.tick
+    real_tick = eng.pipeline.tick
     state = {"armed": False}
 
     def failing_tick(plan):  # fault injection: the batched forward raises once (as a CUDA OOM would)
@@ -211,7 +211,7 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
             raise RuntimeError("CUDA out of memory (simulated)")
         return real_tick(plan)
 
-    eng.source.tick = failing_tick
+    eng.pipeline.tick = failing_tick
     try:
         first = Collected()
         eng.submit(_req(1, TEXTS[4]), first.deliver)
@@ -220,7 +220,7 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
         state["armed"] = True
         assert first.done.wait(30)
         assert first.error.startswith("engine_failure") and "out of memory" in first.error
-        assert eng.stats().alive and eng.scheduler.active_slots == 0
+        assert eng.stats().alive and eng.pipeline.active_slots == 0
         [after] = run_requests(eng, [_req(2, TEXTS[1])])
         assert after.error is None and len(after.pcm) > 0
     finally:
@@ -298,9 +298,9 @@ def test_batch_planning_plans_a_burst_together_and_isolates_failures():
 
     eng = tiny_engine(fault_hook=hook, batch_planning=True)
     calls = []
-    real = eng.source.prepare_many
-    eng.source.prepare_many = lambda items: calls.append(len(items)) or real(items)
-    plan_many = eng.planner.plan_many
+    real = eng.pipeline.prepare_many
+    eng.pipeline.prepare_many = lambda items: calls.append(len(items)) or real(items)
+    plan_many = eng.pipeline.planner.plan_many
 
     def failing_when_batched(requests):
         if len(requests) > 1:
@@ -313,7 +313,7 @@ def test_batch_planning_plans_a_burst_together_and_isolates_failures():
         assert len(texts) - 1 in calls, calls  # the burst (less r3, failed at its hook) planned together
         # The batched forward raises (as an out-of-memory in the bigger batch would): the burst is
         # planned one by one instead.
-        eng.planner.plan_many = failing_when_batched
+        eng.pipeline.planner.plan_many = failing_when_batched
         again = burst(eng, [_req(10 + i, t) for i, t in enumerate(texts[:3])])
         assert -3 in calls, calls
         assert eng.stats().alive

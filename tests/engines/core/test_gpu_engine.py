@@ -44,7 +44,7 @@ def test_cuda_bf16_engine_streams_finite_audio_for_a_crowd():
         pcm = col.pcm
         assert pcm.size > 0 and np.isfinite(pcm).all() and np.abs(pcm).max() > 1e-3
         assert pcm.size % 1920 == 0  # whole 12 Hz frames at 24 kHz
-    assert engine.scheduler.dit.fallback_calls == 0
+    assert engine.pipeline.denoiser.dit.fallback_calls == 0
 
 
 def test_cuda_fp32_engine_matches_cpu():
@@ -72,7 +72,7 @@ def test_cuda_talker_engine_replays_its_steps_from_graphs(step_graphs, monkeypat
     path = fx.checkpoint_dir("cv_proj")  # fails under CI, skips elsewhere, when the fixture is missing
     engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32,
                           switches=runtime_switches())  # the service's reading of the environment
-    [graphed] = engine.source.graphed
+    [graphed] = engine.pipeline.graphed
     assert engine.info.source == "talker"
     assert isinstance(graphed, GraphedTalkerStep if step_graphs == "1" else GraphedCodePredictor)
     engine.start()

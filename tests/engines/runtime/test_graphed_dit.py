@@ -245,7 +245,7 @@ def test_cpu_engine_is_unchanged():
     from engines.models.dit import FlowDiT
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
-    assert type(engine.scheduler.dit) is FlowDiT
+    assert type(engine.pipeline.denoiser.dit) is FlowDiT
 
 
 # --------------------------------------------------------------------------- CUDA
@@ -314,7 +314,7 @@ def test_cuda_engine_wraps_and_captures_the_dit_before_ready():
     from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cuda", warmup=True)
-    g = engine.scheduler.dit
+    g = engine.pipeline.denoiser.dit
     assert isinstance(g, GraphedDiT) and g.use_graphs and g.captured == ()
     assert g.max_rows == CFG.stream.batch_ceiling and g.frames == CFG.dit.context_frames + max_chunk_frames(CFG.stream)
     engine.start()  # captures every bucket, then the warm-up request runs through the graphs

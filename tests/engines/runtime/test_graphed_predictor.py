@@ -180,7 +180,7 @@ def test_cpu_engine_is_unchanged():
     from engines.build import build_engine
 
     engine = build_engine(preset="tiny", device="cpu", warmup=False)
-    assert type(engine.source.coder.predictor) is CodePredictor
+    assert type(engine.pipeline.coder.predictor) is CodePredictor
 
 
 @pytest.mark.parametrize("kind", ["greedy", "mixed", "top_p"])

@@ -18,7 +18,7 @@ from engines.contract import InvalidRequest, SynthesisRequest
 
 def test_engine_validate_checks_the_models_voices_and_languages_only(talker_engine):
     engine = talker_engine
-    language = engine.source.languages()[-1]  # a real one, not "auto"
+    language = engine.pipeline.languages()[-1]  # a real one, not "auto"
     engine.validate(SynthesisRequest(id="a", text="Hi.", voice="alloy", language=language.upper()))
     with pytest.raises(InvalidRequest) as exc:
         engine.validate(SynthesisRequest(id="b", text="Hi.", language="Klingon"))

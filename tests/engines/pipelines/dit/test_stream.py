@@ -33,7 +33,7 @@ def naive_schedule(steps: int, shift: float) -> list[float]:
 
 
 def naive_apg(pos, neg, scale, running):
-    """APG written frame by frame with plain tensor math (reference for the scheduler)."""
+    """APG written frame by frame with plain tensor math (reference for the denoiser)."""
     running = (pos - neg) + APG_MOMENTUM * running
     out = pos.clone()
     for f in range(pos.shape[0]):
@@ -87,16 +87,16 @@ class ForwardRecorder:
 
 def test_one_fused_forward_per_tick_with_2n_rows():
     dit = make_dit()
-    sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
     rec = ForwardRecorder(dit)
     for i in range(4):
-        sched.admit(make_job(i, steps=3))
+        denoiser.admit(make_job(i, steps=3))
     for _ in range(3):
         before = len(rec.calls)
-        sched.tick()
+        denoiser.tick()
         assert len(rec.calls) == before + 1  # exactly one forward
-        assert rec.rows()[-1] == 8 and sched.last_batch_rows == 8
-    assert sched.forward_count == 3 and sched.active_slots == 0
+        assert rec.rows()[-1] == 8 and denoiser.last_batch_rows == 8
+    assert denoiser.forward_count == 3 and denoiser.active_slots == 0
 
 
 def test_two_passes_above_the_ceiling_give_the_fused_result():
@@ -104,10 +104,10 @@ def test_two_passes_above_the_ceiling_give_the_fused_result():
     dit = make_dit()
     fused = run(Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu"), jobs)
     rec = ForwardRecorder(dit)
-    split_sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=4), "cpu")
-    split = run(split_sched, jobs)
+    split_denoiser = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=4), "cpu")
+    split = run(split_denoiser, jobs)
     assert rec.rows() == [4, 4] * 3  # positive pass, negative pass, every tick
-    assert split_sched.forward_count == 6
+    assert split_denoiser.forward_count == 6
     for key in fused:
         torch.testing.assert_close(split[key], fused[key], rtol=0, atol=TOL)
 
@@ -137,12 +137,12 @@ def test_two_passes_survive_a_backend_that_reuses_its_output_buffer():
 
 def test_no_negative_rows_without_guidance():
     dit = make_dit()
-    sched = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
-    sched.admit(make_job(0, scale=1.0))  # scale <= 1: guidance off
-    sched.admit(make_job(1, guided=False))  # no null states
-    sched.admit(make_job(2, scale=3.0))
-    sched.tick()
-    assert sched.last_batch_rows == 4  # 3 positive + 1 negative
+    denoiser = Denoiser(dit, stream_cfg(max_slots=4, batch_ceiling=8), "cpu")
+    denoiser.admit(make_job(0, scale=1.0))  # scale <= 1: guidance off
+    denoiser.admit(make_job(1, guided=False))  # no null states
+    denoiser.admit(make_job(2, scale=3.0))
+    denoiser.tick()
+    assert denoiser.last_batch_rows == 4  # 3 positive + 1 negative
     off = Denoiser(dit, stream_cfg(guidance="none"), "cpu")
     off.admit(make_job(2, scale=3.0))
     off.tick()
@@ -152,11 +152,11 @@ def test_no_negative_rows_without_guidance():
 def test_context_frames_are_never_blanked_under_cfg():
     dit = make_dit()
     rec = ForwardRecorder(dit)
-    sched = Denoiser(dit, stream_cfg(), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(), "cpu")
     jobs = [make_job(i, context=4 + i) for i in range(3)]
     for j in jobs:
-        sched.admit(j)
-    sched.tick()
+        denoiser.admit(j)
+    denoiser.tick()
     x, positions, context_mask, frame_mask, t, enc, enc_mask = rec.calls[0]
     n = len(jobs)
     assert x.shape[0] == 2 * n
@@ -178,14 +178,14 @@ def test_context_frames_are_never_blanked_under_cfg():
 
 def test_memo_hit_returns_identical_objects():
     dit = make_dit()
-    sched = Denoiser(dit, stream_cfg(), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(), "cpu")
     encs = [make_job(i).enc for i in range(3)]
     caller_list = list(encs)
-    a = sched.padded_encoder_states(tuple(caller_list))
-    rebuilds = sched.memo_rebuilds
-    b = sched.padded_encoder_states(tuple(caller_list))
+    a = denoiser.padded_encoder_states(tuple(caller_list))
+    rebuilds = denoiser.memo_rebuilds
+    b = denoiser.padded_encoder_states(tuple(caller_list))
     assert a[0] is b[0] and a[1] is b[1]
-    assert sched.memo_rebuilds == rebuilds
+    assert denoiser.memo_rebuilds == rebuilds
     assert caller_list == encs  # callers' lists are not touched
     # A rebuild gives the same values as the hit.
     fresh = Denoiser(dit, stream_cfg(), "cpu").padded_encoder_states(tuple(encs))
@@ -196,20 +196,20 @@ def test_memo_hit_returns_identical_objects():
 def test_memo_survives_ticks_and_chunk_handover():
     dit = make_dit()
     rec = ForwardRecorder(dit)
-    sched = Denoiser(dit, stream_cfg(), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(), "cpu")
     jobs = [make_job(i, steps=2) for i in range(3)]
     for j in jobs:
-        sched.admit(j)
-    sched.tick()
-    rebuilds = sched.memo_rebuilds
-    sched.tick()  # same slot set: no rebuild, the very same tensors go in
-    assert sched.memo_rebuilds == rebuilds
+        denoiser.admit(j)
+    denoiser.tick()
+    rebuilds = denoiser.memo_rebuilds
+    denoiser.tick()  # same slot set: no rebuild, the very same tensors go in
+    assert denoiser.memo_rebuilds == rebuilds
     assert rec.calls[1][5] is rec.calls[0][5] and rec.calls[1][6] is rec.calls[0][6]
     # The next chunks of the same clauses (same enc objects) land in the same rows.
     for j in jobs:
-        sched.admit(dataclasses.replace(j, key=(j.key[0], 1), frame_start=j.frame_start + j.num_frames))
-    sched.tick()
-    assert sched.memo_rebuilds == rebuilds
+        denoiser.admit(dataclasses.replace(j, key=(j.key[0], 1), frame_start=j.frame_start + j.num_frames))
+    denoiser.tick()
+    assert denoiser.memo_rebuilds == rebuilds
     assert rec.calls[2][5] is rec.calls[0][5]
 
 
@@ -218,15 +218,15 @@ def test_memo_survives_ticks_and_chunk_handover():
 
 def _steady_state_ticks(device: str, guidance: str, timing: str = "full"):
     dit = make_dit(device)
-    sched = Denoiser(dit, stream_cfg(guidance=guidance, guidance_timing=timing), device)
+    denoiser = Denoiser(dit, stream_cfg(guidance=guidance, guidance_timing=timing), device)
     for i in range(3):  # staggered admissions, ragged rows, mixed guidance
-        sched.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, guided=i != 2, device=device))
-        sched.tick()
+        denoiser.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, guided=i != 2, device=device))
+        denoiser.tick()
     finished = 0
     with NoHostReads():
         for _ in range(4):  # includes finishing slots and slot-set changes
-            finished += len(sched.tick())
-    assert finished == 3 and sched.active_slots == 0
+            finished += len(denoiser.tick())
+    assert finished == 3 and denoiser.active_slots == 0
 
 
 @pytest.mark.parametrize("guidance,timing", [("cfg", "full"), ("cfg", "initialize"), ("apg", "full")])
@@ -251,18 +251,18 @@ def test_host_read_detector_can_fail(read):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_steady_state_tick_never_syncs_on_cuda():
     dit = make_dit("cuda")
-    sched = Denoiser(dit, stream_cfg(), "cuda")
+    denoiser = Denoiser(dit, stream_cfg(), "cuda")
     for i in range(3):
-        sched.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda"))
-        sched.tick()
+        denoiser.admit(make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda"))
+        denoiser.tick()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with NoHostReads():
-            finished = [f for _ in range(4) for f in sched.tick()]
+            finished = [f for _ in range(4) for f in denoiser.tick()]
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert len(finished) == 3 and sched.active_slots == 0
+    assert len(finished) == 3 and denoiser.active_slots == 0
 
 
 # --------------------------------------------------------------------------- numerics
@@ -306,37 +306,37 @@ def test_noise_depends_on_seed_and_global_frames_only():
 
 def test_cancel_frees_the_slot_immediately():
     dit = make_dit()
-    sched = Denoiser(dit, stream_cfg(max_slots=2, batch_ceiling=4), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(max_slots=2, batch_ceiling=4), "cpu")
     a, b = make_job(0, steps=3), make_job(1, steps=3)
-    sched.admit(a)
-    sched.admit(b)
-    assert sched.free_slots() == 0
-    sched.tick()
-    assert sched.cancel(a.key) is True
-    assert sched.free_slots() == 1 and sched.active_slots == 1
-    assert sched.cancel(a.key) is False
-    sched.admit(make_job(2, steps=3))  # the freed slot is usable at once
-    keys = [f.key for _ in range(3) for f in sched.tick()]
+    denoiser.admit(a)
+    denoiser.admit(b)
+    assert denoiser.free_slots() == 0
+    denoiser.tick()
+    assert denoiser.cancel(a.key) is True
+    assert denoiser.free_slots() == 1 and denoiser.active_slots == 1
+    assert denoiser.cancel(a.key) is False
+    denoiser.admit(make_job(2, steps=3))  # the freed slot is usable at once
+    keys = [f.key for _ in range(3) for f in denoiser.tick()]
     assert a.key not in keys and b.key in keys
 
 
 def test_admission_rejects_bad_jobs():
     dit = make_dit()
-    sched = Denoiser(dit, stream_cfg(max_slots=1, batch_ceiling=2), "cpu")
+    denoiser = Denoiser(dit, stream_cfg(max_slots=1, batch_ceiling=2), "cpu")
     good = make_job(0)
     with pytest.raises(ValueError, match="steps"):
-        sched.admit(dataclasses.replace(good, steps=0))
+        denoiser.admit(dataclasses.replace(good, steps=0))
     with pytest.raises(ValueError, match="enc must be"):
-        sched.admit(dataclasses.replace(good, enc=torch.zeros(4, C + 1)))
+        denoiser.admit(dataclasses.replace(good, enc=torch.zeros(4, C + 1)))
     with pytest.raises(ValueError, match="context must be"):
-        sched.admit(dataclasses.replace(good, context=torch.zeros(2, D + 1)))
+        denoiser.admit(dataclasses.replace(good, context=torch.zeros(2, D + 1)))
     with pytest.raises(ValueError, match="enc_null"):
-        sched.admit(dataclasses.replace(good, enc_null=torch.zeros(1, C)))
-    sched.admit(good)
+        denoiser.admit(dataclasses.replace(good, enc_null=torch.zeros(1, C)))
+    denoiser.admit(good)
     with pytest.raises(ValueError, match="already"):
-        sched.admit(good)
+        denoiser.admit(good)
     with pytest.raises(RuntimeError, match="no free slot"):
-        sched.admit(make_job(1))
+        denoiser.admit(make_job(1))
     with pytest.raises(ValueError, match="guidance"):
         Denoiser(dit, stream_cfg(guidance="bogus"), "cpu")
     with pytest.raises(ValueError, match="max_slots"):
@@ -349,18 +349,18 @@ def test_admission_and_ticks_never_sync_on_cuda():
     """Chunk admission is part of the steady state (every stream admits a chunk every few
     ticks): admitting, like ticking, must not wait for the device."""
     dit = make_dit("cuda")
-    sched = Denoiser(dit, stream_cfg(), "cuda")
+    denoiser = Denoiser(dit, stream_cfg(), "cuda")
     jobs = [make_job(i, steps=4, frames=4 + 3 * i, context=i % 3, device="cuda") for i in range(3)]
-    sched.admit(jobs[0])
-    sched.tick()  # first use of every kernel outside the check
+    denoiser.admit(jobs[0])
+    denoiser.tick()  # first use of every kernel outside the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with NoHostReads():
             for job in jobs[1:]:
-                sched.admit(job)
-                sched.tick()
-            finished = [f for _ in range(6) for f in sched.tick()]
+                denoiser.admit(job)
+                denoiser.tick()
+            finished = [f for _ in range(6) for f in denoiser.tick()]
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert len(finished) == 3 and sched.active_slots == 0
+    assert len(finished) == 3 and denoiser.active_slots == 0

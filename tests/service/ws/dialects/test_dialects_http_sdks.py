@@ -4,7 +4,7 @@ elevenlabs SDK's ``text_to_speech.convert`` and ``convert_with_timestamps``, the
 ``speak.v1.audio.generate`` (POST /v1/speak) and Pipecat's ``DeepgramHttpTTSService``; and the
 clients that name a vendor's stock voice by default (Pipecat's Deepgram services, LiveKit's
 plugins, Pipecat's Cartesia service with its scaffolding's voice): the vendor voice
-aliases (engines/core/voice_aliases.py) let them speak unchanged.
+aliases (engines/pipelines/voice_aliases.py) let them speak unchanged.
 
 Every client runs in one .venv-agents subprocess (tests/agents_helpers.py) and must get exactly
 the samples ``POST /v1/audio/speech`` gives for the same text and voice (the tiny DiT engine is

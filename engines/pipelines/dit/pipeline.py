@@ -24,7 +24,7 @@ class _DiTRequest:
     context: torch.Tensor | None = None  # clean tail of the last finished chunk [Tc, D]
 
 
-class DiTSource:
+class DiTPipeline:
     """Flow-DiT chunks through the stream tick loop (engines/pipelines/dit/denoiser.py), coded
     into code frames by ``coder`` (batched over every chunk finished in a tick).
 
@@ -33,10 +33,10 @@ class DiTSource:
 
     name = "dit"
 
-    def __init__(self, planner: UtterancePlanner, scheduler: Denoiser, context_frames: int,
+    def __init__(self, planner: UtterancePlanner, denoiser: Denoiser, context_frames: int,
                  coder: FrameCoder, graphed: tuple = ()):
         self.planner = planner
-        self.scheduler = scheduler
+        self.denoiser = denoiser
         self.coder = coder
         self.graphed = graphed
         self.context_frames = context_frames
@@ -95,21 +95,21 @@ class DiTSource:
         r = self._requests[request_id]
         req = r.request
         enc, enc_null, start, n, _ = r.chunks[r.next_chunk]
-        context = r.context if r.context is not None else enc.new_zeros((0, self.scheduler.dit.cfg.latent_dim))
-        guided = req.guidance_scale > 1.0 and self.scheduler.cfg.guidance != "none"
+        context = r.context if r.context is not None else enc.new_zeros((0, self.denoiser.dit.cfg.latent_dim))
+        guided = req.guidance_scale > 1.0 and self.denoiser.cfg.guidance != "none"
         key = (req.id, r.next_chunk)
-        self.scheduler.admit(ChunkJob(key=key, enc=enc, enc_null=enc_null if guided else None, context=context,
+        self.denoiser.admit(ChunkJob(key=key, enc=enc, enc_null=enc_null if guided else None, context=context,
                                       frame_start=start, num_frames=n, seed=req.seed, steps=req.steps,
                                       guidance_scale=req.guidance_scale))
         r.in_flight = key
         r.next_chunk += 1
 
     def capacity(self) -> Capacity:
-        return Capacity(free_rows=self.scheduler.free_slots())  # no KV pool, no prompt prefill
+        return Capacity(free_rows=self.denoiser.free_slots())  # no KV pool, no prompt prefill
 
     def tick(self, plan: StepPlan | None = None) -> list[Produced]:
         done = []  # (request id, chunk, latents)
-        for fc in self.scheduler.tick():
+        for fc in self.denoiser.tick():
             r = self._requests.get(fc.key[0])
             if r is None or r.in_flight != fc.key:
                 continue  # dropped meanwhile
@@ -133,7 +133,7 @@ class DiTSource:
     def drop(self, request_id: str) -> None:
         r = self._requests.pop(request_id, None)
         if r is not None and r.in_flight is not None:
-            self.scheduler.cancel(r.in_flight)
+            self.denoiser.cancel(r.in_flight)
 
     def flush_frames(self, frames_emitted: int) -> int:
         return 1  # chunks are already sized by the planner
@@ -144,14 +144,17 @@ class DiTSource:
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
         return request  # the planner reads the text's bytes at admission: nothing to carry
 
+    def kv_cache_stats(self) -> dict[str, float]:
+        return {}  # no KV pool
+
     def capture_graphs(self) -> None:
         for graphed in self.graphed:
             graphed.capture_all()
 
     @property
     def active_slots(self) -> int:
-        return self.scheduler.active_slots
+        return self.denoiser.active_slots
 
     @property
     def last_batch_rows(self) -> int:
-        return self.scheduler.last_batch_rows
+        return self.denoiser.last_batch_rows

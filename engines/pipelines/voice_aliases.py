@@ -1,8 +1,8 @@
 """Other TTS services' stock voice names as aliases of the loaded model's voices, so a voice
 agent switched over to streamvox keeps its settings (docs/API.md, "Voice aliases").
 
-Each vendor name maps to an OpenAI voice name, which the engine has already mapped onto one
-of its own voices (the DiT's voice table, a CustomVoice checkpoint's speakers): the alias
+Each vendor name maps to an OpenAI voice name, which the pipeline's profile has already mapped
+onto one of its own voices (the DiT's voice table, a CustomVoice checkpoint's speakers): the alias
 lands wherever that OpenAI name does. A ``--voice-aliases`` file adds names or re-points
 them (its targets: any voice or alias of the model); a ``null`` target drops one.
 """
@@ -10,6 +10,14 @@ them (its targets: any voice or alias of the model); a ``null`` target drops one
 from __future__ import annotations
 
 from typing import Mapping
+
+# OpenAI's voice names, onto the DiT's voice table (a CustomVoice talker maps them, sorted, onto
+# its speakers in turn: engines/pipelines/talker/adapter.py).
+OPENAI_VOICE_ALIASES: dict[str, str] = {
+    "alloy": "aria", "echo": "blaze", "fable": "cedar", "onyx": "dune", "nova": "ember",
+    "shimmer": "fjord", "ash": "gale", "ballad": "cedar", "coral": "aria", "sage": "dune",
+    "verse": "blaze", "marin": "ember", "cedar": "cedar",
+}
 
 # The defaults the SDKs and agent frameworks send when a user names no voice, and the names
 # their documentation and examples use (read from the installed packages' sources).

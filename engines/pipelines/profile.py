@@ -1,0 +1,120 @@
+"""One adapter per pipeline: what the engine hands a pipeline's builder, and what it gets back.
+
+A pipeline folder (``dit/``, ``talker/``) has a ``build(setup) -> Adapter``, listed once in
+:mod:`engines.pipelines.registry`. The adapter pairs the pipeline (the seam of
+:mod:`engines.pipelines.base`: steps that emit code frames) with its profile: the loaded model's
+policy that is not a step - its voices and aliases, what it can do (``EngineCapabilities``),
+the model-dependent request rules, the work a request plans, the seed of an unseeded request,
+its warm-up request, its voice features. The engine (engines/core/engine.py) is a facade over
+the two and never asks which pipeline it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from engines.config import RuntimeSwitches
+from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
+
+if TYPE_CHECKING:
+    from engines.checkpoints.qwen3_voice import VoiceFeatures
+    from engines.pipelines.base import Pipeline
+    from engines.pipelines.vocoder import Vocalizer
+
+
+@dataclass(frozen=True)
+class PipelineSetup:
+    """What the engine hands a pipeline's builder."""
+
+    # engines.pipelines.dit.weights.Models: the codec side every pipeline shares (codec head, code
+    # predictor, decoder) and the DiT's modules (None where the pipeline does not use them)
+    models: Any
+    device: torch.device
+    dtype: torch.dtype
+    max_slots: int  # requests batched together at most (the vocoder keeps twice as many streams)
+    vocalizer: Vocalizer  # where the frames go; a pipeline may prime a stream (in-context cloning)
+    switches: RuntimeSwitches = RuntimeSwitches()  # compilation, graphs (the service's settings)
+    voice_aliases: Mapping[str, str | None] = field(default_factory=dict)  # operator aliases (None drops one)
+    options: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's own (talker: its bundle, KV pool)
+
+
+class Profile:
+    """The loaded model's policy (see the module docstring). Subclasses set ``capabilities`` and
+    override what their model decides; the defaults suit a model of preset voices that needs
+    nothing beyond its text."""
+
+    capabilities: EngineCapabilities
+    kind = "this model"  # how refusals name the loaded model
+
+    @property
+    def name(self) -> str:
+        return self.capabilities.pipeline
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return self.capabilities.voices
+
+    @property
+    def voice_aliases(self) -> Mapping[str, str]:
+        return self.capabilities.voice_aliases
+
+    def resolve_voice(self, name: str) -> str:
+        """The canonical voice for ``name`` (a voice or alias, any case); InvalidRequest if
+        unknown. Without preset voices the voice comes with the request (reference audio,
+        instructions): a name is kept (a saved voice the service resolved into the clone)."""
+        if not self.capabilities.preset_voices:
+            return (name or "default").strip() or "default"
+        key = (name or "default").strip().lower()
+        for canonical in self.voices:
+            if key == canonical.lower():
+                return canonical
+        for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
+            if key == alias.lower():
+                return voice
+        valid = ", ".join(sorted(set(self.voices) | set(self.voice_aliases)))
+        raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
+
+    def voice_index(self, name: str) -> int:
+        """The row of ``name``'s voice in the model's voice table (0 without preset voices)."""
+        return self.voices.index(self.resolve_voice(name)) if self.capabilities.preset_voices else 0
+
+    def validate(self, request: SynthesisRequest, complete: bool) -> None:
+        """The rules of the loaded release beyond voice, language and live text (which the engine
+        checks from the capabilities); InvalidRequest naming the field."""
+
+    def planned_work(self, request: SynthesisRequest) -> PlannedWork:
+        raise NotImplementedError
+
+    def default_seed(self) -> int:
+        """The seed of a request that names none."""
+        return 0
+
+    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` with its text tokenized, for a pipeline whose prompt is text ids."""
+        return request
+
+    def warmup_fields(self) -> dict:
+        """The fields a warm-up request needs besides its text and voice."""
+        return {}
+
+    def voice_features(self, audio: np.ndarray) -> VoiceFeatures:
+        """x-vector and reference codes of a reference (a model that clones); InvalidRequest here."""
+        raise InvalidRequest("ref_audio", f"voice cloning needs a Base checkpoint; the loaded one is {self.kind}")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A built pipeline and its profile."""
+
+    pipeline: Pipeline
+    profile: Profile
+
+
+Builder = Callable[[PipelineSetup], Adapter]
+"""A pipeline folder's ``build``: the setup -> its adapter (engines/pipelines/registry.py)."""
+
+__all__ = ["Adapter", "Builder", "PipelineSetup", "Profile"]

@@ -1,0 +1,239 @@
+"""The host side of a talker batch, one place for the talker source (source.py) and the virtual
+device's (engines/virtual/talker.py): which utterance holds which row, the prompts still to
+prefill, the KV blocks a row takes, what the scheduler is told (``capacity``), and the order of
+one tick. The device work is the subclass's: a row's prompt inputs and state (``_take_row``),
+the planned prefill (``_prefill``), which rows step (``_rows_to_step``) and the decode step
+(``_decode``).
+
+``cache``: the paged KV pool's host interface (engines/models/paged_kv.py ``PagedKVCache``, or
+the virtual device's block ledger): ``blocks_for``, ``row_blocks``, ``reserve`` (KVPoolExhausted
+when short), ``release``, ``flush``, ``free_blocks``, ``used_blocks``, ``capacity_blocks``,
+``block_size``, ``memory_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
+from engines.contract import SynthesisRequest
+from engines.models.paged_kv import KVPoolExhausted
+from engines.pipelines.base import Capacity, StepPlan
+from engines.pipelines.talker.budget import frame_limit, planned_frames
+from engines.pipelines.talker.live_text import LiveText
+from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
+from engines.pipelines.talker.rows import RowSettings, TalkerFrames, Utterance, resolve_settings
+
+
+class UtteranceBatch:
+    """Stable rows of utterances (an utterance keeps its row and blocks from admission to its end)."""
+
+    def __init__(self, prompt: PromptBuilder, generation: TalkerGenerationConfig, num_code_groups: int,
+                 max_slots: int, max_seq_len: int, device):
+        if max_slots <= 0:
+            raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        self.prompt = prompt
+        self.generation = generation
+        self.num_code_groups = num_code_groups
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len  # positions per stream (prompt + frames)
+        self.device = device
+        self.cache = None  # the subclass's KV pool (see the module docstring)
+        self._utts: dict[int, Utterance] = {}  # row -> utterance
+        self._prefill_queue: list[Utterance] = []  # admission order
+        self._last_batch_rows = 0
+        self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
+        self._admissions = 0
+        self.admission_waits = 0  # ticks in which a free row waited for KV blocks
+        self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
+
+    # ---------------------------------------------------------------- introspection
+
+    def voices(self) -> list[str]:
+        return self.prompt.voices()
+
+    def languages(self) -> list[str]:
+        return self.prompt.languages()
+
+    def free_rows(self) -> int:
+        return self.max_slots - len(self._utts)
+
+    @property
+    def active_slots(self) -> int:
+        return len(self._utts)
+
+    @property
+    def last_batch_rows(self) -> int:
+        """Rows in the last tick's decode step."""
+        return self._last_batch_rows
+
+    @property
+    def rows(self) -> list[str]:
+        """Occupied rows' request ids, by row."""
+        return [self._utts[r].request_id for r in sorted(self._utts)]
+
+    def capacity(self) -> Capacity:
+        """What the scheduler decides from (engines/core/scheduler.py): free rows, free KV blocks,
+        the decoding rows' growth, the blocks the longest waiting prompt needs, and the prompt
+        positions each queued prompt has left (oldest first)."""
+        return Capacity(free_rows=self.free_rows(), free_blocks=self.cache.free_blocks,
+                        growth_blocks=sum(1 for u in self._utts.values() if u.decoding),
+                        waiting_blocks=self._waiting_prompt_blocks,
+                        prefill_waiting=tuple(u.prompt_len - u.prefilled for u in self._prefill_queue
+                                              if u.max_frames > 0))
+
+    def check_fits(self, prompt_positions: int) -> None:
+        """ValueError for a prompt this batch could never admit (longer than the per-stream
+        position limit, or more blocks than the whole pool): it must fail, not wait forever."""
+        if prompt_positions >= self.max_seq_len:
+            raise ValueError(f"prompt of {prompt_positions} positions does not fit max_seq_len {self.max_seq_len}")
+        need = self.cache.blocks_for(prompt_positions + 1) + 1
+        if need > self.cache.capacity_blocks:
+            raise ValueError(f"prompt of {prompt_positions} positions needs {need} KV cache blocks; the pool has "
+                             f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
+
+    def wait_for(self, prompt_positions: int) -> None:
+        """The longest prompt waiting for a row, in positions (the scheduler keeps room for it)."""
+        self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        c = self.cache
+        return {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
+                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
+
+    # ---------------------------------------------------------------- admission
+
+    def planned_frames(self, request: SynthesisRequest) -> int:
+        """The most frames ``request`` may take, known before admission (budget.py)."""
+        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
+
+    def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
+                         instruct: str | None = None) -> int:
+        """Positions the request's prompt takes (tokenizes; no device work). A live utterance's
+        prompt holds its first text id only (streaming-text mode), as an empty text's does."""
+        if request.text_feed is not None:
+            non_streaming_mode = False
+        return len(self.prompt.for_request(request, non_streaming_mode, instruct).text_ids)
+
+    @torch.no_grad()
+    def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
+              non_streaming_mode: bool | None = None, instruct: str | None = None,
+              live: LiveText | None = None) -> None:
+        """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
+        prefill (done in the next ticks). ``max_new_tokens``: an exact cap that replaces the text's
+        frame budget (benchmarks and tests that run a row a given number of steps; served requests
+        never pass it). ValueError for an unknown voice/language or a prompt that does not fit;
+        RuntimeError when no row is free; KVPoolExhausted when the pool cannot hold the prompt."""
+        if any(u.request_id == request.id for u in self._utts.values()):
+            raise ValueError(f"request {request.id!r} is already active")
+        if not self.free_rows():
+            raise RuntimeError("no free talker slot")
+        if max_new_tokens is not None:
+            request = replace(request, max_new_tokens=max_new_tokens)
+        settings = resolve_settings(self.generation, request)
+        if live is not None:  # --- live text: the prompt of the text committed so far
+            prompt = live.prompt(request, instruct=instruct)
+        else:
+            prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
+        inputs, s_len = self._prompt_inputs(prompt)
+        # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
+        if s_len > self.max_seq_len:
+            raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
+        # A live utterance's text budget is known once its text is complete (source.py _frame_limit).
+        budgeted = max_new_tokens is None
+        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
+        max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
+        row = min(set(range(self.max_slots)) - set(self._utts))
+        taken = self._take_row(row, request, settings, prompt, inputs, s_len)  # raises before anything changes
+        self._admissions += 1
+        u = Utterance(request, row, settings, max_frames=max_frames, limit_reason=limit_reason, next_pos=s_len,
+                      admitted=self._admissions, live=live, budgeted=budgeted, **taken)
+        self._utts[row] = u
+        self._prefill_queue.append(u)
+
+    def _prompt_inputs(self, prompt: TalkerPrompt) -> tuple[object, int]:
+        """The prompt's inputs for ``_take_row`` and its positions."""
+        raise NotImplementedError
+
+    def _take_row(self, row: int, request: SynthesisRequest, settings: RowSettings, prompt: TalkerPrompt,
+                  inputs, prompt_len: int) -> dict:
+        """The prompt's KV blocks and the row's state; the Utterance fields it sets (its
+        ``prompt_len`` and ``prompt`` inputs at least)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- the tick
+
+    @torch.no_grad()
+    def tick(self, plan: StepPlan) -> list[TalkerFrames]:
+        """The scheduler's prefill positions (``plan``, from :meth:`capacity`), then one decode
+        step of the rows that step."""
+        out: list[TalkerFrames] = []
+        # Utterances allowed no frame at all (max_new_tokens <= 1) end before any compute
+        # (``capacity`` left them out of the prefill queue it reported).
+        for u in [u for u in self._utts.values() if u.max_frames <= 0]:
+            out.append(self._final(u))
+            self._release(u)
+        self.admission_waits += plan.kv_wait
+        self._prefill(plan.prefill)
+        utts, failed = self._grow(self._rows_to_step())
+        self.cache.flush()
+        out += failed
+        self._last_batch_rows = len(utts)
+        if utts:
+            out += self._decode(utts)
+        return out
+
+    def _prefill(self, takes: tuple[int, ...]) -> None:
+        raise NotImplementedError
+
+    def _rows_to_step(self) -> list[Utterance]:
+        raise NotImplementedError
+
+    def _decode(self, utts: list[Utterance]) -> list[TalkerFrames]:
+        raise NotImplementedError
+
+    def _grow(self, utts: list[Utterance]) -> tuple[list[Utterance], list[TalkerFrames]]:
+        """Blocks for each stepping row's next position. A row the pool cannot serve now sits
+        this step out (its state is untouched; blocks free up as other streams end). Only when
+        no row at all could step (every one waits for blocks, so none would ever free any) the
+        youngest waiting stream ends with ``kv_cache_exhausted``: it has outgrown the pool."""
+        ok, blocked, failed = [], [], []
+        for u in utts:
+            try:
+                self.cache.reserve(u.row, u.next_pos + 1)
+                ok.append(u)
+            except KVPoolExhausted as exc:
+                blocked.append((u, exc))
+        self.kv_stalls += len(blocked)
+        if blocked and not ok and not self._prefill_queue:
+            u, exc = max(blocked, key=lambda item: item[0].admitted)
+            self._release(u)
+            failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
+        return ok, failed
+
+    def _final(self, u: Utterance) -> TalkerFrames:
+        """The empty last frames of an utterance that ends without one (EOS, no frame allowed)."""
+        empty = torch.zeros(0, self.num_code_groups, dtype=torch.int64, device=self.device)
+        return TalkerFrames(u.request_id, empty, u.frames, True)
+
+    # ---------------------------------------------------------------- removal
+
+    def cancel(self, request_id: str) -> bool:
+        for u in list(self._utts.values()):
+            if u.request_id == request_id:
+                self._release(u)
+                return True
+        return False
+
+    def _release(self, u: Utterance) -> None:
+        """The row and its KV blocks are free again; nothing else moves."""
+        if self._utts.get(u.row) is u:
+            del self._utts[u.row]
+            self.cache.release(u.row)
+            if u in self._prefill_queue:
+                self._prefill_queue.remove(u)
+
+
+__all__ = ["UtteranceBatch"]

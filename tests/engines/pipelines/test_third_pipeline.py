@@ -1,0 +1,151 @@
+"""A third pipeline is an adapter and one registry line (engines/pipelines/registry.py): a toy one,
+defined here, registered with one line, is built by ``build_engine(source=...)`` and serves a
+request end to end - the real server, a real HTTP client, its code frames through the real
+vocoder - with its own profile's voices, rules and planned work. Nothing in the engine names it."""
+
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from conftest import start_server
+
+from engines.build import build_engine
+from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
+from engines.pipelines.base import Capacity, Produced, StepPlan
+from engines.pipelines.profile import Adapter, PipelineSetup, Profile
+from engines.pipelines.registry import PIPELINES
+
+LSB = 1 / 32768
+
+
+def toy_codes(text: str, groups: int, codebook: int) -> torch.Tensor:
+    """The toy's frames for ``text``: one per character, each character's byte in every group."""
+    ids = torch.tensor(list(text.encode()), dtype=torch.int64) % codebook
+    return ids[:, None].expand(-1, groups).contiguous()
+
+
+class ToyPipeline:
+    """One frame per character per step, one row per request."""
+
+    name = "toy"
+    graphed = ()
+
+    def __init__(self, slots: int, groups: int, codebook: int):
+        self.slots, self.groups, self.codebook = slots, groups, codebook
+        self.codes: dict[str, torch.Tensor] = {}
+        self.done: dict[str, int] = {}  # in a slot: frames emitted
+        self.last_batch_rows = 0
+
+    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+        self.codes[request.id] = toy_codes(request.text, self.groups, self.codebook)
+        return len(self.codes[request.id])
+
+    def prepare_many(self, items):
+        return [self.prepare(r, v) for r, v in items]
+
+    def wants_slot(self, request_id: str) -> bool:
+        return request_id in self.codes and request_id not in self.done
+
+    def start(self, request_id: str) -> None:
+        self.done[request_id] = 0
+
+    def capacity(self) -> Capacity:
+        return Capacity(free_rows=self.slots - len(self.done))
+
+    def tick(self, plan: StepPlan) -> list[Produced]:
+        self.last_batch_rows, out = len(self.done), []
+        for rid in list(self.done):
+            k, codes = self.done[rid], self.codes[rid]
+            out.append(Produced(rid, k, k + 1 == len(codes), codes[k:k + 1]))
+            self.done[rid] = k + 1
+            if k + 1 == len(codes):
+                self.drop(rid)
+        return out
+
+    def drop(self, request_id: str) -> None:
+        self.codes.pop(request_id, None)
+        self.done.pop(request_id, None)
+
+    def flush_frames(self, frames_emitted: int) -> int:
+        return 4
+
+    def languages(self) -> None:
+        return None
+
+    def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
+        return request
+
+    def capture_graphs(self) -> None:
+        pass
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        return {}
+
+    @property
+    def active_slots(self) -> int:
+        return len(self.done)
+
+
+class ToyProfile(Profile):
+    kind = "a toy model"
+
+    def __init__(self, max_slots: int):
+        self.capabilities = EngineCapabilities(
+            pipeline="toy", task_type=None, voices=("plain",), voice_aliases={"alloy": "plain"}, preset_voices=True,
+            languages=None, honoured_fields=frozenset({"text", "voice"}), max_slots=max_slots)
+
+    def validate(self, request: SynthesisRequest, complete: bool) -> None:
+        if request.instructions:
+            raise InvalidRequest("instructions", "the toy pipeline takes no instructions")
+
+    def planned_work(self, request: SynthesisRequest) -> PlannedWork:
+        frames = len(request.text.encode())
+        return PlannedWork(frames, frames, "toy frames")
+
+
+def build_toy(setup: PipelineSetup) -> Adapter:
+    cfg = setup.models.config
+    return Adapter(ToyPipeline(setup.max_slots, cfg.num_code_groups, cfg.codec_head.codebook_size),
+                   ToyProfile(setup.max_slots))
+
+
+@pytest.fixture
+def toy_engine(monkeypatch):
+    monkeypatch.setitem(PIPELINES, "toy", build_toy)  # the registry line a new pipeline adds
+    engine = build_engine(preset="tiny", device="cpu", source="toy", warmup=False)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def test_a_toy_pipeline_registered_with_one_line_serves_a_request(toy_engine, tmp_path):
+    engine, text = toy_engine, "Hello, toy pipeline."
+    assert engine.info.source == engine.capabilities.pipeline == "toy" and engine.info.voices == ("plain",)
+    with torch.no_grad():  # its frames decoded in one shot by the same codec decoder
+        expected = engine.models.decoder(toy_codes(text, engine.info.num_code_groups,
+                                                   engine.models.config.codec_head.codebook_size).T[None])[0].numpy()
+    server = await start_server(engine, tmp_path / "data")
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{server.url}/v1/audio/speech",
+                                 json={"model": "streamvox", "input": text, "voice": "alloy",
+                                       "response_format": "pcm"}) as r:
+                assert r.status == 200, await r.text()
+                audio = np.frombuffer(await r.read(), dtype="<i2").astype(np.float32) / 32768
+            assert len(audio) == len(expected) == len(text) * 1920
+            np.testing.assert_allclose(audio, expected, atol=2 * LSB, rtol=0)
+            # its profile's rules: an unknown voice and instructions are the client's errors
+            for body, field in (({"voice": "nobody"}, "voice"), ({"voice": "plain", "instructions": "whisper"}, "instructions")):
+                async with http.post(f"{server.url}/v1/audio/speech",
+                                     json={"model": "streamvox", "input": text, **body}) as r:
+                    assert r.status == 400 and field in await r.text()
+    finally:
+        await server.stop()
+    assert engine.planned_work(SynthesisRequest(id="x", text=text)).audio_frames == len(text)
+
+
+def test_an_unknown_pipeline_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown source 'nowhere'"):
+        build_engine(preset="tiny", device="cpu", source="nowhere", warmup=False)
