@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import os
 import re
 import shutil
@@ -138,10 +139,14 @@ async def metric_value(url: str, name: str, labels: str = "", headers: dict | No
 
 
 async def wait_until(predicate, timeout_s: float = 60.0, every_s: float = 0.05):
-    """Poll an async predicate; fail the test (not hang it) when it never holds."""
+    """Poll a predicate (a function, or a coroutine function); fail the test (not hang it) when
+    it never holds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if await predicate():
+        held = predicate()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
             return
         await asyncio.sleep(every_s)
     raise AssertionError(f"condition not reached within {timeout_s} s")

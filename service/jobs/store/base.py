@@ -170,6 +170,9 @@ def kept_in_order(rows) -> list[Segment]:
 # (expired and taken by another replica, or the job deleted by retention).
 RENEWED, CANCELLED, LOST = "renewed", "cancelled", "lost"
 
+# Seconds since the epoch, now: what decides when a lease expires (a store's ``lease_clock``).
+Clock = Callable[[], float]
+
 # Wake-up events a store delivers to its listener: ("queued", None) when work may be
 # claimable, ("cancelled", job_id) when a job was cancelled (on any replica).
 Listener = Callable[[str, "str | None"], None]
