@@ -152,6 +152,20 @@ async def wait_until(predicate, timeout_s: float = 60.0, every_s: float = 0.05):
     raise AssertionError(f"condition not reached within {timeout_s} s")
 
 
+async def finished_job(http: aiohttp.ClientSession, job_url: str, headers: dict | None = None,
+                       timeout_s: float = 120.0) -> dict:
+    """GET ``job_url`` until the job has ended (succeeded, failed or cancelled) -> its record."""
+    seen: list[dict] = []
+
+    async def ended() -> bool:
+        async with http.get(job_url, headers=headers) as response:
+            seen.append(await response.json())
+        return seen[-1]["status"] in ("succeeded", "failed", "cancelled")
+
+    await wait_until(ended, timeout_s=timeout_s)
+    return seen[-1]
+
+
 class ServerProcess:
     """``streamvox serve`` in a subprocess; stderr is collected by a thread."""
 
