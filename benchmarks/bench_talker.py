@@ -201,7 +201,7 @@ def ours_worker(args) -> None:
     from engines.contract import SynthesisRequest
     from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
-    from tests.talker_helpers import make_bundle
+    from testsupport.talker import make_bundle
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     mode = args.quantize[0] if args.quantize else None
@@ -469,7 +469,7 @@ def main() -> None:
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():
-            from tests.talker_helpers import make_tokenizer  # the body length of ours' prompt, for the same prompt
+            from testsupport.talker import make_tokenizer  # the body length of ours' prompt, for the same prompt
 
             body = len(make_tokenizer().encode(f"<|im_start|>assistant\n{TEXT}<|im_end|>\n<|im_start|>assistant\n")) - 8
             specs.append(("official", [str(oracle), str(Path(__file__).resolve()), "--worker", "official",

@@ -13,7 +13,7 @@ from engines.contract import SynthesisRequest
 from engines.core.scheduler import Scheduler
 from engines.pipelines.talker.source import TalkerSource
 from engines.runtime.graphed_prefill import GraphedPrefill
-from talker_helpers import make_bundle
+from testsupport.talker import make_bundle
 
 TEXTS = ["Hello.", "A somewhat longer sentence for the prefill to chew on.", "Two words", "Numbers like 42 too."]
 

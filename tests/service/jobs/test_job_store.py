@@ -337,7 +337,7 @@ async def test_passwords_come_from_a_file_or_the_environment_and_a_wrong_one_is_
     the store unavailable - job requests a 503, never a 500 - and no message holds a password."""
     import aiohttp
     from conftest import start_server
-    from pg_helpers import start_postgres
+    from testsupport.postgres import start_postgres
 
     caplog.set_level(logging.DEBUG)
     server = start_postgres(password="right-pw-123")

@@ -9,7 +9,7 @@ from engines.checkpoints.qwen3_text import _swaps_split_regex
 from engines.checkpoints.qwen3_tts import HARD_DEFAULTS, TalkerGenerationConfig
 from engines.pipelines.talker.prompt import NO_CODEC
 from engines.pipelines.talker.reference import prompt_tensors
-from tests.talker_helpers import make_bundle
+from testsupport.talker import make_bundle
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 The solo reference is engines.pipelines.talker.reference.generate_codes (full vocabulary, dynamic
 per-step host loop, itself checked against the official code in test_talker_parity.py).
-Random in-process bundles (tests/talker_helpers.py) need no oracle; the last test runs the
+Random in-process bundles (testsupport/talker.py) need no oracle; the last test runs the
 oracle fixtures' cases all in one batch against the official codes.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import admissible, make_bundle, step
+from testsupport.talker import admissible, make_bundle, step
 
 TEXTS = ["Hello world.", "the quick brown fox", "你好，世界。", "Numbers 2026 and 42, jumps over the lazy dog.", "a",
          "small test of streaming speech", "lazy dog", "this is"]

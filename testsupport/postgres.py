@@ -1,4 +1,4 @@
-"""A real PostgreSQL server from the installed binaries, for the job-store tests.
+"""A real PostgreSQL server from the installed binaries, for the job-store tests and benchmarks.
 
 ``PostgresServer.start()`` runs ``initdb`` in a temporary directory, starts ``postgres`` on a
 free loopback port with its socket in that directory, and ``stop()`` shuts it down
