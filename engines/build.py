@@ -18,7 +18,7 @@ from engines.checkpoints.hub import resolve_model
 from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
-from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
@@ -135,8 +135,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         # fp32 on CPU; on CUDA the engine's dtype (the aligner's official inference runs in bf16)
         loaded_aligner = Aligner.load(Path(aligner) if Path(aligner).exists() else aligner, device=dev, dtype=dtype)
         log.info("loaded the forced aligner %s (word timestamps)", aligner)
-    if prefill_token_budget is None:
-        prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET  # the scheduler's, which decides each step's prefill
+    if prefill_token_budget is None:  # the scheduler's, which decides each step's prefill
+        prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET_GPU if dev.type == "cuda" else DEFAULT_PREFILL_TOKEN_BUDGET
     slots = None  # the config's stream.max_slots (the DiT's, set above)
     if source == "talker":
         options.update(_kv_options(kv_cache_gb, prefix_cache_fraction))
@@ -175,7 +175,7 @@ def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, devi
     return Engine(models, canonical_device("cpu"), torch.float32, max_queue=max_queue, fault_hook=fault_hook,
                   warmup=warmup, pipeline="talker", max_slots=talker_slots,
                   options={"talker": virtual.talker_bundle(checkpoint), **_kv_options(kv_cache_gb, prefix_cache_fraction)},
-                  prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET, virtual=virtual,
+                  prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET_GPU, virtual=virtual,
                   voice_aliases=voice_aliases)
 
 

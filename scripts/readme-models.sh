@@ -8,7 +8,7 @@
 # /v1/models, speak a plain request (read back and checked) and exit 0 on SIGTERM; `download` must
 # print a directory holding the checkpoint; the HF_HUB_OFFLINE=1 line runs with the hub stopped.
 # Run by scripts/readme-smoke.sh; needs 127.0.0.1:8000 free and the oracle fixtures
-# (scripts/oracle-fixtures.sh, scripts/oracle-clone-fixtures.sh).
+# (scripts/oracle-talker-fixtures.sh, scripts/oracle-clone-fixtures.sh).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"

@@ -129,8 +129,9 @@ class Settings(BaseSettings):
     kv_cache_gb: float | None = option(  # None: 1 GiB on CPU, 40 % of free memory on CUDA
         None, "talker KV cache pool in GiB (default: 1 on CPU, 40% of free device memory on CUDA); requests "
         "wait when it is full", gt=0)
-    prefill_token_budget: int = option(
-        512, "talker prompt positions prefilled per step, interleaved with decoding", ge=1)
+    prefill_token_budget: int | None = option(  # None: the engine's, by device
+        None, "talker prompt positions prefilled per step, interleaved with decoding (default: 512 on CPU, 4096 on "
+        "CUDA and on a virtual device)", ge=1)
     prefix_cache_fraction: float | None = option(
         None, "share of the talker's KV pool that shared prompt prefixes (speaker prompts, saved voices) may "
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)

@@ -60,6 +60,9 @@ FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
 # generated (n steps) plus about this many steps more for its vocoding, delivery and jitter.
 CHUNK_OVERHEAD_STEPS = 1.5
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
+# On a GPU a prefill call is launch bound: on the H200 (benchmarks/costs/h200-0.6b.json) 16 prompts
+# of 256 positions cost what one of 16 does (27-29 ms), so a burst of arrivals prefills in one call.
+DEFAULT_PREFILL_TOKEN_BUDGET_GPU = 4096
 
 
 class RequestStatus(Enum):
