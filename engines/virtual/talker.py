@@ -39,7 +39,7 @@ BLOCK_SIZE = 16  # positions per KV block (engines/pipelines/talker/source.py DE
 # writes) that the cost table does not price: run 3's admit stage was 3.0 % of the worker's
 # wall at 64 streams on the H200 (~105 ms for 64 admissions, one request at a time). A GPU
 # source starts the rows admitted since the last tick together, with the launches of one
-# request: priced at one request's, an estimate until a cost table measures it.
+# request: priced at one request's where the cost table has no ``admit`` entry (an estimate).
 ADMIT_MS = 1.6
 
 
@@ -111,7 +111,8 @@ class VirtualTalkerSource(UtteranceBatch):
         return {"prompt": None, "prompt_len": prompt_len, "fed": len(prompt.trailing_text_ids)}
 
     def _start(self, utts: list[Utterance]) -> None:
-        self.clock.eager(ADMIT_MS)  # one set of launches for the group (batch.py)
+        measured = self.table.admit_ms(len(utts))
+        self.clock.eager(ADMIT_MS if measured is None else measured)  # one set of launches for the group (batch.py)
 
     # ---------------------------------------------------------------- the tick's device work
 

@@ -163,7 +163,7 @@ class UtteranceBatch:
         """The prompt's KV blocks; the Utterance fields it sets (its ``prompt_len`` at least)."""
         raise NotImplementedError
 
-    def _start_rows(self) -> None:
+    def start_admitted(self) -> None:
         """The row state and prompt inputs of the utterances admitted since the last tick."""
         starting, self._starting = self._starting, []
         if not starting:
@@ -174,7 +174,7 @@ class UtteranceBatch:
                 u.talker_prompt = None  # its inputs are on the device now
 
     def _start(self, utts: list[Utterance]) -> None:
-        """Device work of :meth:`_start_rows` for ``utts`` (sets each one's ``prompt`` inputs)."""
+        """Device work of :meth:`start_admitted` for ``utts`` (sets each one's ``prompt`` inputs)."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- the tick
@@ -202,7 +202,7 @@ class UtteranceBatch:
     def prefill_step(self, takes: tuple[int, ...]) -> None:
         """A tick's prefill: the rows admitted since the last one start, then the queued prompts
         prefill the positions the scheduler planned (``takes``, oldest first)."""
-        self._start_rows()
+        self.start_admitted()
         self._prefill(takes)
 
     def _prefill(self, takes: tuple[int, ...]) -> None:
