@@ -5,12 +5,14 @@ scratch copy of the packages gets one import across it (an existing module made 
 the contract forbids, or a module no layer names) and ``lint-imports --contract ID`` must report
 that contract broken by exactly that import: a contract that nothing could break would pass here
 for nothing. The cases for ``engine-layers`` include the imports the three contracts it replaced
-forbade (models, checkpoints and runtime importing no pipelines, core or composition root).
+forbade (models, checkpoints and runtime importing no pipelines, core or composition root). And
+what clients and service import from engines is never a private (``_``) name.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,3 +96,20 @@ def test_an_import_across_the_contract_breaks_it(pristine, tmp_path, contract, e
     run = lint(scratch, contract)
     assert run.returncode == 1 and "BROKEN" in run.stdout, f"{contract} kept despite {edits}\n{run.stdout}"
     assert reported in run.stdout, run.stdout
+
+
+def test_nothing_outside_engines_imports_a_private_name_of_it():
+    """What clients and service take from engines is public: no ``from engines.x import _name``
+    (import-linter checks modules, not the names imported from them)."""
+    import grimp
+
+    graph = grimp.build_graph(*PACKAGES)
+    private = []
+    for importer in sorted(m for m in graph.modules if not m.startswith("engines")):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if imported.startswith("engines"):
+                for detail in graph.get_import_details(importer=importer, imported=imported):
+                    names = re.sub(r"^from\s+\S+\s+import\s+|[()]", "", detail["line_contents"])
+                    if any(name.strip().split(" as ")[0].startswith("_") for name in names.split(",")):
+                        private.append(f"{importer}:{detail['line_number']}: {detail['line_contents']}")
+    assert not private, "\n".join(private)
