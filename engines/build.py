@@ -23,7 +23,7 @@ from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
-from engines.pipelines.registry import PIPELINES
+from engines.pipelines.registry import pipeline_builder
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
     Models,
@@ -98,8 +98,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     config = get_preset(preset or default_preset(dev))
     if source is None:
         source = "talker" if has_talker_weights(checkpoint) else "dit"
-    if source not in PIPELINES:  # (the pipelines engines/pipelines/registry.py lists)
-        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(PIPELINES)}")
+    check_source(source)
     if source == "talker" and not checkpoint:
         raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
     dtype = dtype or default_dtype(dev)
@@ -110,7 +109,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     t0 = time.perf_counter()
     options: dict = {}  # the pipeline's own (engines/pipelines/<name>/adapter.py)
     if checkpoint:
-        models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
+        models = load_models(Path(checkpoint), config, seed, uses_dit=source == "dit")
         if source == "talker":
             from engines.pipelines.talker.reference import TalkerBundle
 
@@ -151,6 +150,13 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     return engine
 
 
+def check_source(source: str | None) -> None:
+    """ValueError naming the registered pipelines (engines/pipelines/registry.py) when ``source`` is
+    none of them; None (the checkpoint decides) passes."""
+    if source is not None:
+        pipeline_builder(source)
+
+
 def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, device: str, checkpoint: str | None,
                     max_queue: int, fault_hook: FaultHook | None, warmup: bool, source: str | None, talker_slots: int,
                     kv_cache_gb: float | None, prefill_token_budget: int | None,
@@ -185,8 +191,12 @@ def _kv_options(kv_cache_gb: float | None, prefix_cache_fraction: float | None) 
             if v is not None}
 
 
-def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
-    """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
+def load_models(path: Path | None, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
+    """The modules a pipeline runs on (codec side, and the DiT's unless ``uses_dit`` is False): from a
+    streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random); random weights
+    of ``preset_config`` when ``path`` is None (``streamvox export`` loads them here too)."""
+    if path is None:
+        return build_models(preset_config, seed)
     if path.is_file():
         models = build_models(preset_config, seed)
         load_weights(models, path)

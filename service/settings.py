@@ -116,9 +116,11 @@ class Settings(BaseSettings):
         "hub cannot be reached)",
         flag="--model", aliases=("--checkpoint",), env_aliases=("STREAMVOX_CHECKPOINT",), metavar="MODEL")
     checkpoint_dir: Path | None = None  # where --model resolved to (set by the server, not a flag)
-    # None: talker when the checkpoint has trained talker weights, else dit
-    source: Literal["dit", "talker"] | None = option(
-        None, "latent source (default: talker if the checkpoint has one)")
+    # None: talker when the checkpoint has trained talker weights, else dit. Any name registered in
+    # engines/pipelines/registry.py: the server checks it before a model loads (engines.build.check_source)
+    source: str | None = option(
+        None, "the pipeline to serve: dit, talker or another name registered in engines/pipelines/registry.py "
+        "(default: talker if the checkpoint has one, else dit)", metavar="PIPELINE")
     backend: Literal["torch", "onnxruntime", "tensorrt"] = option("torch", "DiT/decoder runtime")
     artifacts_dir: str | None = option(None, "ONNX files / TensorRT engines for --backend")
     max_queue: int = option(64, "engine admission queue size", ge=1)

@@ -106,7 +106,6 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     frames_done: int = 0  # frames vocoded (their audio is delivered or on its way)
     delivered: int = 0  # chunks delivered
-    started_at: float | None = None  # when it first took a slot (its time in the queue ends)
     first_audio_at: float | None = None  # first audio handed to the outbox: playback starts
     truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
     pending: list[Produced] = field(default_factory=list)  # produced, not yet vocoded
@@ -168,11 +167,11 @@ class Scheduler:
         state.status = RequestStatus.WAITING
         self.requests[state.request_id] = state
 
-    def started(self, state: RequestState, now: float) -> bool:
+    def started(self, state: RequestState) -> bool:
         """It took a slot; True the first time (it leaves the queue: PREFILLING)."""
         if state.status is not RequestStatus.WAITING:
             return False
-        state.status, state.started_at = RequestStatus.PREFILLING, now
+        state.status = RequestStatus.PREFILLING
         return True
 
     @staticmethod
