@@ -254,7 +254,7 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source._prefill(scheduler.step_plan(source.capacity()).prefill)
+                source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):

@@ -59,19 +59,7 @@ PY
 model=$(cat "$work/model")
 
 # The hub on 127.0.0.1, serving the random Base release under that id.
-setsid .venv/bin/python - "$fixture" "${model%@*}" >"$work/hub.url" 2>"$work/hub.log" <<'PY' &
-import signal
-import sys
-from pathlib import Path
-
-from testsupport.hub import LocalHub, read_dir  # the repository root is the working directory
-
-hub = LocalHub().start()
-hub.add_repo(sys.argv[2], read_dir(Path(sys.argv[1])))
-print(hub.url, flush=True)
-signal.sigwait({signal.SIGTERM, signal.SIGINT})
-hub.stop()
-PY
+setsid .venv/bin/python scripts/lib/loopback_hub.py "${model%@*}=$fixture" >"$work/hub.url" 2>"$work/hub.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/hub.url" ] && break; sleep 0.1; done
 [ -s "$work/hub.url" ] || { echo "readme-clone: the loopback hub did not start"; cat "$work/hub.log"; exit 1; }

@@ -39,7 +39,7 @@ def run(bundle, runner: bool, budget: int = 512, steps: int = 6):
         source.admit(SynthesisRequest(id=f"r{i}", text=text, voice="ryan", temperature=0), max_new_tokens=steps + 2)
     with torch.no_grad():
         while source._prefill_queue:
-            source._prefill(scheduler.step_plan(source.capacity()).prefill)
+            source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
         hidden = source.state.h[:4].clone()
         codes: dict[str, list] = {}
         for _ in range(steps):
