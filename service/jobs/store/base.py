@@ -31,7 +31,6 @@ from service.voices.store import FileVoiceStore, VoiceStore
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-UNFINISHED = ("queued", "running")
 JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would accept a trailing newline
 AUDIO_READ_CHUNKS = 16  # audio chunks fetched per round trip when a download is served
 
@@ -285,10 +284,6 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     async def release(self, job_id: str, token: str) -> bool:
         """Give the job back to the queue (shutdown): running -> queued, lease cleared."""
-
-    @abc.abstractmethod
-    async def fail_queued(self, job_id: str, error: str) -> bool:
-        """queued -> failed (the stored request no longer validates)."""
 
     @abc.abstractmethod
     async def cancel(self, job_id: str, error: str = "cancelled by the client") -> bool:

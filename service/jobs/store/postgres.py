@@ -292,11 +292,6 @@ class PostgresJobStore(JobStore):
                 await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
         return bool(released)
 
-    async def fail_queued(self, job_id, error) -> bool:
-        async with self.connection() as conn:
-            return bool(await conn.fetchval(f"UPDATE jobs SET status = 'failed', finished_at = {_NOW}, error = $2 "
-                                            "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, _text(error)))
-
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
         async with self.connection() as conn, conn.transaction():
             cancelled = await conn.fetchval(

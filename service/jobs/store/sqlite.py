@@ -269,11 +269,6 @@ class SqliteJobStore(JobStore):
             self._notify("queued")
         return released
 
-    async def fail_queued(self, job_id, error) -> bool:
-        cursor = await self._call(self._execute, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
-                                  "WHERE id = ? AND status = 'queued'", (time.time(), error, job_id))
-        return cursor.rowcount == 1
-
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
         def cancel():
             cursor = self._execute("UPDATE jobs SET status = 'cancelled', finished_at = ?, error = ?, "

@@ -174,8 +174,8 @@ async def test_release_requeues_and_wakes(store):
 
 async def test_failures_and_retention(store):
     bad = await store.create({"input": "bad"})
-    assert await store.fail_queued(bad.id, "no longer valid")
-    assert not await store.fail_queued(bad.id, "twice")
+    assert await store.cancel(bad.id, "no longer valid")
+    assert not await store.cancel(bad.id, "twice")
     kept = await store.create({"input": "kept"})
     [claimed] = await store.claim("a", 1, LEASE)
     await store.put_audio(kept.id, claimed.lease_token, 0, b"abc")
