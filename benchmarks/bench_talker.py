@@ -13,8 +13,9 @@ How (every number printed comes from this procedure):
   weights at the chosen sizes: timing does not depend on their values) and built before the
   first round: "ours" (this tree), "official" (``qwen-tts`` in ``.venv-oracle``), "ours@REV"
   (``--baseline-commit``: that commit's engine, exported with ``git archive``), "mnn fp32"
-  (``--mnn DIR``: the qwen3-tts-mnn peer in ``.venv-mnn`` on the same random talker, exported by
-  benchmarks/export_mnn.py; batch 1 only) and on CUDA the step-graph variants. Only one works at
+  and "mnn fp32 unroll" (``--mnn DIR``: the qwen3-tts-mnn peer in ``.venv-mnn`` on the same random
+  talker, exported by benchmarks/export_mnn.py, with its per-pass and its unrolled code predictor
+  graphs; batch 1 only) and on CUDA the step-graph variants. Only one works at
   a time; the others wait on their stdin.
 * **Rounds**: at each batch size, every round runs each variant once, in an order rotated by
   one per round (so no variant always goes first, or always runs right after another), and
@@ -33,7 +34,8 @@ How (every number printed comes from this procedure):
     greedy, EOS blocked (``min_new_tokens``); its ``on_frame`` callback stamps each frame's
     codes; prefill = the call's start (tokenizing, its voice-clone prompt) until frame 0's codes
     (so it includes frame 0's code predictor); decode step = one stamp to the next (talker
-    step + code 0 in numpy + the code predictor's 15 ``cp_step`` calls + 15 numpy heads);
+    step + code 0 in numpy + the code predictor: 15 ``cp_step`` calls and 15 numpy heads, or one
+    ``cp_unrolled`` call);
   - all drop their first decode step (warm-up after the other process ran) and time
     ``--steps`` more; a turn reports its min and median step.
 * **Summary per variant and batch**: min and median over rounds of the turn medians (the
@@ -391,25 +393,28 @@ def mnn_worker(args) -> None:
     serve(run)
 
 
-def mnn_spec(args, env: dict) -> tuple | None:
-    """The mnn variant's (name, command, cwd, env, batch sizes), exporting the model first if ``--mnn`` has
-    none; None (with the reason printed) when it cannot run here."""
+def mnn_specs(args, env: dict) -> list[tuple]:
+    """The mnn variants' (name, command, cwd, env, batch sizes): the peer on the step graphs
+    ("mnn fp32", its documented layout) and with its unrolled code predictor ("mnn fp32 unroll",
+    the path it prefers when ``cp_unrolled.mnn`` exists); the model is exported first if ``--mnn``
+    has none. Empty (the reason printed) when they cannot run here."""
     python = Path(args.mnn_python)
     if not python.is_file():
-        print(f"(no {python}: the mnn variant is skipped; build it with scripts/mnn-env.sh)")
-        return None
+        print(f"(no {python}: the mnn variants are skipped; build it with scripts/mnn-env.sh)")
+        return []
     if args.size != "0.6b":
-        print("(the mnn variant runs at --size 0.6b only: the peer hard-codes the released K/V shapes)")
-        return None
+        print("(the mnn variants run at --size 0.6b only: the peer hard-codes the released K/V shapes)")
+        return []
     model = Path(args.mnn)
-    if not (model / "talker_step.mnn").is_file():
-        print(f"exporting the talker for qwen3-tts-mnn into {model} (benchmarks/export_mnn.py, ~2 minutes)", flush=True)
+    if not (model / "unrolled" / "cp_unrolled.mnn").is_file():
+        print(f"exporting the talker for qwen3-tts-mnn into {model} (benchmarks/export_mnn.py, ~3 minutes)", flush=True)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "export_mnn.py"), "--size", args.size, str(model),
                         "--mnn-python", str(python)], check=True, env=dict(env, PYTHONPATH=str(REPO)))
     threads = str(args.threads or os.cpu_count())  # numpy's BLAS (the peer's heads) gets the same threads
     env = dict(env, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    return ("mnn fp32", [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn", str(model)], REPO, env,
-            {1})
+    me = [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn"]
+    return [("mnn fp32", me + [str(model)], REPO, env, {1}),
+            ("mnn fp32 unroll", me + [str(model / "unrolled")], REPO, env, {1})]
 
 
 # --------------------------------------------------------------------------- coordinator
@@ -489,8 +494,9 @@ def main() -> None:
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
     ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
     ap.add_argument("--mnn", default=None, metavar="DIR",
-                    help="also time qwen3-tts-mnn (fp32, batch 1) on the same random talker, exported into DIR by "
-                         "benchmarks/export_mnn.py if DIR has no model yet; needs .venv-mnn: scripts/mnn-env.sh")
+                    help="also time qwen3-tts-mnn (fp32, batch 1; its per-pass and its unrolled code predictor) on "
+                         "the same random talker, exported into DIR by benchmarks/export_mnn.py if DIR has no model "
+                         "yet; needs .venv-mnn: scripts/mnn-env.sh")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
@@ -546,8 +552,8 @@ def main() -> None:
                           set(args.official_batches or args.batches)))
         else:
             print("(no .venv-oracle: the official variant is skipped; build it with scripts/oracle-env.sh)")
-    if args.mnn and (mnn := mnn_spec(args, env)):
-        specs.append(mnn)
+    if args.mnn:
+        specs += mnn_specs(args, env)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()

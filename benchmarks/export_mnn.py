@@ -3,7 +3,7 @@ OUR weights at the same sizes (``bench_talker.py --mnn`` times it beside ours).
 
     scripts/mnn-env.sh                                   # once: .venv-mnn with qwen3-tts-mnn 0.3.1 + MNN
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b            # ~3 min, 1.9 GB ONNX on the way
-    python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b --check 8  # + greedy codes vs ours
+    python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b --check 8  # + greedy codes vs ours, both layouts
 
 The weights are ``tests.talker_helpers.make_bundle(seed=0, **bench_talker.SIZES[size])``, the
 talker bench_talker's "ours" variants time. What the peer's pure-pymnn path (the only one on
@@ -13,11 +13,15 @@ Linux: its native extension is a macOS arm64 build) loads, read from its engine.
   ``inputs_embeds [1, L, D]`` f32, ``position_ids [1, L]`` int32, ``past_kv [2 x layers, 1, 8, T, 128]``
   f32 -> ``last_hidden [1, L, D]`` (after the final norm: the peer applies the heads itself in
   numpy) and ``new_kv [2 x layers, 1, 8, T + L, 128]``. Built here from our own layer modules
-  (``DecoderLayer.qkv`` / ``finish``), exported to ONNX, converted by MNN's converter (fp32
-  weights: no ``--fp16`` / ``--weightQuantBits``). Position p attends to slots <= p, so the same
-  graph is the prefill (T = 0) and a step. The talker's M-RoPE has its three position ids
+  (``DecoderLayer.qkv`` / ``after_attention``, attention written out), exported to ONNX,
+  converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``). Position p
+  attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE has its three position ids
   equal in TTS, which is the plain 1-D rotation used here (``--check`` compares with our
   ``Talker.forward``, which computes M-RoPE).
+* ``unrolled/cp_unrolled.mnn`` (beside links to everything else: a second model directory): the
+  peer's preferred predictor path when the file exists, ``past_hidden [1, 1, D]``, ``g0_id [1]``
+  int32 -> ``ids [15]`` int32, the frame's 15 predictor passes in one call, greedy (argmax) in
+  the graph, heads and embeddings inside (in fp32; the per-pass path reads the fp16 tables).
 * ``weights/*.bin`` + ``meta.json``: fp16 tables: codec embedding and head, text embedding (the
   peer indexes it with the released special ids, 151644..151673, so it has the released 151,936
   rows: ours first, our special tokens' rows copied to the released ids, zeros elsewhere), text
@@ -38,6 +42,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +54,7 @@ PEER_TEXT_IDS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_
                  151672: "<tts_text_bos>", 151673: "<tts_text_eod>"}
 REF_TEXT = "Hello world, this is a small test."
 REF_FRAMES = 8
+UNROLLED = "unrolled"  # the sub-directory where cp_unrolled.mnn sits beside links to the rest
 OPSET = 17
 
 
@@ -63,9 +69,29 @@ def self_attention(q, k, v, mask, scale: float):
     return out.transpose(1, 2).reshape(b, s, h * hd)
 
 
+def through_layers(layers, x, cos, sin, positions, past: list):
+    """x [1, L, D] at ``positions`` [1, L] through ``layers`` (our DecoderLayers), each attending to
+    its ``past`` (k, v) [1, KVH, T, hd] (slot s holds position s) and the new positions
+    -> (x, [(k, v) of T + L positions per layer])."""
+    import torch
+
+    slots = torch.arange(past[0][0].shape[2] + positions.shape[1], device=x.device)
+    # [1, 1, L, T + L] added to the scores (an explicit softmax, not SDPA: torch exports SDPA's
+    # boolean mask with IsNaN, which MNN's converter lacks)
+    mask = torch.where(slots[None, :] <= positions[0][:, None], 0.0, float("-inf"))[None, None]
+    new = []
+    for layer, (past_k, past_v) in zip(layers, past):
+        q, k, v = layer.qkv(x, cos, sin)
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        new.append((k, v))
+        attn = self_attention(q, k, v, mask, layer.self_attn.scale)
+        x = layer.after_attention(x, layer.self_attn.o_proj(attn))
+    return x, new
+
+
 def step_graph(layers, norm, rope):
-    """``(inputs_embeds, position_ids, past_kv) -> (last_hidden, new_kv)`` over ``layers``
-    (our DecoderLayers), ``rope(positions [1, L]) -> cos, sin [1, L, hd]``."""
+    """``(inputs_embeds, position_ids, past_kv) -> (last_hidden, new_kv)`` over ``layers``,
+    ``rope(positions [1, L]) -> cos, sin [1, L, hd]``."""
     import torch
     from torch import nn
 
@@ -76,47 +102,75 @@ def step_graph(layers, norm, rope):
 
         def forward(self, inputs_embeds, position_ids, past_kv):
             pos = position_ids.long()
-            cos, sin = rope(pos)
-            past = past_kv.shape[3]
-            slots = torch.arange(past + pos.shape[1], device=pos.device)
-            # [1, 1, L, T + L] added to the scores: slot s holds position s (an explicit softmax, not
-            # SDPA: torch exports SDPA's boolean mask with IsNaN, which MNN's converter lacks)
-            mask = torch.where(slots[None, :] <= pos[0][:, None], 0.0, float("-inf"))[None, None]
-            x, new = inputs_embeds, []
-            for i, layer in enumerate(self.layers):
-                q, k, v = layer.qkv(x, cos, sin)
-                k = torch.cat([past_kv[2 * i], k], dim=2)
-                v = torch.cat([past_kv[2 * i + 1], v], dim=2)
-                new += [k, v]
-                attn = self_attention(q, k, v, mask, layer.self_attn.scale)
-                x = layer.after_attention(x, layer.self_attn.o_proj(attn))
-            return self.norm(x), torch.stack(new)
+            past = [(past_kv[2 * i], past_kv[2 * i + 1]) for i in range(len(self.layers))]
+            x, new = through_layers(self.layers, inputs_embeds, *rope(pos), pos, past)
+            return self.norm(x), torch.stack([t for kv in new for t in kv])
 
     return StepGraph().eval()
 
 
-def export_step(graph, hidden: int, layers: int, kv_heads: int, head_dim: int, path: Path) -> None:
-    import torch
-
-    example = (torch.randn(1, 2, hidden), torch.tensor([[3, 4]], dtype=torch.int32),
-               torch.randn(2 * layers, 1, kv_heads, 3, head_dim))
-    with torch.no_grad():
-        torch.onnx.export(graph, example, str(path), input_names=["inputs_embeds", "position_ids", "past_kv"],
-                          output_names=["last_hidden", "new_kv"], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={"inputs_embeds": {1: "L"}, "position_ids": {1: "L"}, "past_kv": {3: "T"},
-                                        "last_hidden": {1: "L"}, "new_kv": {3: "TL"}})
-
-
-def export_vocoder_placeholder(path: Path) -> None:
+def unrolled_predictor_graph(talker, predictor):
+    """``cp_unrolled.mnn``, the peer's preferred predictor path: ``(past_hidden [1, 1, D], g0_id [1]
+    int32) -> ids [G - 1] int32``, the whole frame's code predictor in one call with greedy
+    (argmax) codes, our ``CodePredictor.predict`` greedy unrolled (heads and embeddings inside)."""
     import torch
     from torch import nn
 
-    class Placeholder(nn.Module):
+    from engines.models.layers import rope_cos_sin
+
+    class Unrolled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.codec_embedding, self.predictor = talker.model.codec_embedding, predictor
+
+        def forward(self, past_hidden, g0_id):
+            p = self.predictor
+            x = torch.cat([past_hidden, self.codec_embedding(g0_id.long())[None]], dim=1)  # [1, 2, D]
+            kv_shape = (1, p.cfg.num_key_value_heads, 0, p.cfg.head_dim)
+            past = [(x.new_zeros(kv_shape), x.new_zeros(kv_shape)) for _ in p.model.layers]
+            ids, start = [], 0
+            for i in range(p.cfg.num_code_groups - 1):
+                pos = torch.arange(start, start + x.shape[1])[None]
+                x, past = through_layers(p.model.layers, x, *rope_cos_sin(p.inv_freq, pos, torch.float32), pos, past)
+                start += x.shape[1]
+                code = p.lm_head[i](p.model.norm(x[:, -1])).argmax(-1)  # [1]
+                ids.append(code)
+                if i < p.cfg.num_code_groups - 2:
+                    x = p.model.codec_embedding[i](code)[:, None]
+            return torch.cat(ids).int()
+
+    return Unrolled().eval()
+
+
+STEP_INPUTS, STEP_OUTPUTS = ["inputs_embeds", "position_ids", "past_kv"], ["last_hidden", "new_kv"]
+STEP_AXES = {"inputs_embeds": {1: "L"}, "position_ids": {1: "L"}, "past_kv": {3: "T"}, "last_hidden": {1: "L"},
+             "new_kv": {3: "TL"}}
+
+
+def step_example(hidden: int, layers: int, kv_heads: int, head_dim: int) -> tuple:
+    import torch
+
+    return (torch.randn(1, 2, hidden), torch.tensor([[3, 4]], dtype=torch.int32),
+            torch.randn(2 * layers, 1, kv_heads, 3, head_dim))
+
+
+def export_graph(graph, example: tuple, path: Path, inputs: list[str], outputs: list[str], axes: dict | None = None):
+    import torch
+
+    with torch.no_grad():
+        torch.onnx.export(graph, example, str(path), input_names=inputs, output_names=outputs, opset_version=OPSET,
+                          dynamo=False, dynamic_axes=axes or {})
+
+
+def vocoder_placeholder():
+    """codes [1, T, 16] int32 -> their sum (the peer opens vocoder.mnn; the bench never decodes)."""
+    import torch
+
+    class Placeholder(torch.nn.Module):
         def forward(self, codes):
             return codes.float().sum(-1)
 
-    torch.onnx.export(Placeholder(), (torch.zeros(1, 2, 16, dtype=torch.int32),), str(path), input_names=["codes"],
-                      output_names=["wav"], opset_version=OPSET, dynamo=False, dynamic_axes={"codes": {1: "T"}})
+    return Placeholder()
 
 
 def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path) -> None:
@@ -215,28 +269,37 @@ def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = F
     write_voice(bundle, out, tc.num_code_groups)
     onnx_dir = out / "onnx"
     onnx_dir.mkdir(exist_ok=True)
-    graphs = {
-        "talker_step": (step_graph(talker.model.layers, talker.model.norm,
-                                   lambda pos: rope_cos_sin(talker.inv_freq, pos, torch.float32)),
-                        tc.hidden_size, tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim),
-        "cp_step": (step_graph(predictor.model.layers, predictor.model.norm,
-                               lambda pos: rope_cos_sin(predictor.inv_freq, pos, torch.float32)),
-                    pc.hidden_size, pc.num_hidden_layers, pc.num_key_value_heads, pc.head_dim),
+    unrolled = out / UNROLLED
+    unrolled.mkdir(exist_ok=True)
+    graphs = {  # .mnn path: (module, example inputs, input names, output names, dynamic axes)
+        out / "talker_step.mnn": (
+            step_graph(talker.model.layers, talker.model.norm,
+                       lambda pos: rope_cos_sin(talker.inv_freq, pos, torch.float32)),
+            step_example(tc.hidden_size, tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim),
+            STEP_INPUTS, STEP_OUTPUTS, STEP_AXES),
+        out / "cp_step.mnn": (
+            step_graph(predictor.model.layers, predictor.model.norm,
+                       lambda pos: rope_cos_sin(predictor.inv_freq, pos, torch.float32)),
+            step_example(pc.hidden_size, pc.num_hidden_layers, pc.num_key_value_heads, pc.head_dim),
+            STEP_INPUTS, STEP_OUTPUTS, STEP_AXES),
+        out / "vocoder.mnn": (vocoder_placeholder(), (torch.zeros(1, 2, 16, dtype=torch.int32),), ["codes"],
+                              ["wav"], {"codes": {1: "T"}}),
+        unrolled / "cp_unrolled.mnn": (unrolled_predictor_graph(talker, predictor),
+                                       (torch.randn(1, 1, tc.hidden_size), torch.tensor([5], dtype=torch.int32)),
+                                       ["past_hidden", "g0_id"], ["ids"], None),
     }
-    for name, (graph, *dims) in graphs.items():
-        export_step(graph, *dims, onnx_dir / f"{name}.onnx")
-        print(f"  {name}.onnx exported ({time.perf_counter() - t0:.0f} s)", flush=True)
-        convert(onnx_dir / f"{name}.onnx", out / f"{name}.mnn", mnn_python)
-        print(f"  {name}.mnn converted ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for path, (graph, example, inputs, outputs, axes) in graphs.items():
+        onnx = onnx_dir / (path.stem + ".onnx")
+        export_graph(graph, example, onnx, inputs, outputs, axes)
+        convert(onnx, path, mnn_python)
+        print(f"  {path.relative_to(out)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         if not keep_onnx:
-            for f in onnx_dir.glob(f"{name}.onnx*"):
-                f.unlink()
-    export_vocoder_placeholder(onnx_dir / "vocoder.onnx")
-    convert(onnx_dir / "vocoder.onnx", out / "vocoder.mnn", mnn_python)
+            onnx.unlink()
     if not keep_onnx:
-        for f in onnx_dir.iterdir():
-            f.unlink()
         onnx_dir.rmdir()
+    for f in out.iterdir():  # the unrolled layout: the same files and its one extra graph
+        if f.name not in (UNROLLED, "onnx") and not (unrolled / f.name).exists():
+            (unrolled / f.name).symlink_to(Path("..") / f.name)
 
 
 # --------------------------------------------------------------------------- parity
@@ -259,19 +322,27 @@ np.savez(out, prefill=prefill, trailing=trailing, tts_pad=tts._text_proj(np.arra
 """
 
 
-def check(bundle, out: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON) -> dict:
-    """The peer's own greedy loop on our export vs our modules fed the same inputs: the peer's
-    prefill embeddings and trailing text (its voice-clone prompt), its fp16 tables (ours rounded to
-    fp16 here the same way); greedy code 0 over codes < 2048 (EOS blocked), greedy codes 1..15.
-    Returns the agreement and the prefill's last hidden state difference."""
+def peer_run(model: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON) -> dict:
+    """The peer's own greedy loop on ``model`` (the export directory: its cp_step path, or
+    ``unrolled/``: cp_unrolled) -> its prefill inputs, trailing text, tts_pad embedding, the
+    prefill's last hidden state and its codes [steps, 16]."""
     import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "peer.npz"
+        subprocess.run([str(mnn_python), "-c", PEER_RUN, str(model), str(npz), str(steps), text], check=True)
+        return dict(np.load(npz))
+
+
+def compare(bundle, peer: dict, steps: int) -> dict:
+    """Our modules fed what the peer's loop was fed: its prefill embeddings and trailing text (its
+    voice-clone prompt), its fp16 tables (ours rounded to fp16 here the same way); greedy code 0
+    over codes < 2048 (EOS blocked), greedy codes 1..15 -> the agreement with ``peer_run``'s codes
+    and the prefill's last hidden state difference."""
     import torch
 
     from engines.models.sampling import FrameSampling
 
-    npz = out / "check.npz"
-    subprocess.run([str(mnn_python), "-c", PEER_RUN, str(out), str(npz), str(steps), text], check=True)
-    peer = np.load(npz)
     talker, predictor = bundle.talker, bundle.predictor
     with torch.no_grad():
         for w in [talker.codec_head.weight, talker.model.codec_embedding.weight,
@@ -316,15 +387,18 @@ def main() -> None:
     args = ap.parse_args()
     if not args.mnn_python.is_file():
         raise SystemExit(f"no {args.mnn_python}: build it with scripts/mnn-env.sh")
-    bundle = bench_bundle(args.size)
     if not args.check_only:
-        export(bundle, args.out, args.mnn_python, args.keep_onnx)
+        export(bench_bundle(args.size), args.out, args.mnn_python, args.keep_onnx)
         print(f"wrote {args.out}")
     if args.check or args.check_only:
         from bench_talker import TEXT
 
-        got = check(bundle, args.out, args.check or 8, TEXT, args.mnn_python)
-        print(json.dumps(got))
+        steps = args.check or 8
+        # the peer first, while this process holds no model (both at once need ~6 GB)
+        peers = {model: peer_run(model, steps, TEXT, args.mnn_python) for model in (args.out, args.out / UNROLLED)}
+        bundle = bench_bundle(args.size)
+        for model, peer in peers.items():
+            print(f"{model}: {json.dumps(compare(bundle, peer, steps))}")
 
 
 if __name__ == "__main__":
