@@ -410,11 +410,13 @@ def mnn_specs(args, env: dict) -> list[tuple]:
         print(f"exporting the talker for qwen3-tts-mnn into {model} (benchmarks/export_mnn.py, ~3 minutes)", flush=True)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "export_mnn.py"), "--size", args.size, str(model),
                         "--mnn-python", str(python)], check=True, env=dict(env, PYTHONPATH=str(REPO)))
-    threads = str(args.threads or os.cpu_count())  # numpy's BLAS (the peer's heads) gets the same threads
-    env = dict(env, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    # MNN gets --threads; numpy's BLAS (the peer's code-0 and 15 predictor heads, small GEMVs) one thread,
+    # its best here: with 2 OpenBLAS threads on the 2 loaded cores a frame took 1.7-2.1 s, not 0.7-0.9 s
+    env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     me = [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn"]
-    return [("mnn fp32", me + [str(model)], REPO, env, {1}),
-            ("mnn fp32 unroll", me + [str(model / "unrolled")], REPO, env, {1})]
+    layouts = {"step": ("mnn fp32", model), "unroll": ("mnn fp32 unroll", model / "unrolled")}
+    return [(name, me + [str(path)], REPO, env, {1}) for layout, (name, path) in layouts.items()
+            if layout in args.mnn_layouts]
 
 
 # --------------------------------------------------------------------------- coordinator
@@ -497,6 +499,9 @@ def main() -> None:
                     help="also time qwen3-tts-mnn (fp32, batch 1; its per-pass and its unrolled code predictor) on "
                          "the same random talker, exported into DIR by benchmarks/export_mnn.py if DIR has no model "
                          "yet; needs .venv-mnn: scripts/mnn-env.sh")
+    ap.add_argument("--mnn-layouts", nargs="+", default=["step", "unroll"], choices=["step", "unroll"],
+                    help="which mnn variants: its per-pass code predictor (~9.4 GB resident: a session per "
+                         "shape, each with its weights) and/or the unrolled one (~6.2 GB)")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker

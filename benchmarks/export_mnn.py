@@ -15,9 +15,9 @@ Linux: its native extension is a macOS arm64 build) loads, read from its engine.
   numpy) and ``new_kv [2 x layers, 1, 8, T + L, 128]``. Built here from our own layer modules
   (``DecoderLayer.qkv`` / ``after_attention``, attention written out), exported to ONNX,
   converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``). Position p
-  attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE has its three position ids
-  equal in TTS, which is the plain 1-D rotation used here (``--check`` compares with our
-  ``Talker.forward``, which computes M-RoPE).
+  attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE
+  has its three position ids equal in TTS, which is the plain 1-D rotation used here (``--check``
+  compares with our ``Talker.forward``, which computes M-RoPE).
 * ``unrolled/cp_unrolled.mnn`` (beside links to everything else: a second model directory): the
   peer's preferred predictor path when the file exists, ``past_hidden [1, 1, D]``, ``g0_id [1]``
   int32 -> ``ids [15]`` int32, the frame's 15 predictor passes in one call, greedy (argmax) in
