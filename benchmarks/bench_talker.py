@@ -4,7 +4,7 @@ prefill and decode timed apart, variants taking turns, next to the machine's flo
     python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --rounds 3 --steps 4 --threads 1
     python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --baseline-commit HEAD~3   # + ours then
     scripts/mnn-env.sh && python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 2 \
-        --quantize int8 int4 --no-official --mnn /tmp/mnn-0.6b     # + qwen3-tts-mnn (exported on first use)
+        --no-official --mnn /tmp/mnn-0.6b     # + qwen3-tts-mnn (its model exported on first use; ~9 GB)
     python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
         --official-batches 1 8 --step-graphs --oracle-python /tmp/oracle-python
 
@@ -496,10 +496,10 @@ def main() -> None:
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
     ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
     ap.add_argument("--mnn", default=None, metavar="DIR",
-                    help="also time qwen3-tts-mnn (fp32, batch 1; its per-pass and its unrolled code predictor) on "
-                         "the same random talker, exported into DIR by benchmarks/export_mnn.py if DIR has no model "
-                         "yet; needs .venv-mnn: scripts/mnn-env.sh")
-    ap.add_argument("--mnn-layouts", nargs="+", default=["step", "unroll"], choices=["step", "unroll"],
+                    help="also time qwen3-tts-mnn (fp32, batch 1; see --mnn-layouts) on the same random talker, "
+                         "exported into DIR by benchmarks/export_mnn.py if DIR has no model yet; needs .venv-mnn: "
+                         "scripts/mnn-env.sh")
+    ap.add_argument("--mnn-layouts", nargs="+", default=["step"], choices=["step", "unroll"],
                     help="which mnn variants: its per-pass code predictor (~9.4 GB resident: a session per "
                          "shape, each with its weights) and/or the unrolled one (~6.2 GB)")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
