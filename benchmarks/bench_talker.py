@@ -440,9 +440,13 @@ class Worker:
     def ask(self, batch: int, steps: int) -> dict | None:
         if not self.alive:
             return None
-        self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
-        self.proc.stdin.flush()
-        got = self._read()
+        try:
+            self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it died since its last reply (e.g. killed for memory): go on without it
+            got = None
+        else:
+            got = self._read()
         if got is None or "error" in got:
             print(f"  {self.name} at batch {batch}: {got and got['error'] or 'the process died'}", flush=True)
             self.alive = got is not None
@@ -450,8 +454,11 @@ class Worker:
         return got
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except BrokenPipeError:  # an unsent request to a dead worker
+            pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
