@@ -508,7 +508,7 @@ def main() -> None:
                          "scripts/mnn-env.sh")
     ap.add_argument("--mnn-layouts", nargs="+", default=["step"], choices=["step", "unroll"],
                     help="which mnn variants: its per-pass code predictor (~9.4 GB resident: a session per "
-                         "shape, each with its weights) and/or the unrolled one (~6.2 GB)")
+                         "predictor input shape) and/or the unrolled one (~6.2 GB)")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
