@@ -5,7 +5,7 @@ OUR weights at the same sizes (``bench_talker.py --mnn`` times it beside ours).
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b            # ~3 min, 1.9 GB ONNX on the way
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b --check 8  # + greedy codes vs ours, both layouts
 
-The weights are ``tests.talker_helpers.make_bundle(seed=0, **bench_talker.SIZES[size])``, the
+The weights are ``testsupport.talker.make_bundle(seed=0, **bench_talker.SIZES[size])``, the
 talker bench_talker's "ours" variants time. What the peer's pure-pymnn path (the only one on
 Linux: its native extension is a macOS arm64 build) loads, read from its engine.py / weights.py:
 
@@ -241,7 +241,7 @@ def bench_bundle(size: str):
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
     from bench_talker import SIZES
 
-    from tests.talker_helpers import make_bundle
+    from testsupport.talker import make_bundle
 
     return make_bundle(seed=0, max_new_tokens=100_000, eos_gain=1.0, device="cpu", dtype=torch.float32,
                        **SIZES[size])

@@ -26,7 +26,7 @@ from export_mnn import (  # noqa: E402
 
 from engines.models.layers import rope_cos_sin  # noqa: E402
 from engines.models.sampling import FrameSampling  # noqa: E402
-from tests.talker_helpers import make_bundle  # noqa: E402
+from testsupport.talker import make_bundle  # noqa: E402
 
 
 def session(path: Path) -> ort.InferenceSession:
