@@ -268,11 +268,22 @@ class EuclideanCodebook(nn.Module):
         self.epsilon = epsilon
         self.cluster_usage = nn.Parameter(torch.ones(codebook_size))
         self.embedding_sum = nn.Parameter(torch.zeros(codebook_size, dim))
+        self._table: tuple[tuple, torch.Tensor] | None = None
+
+    def table(self) -> torch.Tensor:
+        """The codebook [codebook_size, dim], divided once per parameter version (not per chunk)."""
+        s, u = self.embedding_sum, self.cluster_usage
+        key = (s._version, u._version, s.data_ptr(), u.data_ptr())
+        if self._table is None or self._table[0] != key:
+            with torch.no_grad():
+                self._table = (key, s / u.clamp(min=self.epsilon)[:, None])
+        return self._table[1]
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, T] -> [B, T, dim]."""
-        table = self.embedding_sum / self.cluster_usage.clamp(min=self.epsilon)[:, None]
-        return F.embedding(codes, table)
+        if _exporting() or torch.is_grad_enabled():  # differentiable, and the division stays in an exported graph
+            return F.embedding(codes, self.embedding_sum / self.cluster_usage.clamp(min=self.epsilon)[:, None])
+        return F.embedding(codes, self.table())
 
 
 class VectorQuantization(nn.Module):

@@ -187,3 +187,15 @@ def test_snakebeta_matches_its_formula_and_follows_loaded_parameters():
     torch.testing.assert_close(y.detach(), formula(act), rtol=1e-6, atol=1e-6)
     y.sum().backward()
     assert act.alpha.grad is not None and act.alpha.grad.abs().sum() > 0
+
+
+def test_codebook_table_follows_loaded_parameters():
+    from engines.models.codec_decoder import EuclideanCodebook
+
+    book = init_module_(EuclideanCodebook(4, 16), 6)
+    codes = torch.arange(16)[None]
+    with torch.no_grad():
+        first = book.decode(codes)
+        torch.testing.assert_close(first[0], book.embedding_sum / book.cluster_usage[:, None])
+        book.load_state_dict({"embedding_sum": torch.randn(16, 4), "cluster_usage": torch.rand(16) + 0.5})
+        torch.testing.assert_close(book.decode(codes)[0], book.embedding_sum / book.cluster_usage[:, None])
