@@ -776,17 +776,21 @@ def report_whole_path(args, names: list[str], turns: list[dict], flops: float, g
             noise = (w - ref_wave).pow(2).sum().item()
             snr = "exact" if noise == 0 else f"{10 * math.log10(ref_wave.pow(2).sum().item() / noise):.1f} dB"
             print(f"  {name:>24}: max abs error {err:.2e}, SNR {snr}")
-    print("codec ratios within a round (other / ours, ms per frame; < 1 = faster than ours), min .. median .. max:")
+    print("codec ratios within a round (ms per frame, a variant / the same mode in this tree, or / the first "
+          "variant; < 1 = faster), min .. median .. max:")
     for b in args.batches:
         for name in names[1:]:
+            # "ours@REV int8" and "ours int8 codec-bf16" against "ours int8": only the codec differs
+            base = " ".join(w.split("@")[0] for w in name.split() if w != "codec-bf16")
+            base = base if base in names and base != name else names[0]
             rs = []
             for r in range(args.rounds):
-                a = next((t for t in turns if t["variant"] == names[0] and t["batch"] == b and t["round"] == r), None)
+                a = next((t for t in turns if t["variant"] == base and t["batch"] == b and t["round"] == r), None)
                 o = next((t for t in turns if t["variant"] == name and t["batch"] == b and t["round"] == r), None)
                 if a and o and "codec_med_ms" in a and "codec_med_ms" in o:
                     rs.append(o["codec_med_ms"] / a["codec_med_ms"])
             if rs:
-                print(f"  B={b:3d} {name:>24} / {names[0]}: {min(rs):.2f} .. {statistics.median(rs):.2f} .. {max(rs):.2f}")
+                print(f"  B={b:3d} {name:>24} / {base}: {min(rs):.2f} .. {statistics.median(rs):.2f} .. {max(rs):.2f}")
 
 
 if __name__ == "__main__":
