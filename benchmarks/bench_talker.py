@@ -245,9 +245,11 @@ def codec_flops(decoder, chunk: int) -> float:
         elif isinstance(m, nn.Linear):
             total[0] += 2 * out.numel() * m.in_features
 
-    hooks = [m.register_forward_hook(count) for m in decoder.modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear))]
+    kinds = (nn.Conv1d, nn.ConvTranspose1d, nn.Linear)
+    hooks = [m.register_forward_hook(count) for m in decoder.modules() if isinstance(m, kinds)]
     # hooks only fire through module calls: the GEMM paths call the weights directly, so count on the plain path
-    codes = torch.zeros(1, decoder.cfg.num_quantizers, chunk, dtype=torch.long, device=next(decoder.parameters()).device)
+    device = next(decoder.parameters()).device
+    codes = torch.zeros(1, decoder.cfg.num_quantizers, chunk, dtype=torch.long, device=device)
     with torch.no_grad(), _NoFastPaths():
         state = decoder.init_state(1)
         decoder.decode_step(codes, state)
@@ -294,7 +296,8 @@ def time_codec(decoder, b: int, chunk: int, steps: int, device, with_cpu: bool) 
     import torch
 
     g = torch.Generator().manual_seed(b)
-    codes = torch.randint(0, decoder.cfg.codebook_size, (b, decoder.cfg.num_quantizers, chunk * (steps + 1)), generator=g)
+    shape = (b, decoder.cfg.num_quantizers, chunk * (steps + 1))
+    codes = torch.randint(0, decoder.cfg.codebook_size, shape, generator=g)
     codes = codes.to(device)
     state, times, cpu = decoder.init_state(b), [], []
     with torch.no_grad():
@@ -760,7 +763,8 @@ def report_whole_path(args, names: list[str], turns: list[dict], flops: float, g
             print(f"{name:>24} | {b:3d} | {min(talk):6.1f} / {statistics.median(talk):6.1f} | "
                   f"{min(cod):6.1f} / {statistics.median(cod):6.1f} | {cpu_cell} | "
                   f"{min(tot):6.1f} / {statistics.median(tot):6.1f} | {min(tot) / frame_ms:4.2f} / "
-                  f"{statistics.median(tot) / frame_ms:4.2f} | {talker_floor:6.1f} / {codec_floor:5.1f} / {floor:6.1f} | "
+                  f"{statistics.median(tot) / frame_ms:4.2f} | "
+                  f"{talker_floor:6.1f} / {codec_floor:5.1f} / {floor:6.1f} | "
                   f"{floor / frame_ms:9.2f}")
     first = next((t for t in turns if t["variant"] == names[0] and "codec_wave" in t), None)
     if first is not None:
