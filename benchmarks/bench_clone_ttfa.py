@@ -34,8 +34,7 @@ import numpy as np
 import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # engines, service, testsupport
 
 TEXT = "The talker predicts one frame at a time."
 REF_TEXT = "Hello world, this is a test."
@@ -70,9 +69,9 @@ async def ttfa(http: aiohttp.ClientSession, url: str, body: dict) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     import torch
-    from conftest import start_server
 
     from engines.build import build_engine
+    from testsupport.server import start_server
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     engine = build_engine(preset="tiny", device=args.device, checkpoint=args.checkpoint, talker_slots=2)

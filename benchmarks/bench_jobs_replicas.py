@@ -5,7 +5,7 @@
 Variants, side by side: 1 replica with the default 2 job workers, 1 replica with 4 (as many
 jobs in flight as two replicas: separates more jobs in flight from more replicas), 2 replicas
 with 2 each. For each: a fresh database on a PostgreSQL started from the installed binaries
-(tests/pg_helpers.py), that many real ``streamvox serve`` processes with ``--jobs-db``, the
+(testsupport/postgres.py), that many real ``streamvox serve`` processes with ``--jobs-db``, the
 machine's cores split evenly between them (OMP threads), then
 
 * **throughput**: ``--jobs`` jobs submitted at once, spread over the replicas; jobs/s from
@@ -35,12 +35,10 @@ import aiohttp
 import asyncpg
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
-from pg_helpers import start_postgres  # noqa: E402
+sys.path.insert(0, str(ROOT))  # benchmarks, testsupport
 
 from benchmarks.loadgen import Server  # noqa: E402
+from testsupport.postgres import start_postgres  # noqa: E402
 
 TEXT = "Job number {i} is read by whichever replica claims it first."
 

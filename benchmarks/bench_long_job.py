@@ -24,13 +24,12 @@ import soundfile as sf
 from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from long_text_helpers import long_text  # noqa: E402
+sys.path.insert(0, str(REPO))  # engines, service, testsupport
 
 from engines.build import build_engine  # noqa: E402
 from service.app import create_app  # noqa: E402
 from service.settings import Settings  # noqa: E402
+from testsupport.long_text import long_text  # noqa: E402
 
 
 async def serve(engine, data_dir: Path):

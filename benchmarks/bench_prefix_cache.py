@@ -4,7 +4,7 @@
     python benchmarks/bench_prefix_cache.py --size 0.6b --device cuda --dtype bfloat16 --rounds 3
 
 In-process talker source (engines/pipelines/talker/source.py) at the chosen sizes, random
-weights (tests/talker_helpers.py), fp32 by default (``--dtype``), one request at a time, greedy. For each scenario a
+weights (testsupport/talker.py), fp32 by default (``--dtype``), one request at a time, greedy. For each scenario a
 request's time to its first frame and to its first 4-frame chunk (what the served pipeline
 vocodes first; the vocoder itself is not included, it costs the same cold or warm):
 * cold: the cache off (``prefix_cache_fraction=0``): the whole prompt is prefilled;
@@ -58,7 +58,7 @@ from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.prompt import PromptBuilder  # noqa: E402
 from engines.pipelines.talker.reference import frame_embedder  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
-from tests.talker_helpers import make_bundle  # noqa: E402
+from testsupport.talker import make_bundle  # noqa: E402
 
 TEXTS = ["Hello world, this is a small test of streaming speech.", "the quick brown fox jumps over the lazy dog"]
 INSTRUCT = ("Speak slowly and warmly, like a calm narrator reading the quick brown fox story to the world, "

@@ -3,6 +3,8 @@ prefill and decode timed apart, variants taking turns, next to the machine's flo
 
     python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --rounds 3 --steps 4 --threads 1
     python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --baseline-commit HEAD~3   # + ours then
+    scripts/mnn-env.sh && python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 2 \
+        --no-official --mnn /tmp/mnn-0.6b     # + qwen3-tts-mnn (its model exported on first use; ~9 GB)
     python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
         --official-batches 1 8 --step-graphs --oracle-python /tmp/oracle-python
 
@@ -10,8 +12,11 @@ How (every number printed comes from this procedure):
 * **Variants are long-lived processes** (``--worker``), each holding its own model (random
   weights at the chosen sizes: timing does not depend on their values) and built before the
   first round: "ours" (this tree), "official" (``qwen-tts`` in ``.venv-oracle``), "ours@REV"
-  (``--baseline-commit``: that commit's engine, exported with ``git archive``), and on CUDA the
-  step-graph variants. Only one works at a time; the others wait on their stdin.
+  (``--baseline-commit``: that commit's engine, exported with ``git archive``), "mnn fp32"
+  and "mnn fp32 unroll" (``--mnn DIR``: the qwen3-tts-mnn peer in ``.venv-mnn`` on the same random
+  talker, exported by benchmarks/export_mnn.py, with its per-pass and its unrolled code predictor
+  graphs; batch 1 only) and on CUDA the step-graph variants. Only one works at
+  a time; the others wait on their stdin.
 * **Rounds**: at each batch size, every round runs each variant once, in an order rotated by
   one per round (so no variant always goes first, or always runs right after another), and
   the coordinator measures the machine's bandwidth in its own turn of the same round. Ratios
@@ -25,7 +30,13 @@ How (every number printed comes from this procedure):
     start until the 2nd talker call starts (input embeds + prefill forward + first sampling);
     decode step k = start of call k+1 .. start of call k+2 (code predictor's 15-step
     ``generate()`` + talker step + HF's sampling loop), EOS unreachable;
-  - both drop their first decode step (warm-up after the other process ran) and time
+  - mnn: its own ``synthesize_codes`` (pure pymnn: its native extension is a macOS arm64 build),
+    greedy, EOS blocked (``min_new_tokens``); its ``on_frame`` callback stamps each frame's
+    codes; prefill = the call's start (tokenizing, its voice-clone prompt) until frame 0's codes
+    (so it includes frame 0's code predictor); decode step = one stamp to the next (talker
+    step + code 0 in numpy + the code predictor: 15 ``cp_step`` calls and 15 numpy heads, or one
+    ``cp_unrolled`` call);
+  - all drop their first decode step (warm-up after the other process ran) and time
     ``--steps`` more; a turn reports its min and median step.
 * **Summary per variant and batch**: min and median over rounds of the turn medians (the
   min is the least disturbed figure), ms per frame = step / B.
@@ -327,7 +338,7 @@ def ours_worker(args) -> None:
     from engines.contract import SynthesisRequest
     from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
-    from tests.talker_helpers import make_bundle
+    from testsupport.talker import make_bundle
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     mode = args.quantize[0] if args.quantize else None
@@ -385,7 +396,7 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source._prefill(scheduler.step_plan(source.capacity()).prefill)
+                source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
@@ -485,14 +496,72 @@ def official_worker(args) -> None:
     serve(run)
 
 
+# --------------------------------------------------------------------------- qwen3-tts-mnn (its own venv)
+
+
+def mnn_worker(args) -> None:
+    """The peer's own generation loop on the model directory benchmarks/export_mnn.py wrote
+    (numpy + MNN only: this process has no torch)."""
+    from qwen3_tts_mnn import Qwen3TtsMnn
+
+    tts = Qwen3TtsMnn(args.mnn, num_threads=args.threads or os.cpu_count(), language="english", backend="pymnn")
+    tts.load_voice(str(Path(args.mnn) / "voice"))
+    stamps: list[tuple[float, float]] = []
+
+    def stamp(*_):  # on_frame(t, frame): frame t's 16 codes are done
+        stamps.append((time.perf_counter(), time.thread_time()))
+
+    def run(b: int, steps: int) -> dict:
+        if b != 1:
+            raise ValueError("qwen3-tts-mnn generates one utterance at a time")
+        stamps.clear()
+        t0 = time.perf_counter()
+        tts.synthesize_codes(TEXT, steps + 3, temperature=0.0, repetition_penalty=1.0, min_new_tokens=10**9,
+                             on_frame=stamp)
+        if len(stamps) < steps + 2:
+            raise RuntimeError(f"qwen3-tts-mnn made {len(stamps)} frames, {steps + 3} expected")
+        wall = [b1[0] - a1[0] for a1, b1 in zip(stamps, stamps[1:])][1:steps + 1]  # the first is warm-up
+        cpu = [b1[1] - a1[1] for a1, b1 in zip(stamps, stamps[1:])][1:steps + 1]
+        return {"prefill_ms": (stamps[0][0] - t0) * 1e3, **stats_of(wall, cpu if args.threads == 1 else None)}
+
+    serve(run)
+
+
+def mnn_specs(args, env: dict) -> list[tuple]:
+    """The mnn variants' (name, command, cwd, env, batch sizes): the peer on the step graphs
+    ("mnn fp32", its documented layout) and with its unrolled code predictor ("mnn fp32 unroll",
+    the path it prefers when ``cp_unrolled.mnn`` exists); the model is exported first if ``--mnn``
+    has none. Empty (the reason printed) when they cannot run here."""
+    python = Path(args.mnn_python)
+    if not python.is_file():
+        print(f"(no {python}: the mnn variants are skipped; build it with scripts/mnn-env.sh)")
+        return []
+    if args.size != "0.6b":
+        print("(the mnn variants run at --size 0.6b only: the peer hard-codes the released K/V shapes)")
+        return []
+    model = Path(args.mnn)
+    if not (model / "unrolled" / "cp_unrolled.mnn").is_file():
+        print(f"exporting the talker for qwen3-tts-mnn into {model} (benchmarks/export_mnn.py, ~3 minutes)", flush=True)
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "export_mnn.py"), "--size", args.size, str(model),
+                        "--mnn-python", str(python)], check=True, env=dict(env, PYTHONPATH=str(REPO)))
+    # MNN gets --threads; numpy's BLAS (the peer's code-0 and 15 predictor heads, small GEMVs) one thread,
+    # its best here: with 2 OpenBLAS threads on the 2 loaded cores a frame took 1.7-2.1 s, not 0.7-0.9 s
+    env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    me = [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn"]
+    layouts = {"step": ("mnn fp32", model), "unroll": ("mnn fp32 unroll", model / "unrolled")}
+    return [(name, me + [str(path)], REPO, env, {1}) for layout, (name, path) in layouts.items()
+            if layout in args.mnn_layouts]
+
+
 # --------------------------------------------------------------------------- coordinator
 
 
 class Worker:
     """A variant's long-lived process; ``ask`` sends one request and waits for its reply."""
 
-    def __init__(self, name: str, cmd: list[str], cwd: Path, env: dict):
+    def __init__(self, name: str, cmd: list[str], cwd: Path, env: dict, batches: set[int] | None = None):
         self.name = name
+        self.batches = batches  # the batch sizes it runs at (None: all)
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.alive = self._read() is not None
 
@@ -505,9 +574,13 @@ class Worker:
     def ask(self, batch: int, steps: int) -> dict | None:
         if not self.alive:
             return None
-        self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
-        self.proc.stdin.flush()
-        got = self._read()
+        try:
+            self.proc.stdin.write(json.dumps({"batch": batch, "steps": steps}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it died since its last reply (e.g. killed for memory): go on without it
+            got = None
+        else:
+            got = self._read()
         if got is None or "error" in got:
             print(f"  {self.name} at batch {batch}: {got and got['error'] or 'the process died'}", flush=True)
             self.alive = got is not None
@@ -515,8 +588,11 @@ class Worker:
         return got
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except BrokenPipeError:  # an unsent request to a dead worker
+            pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -560,6 +636,14 @@ def main() -> None:
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
     ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
+    ap.add_argument("--mnn", default=None, metavar="DIR",
+                    help="also time qwen3-tts-mnn (fp32, batch 1; see --mnn-layouts) on the same random talker, "
+                         "exported into DIR by benchmarks/export_mnn.py if DIR has no model yet; needs .venv-mnn: "
+                         "scripts/mnn-env.sh")
+    ap.add_argument("--mnn-layouts", nargs="+", default=["step"], choices=["step", "unroll"],
+                    help="which mnn variants: its per-pass code predictor (~9.4 GB resident: a session per "
+                         "predictor input shape) and/or the unrolled one (~6.2 GB)")
+    ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
     ap.add_argument("--variant", default="ours", help=argparse.SUPPRESS)
@@ -571,6 +655,9 @@ def main() -> None:
                     help="also each ours variant with its codec decoder in bfloat16 (with --codec)")
     ap.add_argument("--codec-dtype", default="float32", help=argparse.SUPPRESS)  # inside a worker
     args = ap.parse_args()
+    if args.worker == "mnn":  # the peer's venv: no torch
+        mnn_worker(args)
+        return
 
     import torch
 
@@ -620,13 +707,16 @@ def main() -> None:
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():
-            from tests.talker_helpers import make_tokenizer  # the body length of ours' prompt, for the same prompt
+            from testsupport.talker import make_tokenizer  # the body length of ours' prompt, for the same prompt
 
             body = len(make_tokenizer().encode(f"<|im_start|>assistant\n{TEXT}<|im_end|>\n<|im_start|>assistant\n")) - 8
             specs.append(("official", [str(oracle), str(Path(__file__).resolve()), "--worker", "official",
-                                       "--body-tokens", str(body)], REPO))
+                                       "--body-tokens", str(body)], REPO, env,
+                          set(args.official_batches or args.batches)))
         else:
             print("(no .venv-oracle: the official variant is skipped; build it with scripts/oracle-env.sh)")
+    if args.mnn:
+        specs += mnn_specs(args, env)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()
@@ -636,8 +726,8 @@ def main() -> None:
 
     workers = []
     try:
-        for name, cmd, cwd in specs:  # built one after another: the loads do not overlap the rounds
-            w = Worker(name, cmd + common, cwd, env)
+        for name, cmd, cwd, *own in specs:  # built one after another: the loads do not overlap the rounds
+            w = Worker(name, cmd + common, cwd, *(own or [env]))  # own: its env and batch sizes
             print(f"  {name}: {'ready' if w.alive else 'FAILED to start'}", flush=True)
             workers.append(w)
         turns = run_rounds(args, device, workers)
@@ -655,10 +745,9 @@ def run_rounds(args, device, workers: list[Worker]) -> list[dict]:
     import torch
 
     turns = []
-    official_batches = set(args.official_batches or args.batches)
     for b in args.batches:
         for r in range(args.rounds):
-            players = [w for w in workers if w.name != "official" or b in official_batches] + [None]
+            players = [w for w in workers if w.batches is None or b in w.batches] + [None]
             k = r % len(players)
             for w in players[k:] + players[:k]:
                 if w is None:

@@ -5,7 +5,7 @@ guard's window (engines/pipelines/talker/guard.py LOOP_WINDOW).
 
 For the official code's greedy outputs stored with the talker oracle fixtures, and for this
 engine's reference loop (greedy and sampled, several seeds) on the fixture checkpoints and on
-the in-process test talker (tests/talker_helpers.py), it prints, per source, how many utterances
+the in-process test talker (testsupport/talker.py), it prints, per source, how many utterances
 ended by EOS and the longest periodic run (period <= LOOP_MAX_PERIOD) among them and among the
 others (cut by max_new_tokens: random weights that never found EOS).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))  # engines, testsupport, tests.oracle
 
 from engines.pipelines.talker.guard import LOOP_MAX_PERIOD, LOOP_WINDOW, longest_periodic_run  # noqa: E402
 from engines.pipelines.talker.reference import TalkerBundle  # noqa: E402
@@ -49,8 +49,7 @@ def report(name: str, eos: list[int], cut: list[int]) -> None:
 
 
 def main() -> None:
-    from talker_helpers import make_bundle
-
+    from testsupport.talker import make_bundle
     from tests.oracle import talker_fixtures as fx
 
     print(f"periods <= {LOOP_MAX_PERIOD} frames (the pattern seen twice at least); the guard's window is "

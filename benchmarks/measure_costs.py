@@ -15,7 +15,9 @@ capture of one bucket). Then, each timed as one call with the device synchronise
 * ``prefill``: one chunked prefill call, ``prompts`` prompts of ``width`` positions in one padded
   talker forward plus their code-0 sampling, as ``Prefill.run`` makes it (through the graphed
   (prompts, width) buckets where the engine has them, eagerly past them);
-* ``codec_decode``: one ``Vocalizer.vocalize`` call over ``rows`` streams of ``frames`` frames each.
+* ``codec_decode``: one ``Vocalizer.vocalize`` call over ``rows`` streams of ``frames`` frames each;
+* ``admit``: starting ``rows`` rows admitted together (``start_admitted``: their prompts' inputs and
+  row state, the tick's first device work after a burst of arrivals).
 
 Shapes the KV pool cannot hold are recorded as null. Prints a table and writes the JSON.
 """
@@ -39,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from engines.build import build_engine  # noqa: E402
 from engines.config import RuntimeSwitches  # noqa: E402
+from engines.contract import SynthesisRequest  # noqa: E402
 from engines.pipelines.vocoder import VocalizeItem  # noqa: E402
 
 
@@ -119,6 +122,30 @@ class TalkerCosts:
         with torch.no_grad():
             return timed(call, dev, repeats)
 
+    def admit(self, rows: int, repeats: int) -> float | None:
+        """Median ms of starting ``rows`` rows admitted together (each repeat admits fresh ones)."""
+        source = self.source
+        if rows > source.free_rows():
+            return None
+        voice = (source.voices() or [None])[0]
+        samples = []
+        for k in range(repeats + 1):  # the first round is untimed, like timed()'s
+            ids = [f"cost-admit-{k}-{i}" for i in range(rows)]
+            for rid in ids:
+                source.admit(SynthesisRequest(id=rid, text="Hello there, this is a sentence of an ordinary request.",
+                                              voice=voice), max_new_tokens=8)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            source.start_admitted()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            if k:
+                samples.append((time.perf_counter() - t0) * 1e3)
+            for rid in ids:
+                source.cancel(rid)
+        return statistics.median(samples)
+
     def codec_decode(self, rows: int, frames: int, repeats: int) -> float:
         groups = self.source.num_code_groups
         codes = torch.randint(0, 2048 if groups == 16 else 32, (frames, groups), device=self.device)
@@ -162,6 +189,7 @@ def main() -> int:
     p.add_argument("--widths", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512])
     p.add_argument("--decoder-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--frames", type=int, nargs="+", default=[1, 2, 4, 8, 12, 15, 25])
+    p.add_argument("--admit-rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", required=True, help="the JSON cost table to write")
     args = p.parse_args()
@@ -197,6 +225,10 @@ def main() -> int:
     prefill = grid(lambda n, w: costs.prefill(n, w, args.repeats), prompts, args.widths, "prompts")
     for row in range(slots):
         costs.cache.release(row)
+    admit_rows = [n for n in args.admit_rows if n <= slots]
+    with torch.no_grad():
+        admit = [costs.admit(n, args.repeats) for n in admit_rows]
+    print("admit ms (rows started together): " + " ".join(f"{n}: {ms:.2f}" for n, ms in zip(admit_rows, admit)))
     print(f"codec_decode ms (rows x frames {args.frames}):")
     codec = grid(lambda r, f: costs.codec_decode(r, f, args.repeats), args.decoder_rows, args.frames, "rows")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
@@ -210,6 +242,7 @@ def main() -> int:
         "codec_decode": {"rows": args.decoder_rows, "frames": args.frames, "ms": codec},
         "capture_ms": {"decode_step": 1e3 * talker_capture / max(1, n_talker),
                        "codec_decode": 1e3 * decoder_capture / max(1, n_decoder)},
+        "admit": {"rows": admit_rows, "ms": admit},
         "start_s": start_s,
         "kv_in_place": not getattr(getattr(step_runner, "spec", None), "bucket_blocks", True),
         "notes": ("measured: each call timed with the device synchronised around it, median of "

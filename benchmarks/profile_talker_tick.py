@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.core.scheduler import Scheduler  # noqa: E402
 from engines.pipelines.talker.source import TalkerSource  # noqa: E402
-from tests.talker_helpers import make_bundle  # noqa: E402
+from testsupport.talker import make_bundle  # noqa: E402
 
 
 def steady_source(size: str, batch: int, quantize: str | None = None) -> TalkerSource:

@@ -18,12 +18,12 @@ from engines.checkpoints.hub import resolve_model
 from engines.checkpoints.qwen3_tts import has_talker_weights, load_checkpoint
 from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
-from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
+from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
-from engines.pipelines.registry import PIPELINES
+from engines.pipelines.registry import pipeline_builder
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
     Models,
@@ -98,8 +98,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     config = get_preset(preset or default_preset(dev))
     if source is None:
         source = "talker" if has_talker_weights(checkpoint) else "dit"
-    if source not in PIPELINES:  # (the pipelines engines/pipelines/registry.py lists)
-        raise ValueError(f"unknown source {source!r}; choose one of {', '.join(PIPELINES)}")
+    check_source(source)
     if source == "talker" and not checkpoint:
         raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
     dtype = dtype or default_dtype(dev)
@@ -110,7 +109,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     t0 = time.perf_counter()
     options: dict = {}  # the pipeline's own (engines/pipelines/<name>/adapter.py)
     if checkpoint:
-        models = _models_from_checkpoint(Path(checkpoint), config, seed, uses_dit=source == "dit")
+        models = load_models(Path(checkpoint), config, seed, uses_dit=source == "dit")
         if source == "talker":
             from engines.pipelines.talker.reference import TalkerBundle
 
@@ -135,8 +134,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         # fp32 on CPU; on CUDA the engine's dtype (the aligner's official inference runs in bf16)
         loaded_aligner = Aligner.load(Path(aligner) if Path(aligner).exists() else aligner, device=dev, dtype=dtype)
         log.info("loaded the forced aligner %s (word timestamps)", aligner)
-    if prefill_token_budget is None:
-        prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET  # the scheduler's, which decides each step's prefill
+    if prefill_token_budget is None:  # the scheduler's, which decides each step's prefill
+        prefill_token_budget = DEFAULT_PREFILL_TOKEN_BUDGET_GPU if dev.type == "cuda" else DEFAULT_PREFILL_TOKEN_BUDGET
     slots = None  # the config's stream.max_slots (the DiT's, set above)
     if source == "talker":
         options.update(_kv_options(kv_cache_gb, prefix_cache_fraction))
@@ -149,6 +148,13 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if source == "talker" and quantize:
         engine.info = replace(engine.info, quantize=quantize)
     return engine
+
+
+def check_source(source: str | None) -> None:
+    """ValueError naming the registered pipelines (engines/pipelines/registry.py) when ``source`` is
+    none of them; None (the checkpoint decides) passes."""
+    if source is not None:
+        pipeline_builder(source)
 
 
 def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, device: str, checkpoint: str | None,
@@ -175,7 +181,7 @@ def _virtual_engine(table: str, eos_frames: int | None, preset: str | None, devi
     return Engine(models, canonical_device("cpu"), torch.float32, max_queue=max_queue, fault_hook=fault_hook,
                   warmup=warmup, pipeline="talker", max_slots=talker_slots,
                   options={"talker": virtual.talker_bundle(checkpoint), **_kv_options(kv_cache_gb, prefix_cache_fraction)},
-                  prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET, virtual=virtual,
+                  prefill_token_budget=prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET_GPU, virtual=virtual,
                   voice_aliases=voice_aliases)
 
 
@@ -185,8 +191,12 @@ def _kv_options(kv_cache_gb: float | None, prefix_cache_fraction: float | None) 
             if v is not None}
 
 
-def _models_from_checkpoint(path: Path, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
-    """A streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random)."""
+def load_models(path: Path | None, preset_config: ModelConfig, seed: int, uses_dit: bool = True) -> Models:
+    """The modules a pipeline runs on (codec side, and the DiT's unless ``uses_dit`` is False): from a
+    streamvox weights file, or a Qwen3-TTS directory (codec side real, DiT random); random weights
+    of ``preset_config`` when ``path`` is None (``streamvox export`` loads them here too)."""
+    if path is None:
+        return build_models(preset_config, seed)
     if path.is_file():
         models = build_models(preset_config, seed)
         load_weights(models, path)

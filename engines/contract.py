@@ -196,11 +196,9 @@ class TextFeed:
 
 @dataclass(frozen=True)
 class ChunkTiming:
-    """Monotonic timestamps (``time.monotonic()``) for latency accounting."""
+    """For latency accounting: when the chunk's request was submitted (``time.monotonic()``)."""
 
     submitted_at: float
-    started_at: float | None
-    emitted_at: float
 
 
 @dataclass(frozen=True)
@@ -323,9 +321,7 @@ class TickReport:
 
     batch_rows: int
     """Rows in the tick's model forward (2n under fused CFG)."""
-    active_slots: int
     seconds: float
-    frames_finished: int
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ if ! command -v chromium >/dev/null; then
 fi
 
 # PostgreSQL server binaries: the shared job store's tests start a real server from them
-# (tests/pg_helpers.py: initdb in a temp dir, loopback port). Debian's package is enough.
+# (testsupport/postgres.py: initdb in a temp dir, loopback port). Debian's package is enough.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     echo "dev-setup: installing postgresql (apt)"
     apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
   else
-    echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (the job store tests, tests/service/jobs/, start a server with initdb: tests/pg_helpers.py)"
+    echo "dev-setup: PostgreSQL is missing: sudo apt-get install -y postgresql (the job store tests, tests/service/jobs/, start a server with initdb: testsupport/postgres.py)"
   fi
 fi
 

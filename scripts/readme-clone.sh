@@ -4,7 +4,7 @@
 # the checkout's .venv as ./.venv, against a server on the README's address serving the Base
 # release the block names. That release is a random Base checkpoint in the official layout
 # (tests/fixtures/oracle/clone/base, written by scripts/oracle-clone-fixtures.sh), served under
-# its Hugging Face id by a hub on 127.0.0.1 (tests/hub_helpers.py), so `--model ORG/NAME` is
+# its Hugging Face id by a hub on 127.0.0.1 (testsupport/hub.py), so `--model ORG/NAME` is
 # fetched as a reader's would be. ref.wav, the reader's own recording, is a made-up 2 s voice.
 # Then every file the block names must hold audio (scripts/lib/readme_audio.py). Run by
 # scripts/readme-smoke.sh after the tour; needs 127.0.0.1:8000 free.
@@ -59,20 +59,7 @@ PY
 model=$(cat "$work/model")
 
 # The hub on 127.0.0.1, serving the random Base release under that id.
-setsid .venv/bin/python - "$fixture" "${model%@*}" >"$work/hub.url" 2>"$work/hub.log" <<'PY' &
-import signal
-import sys
-from pathlib import Path
-
-sys.path.insert(0, "tests")
-from hub_helpers import LocalHub, read_dir  # noqa: E402
-
-hub = LocalHub().start()
-hub.add_repo(sys.argv[2], read_dir(Path(sys.argv[1])))
-print(hub.url, flush=True)
-signal.sigwait({signal.SIGTERM, signal.SIGINT})
-hub.stop()
-PY
+setsid .venv/bin/python scripts/lib/loopback_hub.py "${model%@*}=$fixture" >"$work/hub.url" 2>"$work/hub.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/hub.url" ] && break; sleep 0.1; done
 [ -s "$work/hub.url" ] || { echo "readme-clone: the loopback hub did not start"; cat "$work/hub.log"; exit 1; }

@@ -4,7 +4,8 @@
 # for /readyz (within a minute of the command starting), run the README's tour against it
 # (scripts/readme-tour.sh: every command as printed, every file it writes checked), and
 # SIGTERM must stop the server with exit code 0. Then the README's cloning block, as printed,
-# against a server of the Base release it names (scripts/readme-clone.sh). Used by .ci/run.
+# against a server of the Base release it names (scripts/readme-clone.sh), and the Models block's
+# serve / download / offline serve against a loopback hub (scripts/readme-models.sh). Used by .ci/run.
 #
 #   bash scripts/readme-smoke.sh [--serve-only]
 #
@@ -73,3 +74,6 @@ echo "readme-smoke: serve drained and exited 0"
 clone_start=$(date +%s)
 bash scripts/readme-clone.sh || { echo "readme-smoke: the README's cloning block failed"; exit 1; }
 echo "readme-smoke: the cloning block took $(( $(date +%s) - clone_start ))s"
+models_start=$(date +%s)
+bash scripts/readme-models.sh || { echo "readme-smoke: the README's Models block failed"; exit 1; }
+echo "readme-smoke: the Models block took $(( $(date +%s) - models_start ))s"

@@ -10,6 +10,6 @@ drain), settings (every flag and STREAMVOX_* variable), state (what one app hold
   ws          /v1/stream, vllm-omni's socket, and the voice-agent dialects over one context core
   jobs        /v1/jobs, the runner (leases, quota) and the stores (SQLite, PostgreSQL, migrate-store)
   voices      saved voices (owned by their key), reference decoding in worker processes, URL fetching
-  db          the PostgreSQL pool and schema the stores share
+  db          the stores' versioned schema (SQLite and PostgreSQL) and the PostgreSQL pool
 docs/ARCHITECTURE.md walks a request through them.
 """

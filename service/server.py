@@ -152,6 +152,15 @@ def resolve_model(settings: Settings) -> Settings:
     return settings.model_copy(update={"checkpoint": served_name(served.name), "checkpoint_dir": served.path})
 
 
+def check_source(settings: Settings) -> None:
+    """ValueError naming the registered pipelines when ``--source`` names none of them (imports
+    torch, so only when a source was given: the other fast failures stay fast)."""
+    if settings.source is not None:
+        from engines.build import check_source as check_registered
+
+        check_registered(settings.source)
+
+
 def build_engine_for(settings: Settings):
     from engines.build import DTYPES, build_engine
 
@@ -263,8 +272,6 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
 
 
 def run(settings: Settings) -> int:
-    from engines.checkpoints.hub import ModelUnavailable
-
     configure_logging(settings.log_level)
     raise_open_file_limit()
     limit_malloc_arenas()
@@ -274,11 +281,12 @@ def run(settings: Settings) -> int:
         print(f"streamvox serve: {exc}", file=sys.stderr)  # one line, no traceback
         return 2
     try:
+        check_source(settings)  # an unknown --source fails before a download
         # Before the event loop, in the main thread: a download can take minutes, and SIGTERM
         # must end it at once (the graceful-drain handler is installed only once serving).
         settings = resolve_model(settings)
-    except ModelUnavailable as exc:
+    except ValueError as exc:  # ModelUnavailable is one too
         sock.close()
-        print(f"streamvox serve: {exc}", file=sys.stderr)  # one line: unknown id, gated, offline...
+        print(f"streamvox serve: {exc}", file=sys.stderr)  # one line: unknown id, gated, offline, unknown pipeline...
         return 2
     return asyncio.run(serve(settings, sock=sock))

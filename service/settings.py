@@ -116,9 +116,11 @@ class Settings(BaseSettings):
         "hub cannot be reached)",
         flag="--model", aliases=("--checkpoint",), env_aliases=("STREAMVOX_CHECKPOINT",), metavar="MODEL")
     checkpoint_dir: Path | None = None  # where --model resolved to (set by the server, not a flag)
-    # None: talker when the checkpoint has trained talker weights, else dit
-    source: Literal["dit", "talker"] | None = option(
-        None, "latent source (default: talker if the checkpoint has one)")
+    # None: talker when the checkpoint has trained talker weights, else dit. Any name registered in
+    # engines/pipelines/registry.py: the server checks it before a model loads (engines.build.check_source)
+    source: str | None = option(
+        None, "the pipeline to serve: dit, talker or another name registered in engines/pipelines/registry.py "
+        "(default: talker if the checkpoint has one, else dit)", metavar="PIPELINE")
     backend: Literal["torch", "onnxruntime", "tensorrt"] = option("torch", "DiT/decoder runtime")
     artifacts_dir: str | None = option(None, "ONNX files / TensorRT engines for --backend")
     max_queue: int = option(64, "engine admission queue size", ge=1)
@@ -129,8 +131,9 @@ class Settings(BaseSettings):
     kv_cache_gb: float | None = option(  # None: 1 GiB on CPU, 40 % of free memory on CUDA
         None, "talker KV cache pool in GiB (default: 1 on CPU, 40% of free device memory on CUDA); requests "
         "wait when it is full", gt=0)
-    prefill_token_budget: int = option(
-        512, "talker prompt positions prefilled per step, interleaved with decoding", ge=1)
+    prefill_token_budget: int | None = option(  # None: the engine's, by device
+        None, "talker prompt positions prefilled per step, interleaved with decoding (default: 512 on CPU, 4096 on "
+        "CUDA and on a virtual device)", ge=1)
     prefix_cache_fraction: float | None = option(
         None, "share of the talker's KV pool that shared prompt prefixes (speaker prompts, saved voices) may "
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)

@@ -1,7 +1,8 @@
 """Shared fixtures: a real server on 127.0.0.1 with an ephemeral port.
 
 * ``engine`` (module scope): the real tiny engine on CPU, started once per test module.
-* ``start_server(engine, data_dir, **settings)``: the aiohttp app on a real TCP socket.
+* ``start_server(engine, data_dir, **settings)``: the aiohttp app on a real TCP socket
+  (testsupport/server.py, which benchmarks use too; importable from here as before).
 * ``ServerProcess``: ``python -m clients.cli serve`` as a subprocess, for restart,
   drain and signal tests.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import os
 import re
 import shutil
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
+
+from testsupport.server import LiveServer, start_server  # noqa: F401  (tests import them from here)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,25 +77,6 @@ def engine():
     engine.stop()
 
 
-class LiveServer:
-    def __init__(self, runner: web.AppRunner, app: web.Application, tls: bool = False):
-        self.runner = runner
-        self.app = app
-        host, port = runner.addresses[0][:2]
-        self.host, self.port = host, port
-        self.url = f"{'https' if tls else 'http'}://{host}:{port}"
-        self.ws_url = f"{'wss' if tls else 'ws'}://{host}:{port}/v1/stream"
-
-    @property
-    def state(self):
-        from service.state import STATE_KEY
-
-        return self.app[STATE_KEY]
-
-    async def stop(self) -> None:
-        await self.runner.cleanup()
-
-
 def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
     """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps. The
     codes decide the audio; the codec decoder's float math (batched with whatever else streams at
@@ -101,23 +85,6 @@ def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
 
     x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))
     return x.shape == y.shape and int(np.abs(x - y).max(initial=0)) <= lsb
-
-
-async def start_server(engine, data_dir: Path, ssl_context=None, **overrides) -> LiveServer:
-    """``ssl_context``: serve https / wss with it (TLS terminated by aiohttp, as a proxy would)."""
-    from service.app import (
-        create_app,  # imported here so other suites never depend on service/
-    )
-    from service.settings import Settings
-
-    assert set(overrides) <= set(Settings.model_fields), f"no such settings: {set(overrides) - set(Settings.model_fields)}"
-    settings = Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu",
-                        data_dir=data_dir).model_copy(update=overrides)
-    app = create_app(settings, engine)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, 0, ssl_context=ssl_context).start()
-    return LiveServer(runner, app, tls=ssl_context is not None)
 
 
 @pytest.fixture
@@ -138,13 +105,31 @@ async def metric_value(url: str, name: str, labels: str = "", headers: dict | No
 
 
 async def wait_until(predicate, timeout_s: float = 60.0, every_s: float = 0.05):
-    """Poll an async predicate; fail the test (not hang it) when it never holds."""
+    """Poll a predicate (a function, or a coroutine function); fail the test (not hang it) when
+    it never holds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if await predicate():
+        held = predicate()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
             return
         await asyncio.sleep(every_s)
     raise AssertionError(f"condition not reached within {timeout_s} s")
+
+
+async def finished_job(http: aiohttp.ClientSession, job_url: str, headers: dict | None = None,
+                       timeout_s: float = 120.0) -> dict:
+    """GET ``job_url`` until the job has ended (succeeded, failed or cancelled) -> its record."""
+    seen: list[dict] = []
+
+    async def ended() -> bool:
+        async with http.get(job_url, headers=headers) as response:
+            seen.append(await response.json())
+        return seen[-1]["status"] in ("succeeded", "failed", "cancelled")
+
+    await wait_until(ended, timeout_s=timeout_s)
+    return seen[-1]
 
 
 class ServerProcess:
@@ -204,8 +189,8 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A PostgreSQL server started from the installed binaries (tests/pg_helpers.py)."""
-    from pg_helpers import start_postgres
+    """A PostgreSQL server started from the installed binaries (testsupport/postgres.py)."""
+    from testsupport.postgres import start_postgres
 
     server = start_postgres()
     yield server

@@ -18,9 +18,14 @@ class Collected:
 
     chunks: list[AudioChunk] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    first_chunk: threading.Event = field(default_factory=threading.Event)  # anything delivered
+    first_audio: threading.Event = field(default_factory=threading.Event)  # a chunk with samples delivered
 
     def deliver(self, chunk: AudioChunk) -> None:
         self.chunks.append(chunk)
+        self.first_chunk.set()
+        if chunk.pcm.size:
+            self.first_audio.set()
         if chunk.is_final:
             self.done.set()
 

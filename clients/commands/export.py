@@ -57,11 +57,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from clients.commands.model_option import show_hub_logs
-    from engines.build import _models_from_checkpoint
+    from engines.build import load_models
     from engines.checkpoints.hub import ModelUnavailable, resolve_model
     from engines.config import get_preset
     from engines.export.onnx_export import DTYPES, default_profiles, export_models
-    from engines.pipelines.dit.weights import build_models
 
     checkpoint = None
     if args.model:
@@ -72,8 +71,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     config = get_preset(args.preset)
-    models = _models_from_checkpoint(Path(checkpoint), config, args.seed) if checkpoint else (
-        build_models(config, args.seed))
+    models = load_models(Path(checkpoint) if checkpoint else None, config, args.seed)
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
     print(f"exporting {', '.join(graphs)} ({args.preset}, {args.dtype}, {args.exporter} exporter) to {args.out} ...",
           flush=True)  # tens of seconds with nothing else to show

@@ -40,7 +40,7 @@ from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook, Worker
 from engines.pipelines.dit.weights import Models
 from engines.pipelines.profile import PipelineSetup
-from engines.pipelines.registry import PIPELINES
+from engines.pipelines.registry import pipeline_builder
 from engines.pipelines.vocoder import Vocalizer
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ class Engine:
         waits (engines/virtual/; it builds the pipeline, no model runs).
         ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
         (engines/pipelines/voice_aliases.py); ValueError when one names no voice of the model."""
-        if pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {pipeline!r}; choose one of {', '.join(PIPELINES)}")
+        build_pipeline = pipeline_builder(pipeline)
         self.models = models.to(device, dtype)
         self.device = device
         self.dtype = dtype
@@ -97,7 +96,7 @@ class Engine:
             self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * max_slots)
         setup = PipelineSetup(self.models, device, dtype, max_slots, self.vocalizer, switches,
                               dict(voice_aliases or {}), dict(options or {}))
-        adapter = virtual.build_pipeline(pipeline, setup) if virtual is not None else PIPELINES[pipeline](setup)
+        adapter = virtual.build_pipeline(pipeline, setup) if virtual is not None else build_pipeline(setup)
         self.pipeline, self.profile = adapter.pipeline, adapter.profile
         self.worker = Worker(self.pipeline, self.vocalizer, self.profile.voice_index, max_slots=max_slots,
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,

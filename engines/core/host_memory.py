@@ -33,7 +33,6 @@ class IdleTrim:
         self.min_interval_s = min_interval_s
         self.pending = False  # work happened since the last trim
         self.last = 0.0
-        self.trims = 0
 
     def worked(self) -> None:
         self.pending = True
@@ -45,7 +44,6 @@ class IdleTrim:
         self.pending = False
         self.last = now
         release_free_pages()
-        self.trims += 1
 
 
 def release_free_pages() -> None:

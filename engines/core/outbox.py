@@ -10,7 +10,6 @@ bounds how far the loop runs ahead of the GPU. On CPU the PCM is already on the 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -99,7 +98,7 @@ class Outbox:
 
 def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | None, frames_done: int) -> None:
     """Deliver one chunk of a request's audio."""
-    timing = ChunkTiming(state.handle.submitted_at, state.started_at, time.monotonic())
+    timing = ChunkTiming(state.handle.submitted_at)
     chunk = AudioChunk(request_id=state.request_id, index=state.delivered, pcm=pcm, sample_rate=SAMPLE_RATE,
                        frames_done=frames_done, frames_total=state.frames_total, is_final=final, timing=timing,
                        text=text, truncated=state.truncated if final else None)
@@ -108,13 +107,12 @@ def emit_audio(state: RequestState, pcm: np.ndarray, final: bool, text: str | No
 
 
 def deliver_final(handle: RequestHandle, deliver: Deliver, index: int, frames_done: int, frames_total: int,
-                  error: str | None, started_at: float | None = None, alignment: Alignment | None = None,
-                  truncated: str | None = None) -> None:
+                  error: str | None, alignment: Alignment | None = None, truncated: str | None = None) -> None:
     """The empty final chunk that ends a request early (error, cancel, stop), or after its
     word alignment (``alignment``; None when it could not be aligned)."""
     chunk = AudioChunk(request_id=handle.request_id, index=index, pcm=np.zeros(0, np.float32),
                        sample_rate=SAMPLE_RATE, frames_done=frames_done, frames_total=frames_total,
-                       is_final=True, error=error, timing=ChunkTiming(handle.submitted_at, started_at, time.monotonic()),
+                       is_final=True, error=error, timing=ChunkTiming(handle.submitted_at),
                        alignment=alignment, truncated=None if error else truncated)
     safe_deliver(deliver, chunk)
     handle.mark_done()

@@ -60,6 +60,9 @@ FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
 # generated (n steps) plus about this many steps more for its vocoding, delivery and jitter.
 CHUNK_OVERHEAD_STEPS = 1.5
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
+# On a GPU a prefill call is launch bound: on the H200 (benchmarks/costs/h200-0.6b.json) 16 prompts
+# of 256 positions cost what one of 16 does (27-29 ms), so a burst of arrivals prefills in one call.
+DEFAULT_PREFILL_TOKEN_BUDGET_GPU = 4096
 
 
 class RequestStatus(Enum):
@@ -103,7 +106,6 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     frames_done: int = 0  # frames vocoded (their audio is delivered or on its way)
     delivered: int = 0  # chunks delivered
-    started_at: float | None = None  # when it first took a slot (its time in the queue ends)
     first_audio_at: float | None = None  # first audio handed to the outbox: playback starts
     truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
     pending: list[Produced] = field(default_factory=list)  # produced, not yet vocoded
@@ -165,11 +167,11 @@ class Scheduler:
         state.status = RequestStatus.WAITING
         self.requests[state.request_id] = state
 
-    def started(self, state: RequestState, now: float) -> bool:
+    def started(self, state: RequestState) -> bool:
         """It took a slot; True the first time (it leaves the queue: PREFILLING)."""
         if state.status is not RequestStatus.WAITING:
             return False
-        state.status, state.started_at = RequestStatus.PREFILLING, now
+        state.status = RequestStatus.PREFILLING
         return True
 
     @staticmethod

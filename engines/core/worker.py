@@ -225,10 +225,10 @@ class Worker:
         with self._stage("admit"):
             self._fill_slots()
         t0 = time.perf_counter()
-        rows = slots = frames = None
+        rows = frames = None
         if self.pipeline.active_slots > 0:
             try:
-                rows, slots, frames = self._generate()
+                rows, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
                 self._fail_tick(exc)
         with self._stage("vocalize"):
@@ -236,8 +236,7 @@ class Worker:
         with self._stage("align"):
             aligned = self._align()
         if rows is not None:
-            self._report(TickReport(batch_rows=rows, active_slots=slots, seconds=time.perf_counter() - t0,
-                                    frames_finished=frames))
+            self._report(TickReport(batch_rows=rows, seconds=time.perf_counter() - t0))
         # rows == 0 with no frames: every utterance waits for live text; sleep until woken
         stepped = rows is not None and (rows > 0 or bool(frames))
         return stepped or vocoded or aligned or len(self._outbox) > 0
@@ -381,16 +380,15 @@ class Worker:
                 log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
                 continue
-            if self.scheduler.started(active, time.monotonic()):
+            if self.scheduler.started(active):
                 self._release_pending()  # it left the queue
 
-    def _generate(self) -> tuple[int, int, int]:
+    def _generate(self) -> tuple[int, int]:
         """One generation step; its code frames join their requests' pending work."""
         with self._stage("tick"):
             produced = self.executor.generate(self.scheduler.step_plan(self.pipeline.capacity()))
         self.ticks += 1  # counted before delivery, so a reader woken by a chunk sees this tick
         rows = self.pipeline.last_batch_rows
-        slots = self.pipeline.active_slots + sum(1 for p in produced if p.is_last)
         frames = 0
         for p in produced:
             active = self.scheduler.requests.get(p.request_id)
@@ -402,7 +400,7 @@ class Worker:
             self.scheduler.produced(active, p)
             frames += p.num_frames
         self.scheduler.observe(frames)
-        return rows, slots, frames
+        return rows, frames
 
     def _report(self, report: TickReport) -> None:
         for listener in self._listeners:
@@ -487,7 +485,7 @@ class Worker:
         if self.scheduler.end(state, error) is None:
             return
         deliver_final(state.handle, state.deliver, state.delivered, state.frames_done, state.frames_total,
-                      error, state.started_at, alignment=alignment, truncated=state.truncated)
+                      error, alignment=alignment, truncated=state.truncated)
 
     def _finish(self, active: RequestState, error: str | None, delivered_final: bool = False) -> None:
         was = self.scheduler.end(active, error)
@@ -498,7 +496,7 @@ class Worker:
             self._release_pending()  # it leaves the queue without a slot
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
-                          active.frames_total, error, active.started_at, truncated=active.truncated)
+                          active.frames_total, error, truncated=active.truncated)
         active.handle.mark_done()
 
     def _hook(self, request_id: str, stage: str) -> None:

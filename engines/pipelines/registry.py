@@ -12,3 +12,11 @@ PIPELINES: dict[str, Builder] = {
     "dit": dit.build,
     "talker": talker.build,
 }
+
+
+def pipeline_builder(name: str) -> Builder:
+    """The builder registered as ``name``; ValueError naming every registered pipeline when none is
+    (``--source``'s error)."""
+    if name not in PIPELINES:
+        raise ValueError(f"unknown source {name!r}; choose one of {', '.join(PIPELINES)}")
+    return PIPELINES[name]

@@ -9,6 +9,7 @@ width, a codec-decoder call by rows and frames, one graph capture). The schema i
   or, where the step read the pool in place (``kv_in_place``), interpolate linearly;
 * prefill: prompts round up, width interpolates linearly (prefill is eager, not bucketed);
 * codec decode: rows round up, frames interpolate linearly;
+* admission (optional: tables measured before it have none): rows started together interpolate linearly;
 * beyond the last listed point of any axis the cost scales linearly from its last two points.
 """
 
@@ -64,6 +65,18 @@ class CodecDecodeCosts(_Grid):
     ms: list[list[float]]
 
 
+class AdmitCosts(_Frozen):
+    """Starting ``rows`` admitted rows together (their prompts' inputs and row state)."""
+
+    rows: list[int]
+    ms: list[float]
+
+    @model_validator(mode="after")
+    def _axis(self) -> "AdmitCosts":
+        _check_grid(self.rows, [1], [[v] for v in self.ms], "AdmitCosts")
+        return self
+
+
 class CaptureCosts(_Frozen):
     decode_step: float = Field(ge=0)
     codec_decode: float = Field(ge=0)
@@ -88,6 +101,7 @@ class CostTable(_Frozen):
     # the measured decode step read each row's KV length on the device (the paged-attention kernel):
     # one graph per rows bucket, its cost linear in the blocks read; else KV-block buckets (gather)
     kv_in_place: bool = False
+    admit: AdmitCosts | None = None  # None: the table predates the admission measurement
     notes: str = ""
 
     @classmethod
@@ -106,6 +120,12 @@ class CostTable(_Frozen):
     def prefill_ms(self, prompts: int, width: int) -> float:
         c = self.prefill
         return _lookup(c.ms, _round_up(c.prompts, prompts), _linear(c.width, width))
+
+    def admit_ms(self, rows: int) -> float | None:
+        """Starting ``rows`` admitted rows together; None where the table did not measure it."""
+        if self.admit is None:
+            return None
+        return _lookup([[v] for v in self.admit.ms], _linear(self.admit.rows, rows), [(0, 1.0)])
 
     def codec_decode_ms(self, rows: int, frames: int) -> float:
         c = self.codec_decode

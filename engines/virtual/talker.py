@@ -27,7 +27,7 @@ from engines.contract import SynthesisRequest
 from engines.models.paged_kv import KVPoolExhausted
 from engines.pipelines.talker.batch import UtteranceBatch
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
-from engines.pipelines.talker.rows import RowSettings, TalkerFrames, Utterance
+from engines.pipelines.talker.rows import TalkerFrames, Utterance
 from engines.runtime.cuda_graphs import smallest_bucket
 from engines.runtime.graphed_talker import kv_bucket, row_buckets, start_keys
 from engines.virtual.clock import DeviceClock, DeviceEvent
@@ -35,9 +35,11 @@ from engines.virtual.costs import CostTable
 from engines.virtual.graphs import VirtualGraphs
 
 BLOCK_SIZE = 16  # positions per KV block (engines/pipelines/talker/source.py DEFAULT_BLOCK_SIZE)
-# Admitting a request launches eager device work (the prompt's embeddings, the row's state
+# Starting admitted rows launches eager device work (the prompts' embeddings, the rows' state
 # writes) that the cost table does not price: run 3's admit stage was 3.0 % of the worker's
-# wall at 64 streams on the H200 (~105 ms for 64 admissions).
+# wall at 64 streams on the H200 (~105 ms for 64 admissions, one request at a time). A GPU
+# source starts the rows admitted since the last tick together, with the launches of one
+# request: priced at one request's where the cost table has no ``admit`` entry (an estimate).
 ADMIT_MS = 1.6
 
 
@@ -100,17 +102,17 @@ class VirtualTalkerSource(UtteranceBatch):
         self.graphs = VirtualGraphs("talker step", clock, table.capture_ms.decode_step,
                                     start_keys(self.buckets, max_blocks_per_row, bucket_blocks=not table.kv_in_place))
         self._pending: list[tuple[DeviceEvent, list[Utterance]]] = []  # sampled ids on their way to the host
+        self.batched_admission = True  # as the talker source on a GPU
 
     # ---------------------------------------------------------------- admission
 
-    def _prompt_inputs(self, prompt: TalkerPrompt) -> tuple[None, int]:
-        return None, len(prompt.text_ids)
-
-    def _take_row(self, row: int, request: SynthesisRequest, settings: RowSettings, prompt: TalkerPrompt,
-                  inputs: None, prompt_len: int) -> dict:
+    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
         self.cache.reserve(row, prompt_len)
-        self.clock.eager(ADMIT_MS)
         return {"prompt": None, "prompt_len": prompt_len, "fed": len(prompt.trailing_text_ids)}
+
+    def _start(self, utts: list[Utterance]) -> None:
+        measured = self.table.admit_ms(len(utts))
+        self.clock.eager(ADMIT_MS if measured is None else measured)  # one set of launches for the group (batch.py)
 
     # ---------------------------------------------------------------- the tick's device work
 

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from service.db.schema import MIGRATIONS, SCHEMA_VERSION
+from service.db.schema import SCHEMA_VERSION, pending
 from service.db.urls import redact_url
 from service.errors import StoreUnavailable
 
@@ -85,14 +85,11 @@ class Database:
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
             await conn.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version integer NOT NULL)")
             version = await conn.fetchval("SELECT max(version) FROM streamvox_schema") or 0
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(f"the job database has schema v{version}, newer than this streamvox "
-                                   f"(v{SCHEMA_VERSION}); upgrade streamvox")
-            for number, statements in MIGRATIONS:
-                if number > version:
-                    await conn.execute(statements)
-                    await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", number)
-                    log.info("database: schema migrated to v%d", number)
+            for step in pending(version):
+                if step.postgresql:
+                    await conn.execute(step.postgresql)
+                await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", step.version)
+                log.info("database: schema migrated to v%d", step.version)
 
     async def close(self) -> None:
         if self._pool is not None:

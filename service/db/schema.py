@@ -1,12 +1,34 @@
-"""The shared database's schema, versioned in ``streamvox_schema``: every table the stores keep
-there (jobs and their audio, saved voices). Applied at start-up by :class:`service.db.postgres.Database`
-under an advisory lock, so replicas starting together migrate once."""
+"""The stores' schema as one ordered list of versioned migrations, for both databases: the
+embedded SQLite (jobs under ``--data-dir``: service/db/sqlite.py applies it) and the shared
+PostgreSQL (jobs, their audio and saved voices: service/db/postgres.py applies it under an
+advisory lock, so replicas starting together migrate once). Each database records the versions
+it has in ``streamvox_schema``.
+
+A step says what each dialect does at that version; "" where a dialect has nothing to do (the
+embedded store keeps audio and saved voices as files, not rows). Append a step to change the
+schema; never edit an applied one. SQLite steps are written so that a database made before
+versions existed (it has some of their tables and columns already) adopts them: every CREATE
+says IF NOT EXISTS, and service/db/sqlite.py skips an ADD COLUMN such a database has.
+"""
 
 from __future__ import annotations
 
-# (version, statements). Append a new entry to change the schema; never edit an applied one.
-MIGRATIONS: tuple[tuple[int, str], ...] = (
-    (1, """
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    postgresql: str  # one script; "" when PostgreSQL has nothing to do at this version
+    sqlite: str  # one script; "" when SQLite has nothing to do at this version
+
+
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer streamvox: this one must not write to it."""
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, postgresql="""
 CREATE TABLE jobs (
     id text PRIMARY KEY,
     status text NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
@@ -43,22 +65,46 @@ CREATE TABLE voices (
     tensors bytea NOT NULL,
     created_at double precision NOT NULL
 );
+""", sqlite="""
+-- The jobs table as first released, and the columns it gained before versions existed.
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    params TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    error TEXT,
+    frames_done INTEGER NOT NULL DEFAULT 0,
+    frames_total INTEGER NOT NULL DEFAULT 0,
+    audio_file TEXT  -- the finished audio's name under audio/
+);
+CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
+ALTER TABLE jobs ADD COLUMN owner TEXT;
+ALTER TABLE jobs ADD COLUMN audio_size INTEGER;
+ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN lease_owner TEXT;
+ALTER TABLE jobs ADD COLUMN lease_token TEXT;
+ALTER TABLE jobs ADD COLUMN lease_expires REAL;  -- seconds since the epoch (PostgreSQL: timestamptz)
 """),
     # Saved voices belong to the API key that uploaded them; names are unique per owner.
     # Voices saved before this have owner '' (unowned): with keys on only admin keys see them.
-    (2, """
+    # (The embedded store keeps voices as files: service/voices/store.py.)
+    Migration(2, postgresql="""
 ALTER TABLE voices ADD COLUMN owner text NOT NULL DEFAULT '';
 ALTER TABLE voices DROP CONSTRAINT voices_pkey;
 ALTER TABLE voices ADD PRIMARY KEY (owner, name);
 CREATE INDEX voices_by_name ON voices (name, owner);
-"""),
+""", sqlite=""),
     # Word timestamps of a finished job (JSON text: [{word, start_ms, end_ms, char_start, char_end}]).
-    (3, """
+    Migration(3, postgresql="""
 ALTER TABLE jobs ADD COLUMN words text;
+""", sqlite="""
+ALTER TABLE jobs ADD COLUMN words TEXT;
 """),
     # A long job's plan (service/synthesis/plan.py) and its finished segments (float32 PCM, word
     # times), kept while it runs so that an interrupted job resumes at the next one.
-    (4, """
+    Migration(4, postgresql="""
 ALTER TABLE jobs ADD COLUMN plan_key text;
 ALTER TABLE jobs ADD COLUMN utterances_total integer NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN utterances_done integer NOT NULL DEFAULT 0;
@@ -71,6 +117,28 @@ CREATE TABLE job_segments (
     words text,
     PRIMARY KEY (job_id, idx)
 );
+""", sqlite="""
+ALTER TABLE jobs ADD COLUMN plan_key TEXT;
+ALTER TABLE jobs ADD COLUMN utterances_total INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN utterances_done INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN audio_samples INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS job_segments (
+    job_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    pcm BLOB NOT NULL,
+    words TEXT,
+    PRIMARY KEY (job_id, idx)
+);
 """),
 )
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def pending(version: int) -> list[Migration]:
+    """The steps a database at ``version`` (0: none yet) still needs, in order; SchemaTooNew
+    when a newer streamvox migrated it."""
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(f"the job database has schema v{version}, newer than this streamvox "
+                           f"(v{SCHEMA_VERSION}); upgrade streamvox")
+    return [step for step in MIGRATIONS if step.version > version]

@@ -5,7 +5,7 @@
 A talker speaks one utterance per engine request, each with a frame budget from its own text
 (engines/pipelines/talker/budget.py). Text whose budget is over ``--utterance-max-frames`` (or
 the per-utterance work limit, if lower) is cut at sentence ends into utterances that fit
-(engines/models/text.py ``pack_sentences``: consecutive sentences joined while they fit, a
+(engines/sentences.py ``pack_sentences``: consecutive sentences joined while they fit, a
 sentence too long alone cut at clauses, then words), spoken in order with the same voice
 settings and seed (service/synthesis/sequence.py plays them as one stream). Text that fits is
 left exactly as sent: the same request as before, the same audio. Long utterances drift in
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Union
 
 from engines.contract import PlannedWork, SynthesisEngine
-from engines.models.text import pack_sentences
+from engines.sentences import pack_sentences
 from service.errors import ApiError
 from service.synthesis.params import SynthesisParams, plan_request, planned_work
 from service.synthesis.schema import FieldError, require_unicode

@@ -372,7 +372,7 @@ def test_a_build_argument_bakes_a_model_into_hf_home(name):
 def test_the_bake_step_runs(tmp_path):
     """The model stage's RUN line, run for real with sh against a local hub: with the argument
     the cache holds the model's snapshot; without it the step is a no-op that succeeds."""
-    from hub_helpers import LocalHub, read_dir
+    from testsupport.hub import LocalHub, read_dir
 
     from tests.oracle import talker_fixtures as fx
 

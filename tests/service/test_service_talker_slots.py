@@ -16,6 +16,7 @@ import json
 import aiohttp
 import pytest
 import websockets
+from conftest import wait_until
 from ws_helpers import read_until_session_done
 
 from service.server import serve
@@ -80,18 +81,19 @@ async def run_sessions(sessions: int, *flags: str, tmp_path, hold_until_waits: b
                     if task.done():
                         task.result()  # a failed session fails the test now
 
-            while len(created) < sessions:
-                await asyncio.sleep(0.02)
+            def all_created() -> bool:
                 check_tasks()
+                return len(created) >= sessions
+
+            async def a_request_waited() -> bool:
+                check_tasks()
+                async with http.get(url + "/metrics") as response:
+                    return metric(await response.text(), "streamvox_kv_cache_admission_waits_total") > 0
+
+            await wait_until(all_created, timeout_s=240, every_s=0.02)
             go.set()
             if release is not None:
-                deadline = asyncio.get_running_loop().time() + 120
-                while asyncio.get_running_loop().time() < deadline:
-                    async with http.get(url + "/metrics") as response:
-                        if metric(await response.text(), "streamvox_kv_cache_admission_waits_total") > 0:
-                            break
-                    check_tasks()
-                    await asyncio.sleep(0.1)
+                await wait_until(a_request_waited, timeout_s=120, every_s=0.1)
                 release.set()
             results = await asyncio.gather(*tasks)
             for result in results:

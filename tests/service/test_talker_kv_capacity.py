@@ -9,13 +9,12 @@ real HTTP and WebSocket clients.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
 import pytest
 import websockets
-from conftest import start_server
+from conftest import finished_job, start_server
 
 from engines.build import build_engine
 from tests.oracle import talker_fixtures as fx
@@ -76,16 +75,6 @@ async def test_on_a_websocket_the_utterance_ends_with_an_overloaded_error(small_
         await live.stop()
 
 
-async def finished(http: aiohttp.ClientSession, job_url: str) -> dict:
-    """The job once it has ended (the caller's assertions say how)."""
-    while True:
-        async with http.get(job_url) as response:
-            job = await response.json()
-        if job["status"] in ("succeeded", "failed"):
-            return job
-        await asyncio.sleep(0.1)
-
-
 async def test_a_job_that_outgrows_the_kv_pool_is_queued_again_then_fails_with_the_reason(small_pool_engine, tmp_path):
     """A job is not a client waiting on a socket: running out of KV cache gives it back to the
     queue for another turn, a bounded number of times (this one can never fit: it then fails,
@@ -100,11 +89,11 @@ async def test_a_job_that_outgrows_the_kv_pool_is_queued_again_then_fails_with_t
                 job_id = (await response.json())["id"]
             async with http.post(live.url + "/v1/jobs", json={**BODY, "seed": 0}) as response:
                 short_id = (await response.json())["id"]
-            job = await finished(http, f"{live.url}/v1/jobs/{job_id}")
+            job = await finished_job(http, f"{live.url}/v1/jobs/{job_id}")
             assert job["status"] == "failed" and "kv_cache_exhausted" in job["error"], job
             stored = await live.state.jobs.store.get(job_id)
             assert stored.attempts == CAPACITY_ATTEMPTS, stored.attempts
-            short = await finished(http, f"{live.url}/v1/jobs/{short_id}")
+            short = await finished_job(http, f"{live.url}/v1/jobs/{short_id}")
             assert short["status"] == "succeeded", short
     finally:
         await live.stop()

@@ -128,9 +128,6 @@ class Aligner:
                 extra[lang] = support.needs or ""
         return AlignerCapabilities(self.name, tuple(ok), extra)
 
-    def supports(self, language: str) -> bool:
-        return language.strip().lower() in self.capabilities().languages
-
     # ------------------------------------------------------------------ batch
 
     def _prepare(self, item: AlignItem) -> tuple[list[str], list[int], torch.Tensor] | None:

@@ -17,7 +17,8 @@ from engines.devices import canonical_device, stage, upload
 from engines.models.condition import ConditionEncoder
 from engines.models.configs import ModelConfig, StreamConfig
 from engines.models.duration import DurationModel
-from engines.models.text import Tokenizer, split_clauses
+from engines.models.text import Tokenizer
+from engines.sentences import split_clauses
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The host side of a talker batch, one place for the talker source (source.py) and the virtual
 device's (engines/virtual/talker.py): which utterance holds which row, the prompts still to
 prefill, the KV blocks a row takes, what the scheduler is told (``capacity``), and the order of
-one tick. The device work is the subclass's: a row's prompt inputs and state (``_take_row``),
-the planned prefill (``_prefill``), which rows step (``_rows_to_step``) and the decode step
-(``_decode``).
+one tick. The device work is the subclass's: a row's KV blocks (``_take_row``, at admission),
+its prompt inputs and row state (``_start``, at the next tick: the rows admitted since the last
+tick start together when ``batched_admission``), the planned prefill (``_prefill``), which rows
+step (``_rows_to_step``) and the decode step (``_decode``).
 
 ``cache``: the paged KV pool's host interface (engines/models/paged_kv.py ``PagedKVCache``, or
 the virtual device's block ledger): ``blocks_for``, ``row_blocks``, ``reserve`` (KVPoolExhausted
@@ -43,6 +44,10 @@ class UtteranceBatch:
         self.cache = None  # the subclass's KV pool (see the module docstring)
         self._utts: dict[int, Utterance] = {}  # row -> utterance
         self._prefill_queue: list[Utterance] = []  # admission order
+        self._starting: list[Utterance] = []  # admitted, row state and prompt inputs not on the device yet
+        # Start the rows admitted since the last tick in one pass (a GPU: one set of kernel
+        # launches, not one per request); else one by one, each exactly as a lone request.
+        self.batched_admission = False
         self._last_batch_rows = 0
         self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
         self._admissions = 0
@@ -137,7 +142,7 @@ class UtteranceBatch:
             prompt = live.prompt(request, instruct=instruct)
         else:
             prompt = self.prompt.for_request(request, non_streaming_mode, instruct)  # task, clone, instructions
-        inputs, s_len = self._prompt_inputs(prompt)
+        s_len = len(prompt.text_ids)
         # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
         if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
@@ -146,21 +151,30 @@ class UtteranceBatch:
         text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
         max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
-        taken = self._take_row(row, request, settings, prompt, inputs, s_len)  # raises before anything changes
+        taken = self._take_row(row, request, prompt, s_len)  # raises before anything changes
         self._admissions += 1
         u = Utterance(request, row, settings, max_frames=max_frames, limit_reason=limit_reason, next_pos=s_len,
-                      admitted=self._admissions, live=live, budgeted=budgeted, **taken)
+                      admitted=self._admissions, live=live, budgeted=budgeted, talker_prompt=prompt, **taken)
         self._utts[row] = u
         self._prefill_queue.append(u)
+        self._starting.append(u)
 
-    def _prompt_inputs(self, prompt: TalkerPrompt) -> tuple[object, int]:
-        """The prompt's inputs for ``_take_row`` and its positions."""
+    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
+        """The prompt's KV blocks; the Utterance fields it sets (its ``prompt_len`` at least)."""
         raise NotImplementedError
 
-    def _take_row(self, row: int, request: SynthesisRequest, settings: RowSettings, prompt: TalkerPrompt,
-                  inputs, prompt_len: int) -> dict:
-        """The prompt's KV blocks and the row's state; the Utterance fields it sets (its
-        ``prompt_len`` and ``prompt`` inputs at least)."""
+    def start_admitted(self) -> None:
+        """The row state and prompt inputs of the utterances admitted since the last tick."""
+        starting, self._starting = self._starting, []
+        if not starting:
+            return
+        for group in [starting] if self.batched_admission else [[u] for u in starting]:
+            self._start(group)
+            for u in group:
+                u.talker_prompt = None  # its inputs are on the device now
+
+    def _start(self, utts: list[Utterance]) -> None:
+        """Device work of :meth:`start_admitted` for ``utts`` (sets each one's ``prompt`` inputs)."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- the tick
@@ -176,7 +190,7 @@ class UtteranceBatch:
             out.append(self._final(u))
             self._release(u)
         self.admission_waits += plan.kv_wait
-        self._prefill(plan.prefill)
+        self.prefill_step(plan.prefill)
         utts, failed = self._grow(self._rows_to_step())
         self.cache.flush()
         out += failed
@@ -184,6 +198,12 @@ class UtteranceBatch:
         if utts:
             out += self._decode(utts)
         return out
+
+    def prefill_step(self, takes: tuple[int, ...]) -> None:
+        """A tick's prefill: the rows admitted since the last one start, then the queued prompts
+        prefill the positions the scheduler planned (``takes``, oldest first)."""
+        self.start_admitted()
+        self._prefill(takes)
 
     def _prefill(self, takes: tuple[int, ...]) -> None:
         raise NotImplementedError
@@ -234,6 +254,8 @@ class UtteranceBatch:
             self.cache.release(u.row)
             if u in self._prefill_queue:
                 self._prefill_queue.remove(u)
+            if u in self._starting:
+                self._starting.remove(u)
 
 
 __all__ = ["UtteranceBatch"]

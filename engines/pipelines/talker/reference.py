@@ -94,17 +94,32 @@ class TalkerBundle:
 
 def prompt_tensors(talker: Talker, prompt: TalkerPrompt, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> prefill inputs [S, D], trailing text parts [T, D], tts_pad text part [D]."""
+    (x,), (trailing,), pad = batch_prompt_tensors(talker, [prompt], device)
+    return x, trailing, pad
+
+
+def batch_prompt_tensors(talker: Talker, prompts: list[TalkerPrompt],
+                         device) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Several prompts' inputs in one pass: -> prefill inputs [S_i, D] and trailing text parts
+    [T_i, D] per prompt (views of one tensor each), the tts_pad text part [D]. The ids of all
+    prompts go up in one copy and through the embeddings once, so admitting n requests launches
+    the kernels of one (the work is launch bound on a GPU). Every op is per position, so a
+    prompt's values do not depend on the others' beyond the GEMM's blocking (one prompt: exactly
+    :func:`prompt_tensors`)."""
     def upload(ids) -> torch.Tensor:  # non_blocking: no stream sync at admission
         return torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True)
 
-    text, codec = upload(prompt.text_ids), upload(prompt.codec_ids)
-    trailing = talker.text_part(upload(prompt.trailing_text_ids))
-    pad = talker.text_part(upload([prompt.pad_text_id]))[0]
-    x = talker.prompt_embeds(text, codec)
-    if prompt.codec_embeds is not None:  # x-vector / reference frames: codec parts given as vectors
-        where = upload([i for i, c in enumerate(prompt.codec_ids) if c == EMBEDDED])
-        x = x.index_add(0, where, prompt.codec_embeds.to(device=x.device, dtype=x.dtype))
-    return x, trailing, pad
+    text = upload([i for p in prompts for i in p.text_ids])
+    codec = upload([c for p in prompts for c in p.codec_ids])
+    xs = list(talker.prompt_embeds(text, codec).split([len(p.text_ids) for p in prompts]))
+    trailing = talker.text_part(upload([i for p in prompts for i in p.trailing_text_ids]))
+    trailings = list(trailing.split([len(p.trailing_text_ids) for p in prompts]))
+    pad = talker.text_part(upload([prompts[0].pad_text_id]))[0]
+    for k, prompt in enumerate(prompts):
+        if prompt.codec_embeds is not None:  # x-vector / reference frames: codec parts given as vectors
+            where = upload([i for i, c in enumerate(prompt.codec_ids) if c == EMBEDDED])
+            xs[k] = xs[k].index_add(0, where, prompt.codec_embeds.to(device=xs[k].device, dtype=xs[k].dtype))
+    return xs, trailings, pad
 
 
 def frame_embedder(talker: Talker, predictor: CodePredictor):
@@ -185,4 +200,5 @@ def generate_codes(talker: Talker, predictor: CodePredictor, prompt_builder: Pro
     return torch.stack(frames)
 
 
-__all__ = ["TalkerBundle", "frame_embedder", "frame_embedding", "generate_codes", "prompt_tensors"]
+__all__ = ["TalkerBundle", "batch_prompt_tensors", "frame_embedder", "frame_embedding", "generate_codes",
+           "prompt_tensors"]

@@ -17,6 +17,7 @@ from engines.contract import SynthesisRequest
 from engines.models.sampling import SamplingSettings, split_seed
 from engines.pipelines.talker.guard import LoopGuard
 from engines.pipelines.talker.live_text import LiveText
+from engines.pipelines.talker.prompt import TalkerPrompt
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Utterance:
     request: SynthesisRequest
     row: int
     settings: RowSettings
-    prompt: torch.Tensor | None  # [S, D] prefill inputs until prefilled
+    prompt: torch.Tensor | None  # [S, D] prefill inputs from its start until prefilled
     prompt_len: int
     max_frames: int  # the most frames it may take: its text's budget, max_new_tokens - 1, its positions
     limit_reason: str = "max_new_tokens"  # which of them sets max_frames ("budget", "max_new_tokens", "max_seq_len")
@@ -82,6 +83,7 @@ class Utterance:
     fed: int = 0  # live: trailing text parts written into the row's ``trail`` so far
     prefix_keys: list[bytes] | None = None  # per-position prefix-cache keys (None: not cacheable)
     guard: LoopGuard = field(default_factory=LoopGuard)  # its code-0 loop test (guard.py)
+    talker_prompt: TalkerPrompt | None = None  # the prompt's ids, admitted until its row starts (batch.py)
 
     @property
     def request_id(self) -> str:
@@ -151,25 +153,39 @@ class RowState:
         self.trail = bigger
         self.version += 1
 
-    def start(self, row: int, request: SynthesisRequest, settings: RowSettings, trailing: torch.Tensor,
-              pad: torch.Tensor, prompt_len: int) -> None:
-        """A new utterance's row: its trailing text parts, seed, sampling settings, position."""
-        t = trailing.shape[0]
-        self.ensure_trail(t + 1)
-        self.trail[row, :t] = trailing
-        self.trail[row, t] = pad
-        self.trail_len[row] = t
-        lo, hi = split_seed(request.seed)
-        self.seed_lo[row], self.seed_hi[row] = lo, hi
-        self.penalty[row] = settings.repetition_penalty
-        a, b = settings.talker, settings.predictor
-        self.greedy[row], self.temperature[row], self.top_k[row], self.top_p[row] = (
-            a.greedy, a.temperature, a.top_k, a.top_p)
-        self.sub_greedy[row], self.sub_temperature[row] = b.greedy, b.temperature
-        self.sub_top_k[row], self.sub_top_p[row] = b.top_k, b.top_p
-        self.pos[row] = prompt_len
-        self.ntok[row] = 0
-        self.seen[row] = False
+    def start(self, rows: list[int], requests: list[SynthesisRequest], settings: list[RowSettings],
+              trailings: list[torch.Tensor], pad: torch.Tensor, prompt_lens: list[int]) -> None:
+        """New utterances' rows: their trailing text parts, seeds, sampling settings, positions,
+        written with one indexed copy per field whatever the number of rows (each write is a
+        kernel launch on a GPU)."""
+        lengths = [t.shape[0] for t in trailings]
+        self.ensure_trail(max(lengths) + 1)
+        device = self.trail.device
+        idx = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        # trail[row, :t] = its trailing parts, trail[row, t] = tts_pad: one scatter for all rows
+        cols = torch.cat([torch.arange(t + 1) for t in lengths]).to(device, non_blocking=True)
+        at = torch.tensor([r for r, t in zip(rows, lengths) for _ in range(t + 1)]).to(device, non_blocking=True)
+        self.trail[at, cols] = torch.cat([part for t in trailings for part in (t, pad[None])])
+
+        def put(field: torch.Tensor, values: list) -> None:
+            field[idx] = torch.tensor(values, dtype=field.dtype).to(device, non_blocking=True)
+
+        seeds = [split_seed(r.seed) for r in requests]
+        put(self.trail_len, lengths)
+        put(self.seed_lo, [lo for lo, _ in seeds])
+        put(self.seed_hi, [hi for _, hi in seeds])
+        put(self.penalty, [s.repetition_penalty for s in settings])
+        put(self.greedy, [s.talker.greedy for s in settings])
+        put(self.temperature, [s.talker.temperature for s in settings])
+        put(self.top_k, [s.talker.top_k for s in settings])
+        put(self.top_p, [s.talker.top_p for s in settings])
+        put(self.sub_greedy, [s.predictor.greedy for s in settings])
+        put(self.sub_temperature, [s.predictor.temperature for s in settings])
+        put(self.sub_top_k, [s.predictor.top_k for s in settings])
+        put(self.sub_top_p, [s.predictor.top_p for s in settings])
+        put(self.pos, prompt_lens)
+        self.ntok[idx] = 0
+        self.seen[idx] = False
 
 
 __all__ = ["HostIds", "RowSettings", "RowState", "TalkerFrames", "Utterance", "resolve_settings"]

@@ -81,7 +81,7 @@ from engines.pipelines.talker.decode import DecodeStep
 from engines.pipelines.talker.live import LiveRows
 from engines.pipelines.talker.prefill import Prefill, prefix_keys, take_blocks
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
-from engines.pipelines.talker.reference import TalkerBundle, prompt_tensors
+from engines.pipelines.talker.reference import TalkerBundle, batch_prompt_tensors
 from engines.pipelines.talker.rows import (
     HostIds,
     RowSettings,
@@ -144,6 +144,7 @@ class TalkerSource(UtteranceBatch):
         self._pending: list[HostIds] = []
         # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
         self.step_runner = None
+        self.batched_admission = self.device.type == "cuda"  # launch bound there (batch.py)
 
     @property
     def predictor(self) -> CodePredictor:
@@ -188,18 +189,19 @@ class TalkerSource(UtteranceBatch):
 
     # ---------------------------------------------------------------- admission
 
-    def _prompt_inputs(self, prompt: TalkerPrompt) -> tuple[tuple, int]:
-        x, trailing, pad = prompt_tensors(self.talker, prompt, self.device)
-        return (x, trailing, pad), x.shape[0]
-
-    def _take_row(self, row: int, request: SynthesisRequest, settings: RowSettings, prompt: TalkerPrompt,
-                  inputs: tuple, prompt_len: int) -> dict:
-        """The prompt's blocks (shared prefixes adopted: prefill.py) and the row's device state."""
-        x, trailing, pad = inputs
+    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
+        """The prompt's blocks (shared prefixes adopted: prefill.py)."""
         keys = prefix_keys(self.prefix, request, prompt)
         cached = take_blocks(self.cache, self.prefix, row, prompt_len, keys)  # raises before anything changes
-        self.state.start(row, request, settings, trailing, pad, prompt_len)
-        return {"prompt": x, "prompt_len": prompt_len, "prefilled": cached, "prefix_keys": keys}
+        return {"prompt": None, "prompt_len": prompt_len, "prefilled": cached, "prefix_keys": keys}
+
+    def _start(self, utts: list[Utterance]) -> None:
+        """The prompts' inputs and the rows' device state, for all of ``utts`` at once."""
+        xs, trailings, pad = batch_prompt_tensors(self.talker, [u.talker_prompt for u in utts], self.device)
+        for u, x in zip(utts, xs):
+            u.prompt = x
+        self.state.start([u.row for u in utts], [u.request for u in utts], [u.settings for u in utts],
+                         trailings, pad, [u.prompt_len for u in utts])
 
     # ---------------------------------------------------------------- the tick's device work
 

@@ -31,7 +31,6 @@ from service.voices.store import FileVoiceStore, VoiceStore
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
-UNFINISHED = ("queued", "running")
 JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would accept a trailing newline
 AUDIO_READ_CHUNKS = 16  # audio chunks fetched per round trip when a download is served
 
@@ -170,6 +169,9 @@ def kept_in_order(rows) -> list[Segment]:
 # (expired and taken by another replica, or the job deleted by retention).
 RENEWED, CANCELLED, LOST = "renewed", "cancelled", "lost"
 
+# Seconds since the epoch, now: what decides when a lease expires (a store's ``lease_clock``).
+Clock = Callable[[], float]
+
 # Wake-up events a store delivers to its listener: ("queued", None) when work may be
 # claimable, ("cancelled", job_id) when a job was cancelled (on any replica).
 Listener = Callable[[str, "str | None"], None]
@@ -282,10 +284,6 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     async def release(self, job_id: str, token: str) -> bool:
         """Give the job back to the queue (shutdown): running -> queued, lease cleared."""
-
-    @abc.abstractmethod
-    async def fail_queued(self, job_id: str, error: str) -> bool:
-        """queued -> failed (the stored request no longer validates)."""
 
     @abc.abstractmethod
     async def cancel(self, job_id: str, error: str = "cancelled by the client") -> bool:

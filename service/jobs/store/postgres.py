@@ -4,7 +4,8 @@
   voices, service/voices/store_postgres.py); the schema is service/db/schema.py.
 * Jobs are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claims never wait
   on each other and never take the same job. A claim sets a lease (replica, token, expiry
-  on the database's clock, so replicas' clocks do not matter).
+  on the database's clock, so replicas' clocks do not matter; a test may pass a clock of its
+  own, which then decides when leases expire).
 * Audio is stored as ``bytea`` chunks (``job_audio``) while the job runs. A chunk write locks
   the job row ``FOR SHARE`` and checks the lease token, so it serialises with a claim (which
   deletes the old attempt's chunks): a stale replica's chunk can never land in a new attempt.
@@ -31,6 +32,7 @@ from service.jobs.store.base import (
     FINISHED,
     LOST,
     RENEWED,
+    Clock,
     Job,
     JobStore,
     Segment,
@@ -49,6 +51,12 @@ PING_TIMEOUT_S = 2.0
 _NOW = "extract(epoch from clock_timestamp())"
 
 
+def _lease_now(param: int) -> str:
+    """SQL for "now" in lease times: parameter ``$param`` (the injected clock's time) or, when it
+    is NULL, the database's clock."""
+    return f"coalesce(to_timestamp(${param}::double precision), clock_timestamp())"
+
+
 def _text(value: str | None) -> str | None:
     """A message fit for a text column: PostgreSQL text cannot hold NUL (an error may quote input)."""
     return value.replace("\x00", "\ufffd") if value else value
@@ -62,8 +70,9 @@ class PostgresJobStore(JobStore):
     kind = "postgresql"
     shared = True
 
-    def __init__(self, url: str, pool_size: int = 8, password: str | None = None):
+    def __init__(self, url: str, pool_size: int = 8, password: str | None = None, clock: Clock | None = None):
         super().__init__()
+        self.lease_clock = clock  # None: the database's (replicas' clocks never decide a lease)
         self.db = Database(url, pool_size=pool_size, password=password)
         self._listen: asyncpg.Connection | None = None
         self._leader = False
@@ -175,17 +184,20 @@ class PostgresJobStore(JobStore):
             return await conn.fetchval("SELECT count(*) FROM jobs WHERE status = 'queued'")
 
     # -- claims and leases -------------------------------------------------------------------
+    def _lease_time(self) -> float | None:
+        return None if self.lease_clock is None else self.lease_clock()
+
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
         async with self.connection() as conn, conn.transaction():
             rows = await conn.fetch(
                 "WITH picked AS (SELECT id, status AS was FROM jobs WHERE status = 'queued' "
-                "    OR (status = 'running' AND lease_expires < clock_timestamp()) "
+                f"    OR (status = 'running' AND lease_expires < {_lease_now(4)}) "
                 "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) "
                 f"UPDATE jobs SET status = 'running', started_at = {_NOW}, error = NULL, frames_done = 0, "
                 "    attempts = attempts + 1, lease_owner = $1, lease_token = md5(gen_random_uuid()::text), "
-                "    lease_expires = clock_timestamp() + make_interval(secs => $3) "
+                f"    lease_expires = {_lease_now(4)} + make_interval(secs => $3) "
                 "FROM picked WHERE jobs.id = picked.id RETURNING jobs.*, picked.was = 'running' AS taken_over",
-                worker, limit, float(lease_seconds))
+                worker, limit, float(lease_seconds), self._lease_time())
             if rows:  # an earlier attempt's chunks (its replica died mid-job) are not this one's
                 await conn.execute("DELETE FROM job_audio WHERE job_id = ANY($1::text[])", [row["id"] for row in rows])
         return sorted((_job(row) for row in rows), key=lambda job: job.created_at)
@@ -193,9 +205,9 @@ class PostgresJobStore(JobStore):
     async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
         async with self.connection() as conn:
             renewed = await conn.fetchval(
-                "UPDATE jobs SET lease_expires = clock_timestamp() + make_interval(secs => $3), frames_done = $4, "
+                f"UPDATE jobs SET lease_expires = {_lease_now(6)} + make_interval(secs => $3), frames_done = $4, "
                 "frames_total = $5 WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true",
-                job_id, token, float(lease_seconds), frames_done, frames_total)
+                job_id, token, float(lease_seconds), frames_done, frames_total, self._lease_time())
             if renewed:
                 return RENEWED
             status = await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)
@@ -279,11 +291,6 @@ class PostgresJobStore(JobStore):
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
                 await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
         return bool(released)
-
-    async def fail_queued(self, job_id, error) -> bool:
-        async with self.connection() as conn:
-            return bool(await conn.fetchval(f"UPDATE jobs SET status = 'failed', finished_at = {_NOW}, error = $2 "
-                                            "WHERE id = $1 AND status = 'queued' RETURNING true", job_id, _text(error)))
 
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
         async with self.connection() as conn, conn.transaction():

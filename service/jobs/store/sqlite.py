@@ -20,11 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
+from service.db.sqlite import migrate
 from service.jobs.store.base import (
     CANCELLED,
     FINISHED,
     LOST,
     RENEWED,
+    Clock,
     Job,
     JobStore,
     Segment,
@@ -36,43 +38,13 @@ from service.jobs.store.base import (
 
 READ_BLOCK = 256 * 1024
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    params TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    error TEXT,
-    frames_done INTEGER NOT NULL DEFAULT 0,
-    frames_total INTEGER NOT NULL DEFAULT 0,
-    audio_file TEXT,
-    owner TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_status_created ON jobs (status, created_at);
-CREATE TABLE IF NOT EXISTS job_segments (
-    job_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    pcm BLOB NOT NULL,
-    words TEXT,
-    PRIMARY KEY (job_id, idx)
-);
-"""
-# Columns added after the first release: (name, type); added when an older database lacks them.
-_ADDED_COLUMNS = (("owner", "TEXT"), ("audio_size", "INTEGER"), ("attempts", "INTEGER NOT NULL DEFAULT 0"),
-                  ("lease_owner", "TEXT"), ("lease_token", "TEXT"), ("lease_expires", "REAL"),
-                  ("words", "TEXT"), ("plan_key", "TEXT"), ("utterances_total", "INTEGER NOT NULL DEFAULT 0"),
-                  ("utterances_done", "INTEGER NOT NULL DEFAULT 0"), ("audio_samples", "INTEGER NOT NULL DEFAULT 0"))
-
-
 class SqliteJobStore(JobStore):
     kind = "sqlite"
     shared = False
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, clock: Clock = time.time):
         super().__init__()
+        self.lease_clock = clock  # when leases expire (a test passes a clock it advances)
         self.data_dir = Path(data_dir)
         self.audio_dir = self.data_dir / "audio"
         self._db: sqlite3.Connection | None = None
@@ -91,11 +63,11 @@ class SqliteJobStore(JobStore):
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
-        for name, kind in _ADDED_COLUMNS:
-            if name not in columns:  # a database made by an older version
-                db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+        try:
+            migrate(db)  # service/db/schema.py: the versions both stores share
+        except BaseException:
+            db.close()
+            raise
         self._db = db
 
     async def close(self) -> None:
@@ -157,7 +129,7 @@ class SqliteJobStore(JobStore):
     # it is atomic with any other: a job moves only from the state the caller saw.
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
         def claim():
-            now = time.time()
+            now = self.lease_clock()
             rows = self._execute("SELECT id, status FROM jobs WHERE status = 'queued' OR (status = 'running' AND "
                                  "lease_expires < ?) ORDER BY created_at LIMIT ?", (now, limit)).fetchall()
             claimed = []
@@ -167,7 +139,7 @@ class SqliteJobStore(JobStore):
                     "UPDATE jobs SET status = 'running', started_at = ?, error = NULL, frames_done = 0, "
                     "attempts = attempts + 1, lease_owner = ?, lease_token = ?, lease_expires = ? "
                     "WHERE id = ? AND (status = 'queued' OR (status = 'running' AND lease_expires < ?))",
-                    (now, worker, token, now + lease_seconds, row["id"], now))
+                    (time.time(), worker, token, now + lease_seconds, row["id"], now))
                 if cursor.rowcount == 1:
                     self._remove_parts(row["id"])
                     job = self._job(self._execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone())
@@ -180,7 +152,7 @@ class SqliteJobStore(JobStore):
         def renew():
             cursor = self._execute("UPDATE jobs SET lease_expires = ?, frames_done = ?, frames_total = ? "
                                    "WHERE id = ? AND lease_token = ? AND status = 'running'",
-                                   (time.time() + lease_seconds, frames_done, frames_total, job_id, token))
+                                   (self.lease_clock() + lease_seconds, frames_done, frames_total, job_id, token))
             if cursor.rowcount == 1:
                 return RENEWED
             row = self._execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -296,11 +268,6 @@ class SqliteJobStore(JobStore):
         if released:
             self._notify("queued")
         return released
-
-    async def fail_queued(self, job_id, error) -> bool:
-        cursor = await self._call(self._execute, "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
-                                  "WHERE id = ? AND status = 'queued'", (time.time(), error, job_id))
-        return cursor.rowcount == 1
 
     async def cancel(self, job_id, error="cancelled by the client") -> bool:
         def cancel():

@@ -1,4 +1,4 @@
-"""Models named by Hugging Face id, fetched from a real hub on 127.0.0.1 (tests/hub_helpers.py)
+"""Models named by Hugging Face id, fetched from a real hub on 127.0.0.1 (testsupport/hub.py)
 by the real `streamvox` commands, in subprocesses with their own HF_HOME and HF_ENDPOINT.
 
 The repo is the tiny talker oracle checkpoint ``cv_proj`` in the official layout, plus what a
@@ -28,7 +28,7 @@ import pytest
 import soundfile as sf
 from conftest import REPO as ROOT
 from conftest import ServerProcess
-from hub_helpers import LocalHub, read_dir
+from testsupport.hub import LocalHub, read_dir
 
 from engines.checkpoints.hub import ALLOW_PATTERNS, DEFAULT_MODEL, DEFAULT_PROBE_SECONDS
 from tests.oracle import talker_fixtures as fx

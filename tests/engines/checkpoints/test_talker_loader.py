@@ -22,7 +22,7 @@ from engines.contract import SynthesisRequest
 from engines.pipelines.talker.reference import TalkerBundle
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import talker_fixtures as fx
-from tests.talker_helpers import step
+from testsupport.talker import step
 
 pytestmark = pytest.mark.parity  # needs the oracle fixtures
 

@@ -15,7 +15,7 @@ def state(rid: str, tenant: str, priority: Priority = Priority.REALTIME, started
     s = RequestState(handle=RequestHandle(SynthesisRequest(id=rid, text="x", tenant=tenant, priority=priority)),
                      deliver=lambda chunk: None)
     if started:
-        s.status, s.started_at = RequestStatus.RUNNING, time.monotonic()
+        s.status = RequestStatus.RUNNING
     return s
 
 

@@ -70,10 +70,7 @@ def test_cancel_frees_the_slot_within_a_tick(engine):
     col = Collected()
     long_text = " ".join(TEXTS) * 3
     handle = engine.submit(_req(50, long_text), col.deliver)
-    deadline = time.monotonic() + 60
-    while not col.chunks and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert col.chunks, "no audio before cancel"
+    assert col.first_chunk.wait(60), "no audio before cancel"
     ticks_at_cancel = engine.worker.ticks
     handle.cancel()
     assert col.done.wait(30)
@@ -84,10 +81,7 @@ def test_cancel_frees_the_slot_within_a_tick(engine):
 
 
 def _wait_first_audio(col: Collected, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(c.pcm.size for c in col.chunks) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert any(c.pcm.size for c in col.chunks), "no audio in time"
+    assert col.first_audio.wait(timeout), "no audio in time"
 
 
 def test_an_id_reused_right_after_its_cancel_is_a_new_request(engine):
@@ -188,8 +182,7 @@ def test_worker_death_still_ends_every_request_and_reports_not_alive():
     try:
         running = Collected()
         eng.submit(_req(1, TEXTS[4] * 3), running.deliver)
-        while not running.chunks:
-            time.sleep(0.01)
+        assert running.first_chunk.wait(60)
         doomed = Collected()
         eng.submit(SynthesisRequest(id="doomed", text="hi"), doomed.deliver)
         assert doomed.done.wait(30) and running.done.wait(30)
@@ -215,8 +208,7 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
     try:
         first = Collected()
         eng.submit(_req(1, TEXTS[4]), first.deliver)
-        while not first.chunks:
-            time.sleep(0.01)
+        assert first.first_chunk.wait(60)
         state["armed"] = True
         assert first.done.wait(30)
         assert first.error.startswith("engine_failure") and "out of memory" in first.error
@@ -230,8 +222,7 @@ def test_a_failing_batched_step_fails_its_requests_and_the_engine_lives_on():
 def test_paused_request_gets_no_audio_until_resumed(engine):
     col = Collected()
     handle = engine.submit(_req(60, TEXTS[4] * 2), col.deliver)
-    while not col.chunks:
-        time.sleep(0.005)
+    assert col.first_chunk.wait(60)
     handle.pause()
     time.sleep(0.05)  # a chunk in flight may still be delivered right at the pause
     seen = len(col.chunks)

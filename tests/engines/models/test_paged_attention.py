@@ -66,7 +66,7 @@ def _interpreted_checks() -> dict:
         out[name] = float((got.float() - ref.float()).abs().max())
 
     from engines.models.paged_kv import PagedKVCache
-    from talker_helpers import make_bundle
+    from testsupport.talker import make_bundle
 
     bundle = make_bundle(seed=1)
     talker, cfg = bundle.talker, bundle.talker.cfg

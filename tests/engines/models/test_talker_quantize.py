@@ -15,7 +15,7 @@ from engines.contract import SynthesisRequest
 from engines.models.quantize import CPU_DEFAULT, REDUCE_RANGE, Int8Linear, quantize_talker, resolve_quantize
 from engines.models.quantize_nbits import block_for, convert_layer, pack_nbits
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle, step
+from testsupport.talker import make_bundle, step
 
 
 def naive_int8_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Text frontend: byte tokenizer, streaming sentence splitting, clause splitting."""
+"""Text: the DiT's byte tokenizer (engines/models/text.py), streaming sentence splitting and
+clause splitting (engines/sentences.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.models.text import (
-    BOS_ID,
-    EOS_ID,
-    ByteTokenizer,
-    SentenceSplitter,
-    Tokenizer,
-    split_clauses,
-    split_sentences,
-)
+from engines.models.text import BOS_ID, EOS_ID, ByteTokenizer, Tokenizer
+from engines.sentences import SentenceSplitter, split_clauses, split_sentences
 
 
 def _squash(s: str) -> str:

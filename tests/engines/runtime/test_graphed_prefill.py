@@ -13,7 +13,7 @@ from engines.contract import SynthesisRequest
 from engines.core.scheduler import Scheduler
 from engines.pipelines.talker.source import TalkerSource
 from engines.runtime.graphed_prefill import GraphedPrefill
-from talker_helpers import make_bundle
+from testsupport.talker import make_bundle
 
 TEXTS = ["Hello.", "A somewhat longer sentence for the prefill to chew on.", "Two words", "Numbers like 42 too."]
 
@@ -39,7 +39,7 @@ def run(bundle, runner: bool, budget: int = 512, steps: int = 6):
         source.admit(SynthesisRequest(id=f"r{i}", text=text, voice="ryan", temperature=0), max_new_tokens=steps + 2)
     with torch.no_grad():
         while source._prefill_queue:
-            source._prefill(scheduler.step_plan(source.capacity()).prefill)
+            source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
         hidden = source.state.h[:4].clone()
         codes: dict[str, list] = {}
         for _ in range(steps):

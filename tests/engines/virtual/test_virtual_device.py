@@ -50,6 +50,10 @@ def test_lookups_round_buckets_up_interpolate_widths_and_extrapolate_past_the_la
     assert t.prefill_ms(1, 4) == 4.0  # below the first width: its cost
     assert t.codec_decode_ms(1, 13) == pytest.approx(1.0 + (13 - 1) / 24 * 2.0)
     assert t.codec_decode_ms(3, 50) == pytest.approx(2.0 + (50 - 1) / 24 * 3.0)
+    assert t.admit_ms(16) is None, "a table measured before admission was has no admit costs"
+    measured = CostTable.model_validate({**TABLE, "admit": {"rows": [1, 64], "ms": [1.5, 2.0]}})
+    assert measured.admit_ms(1) == 1.5 and measured.admit_ms(64) == 2.0
+    assert measured.admit_ms(22) == pytest.approx(1.5 + (22 - 1) / 63 * 0.5)  # rows started together: linear
 
 
 def test_every_committed_table_loads_and_a_malformed_one_is_refused_by_name(tmp_path):

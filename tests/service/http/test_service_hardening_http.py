@@ -9,7 +9,7 @@ import json
 
 import aiohttp
 import pytest
-from conftest import metric_value
+from conftest import metric_value, wait_until
 
 SPEECH = "/v1/audio/speech"
 
@@ -204,9 +204,8 @@ async def test_300_silent_sockets_are_closed_by_the_read_timeouts(engine, tmp_pa
     finally:
         for _, writer in sockets:
             writer.close()
-    await asyncio.sleep(0.2)
     # the server holds none of them any more: this process's descriptors are back
-    assert len(os.listdir("/proc/self/fd")) <= fds_before + 5
+    await wait_until(lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 5, timeout_s=5)
     async with aiohttp.ClientSession() as http:
         for _ in range(3):
             async with http.get(url(live, "/readyz")) as r:
@@ -225,14 +224,13 @@ async def test_connections_per_address_are_capped(live):
     finally:
         for _, w in sockets:
             w.close()
-    await asyncio.sleep(0.2)
 
     async def ok():
         async with aiohttp.ClientSession() as http:
             async with http.get(url(live, "/healthz")) as r:
                 return r.status == 200
 
-    assert await ok()
+    await wait_until(ok, timeout_s=5)  # the closed sockets no longer count against the address
 
 
 async def test_client_abort_mid_body_is_not_an_internal_error(live, caplog):
@@ -244,10 +242,13 @@ async def test_client_abort_mid_body_is_not_an_internal_error(live, caplog):
         await writer.drain()
         await asyncio.sleep(0.1)
         writer.transport.abort()
-    await asyncio.sleep(0.5)
+
+    async def counted() -> bool:
+        return await metric_value(url(live, ""), "streamvox_requests_total",
+                                  '{endpoint="/v1/audio/speech",outcome="client_closed"}') == 3
+
+    await wait_until(counted, timeout_s=10)
     assert await metric_value(url(live, ""), "streamvox_requests_total", outcome) == 0
-    assert await metric_value(url(live, ""), "streamvox_requests_total",
-                              '{endpoint="/v1/audio/speech",outcome="client_closed"}') == 3
     assert not [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("streamvox")]
 
 

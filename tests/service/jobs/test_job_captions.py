@@ -5,14 +5,13 @@ the same captions from PostgreSQL after ``streamvox migrate-store`` (real comman
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import sqlite3
 
 import aiohttp
 import soundfile
-from conftest import start_server
+from conftest import finished_job, start_server
 from test_store_copy import migrate
 
 from engines.pipelines.aligner.words import split_words
@@ -23,19 +22,13 @@ SRT_CUE = re.compile(r"^(\d+)\n(\d\d):(\d\d):(\d\d),(\d\d\d) --> (\d\d):(\d\d):(
 VTT_CUE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d):(\d\d)\.(\d\d\d)\n(.+)$")
 
 
-async def finished_job(http, url: str, key: str) -> str:
+async def succeeded_job_id(http, url: str, key: str) -> str:
     headers = {"Authorization": f"Bearer {key}"}
     async with http.post(url + "/v1/jobs", json={"input": TEXT, "response_format": "wav"}, headers=headers) as r:
         assert r.status == 202, await r.text()
         job_id = (await r.json())["id"]
-    for _ in range(600):
-        async with http.get(f"{url}/v1/jobs/{job_id}", headers=headers) as r:
-            status = (await r.json())["status"]
-        if status in ("succeeded", "failed", "cancelled"):
-            assert status == "succeeded"
-            return job_id
-        await asyncio.sleep(0.1)
-    raise AssertionError("the job did not finish")
+    assert (await finished_job(http, f"{url}/v1/jobs/{job_id}", headers))["status"] == "succeeded"
+    return job_id
 
 
 def ms(h, m, s, milli) -> int:
@@ -46,7 +39,7 @@ async def test_captions_in_three_formats_owner_scoped(aligned_engine, tmp_path):
     server = await start_server(aligned_engine, tmp_path / "data", api_keys=(ALICE, BOB))
     try:
         async with aiohttp.ClientSession() as http:
-            job_id = await finished_job(http, server.url, ALICE)
+            job_id = await succeeded_job_id(http, server.url, ALICE)
             alice = {"Authorization": f"Bearer {ALICE}"}
             async with http.get(f"{server.url}/v1/jobs/{job_id}/audio", headers=alice) as r:
                 audio = await r.read()
@@ -95,11 +88,7 @@ async def test_no_aligner_no_captions(server):
     async with aiohttp.ClientSession() as http:
         async with http.post(server.url + "/v1/jobs", json={"input": TEXT}) as r:
             job_id = (await r.json())["id"]
-        for _ in range(600):
-            async with http.get(f"{server.url}/v1/jobs/{job_id}") as r:
-                if (await r.json())["status"] == "succeeded":
-                    break
-            await asyncio.sleep(0.1)
+        assert (await finished_job(http, f"{server.url}/v1/jobs/{job_id}"))["status"] == "succeeded"
         async with http.get(f"{server.url}/v1/jobs/{job_id}/captions?format=srt") as r:
             assert r.status == 409 and (await r.json())["error"]["code"] == "no_timestamps"
 
@@ -117,8 +106,8 @@ async def test_captions_survive_migrate_store(aligned_engine, tmp_path, pg_url):
     embedded = await start_server(aligned_engine, data_dir, api_keys=(ALICE,))
     try:
         async with aiohttp.ClientSession() as http:
-            job_id = await finished_job(http, embedded.url, ALICE)
-            crafted_id = await finished_job(http, embedded.url, ALICE)
+            job_id = await succeeded_job_id(http, embedded.url, ALICE)
+            crafted_id = await succeeded_job_id(http, embedded.url, ALICE)
             before = {fmt: await captions(http, embedded.url, job_id, fmt) for fmt in ("json", "srt", "vtt")}
     finally:
         await embedded.stop()

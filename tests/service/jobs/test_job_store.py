@@ -14,6 +14,7 @@ import time
 import asyncpg
 import pytest
 
+from conftest import wait_until
 from service.errors import StoreUnavailable
 from service.jobs.store.base import CANCELLED, LOST, RENEWED
 from service.db.schema import SCHEMA_VERSION
@@ -25,23 +26,30 @@ LEASE = 30.0
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def store(request, tmp_path):
+    clock = FakeClock()
     if request.param == "sqlite":
-        opened = SqliteJobStore(tmp_path / "data")
+        opened = SqliteJobStore(tmp_path / "data", clock=clock)
     else:
-        opened = PostgresJobStore(request.getfixturevalue("pg_url"), pool_size=4)
+        opened = PostgresJobStore(request.getfixturevalue("pg_url"), pool_size=4, clock=clock)
     events: list[tuple[str, str | None]] = []
     opened.set_listener(lambda event, job_id: events.append((event, job_id)))
     await opened.open()
-    opened.events = events
+    opened.events, opened.clock = events, clock
     yield opened
     await opened.close()
 
 
-async def eventually(predicate, timeout_s: float = 5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+class FakeClock:
+    """The stores' lease clock, moved by the test: leases expire when it says, not after a sleep."""
+
+    def __init__(self):
+        self.now = time.time()  # PostgreSQL keeps lease times as timestamps: start at a real one
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 async def test_records_list_and_counts(store):
@@ -104,10 +112,11 @@ async def test_audio_is_stored_in_chunks_and_completion_is_fenced(store):
 
 async def test_an_expired_lease_is_taken_over_and_the_old_attempt_is_fenced_out(store):
     job = await store.create({"input": "x"})
-    [old] = await store.claim("dead-replica", 1, 0.2)
+    [old] = await store.claim("dead-replica", 1, LEASE)
     assert await store.put_audio(job.id, old.lease_token, 0, b"stale-bytes-from-the-first-attempt")
+    store.clock.advance(LEASE - 1)
     assert await store.claim("b", 1, LEASE) == []  # not expired yet
-    await asyncio.sleep(0.4)
+    store.clock.advance(2)
     [new] = await store.claim("b", 1, LEASE)
     assert (new.id, new.attempts, new.lease_owner) == (job.id, 2, "b") and new.lease_token != old.lease_token
     assert new.taken_over and not old.taken_over
@@ -122,6 +131,19 @@ async def test_an_expired_lease_is_taken_over_and_the_old_attempt_is_fenced_out(
     assert b"".join([b async for b in store.read_audio(done)]) == b"new"  # nothing of the old attempt
 
 
+async def test_a_renewal_extends_the_lease_from_the_renewal(store):
+    job = await store.create({"input": "x"})
+    [held] = await store.claim("a", 1, LEASE)
+    store.clock.advance(LEASE - 1)
+    assert await store.renew(job.id, held.lease_token, LEASE, 1, 2) == RENEWED
+    store.clock.advance(LEASE - 1)  # past the first expiry, inside the renewed one
+    assert await store.claim("b", 1, LEASE) == []
+    store.clock.advance(2)
+    [taken] = await store.claim("b", 1, LEASE)
+    assert taken.taken_over and (taken.frames_done, taken.frames_total) == (0, 2)
+    assert await store.renew(job.id, held.lease_token, LEASE, 1, 2) == LOST
+
+
 async def test_cancel_reaches_the_runner_and_the_renewal(store):
     queued = await store.create({"input": "q"})
     running = await store.create({"input": "r"})
@@ -131,7 +153,7 @@ async def test_cancel_reaches_the_runner_and_the_renewal(store):
     assert await store.cancel(queued.id)
     assert await store.cancel(running.id)
     assert not await store.cancel(running.id)  # already ended
-    await eventually(lambda: ("cancelled", running.id) in store.events)
+    await wait_until(lambda: ("cancelled", running.id) in store.events)
     assert await store.renew(running.id, claimed.lease_token, LEASE, 1, 2) == CANCELLED
     assert not await store.put_audio(running.id, claimed.lease_token, 0, b"x")
     assert not await store.finish(running.id, claimed.lease_token, "succeeded", audio_size=1)
@@ -140,20 +162,20 @@ async def test_cancel_reaches_the_runner_and_the_renewal(store):
 
 async def test_release_requeues_and_wakes(store):
     job = await store.create({"input": "x"})
-    await eventually(lambda: ("queued", None) in store.events)
+    await wait_until(lambda: ("queued", None) in store.events)
     store.events.clear()
     [claimed] = await store.claim("a", 1, LEASE)
     assert await store.release(job.id, claimed.lease_token)
     assert (await store.get(job.id)).status == "queued"
-    await eventually(lambda: ("queued", None) in store.events)
+    await wait_until(lambda: ("queued", None) in store.events)
     [again] = await store.claim("b", 1, LEASE)
     assert again.attempts == 2 and not again.taken_over  # given back, not taken over
 
 
 async def test_failures_and_retention(store):
     bad = await store.create({"input": "bad"})
-    assert await store.fail_queued(bad.id, "no longer valid")
-    assert not await store.fail_queued(bad.id, "twice")
+    assert await store.cancel(bad.id, "no longer valid")
+    assert not await store.cancel(bad.id, "twice")
     kept = await store.create({"input": "kept"})
     [claimed] = await store.claim("a", 1, LEASE)
     await store.put_audio(kept.id, claimed.lease_token, 0, b"abc")
@@ -230,10 +252,10 @@ async def test_cancel_on_one_replica_is_heard_by_another(pg_url):
     await there.open()
     try:
         job = await here.create({"input": "x"})
-        await eventually(lambda: ("queued", None) in heard)
+        await wait_until(lambda: ("queued", None) in heard)
         await there.claim("there", 1, LEASE)
         await here.cancel(job.id)
-        await eventually(lambda: ("cancelled", job.id) in heard)
+        await wait_until(lambda: ("cancelled", job.id) in heard)
     finally:
         await here.close()
         await there.close()
@@ -315,7 +337,7 @@ async def test_passwords_come_from_a_file_or_the_environment_and_a_wrong_one_is_
     the store unavailable - job requests a 503, never a 500 - and no message holds a password."""
     import aiohttp
     from conftest import start_server
-    from pg_helpers import start_postgres
+    from testsupport.postgres import start_postgres
 
     caplog.set_level(logging.DEBUG)
     server = start_postgres(password="right-pw-123")

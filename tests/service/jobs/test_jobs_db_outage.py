@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import ServerProcess, metric_value, wait_until
-from pg_helpers import start_postgres
+from testsupport.postgres import start_postgres
 
 from clients.client import StreamvoxClient
 from engines.contract import SAMPLE_RATE

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import start_server, wait_until
-from long_text_helpers import Recorded, long_text
+from testsupport.long_text import Recorded, long_text
 
 
 TEXT = long_text(1500)

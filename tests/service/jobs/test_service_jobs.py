@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 
 import aiohttp
@@ -31,7 +30,9 @@ async def test_job_goes_queued_running_succeeded_and_reads_back(server):
         assert job["status"] == "queued" and location == f"/v1/jobs/{job['id']}"
         seen = [job["status"]]
         not_ready_checked = False
-        while seen[-1] not in ("succeeded", "failed", "cancelled"):
+
+        async def finished() -> bool:  # every status it passes through is seen (polled every 10 ms)
+            nonlocal job, not_ready_checked
             async with http.get(server.url + location) as response:
                 job = await response.json()
             if job["status"] != seen[-1]:
@@ -43,7 +44,9 @@ async def test_job_goes_queued_running_succeeded_and_reads_back(server):
                     assert response.status == 409
                     assert (await response.json())["error"]["code"] == "job_not_ready"
                 not_ready_checked = True
-            await asyncio.sleep(0.01)
+            return seen[-1] in ("succeeded", "failed", "cancelled")
+
+        await wait_until(finished, every_s=0.01)
         assert seen == ["queued", "running", "succeeded"]
         assert job["progress"]["frames_done"] == job["progress"]["frames_total"] > 0
         assert job["created_at"] <= job["started_at"] <= job["finished_at"]

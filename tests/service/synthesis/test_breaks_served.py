@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 import websockets
 from conftest import start_server, wait_until
-from long_text_helpers import Recorded
+from testsupport.long_text import Recorded
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine

@@ -15,7 +15,7 @@ import aiohttp
 import numpy as np
 import websockets
 from conftest import start_server
-from long_text_helpers import Recorded, long_text
+from testsupport.long_text import Recorded, long_text
 from ws_helpers import read_until_session_done
 
 from engines.contract import SynthesisRequest

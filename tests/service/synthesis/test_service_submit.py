@@ -10,7 +10,6 @@ point with real clients:
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import websockets
-from conftest import start_server
+from conftest import finished_job, start_server
 
 from engines.build import build_engine
 from engines.pipelines.talker.prompt import PromptBuilder
@@ -68,12 +67,7 @@ async def job(http: aiohttp.ClientSession, url: str, **fields) -> np.ndarray:
     async with http.post(url + "/v1/jobs", json={"input": TEXT, "response_format": "wav", **fields}) as r:
         assert r.status == 202, await r.text()
         location = r.headers["Location"]
-    for _ in range(3000):
-        async with http.get(url + location) as r:
-            state = await r.json()
-        if state["status"] not in ("queued", "running"):
-            break
-        await asyncio.sleep(0.02)
+    state = await finished_job(http, url + location)
     assert state["status"] == "succeeded", state
     async with http.get(url + location + "/audio") as r:
         assert r.status == 200

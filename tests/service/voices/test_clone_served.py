@@ -11,7 +11,6 @@ exactly at T_ref * 1920, so the comparison aligns the ends.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -22,7 +21,7 @@ import pytest
 import soundfile as sf
 from aiohttp import web
 from clone_helpers import LSB, assert_matches_official, voice_form, wav_bytes  # noqa: F401
-from conftest import same_pcm16, start_server
+from conftest import finished_job, same_pcm16, start_server
 
 from engines.build import build_engine
 from tests.oracle import clone_fixtures as fx
@@ -247,12 +246,7 @@ async def test_a_job_clones_a_saved_voice(base_engine, tmp_path):
             async with http.post(server.url + "/v1/jobs", json=body) as r:
                 assert r.status == 202, await r.text()
                 job = await r.json()
-            for _ in range(600):
-                async with http.get(server.url + f"/v1/jobs/{job['id']}") as r:
-                    job = await r.json()
-                if job["status"] not in ("queued", "running"):
-                    break
-                await asyncio.sleep(0.05)
+            job = await finished_job(http, server.url + f"/v1/jobs/{job['id']}")
             assert job["status"] == "succeeded", job
             async with http.get(server.url + job["audio_url"]) as r:
                 audio, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")

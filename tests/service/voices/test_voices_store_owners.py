@@ -91,7 +91,7 @@ async def _schema_v1_database_with_a_voice(url: str, old: SavedVoice) -> None:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("CREATE TABLE streamvox_schema (version integer NOT NULL)")
-        await conn.execute(MIGRATIONS[0][1])
+        await conn.execute(MIGRATIONS[0].postgresql)
         await conn.execute("INSERT INTO streamvox_schema VALUES (1)")
         meta = {k: getattr(old, k) for k in ("name", "ref_text", "consent", "speaker_description", "audio_sha256",
                                              "seconds", "created_at")}  # as v1 wrote it: no owner

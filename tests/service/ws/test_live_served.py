@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import websockets
-from conftest import start_server
+from conftest import start_server, wait_until
 
 from tests.oracle import talker_fixtures as fx
 
@@ -215,12 +215,8 @@ async def test_bad_input_cancel_idle_and_disconnect(talker_engine, tmp_path):
         async with websockets.connect(server.ws_url) as ws:
             await ws.recv()
             await ws.send(json.dumps({"type": "input.text", "text": "Hello world, this"}))
-            await asyncio.sleep(0.2)
-        for _ in range(100):
-            if talker_engine.stats().active_requests == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert talker_engine.stats().active_requests == 0
+            await wait_until(lambda: talker_engine.stats().active_requests == 1)  # it leaves mid-utterance
+        await wait_until(lambda: talker_engine.stats().active_requests == 0, timeout_s=5)
         run = await speak(server.ws_url, ["Hello world."], {"voice": "Vivian"})
         assert _utterances(run)[0]["samples"] > 0
     finally:
@@ -293,7 +289,7 @@ async def test_a_row_waiting_for_text_does_not_spin_the_worker(talker_engine, tm
             await ws.recv()
             await ws.send(json.dumps({"type": "session.config", "voice": "Ryan", "language": "English", "temperature": 0}))
             await ws.send(json.dumps({"type": "input.text", "text": "A b"}))
-            await asyncio.sleep(0.3)  # admitted and waiting by now
+            await wait_until(lambda: talker_engine.stats().active_requests == 1)  # admitted, waiting for text
             before = talker_engine.stats().ticks
             await asyncio.sleep(1.0)
             idle_ticks = talker_engine.stats().ticks - before

@@ -43,7 +43,7 @@ def _deltas(text: str, rng: random.Random, mode: str) -> list[str]:
 @pytest.mark.parametrize("name", fx.CHECKPOINTS)
 def test_live_codes_equal_official_streaming_text_mode(name, mode):
     from engines.pipelines.talker.reference import TalkerBundle
-    from tests.talker_helpers import step
+    from testsupport.talker import step
 
     bundle = TalkerBundle.from_checkpoint(fx.checkpoint_dir(name))
     refs, cases = fx.references(name), _stream_cases(name)
@@ -99,7 +99,7 @@ def test_long_live_utterance_waits_and_equals_the_whole_text():
     every third tick, so the row catches up and waits many times; its codes equal the
     reference loop on the whole text in streaming-text mode (that loop equals the official
     generate(): test_talker_parity.py), and a row beside it never waits."""
-    from tests.talker_helpers import make_bundle, step
+    from testsupport.talker import make_bundle, step
 
     bundle = make_bundle(seed=3, max_new_tokens=60, eos_gain=0.0)
     text = "Hello world, this is a small test of streaming speech."
@@ -137,7 +137,7 @@ def test_a_waiting_row_keeps_its_state_and_emits_nothing():
     """The sit-out: ticks while the row's next text id is missing change none of its state
     (hidden, position, token count, code-0 column, repetition-penalty set) and emit no frame;
     a row beside it keeps stepping."""
-    from tests.talker_helpers import make_bundle, step
+    from testsupport.talker import make_bundle, step
 
     bundle = make_bundle(seed=5, max_new_tokens=40, eos_gain=0.0)
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)

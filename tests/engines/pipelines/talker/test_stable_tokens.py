@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from engines.checkpoints.qwen3_text import FIXED_SPLIT, QWEN2_SPLIT, QwenTextTokenizer
 from engines.pipelines.talker.stable_tokens import StableTokenizer, body_ids
-from tests.talker_helpers import make_tokenizer
+from testsupport.talker import make_tokenizer
 
 MERGING = ("  \n  \n", "  \n", "   ", "\n\n", " \t ", "e\u0334\u0301", "\u0334\u0301", "'s 'll", ". ..") * 20
 

@@ -12,7 +12,7 @@ import torch
 from engines.contract import SynthesisRequest
 from engines.models.layers import apply_rope, mrope_cos_sin, prepare_rope, rope_inv_freq
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import make_bundle, step
+from testsupport.talker import make_bundle, step
 
 
 def test_prepared_rope_is_bit_identical():

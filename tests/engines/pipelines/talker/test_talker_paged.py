@@ -15,7 +15,7 @@ from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.base import StepPlan
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import admissible, make_bundle, step
+from testsupport.talker import admissible, make_bundle, step
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ fixtures), and live text. Each case runs twice, one request at a time, so the se
 and every later case sharing a prefix (speaker, instructions, saved voice) read cached K/V;
 the tests assert that they did (hits and positions served), so a cache that never hits
 fails. Eviction (budget and pool pressure) and owner isolation are checked on the random
-in-process talker (tests/talker_helpers.py) against the cache off.
+in-process talker (testsupport/talker.py) against the cache off.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.source import TalkerSource
 from tests.oracle import clone_fixtures as cfx
 from tests.oracle import talker_fixtures as tfx
-from tests.talker_helpers import make_bundle, step
+from testsupport.talker import make_bundle, step
 
 pytestmark = pytest.mark.parity
 

@@ -8,8 +8,8 @@ import torch
 from engines.checkpoints.qwen3_text import _swaps_split_regex
 from engines.checkpoints.qwen3_tts import HARD_DEFAULTS, TalkerGenerationConfig
 from engines.pipelines.talker.prompt import NO_CODEC
-from engines.pipelines.talker.reference import prompt_tensors
-from tests.talker_helpers import make_bundle
+from engines.pipelines.talker.reference import batch_prompt_tensors, prompt_tensors
+from testsupport.talker import make_bundle
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,24 @@ def test_prompt_embeddings_sum_text_and_codec_parts(bundle):
         want = t.text_part(torch.tensor([p.text_ids[i]])) + t.codec_part(torch.tensor([p.codec_ids[i]]))
         assert torch.allclose(x[i], want[0]) and torch.allclose(x[0], t.text_part(torch.tensor([p.text_ids[0]]))[0])
         assert trailing.shape == (0, t.cfg.hidden_size) and pad.shape == (t.cfg.hidden_size,)
+
+
+def test_prompts_embedded_together_equal_each_alone(bundle):
+    """Admission on a GPU embeds every new prompt in one pass: each prompt's inputs and trailing
+    text parts equal its own pass (fp32, within 1e-6: the one GEMM over all prompts may block the
+    sums differently from one per prompt; every op is per position)."""
+    b, t = bundle.prompt, bundle.talker
+    prompts = [b.build("Hello world.", "Ryan", "English", non_streaming_mode=True),
+               b.build("the quick brown fox jumps", "Vivian", "Auto", non_streaming_mode=False),
+               b.build("a", "Dylan", "Chinese", non_streaming_mode=False)]
+    with torch.no_grad():
+        xs, trailings, pad = batch_prompt_tensors(t, prompts, "cpu")
+        for p, x, trailing in zip(prompts, xs, trailings):
+            x1, trailing1, pad1 = prompt_tensors(t, p, "cpu")
+            assert x.shape == x1.shape and trailing.shape == trailing1.shape
+            assert torch.allclose(x, x1, atol=1e-6, rtol=0) and torch.allclose(trailing, trailing1, atol=1e-6, rtol=0)
+            assert torch.equal(pad, pad1)
+    assert sum(tr.shape[0] for tr in trailings) > 0, "a streaming prompt has trailing text"
 
 
 def test_split_regex_decision():

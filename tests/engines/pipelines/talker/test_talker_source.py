@@ -2,7 +2,7 @@
 
 The solo reference is engines.pipelines.talker.reference.generate_codes (full vocabulary, dynamic
 per-step host loop, itself checked against the official code in test_talker_parity.py).
-Random in-process bundles (tests/talker_helpers.py) need no oracle; the last test runs the
+Random in-process bundles (testsupport/talker.py) need no oracle; the last test runs the
 oracle fixtures' cases all in one batch against the official codes.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.pipelines.talker.source import TalkerSource
-from tests.talker_helpers import admissible, make_bundle, step
+from testsupport.talker import admissible, make_bundle, step
 
 TEXTS = ["Hello world.", "the quick brown fox", "你好，世界。", "Numbers 2026 and 42, jumps over the lazy dog.", "a",
          "small test of streaming speech", "lazy dog", "this is"]
@@ -67,11 +67,14 @@ def run(source: TalkerSource, pending: list[int], greedy: bool = True, seeds=Non
     return codes, finals, ticks
 
 
-def test_batched_with_seven_others_equals_solo(bundle):
+@pytest.mark.parametrize("batched_admission", [False, True], ids=["rows-started-one-by-one", "rows-started-together"])
+def test_batched_with_seven_others_equals_solo(bundle, batched_admission):
+    """(rows-started-together: the GPU's admission, the 8 prompts' inputs and row state in one pass)"""
     expected = {f"r{i}": solo(bundle, i) for i in range(8)}
     lengths = sorted({c.shape[0] for c in expected.values()})
     assert len(lengths) >= 5, f"utterances should differ in length, got {lengths}"
     source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128)
+    source.batched_admission = batched_admission
     codes, finals, ticks = run(source, list(range(8)))
     for rid, exp in expected.items():
         assert torch.equal(codes[rid], exp), rid
@@ -95,11 +98,13 @@ def test_joining_between_ticks_equals_solo(bundle):
         assert torch.equal(codes[rid], exp), rid
 
 
-def test_sampled_batched_equals_solo(bundle):
+@pytest.mark.parametrize("batched_admission", [False, True], ids=["rows-started-one-by-one", "rows-started-together"])
+def test_sampled_batched_equals_solo(bundle, batched_admission):
     """Sampling noise is keyed by (seed, token index, id): batch neighbours change nothing."""
     seeds = [11, 12, 13, 14, 15, 16, 17, 18]
     expected = {f"r{i}": solo(bundle, i, greedy=False, seed=seeds[i]) for i in range(8)}
     source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128)
+    source.batched_admission = batched_admission
     codes, _, _ = run(source, list(range(8)), greedy=False, seeds=seeds)
     for rid, exp in expected.items():
         assert torch.equal(codes[rid], exp), rid

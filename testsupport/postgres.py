@@ -1,4 +1,4 @@
-"""A real PostgreSQL server from the installed binaries, for the job-store tests.
+"""A real PostgreSQL server from the installed binaries, for the job-store tests and benchmarks.
 
 ``PostgresServer.start()`` runs ``initdb`` in a temporary directory, starts ``postgres`` on a
 free loopback port with its socket in that directory, and ``stop()`` shuts it down
@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -111,12 +110,3 @@ def start_postgres(password: str | None = None) -> PostgresServer:
         shutil.rmtree(server.root, ignore_errors=True)
         raise
     return server
-
-
-def wait_port_closed(port: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) != 0:
-                return
-        time.sleep(0.1)
