@@ -338,7 +338,10 @@ def ours_worker(args) -> None:
     from engines.contract import SynthesisRequest
     from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
-    from testsupport.talker import make_bundle
+    try:
+        from testsupport.talker import make_bundle
+    except ImportError:  # a tree from before testsupport/ (--baseline-commit)
+        from tests.talker_helpers import make_bundle
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     mode = args.quantize[0] if args.quantize else None
@@ -396,7 +399,8 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
+                prefill_step = getattr(source, "prefill_step", None) or source._prefill  # older trees: _prefill
+                prefill_step(scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
