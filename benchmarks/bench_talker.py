@@ -45,6 +45,17 @@ How (every number printed comes from this procedure):
   / the best measured read bandwidth (``sum`` over a 512 MiB tensor, same threads); and the
   compute floor 2 x B x weights / the best measured GEMM FLOP/s; the floor is the larger.
   "x floor" = the variant's min / that floor.
+* **The codec decoder beside it** (``--codec``): every "ours" variant also holds the speech
+  tokenizer's decoder at the size's codec sizes (the released ones for 0.6b / 1.7b,
+  benchmarks/released/) and, in the same turn, decodes its B rows in streaming chunks of
+  ``--codec-chunk`` frames (``decode_step`` with carried state; the first chunk dropped). The
+  report adds the whole CPU path per frame: talker + codec = total, RTF = total / 80 ms, next
+  to their floors (talker: its GEMV floor; codec: its multiply-adds / the best GEMM FLOP/s).
+  Before timing, every variant decodes the same 8 frames of codes and the coordinator compares
+  the waveforms with the first variant's (max abs error, SNR): an fp32 reordering must stay at
+  rounding level, a reduced precision shows its SNR. ``--codec-bf16`` adds "ours <mode>
+  codec-bf16" (the decoder in bfloat16); ``--baseline-commit`` variants also run every
+  ``--quantize`` mode, so a before / after of the whole path is one run.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import platform
 import statistics
@@ -201,6 +213,120 @@ def stats_of(step_s: list[float], cpu_s: list[float] | None = None) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- the codec decoder (ours, any tree)
+
+RELEASED = REPO / "benchmarks" / "released" / "Qwen3-TTS-12Hz-0.6B-CustomVoice.json"
+AGREE_FRAMES = 8  # frames every variant decodes from the same codes before timing, for the agreement check
+
+
+def codec_decoder(size: str, device, dtype):
+    """The codec decoder at ``size``'s codec sizes (0.6b and 1.7b share the released one), random weights."""
+    import torch
+
+    from engines.models.codec_decoder import CodecDecoder
+    from engines.models.configs import CodecDecoderConfig
+    from engines.models.init import init_module_
+
+    if size in ("0.6b", "1.7b"):
+        fields = json.loads(RELEASED.read_text())["speech_tokenizer/config.json"]["decoder_config"]
+        # the release leaves the decoder's KV heads at the official default: as many as the heads
+        cfg = CodecDecoderConfig.from_dict({"num_key_value_heads": fields["num_attention_heads"], **fields})
+    else:
+        from engines.config import get_preset
+
+        cfg = get_preset("tiny").decoder
+    with torch.device("cpu"):
+        decoder = init_module_(CodecDecoder(cfg), 0).eval()
+    return decoder.to(device=device, dtype=dtype)
+
+
+def codec_flops(decoder, chunk: int) -> float:
+    """Multiply-adds x 2 of one streamed frame (convs, transposed convs, linears), counted by hooks."""
+    import torch
+    from torch import nn
+
+    total = [0.0]
+
+    def count(m, inputs, out):
+        x = inputs[0]
+        if isinstance(m, nn.Conv1d):
+            total[0] += 2 * out.numel() * m.in_channels // m.groups * m.kernel_size[0]
+        elif isinstance(m, nn.ConvTranspose1d):
+            total[0] += 2 * x.numel() * m.out_channels * m.kernel_size[0]
+        elif isinstance(m, nn.Linear):
+            total[0] += 2 * out.numel() * m.in_features
+
+    kinds = (nn.Conv1d, nn.ConvTranspose1d, nn.Linear)
+    hooks = [m.register_forward_hook(count) for m in decoder.modules() if isinstance(m, kinds)]
+    # hooks only fire through module calls: the GEMM paths call the weights directly, so count on the plain path
+    device = next(decoder.parameters()).device
+    codes = torch.zeros(1, decoder.cfg.num_quantizers, chunk, dtype=torch.long, device=device)
+    with torch.no_grad(), _NoFastPaths():
+        state = decoder.init_state(1)
+        decoder.decode_step(codes, state)
+    for h in hooks:
+        h.remove()
+    return total[0] / chunk
+
+
+class _NoFastPaths:
+    """Runs the decoder through its plain module calls (where its fast paths would bypass them)."""
+
+    def __enter__(self):
+        import engines.models.codec_decoder as cd
+
+        self.saved = getattr(cd, "_few_samples", None)
+        if self.saved is not None:
+            cd._few_samples = lambda *a, **k: False
+        return self
+
+    def __exit__(self, *exc):
+        import engines.models.codec_decoder as cd
+
+        if self.saved is not None:
+            cd._few_samples = self.saved
+
+
+def codec_agreement_wave(decoder, chunk: int) -> list[float]:
+    """Batch 1, AGREE_FRAMES frames of fixed codes decoded in chunks: the waveform every variant must match."""
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    codes = torch.randint(0, decoder.cfg.codebook_size, (1, decoder.cfg.num_quantizers, AGREE_FRAMES), generator=g)
+    codes = codes.to(next(decoder.parameters()).device)
+    state, out = decoder.init_state(1), []
+    with torch.no_grad():
+        for i in range(0, AGREE_FRAMES, chunk):
+            wav, state = decoder.decode_step(codes[..., i:i + chunk], state)
+            out.append(wav.float().cpu())
+    return torch.cat(out, dim=-1)[0].tolist()
+
+
+def time_codec(decoder, b: int, chunk: int, steps: int, device, with_cpu: bool) -> dict:
+    """Streaming decode of b rows: one warm-up chunk, then ``steps`` timed chunks of ``chunk`` frames."""
+    import torch
+
+    g = torch.Generator().manual_seed(b)
+    shape = (b, decoder.cfg.num_quantizers, chunk * (steps + 1))
+    codes = torch.randint(0, decoder.cfg.codebook_size, shape, generator=g)
+    codes = codes.to(device)
+    state, times, cpu = decoder.init_state(b), [], []
+    with torch.no_grad():
+        for i in range(steps + 1):
+            sync(device)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            _, state = decoder.decode_step(codes[..., i * chunk:(i + 1) * chunk], state)
+            sync(device)
+            if i:
+                times.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+    per_frame = chunk * b
+    out = {"codec_min_ms": min(times) * 1e3 / per_frame, "codec_med_ms": statistics.median(times) * 1e3 / per_frame}
+    if with_cpu:
+        out["codec_cpu_ms"] = statistics.median(cpu) * 1e3 / per_frame
+    return out
+
+
 # --------------------------------------------------------------------------- ours (this tree or an old one)
 
 
@@ -212,7 +338,10 @@ def ours_worker(args) -> None:
     from engines.contract import SynthesisRequest
     from engines.core.scheduler import Scheduler
     from engines.pipelines.talker.source import TalkerSource
-    from testsupport.talker import make_bundle
+    try:
+        from testsupport.talker import make_bundle
+    except ImportError:  # a tree from before testsupport/ (--baseline-commit)
+        from tests.talker_helpers import make_bundle
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     mode = args.quantize[0] if args.quantize else None
@@ -241,6 +370,11 @@ def ours_worker(args) -> None:
     kv_pos_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
     prompt_len = len(bundle.prompt.build(TEXT, "Ryan", non_streaming_mode=True).text_ids)
     serial = 0
+    codec = None
+    if args.codec:
+        codec = codec_decoder(args.size, device, getattr(torch, args.codec_dtype))
+        codec_info = {"codec_flops": codec_flops(codec, args.codec_chunk),
+                      "codec_wave": codec_agreement_wave(codec, args.codec_chunk)}
 
     def run(b: int, steps: int) -> dict:
         nonlocal serial
@@ -265,7 +399,8 @@ def ours_worker(args) -> None:
                                               non_streaming_mode=True), max_new_tokens=warm + steps + 8)
                 serial += 1
             while source._prefill_queue:  # every prompt prefilled and its code 0 sampled
-                source.prefill_step(scheduler.step_plan(source.capacity()).prefill)
+                prefill_step = getattr(source, "prefill_step", None) or source._prefill  # older trees: _prefill
+                prefill_step(scheduler.step_plan(source.capacity()).prefill)
             sync(device)
             prefill = time.perf_counter() - t0
             for _ in range(warm):
@@ -283,7 +418,10 @@ def ours_worker(args) -> None:
         for rid in source.rows:
             source.cancel(rid)
         kv_positions = prompt_len + warm + steps / 2  # mean positions a row reads over the timed steps
-        return {"prefill_ms": prefill * 1e3, **stats_of(times, cpu if args.threads == 1 else None),
+        codec_out = {}
+        if codec is not None:  # same turn, right after the talker: the same machine load
+            codec_out = {**codec_info, **time_codec(codec, b, args.codec_chunk, steps, device, args.threads == 1)}
+        return {"prefill_ms": prefill * 1e3, **stats_of(times, cpu if args.threads == 1 else None), **codec_out,
                 "prompt_len": prompt_len,
                 "weight_bytes": weight_bytes, "weight_elems": weight_elems,
                 "kv_bytes": b * kv_positions * kv_pos_bytes}
@@ -514,6 +652,12 @@ def main() -> None:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
     ap.add_argument("--variant", default="ours", help=argparse.SUPPRESS)
     ap.add_argument("--body-tokens", type=int, default=20, help=argparse.SUPPRESS)
+    ap.add_argument("--codec", action="store_true",
+                    help="also time the codec decoder in every ours variant and report the whole path per frame")
+    ap.add_argument("--codec-chunk", type=int, default=4, help="frames per streamed codec chunk (the served chunk)")
+    ap.add_argument("--codec-bf16", action="store_true",
+                    help="also each ours variant with its codec decoder in bfloat16 (with --codec)")
+    ap.add_argument("--codec-dtype", default="float32", help=argparse.SUPPRESS)  # inside a worker
     args = ap.parse_args()
     if args.worker == "mnn":  # the peer's venv: no torch
         mnn_worker(args)
@@ -539,6 +683,8 @@ def main() -> None:
                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     common = ["--size", args.size, "--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads),
               "--batches", *map(str, args.batches)]
+    if args.codec:
+        common += ["--codec", "--codec-chunk", str(args.codec_chunk)]
     me = [sys.executable, str(Path(__file__).resolve())]
     specs = [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
     if args.step_graphs:  # on a CPU the same static-buffer step runs eagerly (the dry run checks it)
@@ -547,12 +693,21 @@ def main() -> None:
         specs.append(("ours+ctalk", me + ["--worker", str(REPO), "--variant", "ours+ctalk"], REPO))
     for mode in args.quantize:
         specs.append((f"ours {mode}", me + ["--worker", str(REPO), "--variant", "ours", "--quantize", mode], REPO))
+    if args.codec and args.codec_bf16:
+        for mode in args.quantize or [None]:
+            q = ["--quantize", mode] if mode else []
+            specs.append((f"ours {mode + ' ' if mode else ''}codec-bf16",
+                          me + ["--worker", str(REPO), "--variant", "ours", *q, "--codec-dtype", "bfloat16"], REPO))
     old_tree = None
     if args.baseline_commit:
         old_tree = export_commit(args.baseline_commit)
         rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_commit], cwd=REPO, capture_output=True,
                              text=True).stdout.strip()
         specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
+        if args.codec:  # the whole path before, in every mode (without --codec: as before, fp32 only)
+            for mode in args.quantize:
+                specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
+                                                          "--quantize", mode], old_tree))
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():
@@ -607,8 +762,9 @@ def run_rounds(args, device, workers: list[Worker]) -> list[dict]:
                 got = w.ask(b, args.steps)
                 if got is not None:
                     turns.append(dict(variant=w.name, batch=b, round=r, **got))
+                    codec = f", codec {got['codec_min_ms']:.1f} ms/frame" if "codec_min_ms" in got else ""
                     print(f"  batch {b} round {r} {w.name}: prefill {got['prefill_ms']:.1f} ms, decode step "
-                          f"min {got['step_min_ms']:.1f} / median {got['step_med_ms']:.1f} ms", flush=True)
+                          f"min {got['step_min_ms']:.1f} / median {got['step_med_ms']:.1f} ms{codec}", flush=True)
     return turns
 
 
@@ -667,6 +823,71 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
                 if rs:
                     print(f"  B={b:3d} {what:>7} {name:>14} / ours: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "
                           f"{max(rs):.2f}")
+    if args.codec:
+        report_whole_path(args, names, turns, flops, gemv)
+
+
+def report_whole_path(args, names: list[str], turns: list[dict], flops: float, gemv: float) -> None:
+    """Talker + codec decoder per frame of audio, next to their floors; codec agreement and ratios."""
+    import torch
+
+    frame_ms = 80.0  # 1920 samples at 24 kHz
+    print(f"\nwhole path per frame (talker step / B + codec decoder in chunks of {args.codec_chunk} frames), "
+          f"min / median over rounds; RTF = total / {frame_ms:.0f} ms; floors: talker GEMV floor / B, codec "
+          f"multiply-adds / best GEMM ({flops / 1e9:.1f} GFLOP/s, fp32)")
+    cols = (f"{'variant':>24} | {'B':>3} | {'talker ms':>15} | {'codec ms':>15} | {'codec CPU':>9} | "
+            f"{'total ms':>15} | {'RTF':>11} | {'floor t / c / total':>21} | {'floor RTF':>9}")
+    print(cols)
+    print("-" * len(cols))
+    for b in args.batches:
+        for name in names:
+            mine = [t for t in turns if t["variant"] == name and t["batch"] == b and "codec_min_ms" in t]
+            if not mine:
+                continue
+            talk = [t["step_med_ms"] / b for t in mine]
+            cod = [t["codec_med_ms"] for t in mine]
+            tot = [t["step_med_ms"] / b + t["codec_med_ms"] for t in mine]  # same turn: same load
+            cpu = [t["codec_cpu_ms"] for t in mine if "codec_cpu_ms" in t]
+            ref = mine[0]
+            talker_floor = (ref["weight_bytes"] + ref["kv_bytes"]) / gemv * 1e3 / b
+            codec_floor = ref["codec_flops"] / flops * 1e3
+            floor = talker_floor + codec_floor
+            cpu_cell = f"{min(cpu):9.1f}" if cpu else f"{'-':>9}"
+            print(f"{name:>24} | {b:3d} | {min(talk):6.1f} / {statistics.median(talk):6.1f} | "
+                  f"{min(cod):6.1f} / {statistics.median(cod):6.1f} | {cpu_cell} | "
+                  f"{min(tot):6.1f} / {statistics.median(tot):6.1f} | {min(tot) / frame_ms:4.2f} / "
+                  f"{statistics.median(tot) / frame_ms:4.2f} | "
+                  f"{talker_floor:6.1f} / {codec_floor:5.1f} / {floor:6.1f} | "
+                  f"{floor / frame_ms:9.2f}")
+    first = next((t for t in turns if t["variant"] == names[0] and "codec_wave" in t), None)
+    if first is not None:
+        ref_wave = torch.tensor(first["codec_wave"], dtype=torch.float64)
+        print(f"\ncodec agreement with {names[0]} ({AGREE_FRAMES} frames of the same codes, chunks of "
+              f"{args.codec_chunk}; RMS {ref_wave.pow(2).mean().sqrt():.3f}):")
+        for name in names[1:]:
+            other = next((t for t in turns if t["variant"] == name and "codec_wave" in t), None)
+            if other is None:
+                continue
+            w = torch.tensor(other["codec_wave"], dtype=torch.float64)
+            err = (w - ref_wave).abs().max().item()
+            noise = (w - ref_wave).pow(2).sum().item()
+            snr = "exact" if noise == 0 else f"{10 * math.log10(ref_wave.pow(2).sum().item() / noise):.1f} dB"
+            print(f"  {name:>24}: max abs error {err:.2e}, SNR {snr}")
+    print("codec ratios within a round (ms per frame, a variant / the same mode in this tree, or / the first "
+          "variant; < 1 = faster), min .. median .. max:")
+    for b in args.batches:
+        for name in names[1:]:
+            # "ours@REV int8" and "ours int8 codec-bf16" against "ours int8": only the codec differs
+            base = " ".join(w.split("@")[0] for w in name.split() if w != "codec-bf16")
+            base = base if base in names and base != name else names[0]
+            rs = []
+            for r in range(args.rounds):
+                a = next((t for t in turns if t["variant"] == base and t["batch"] == b and t["round"] == r), None)
+                o = next((t for t in turns if t["variant"] == name and t["batch"] == b and t["round"] == r), None)
+                if a and o and "codec_med_ms" in a and "codec_med_ms" in o:
+                    rs.append(o["codec_med_ms"] / a["codec_med_ms"])
+            if rs:
+                print(f"  B={b:3d} {name:>24} / {base}: {min(rs):.2f} .. {statistics.median(rs):.2f} .. {max(rs):.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engines.config import get_preset
-from engines.models.codec_decoder import CodecDecoder
+from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.init import init_module_
 
 CFG = get_preset("tiny").decoder
@@ -128,3 +128,74 @@ def test_bad_inputs_raise_clear_errors(decoder):
         decoder.decode_step(random_codes(2, 3), decoder.init_state(1))
     with pytest.raises(ValueError, match="num_semantic_quantizers"):
         CodecDecoder(dataclasses.replace(CFG, num_semantic_quantizers=4))
+
+
+# --------------------------------------------------------------------------- CPU fast paths
+# A conv over many channels and few samples runs as one GEMM (codec_decoder._few_samples); it must
+# compute what torch's convolution computes: the same sums in another order, so fp32 rounding only
+# (~1e-6 of the output's scale measured at these sizes; a wrong tap, dilation or overlap is O(1)).
+
+
+@pytest.mark.parametrize("kernel, dilation", [(7, 1), (7, 9), (3, 1), (1, 1)])
+@pytest.mark.parametrize("frames", [1, 3])
+def test_wide_causal_conv_gemm_path_equals_torch_conv(kernel, dilation, frames):
+    from engines.models.codec_decoder import CausalConv
+
+    conv = init_module_(CausalConv(256, 96, kernel, dilation=dilation), 3).eval()
+    conv.slot = 0
+    state = DecoderState([torch.randn(2, 256, conv.context)], [], [], torch.zeros(2, dtype=torch.int64))
+    x = torch.randn(2, 256, frames)
+    padded = torch.cat([state.conv[0], x], dim=-1)
+    with torch.no_grad():
+        expected = conv.conv(padded)
+        got_step, got_full = conv.step(x, state), conv(x)
+        expected_full = conv.conv(torch.nn.functional.pad(x, (conv.context, 0)))
+    assert got_step.shape == expected.shape
+    torch.testing.assert_close(got_step, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_full, expected_full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, stride", [(16, 8), (2, 2), (10, 5)])
+def test_wide_transposed_conv_gemm_path_equals_torch_conv(kernel, stride):
+    from engines.models.codec_decoder import CausalTransConv
+
+    conv = init_module_(CausalTransConv(512, 48, kernel, stride), 4).eval()
+    x = torch.randn(2, 512, 5)
+    with torch.no_grad():
+        full = conv.conv(x)
+        expected = full[..., : full.shape[-1] - conv.trim]
+        got = conv(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_snakebeta_matches_its_formula_and_follows_loaded_parameters():
+    from engines.models.codec_decoder import SnakeBeta
+
+    act = init_module_(SnakeBeta(8), 5)
+    x = torch.randn(2, 8, 50) * 3
+
+    def formula(m):
+        a, b = m.alpha.detach().exp()[:, None], m.beta.detach().exp()[:, None]
+        return x + 1.0 / (b + 1e-9) * torch.sin(x * a).pow(2)
+
+    with torch.no_grad():
+        torch.testing.assert_close(act(x), formula(act), rtol=1e-6, atol=1e-6)
+        act.load_state_dict({"alpha": torch.randn(8), "beta": torch.randn(8)})  # cached coefficients go stale
+        torch.testing.assert_close(act(x), formula(act), rtol=1e-6, atol=1e-6)
+    # With autograd on, the same values and a gradient for the parameters.
+    y = act(x)
+    torch.testing.assert_close(y.detach(), formula(act), rtol=1e-6, atol=1e-6)
+    y.sum().backward()
+    assert act.alpha.grad is not None and act.alpha.grad.abs().sum() > 0
+
+
+def test_codebook_table_follows_loaded_parameters():
+    from engines.models.codec_decoder import EuclideanCodebook
+
+    book = init_module_(EuclideanCodebook(4, 16), 6)
+    codes = torch.arange(16)[None]
+    with torch.no_grad():
+        first = book.decode(codes)
+        torch.testing.assert_close(first[0], book.embedding_sum / book.cluster_usage[:, None])
+        book.load_state_dict({"embedding_sum": torch.randn(16, 4), "cluster_usage": torch.rand(16) + 0.5})
+        torch.testing.assert_close(book.decode(codes)[0], book.embedding_sum / book.cluster_usage[:, None])
