@@ -11,6 +11,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
+source scripts/lib/wait_ready.sh
 url=http://127.0.0.1:8000
 fixture=tests/fixtures/oracle/clone/base
 if [ ! -f "$fixture/config.json" ]; then
@@ -71,26 +72,11 @@ log="$work/serve.log"
 STREAMVOX_DATA_DIR="$work/data" setsid .venv/bin/streamvox serve --model "$model" >"$log" 2>&1 &
 pids+=($!)
 start=$(date +%s)
-until curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; do
-  if [ $(( $(date +%s) - start )) -ge 120 ] || ! kill -0 "${pids[1]}" 2>/dev/null; then
-    echo "readme-clone: $url/readyz not reached (streamvox serve --model $model)"; tail -n 30 "$log"; exit 1
-  fi
-  sleep 1
-done
+wait_ready readme-clone "$url" "${pids[1]}" "$log" "streamvox serve --model $model"
 echo "readme-clone: serving $model from the loopback hub after $(( $(date +%s) - start ))s"
 
-# ref.wav: a reader's 2 s recording (a voiced, varying tone; silence or noise alone is refused).
-.venv/bin/python - "$work/clone/ref.wav" <<'PY'
-import sys
-
-import numpy as np
-import soundfile as sf
-
-t = np.arange(48000) / 24000
-pitch = 120 + 30 * np.sin(2 * np.pi * 0.7 * t)
-voice = sum(np.sin(2 * np.pi * k * np.cumsum(pitch) / 24000) / k for k in range(1, 8))
-sf.write(sys.argv[1], 0.2 * voice * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)) ** 2, 24000, subtype="PCM_16")
-PY
+# ref.wav: a reader's 2 s recording.
+.venv/bin/python scripts/lib/reference_voice.py "$work/clone/ref.wav"
 
 cd "$work/clone"
 bash -euo pipefail -v "$work/block.sh" || {  # -v: each command as printed, not as expanded (a base64 page)

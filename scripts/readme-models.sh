@@ -12,6 +12,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
+source scripts/lib/wait_ready.sh
 url=http://127.0.0.1:8000
 fixtures=tests/fixtures/oracle
 for f in clone/base talker/cv_proj; do
@@ -58,25 +59,18 @@ for repo_id in sorted(set(re.findall(r"\bQwen/Qwen3-TTS-[\w.-]+", models[0]))):
 print(f"readme-models: {len(lines)} commands; the hub serves {', '.join(r.split('=')[0] for r in repos)}")
 PY
 
-# A Base request's reference: a voiced, varying 2 s tone (silence or noise alone is refused).
-.venv/bin/python - "$work/base-request.json" <<'PY'
+# A Base request's reference: a reader's 2 s recording.
+.venv/bin/python scripts/lib/reference_voice.py "$work/ref.wav"
+.venv/bin/python - "$work/ref.wav" "$work/base-request.json" <<'PY'
 import base64
-import io
 import json
 import sys
+from pathlib import Path
 
-import numpy as np
-import soundfile as sf
-
-t = np.arange(48000) / 24000
-pitch = 120 + 30 * np.sin(2 * np.pi * 0.7 * t)
-voice = sum(np.sin(2 * np.pi * k * np.cumsum(pitch) / 24000) / k for k in range(1, 8))
-wav = io.BytesIO()
-sf.write(wav, 0.2 * voice * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)) ** 2, 24000, subtype="PCM_16", format="WAV")
-ref_audio = "data:audio/wav;base64," + base64.b64encode(wav.getvalue()).decode()
+ref_audio = "data:audio/wav;base64," + base64.b64encode(Path(sys.argv[1]).read_bytes()).decode()
 request = {"input": "Hello from the models block.", "response_format": "wav", "ref_audio": ref_audio,
            "ref_text": "What the reference says."}
-open(sys.argv[1], "w").write(json.dumps(request))
+Path(sys.argv[2]).write_text(json.dumps(request))
 PY
 
 mapfile -t repos <"$work/repos"
@@ -93,12 +87,7 @@ check_serve() {  # check_serve N LINE
   (cd "$work/run" && exec setsid bash -c "$line") >"$log" 2>&1 &
   serve_pid=$!
   start=$(date +%s)
-  until curl -fsS -o /dev/null "$url/readyz" 2>/dev/null; do
-    if [ $(( $(date +%s) - start )) -ge 120 ] || ! kill -0 "$serve_pid" 2>/dev/null; then
-      echo "readme-models: $url/readyz not reached: $line"; tail -n 30 "$log"; exit 1
-    fi
-    sleep 1
-  done
+  wait_ready readme-models "$url" "$serve_pid" "$log" "$line"
   local model
   model=$(grep -o -- '--model [^ ]*' <<<"$line" | cut -d' ' -f2)
   curl -fsS "$url/v1/models" | grep -q "\"${model%@*}" \
