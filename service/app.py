@@ -61,10 +61,12 @@ def release_of(caps: EngineCapabilities) -> str:
 
 
 def display_name(info, checkpoint: str | None) -> str:
-    """A person's name for the loaded model: the checkpoint's directory, or the DiT preset."""
-    if info.source == "talker" and checkpoint:
+    """A person's name for the loaded model: the checkpoint's directory where one was named (the
+    DiT's preset names random weights, not a checkpoint), else the pipeline and its preset."""
+    if checkpoint and info.source != "dit":
         return os.path.basename(os.path.normpath(checkpoint))
-    return f"streamvox DiT, preset {info.preset}"
+    pipeline = "DiT" if info.source == "dit" else f"{info.source} pipeline"
+    return f"streamvox {pipeline}, preset {info.preset}"
 
 
 def controls(caps: EngineCapabilities) -> dict[str, bool]:

@@ -192,6 +192,8 @@ async def test_the_server_serves_a_registered_pipeline_named_by_its_flag(toy_reg
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{url}/v1/voices") as r:
                 assert (await r.json())["voices"] == ["plain"]  # the toy's profile
+            async with http.get(f"{url}/v1/models") as r:
+                assert (await r.json())["data"][0]["display_name"] == "streamvox toy pipeline, preset tiny"
         text = "Served by name."
         audio = await speak(url, text)
         # the server's engine: the toy's frames through the tiny preset's codec decoder (seed 0, as served)
