@@ -38,6 +38,11 @@ class RuntimeSwitches:
     talker_step_graphs: bool = True
     """CUDA: the whole talker decode step as one graph per bucket (off: the step eager, its code
     predictor graphed)."""
+    prefill_graphs: bool = True
+    """CUDA, with the step graphs: the prompts' first prefill chunks through CUDA graphs per
+    (prompts, width) bucket (off: every prefill eager)."""
+    batched_admission: bool = True
+    """CUDA: the rows admitted since the last tick start in one pass (off: one by one, as on CPU)."""
     static_step_on_cpu: bool = False
     """CPU: run the talker decode step through the static buckets CUDA graphs replay (eagerly), so
     tests see which buckets serving reaches and which a GPU would have captured after start."""

@@ -13,6 +13,9 @@
 #                  (benchmarks/make_checkpoint.py, official code) at /tmp/ckpt-0.6b
 #   kernel         the paged-attention kernel against its reference (pytest -m cuda); if it fails, the
 #                  later steps run the gather fallback (STREAMVOX_PAGED_ATTENTION=0) and say so
+#   preflight      the CUDA tests of the graphed prompt prefill and of rows started together; a path
+#                  whose test fails is turned off for the steps below (STREAMVOX_PREFILL_GRAPHS=0 /
+#                  STREAMVOX_BATCHED_ADMISSION=0), said in the log
 #   costs          the device cost table the virtual device replays (benchmarks/measure_costs.py):
 #                  decode step by rows x KV blocks, prefill by prompts x width, codec decode by rows x
 #                  frames, graph capture; written to $OUT/costs-$SIZE.json
@@ -138,6 +141,19 @@ step() {
         export STREAMVOX_PAGED_ATTENTION=0
         say "the paged-attention kernel failed its test: the steps below run the gather fallback"
       fi ;;
+    preflight)
+      run_step prefill_graphs 90 20 "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 80 \
+        tests/engines/runtime/test_graphed_prefill.py -k "$KERNEL_TESTS"
+      if [ "$DEVICE" = cuda ] && ! grep -q "END prefill_graphs ok" "$LOG"; then
+        export STREAMVOX_PREFILL_GRAPHS=0
+        say "the graphed prefill failed its test: the steps below prefill eagerly"
+      fi
+      run_step admission 90 20 "$PY" -m pytest -q -p no:cacheprovider -rs --timeout 80 \
+        tests/engines/pipelines/talker/test_talker_source.py -k "started_together_equal_rows_started_one_by_one"
+      if [ "$DEVICE" = cuda ] && ! grep -q "END admission ok" "$LOG"; then
+        export STREAMVOX_BATCHED_ADMISSION=0
+        say "rows started together failed their test: the steps below start admitted rows one by one"
+      fi ;;
     costs)
       # shellcheck disable=SC2086
       run_step costs 150 40 "$PY" benchmarks/measure_costs.py --checkpoint "$CKPT" --device "$DEVICE" \
@@ -183,7 +199,7 @@ step() {
   esac
 }
 
-QUICK="env ckpt kernel costs talker_e2e peers talker_bench tests"
+QUICK="env ckpt kernel preflight talker_e2e costs talker_bench peers tests"
 STEPS=""
 for s in ${*:-quick}; do
   if [ "$s" = quick ]; then STEPS="$STEPS $QUICK"; else STEPS="$STEPS $s"; fi

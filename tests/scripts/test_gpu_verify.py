@@ -43,7 +43,7 @@ def test_quick_gpu_run_dry_runs_every_step_on_cpu(tmp_path):
                           capture_output=True, text=True, timeout=590)
     log = (out / "gpu-verify.log").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for step in ("env", "ckpt", "kernel", "costs", "talker_e2e", "peers", "talker_bench", "tests", *named):
+    for step in ("env", "ckpt", "kernel", "prefill_graphs", "admission", "costs", "talker_e2e", "peers", "talker_bench", "tests", *named):
         assert f"END {step} ok" in log, f"step {step} did not finish:\n{log[-4000:]}"
     assert "FAILED" not in log and "TIMED OUT" not in log, log[-4000:]
     assert all(f"== {f}" in log for f in DRY_TESTS.split()), log[-4000:]  # every file of a multi-line list ran

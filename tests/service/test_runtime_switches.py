@@ -19,5 +19,7 @@ def test_the_environment_reads_as_before():
     assert not runtime_switches({"STREAMVOX_TALKER_STEP_GRAPHS": "0"}).talker_step_graphs
     assert runtime_switches({"STREAMVOX_TALKER_STEP_GRAPHS": "yes"}).talker_step_graphs  # only "0" turns it off
     assert runtime_switches({"STREAMVOX_STAGE_SYNC": "1"}).stage_sync
+    assert default.prefill_graphs and not runtime_switches({"STREAMVOX_PREFILL_GRAPHS": "0"}).prefill_graphs
+    assert default.batched_admission and not runtime_switches({"STREAMVOX_BATCHED_ADMISSION": "0"}).batched_admission
     assert from_args(None, {"STREAMVOX_STAGE_SYNC": "1"}).runtime == RuntimeSwitches(stage_sync=True)
 

@@ -39,6 +39,7 @@ def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[
     """The talker source on the device, with the runtime's graphs the device and switches ask for."""
     device, switches, slots = setup.device, setup.switches, setup.max_slots
     source = TalkerSource.from_bundle(bundle, max_slots=slots, **options)
+    source.batched_admission = source.batched_admission and switches.batched_admission
     backend = switches.compile_backend("talker")
     if backend:  # opt-in (compile_talker); compiled by the warm-up, before ready
         source.talker.compile_layers(backend)
@@ -50,6 +51,8 @@ def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[
 
         source.step_runner = GraphedTalkerStep(source.step_spec(), compile_backend=switches.compile_backend("predictor"))
         # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
+        if device.type == "cuda" and not switches.prefill_graphs:
+            return source, (source.step_runner,)
         source.prefill.runner = GraphedPrefill(source.prefill_spec())
         return source, (source.step_runner, source.prefill.runner)
     if device.type == "cuda":

@@ -193,6 +193,21 @@ def test_tick_reads_nothing_from_the_device(bundle):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rows_started_together_equal_rows_started_one_by_one_on_cuda():
+    """The GPU's admission (fp32: the same kernels whichever way the rows start, so equal codes)."""
+    cuda_bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
+    codes = {}
+    for together in (False, True):
+        source = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
+        source.batched_admission = together
+        codes[together], _, _ = run(source, list(range(8)), greedy=False, seeds=list(range(8)))
+    assert codes[True].keys() == codes[False].keys() == {f"r{i}" for i in range(8)}
+    for rid, want in codes[False].items():
+        assert torch.equal(codes[True][rid].cpu(), want.cpu()), rid
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_steady_state_tick_never_syncs_on_cuda():
     """On CUDA the only wait in a tick is the event of the previous step's id copy (its
     device->host copy is non_blocking into pinned memory, so the sync detector is the
