@@ -66,7 +66,10 @@ if triton is not None:
         g_ok = g < GROUP
         heads = kvh * GROUP + g
         q = tl.load(q_ptr + (row * KVH * GROUP + heads[:, None]) * HD + d[None, :], mask=g_ok[:, None],
-                    other=0.0).to(tl.float32)  # [G, HD]
+                    other=0.0).to(tl.float32)
+        # scaled once, and cast back: under torch.compile a Python float arrives as fp64, which
+        # would turn the running max below into fp64 (Triton rejects a loop variable changing type)
+        q = (q * scale).to(tl.float32)  # [G, HD]
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         denom = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HD], tl.float32)
@@ -79,7 +82,7 @@ if triton is not None:
                         other=0.0).to(tl.float32)  # [BLOCK, HD]
             v = tl.load(v_ptr + (slot[:, None] * KVH + kvh) * HD + d[None, :], mask=valid[:, None],
                         other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, BLOCK]
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BLOCK]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             p = tl.exp(s - m_new[:, None])
