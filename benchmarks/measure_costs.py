@@ -212,9 +212,10 @@ def main() -> int:
         decoder_capture = time.perf_counter() - t
     start_s = talker_capture + decoder_capture
     n_talker, n_decoder = captured_keys(step_runner), captured_keys(decoder)
+    n_prefill = captured_keys(costs.source.prefill.runner)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
     print(f"measure_costs: {name}, torch {torch.__version__}, checkpoint {args.checkpoint} ({args.size}), "
-          f"built in {built:.1f} s, graphs captured in {start_s:.1f} s ({n_talker} talker step, {n_decoder} decoder); "
+          f"built in {built:.1f} s, graphs captured in {start_s:.1f} s ({n_talker} talker step, {n_prefill} prefill, {n_decoder} decoder); "
           f"talker step reads the KV pool in place: {not getattr(getattr(step_runner, 'spec', None), 'bucket_blocks', True)}")
     slots = args.slots
     rows = [r for r in args.rows if r <= slots]

@@ -86,6 +86,11 @@ class GraphedPrefill(GraphedWrapper):
         self._last[:n].copy_(last)
         return self.graphs.run(key)[:n].clone()
 
+    @property
+    def captured(self) -> tuple:
+        """The (prompts, width) buckets captured so far."""
+        return self.graphs.captured
+
     def capture_all(self) -> None:
         """Capture every kept bucket (engine start, before /readyz); without graphs, note them."""
         self.graphs.capture_all(self.keys)
