@@ -49,6 +49,9 @@ class RuntimeSwitches:
     stage_sync: bool = False
     """CUDA: synchronise the device at the end of each worker stage, so asynchronous GPU work is
     charged to the stage that issued it (profiling; slows the loop)."""
+    vocoder_thread: bool = True
+    """CPU (two threads or more): the codec decoder on a thread and cores of its own, decoding
+    one piece while the talker's next tick runs (off: one after the other on the worker thread)."""
 
     def compile_backend(self, part: str) -> str | None:
         """torch.compile backend for the modules under the CUDA graphs of ``part`` (``predictor``:

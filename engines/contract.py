@@ -471,7 +471,8 @@ class SynthesisEngine(Protocol):
         service plans long text on these ids and submits them: a text is tokenized once."""
 
     def stage_seconds(self) -> dict[str, float]:
-        """Worker wall seconds per loop stage since start (metrics)."""
+        """Worker wall seconds per loop stage since start, and the codec decoder's own (``decode``)
+        (metrics)."""
 
     def kv_cache_stats(self) -> dict[str, float]:
         """The KV pool's figures (talker); empty when the pipeline has none."""

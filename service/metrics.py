@@ -100,14 +100,17 @@ class Metrics:
 
 class _StageCollector:
     """``streamvox_worker_stage_seconds_total{stage}``: where the device thread's time goes
-    (deliver, plan, admit, tick, vocalize), read from the engine at scrape time."""
+    (deliver, plan, admit, tick, vocalize, align), and the codec decoder's own time (decode: on a
+    CPU it runs on a thread of its own, and vocalize is the worker's wait for it), read from the
+    engine at scrape time."""
 
     def __init__(self, engine):
         self.engine = engine
 
     def collect(self):
         family = CounterMetricFamily("streamvox_worker_stage_seconds",
-                                     "Worker thread wall seconds per loop stage", labels=["stage"])
+                                     "Worker thread wall seconds per loop stage; decode: the codec decoder's",
+                                     labels=["stage"])
         for stage, seconds in self.engine.stage_seconds().items():
             family.add_metric([stage], seconds)
         yield family

@@ -467,7 +467,8 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_BATCHED_ADMISSION=0 starts
     admitted rows one by one;
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
-    STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it."""
+    STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
+    STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too."""
     env = os.environ if env is None else env
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
@@ -476,4 +477,5 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
                            prefill_graphs=env.get("STREAMVOX_PREFILL_GRAPHS", "1") != "0",
                            batched_admission=env.get("STREAMVOX_BATCHED_ADMISSION", "1") != "0",
                            static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
-                           stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1")
+                           stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1",
+                           vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0")

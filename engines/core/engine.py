@@ -102,7 +102,8 @@ class Engine:
                              max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
                              batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
                              aligner=aligner, prefill_token_budget=prefill_token_budget,
-                             host_copy_event=virtual.clock.record if virtual is not None else None)
+                             host_copy_event=virtual.clock.record if virtual is not None else None,
+                             vocoder_thread=self._vocoder_thread(switches))
         self.aligner = aligner
         self._warmup = warmup
         self._ready = threading.Event()
@@ -118,6 +119,13 @@ class Engine:
         self.capabilities = self._with_timestamps(caps)
         self._features_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
         self._features_lock = threading.Lock()
+
+    def _vocoder_thread(self, switches: RuntimeSwitches) -> bool:
+        """Whether the codec decoder runs on a thread of its own beside the talker's next tick: on
+        a real CPU with two threads or more (a virtual device keeps its GPU's one stream; CUDA
+        orders both on one device stream already)."""
+        return (switches.vocoder_thread and self.device.type == "cpu" and self.virtual is None
+                and torch.get_num_threads() >= 2)
 
     # -- SynthesisEngine ------------------------------------------------------
     def start(self) -> None:
@@ -171,8 +179,9 @@ class Engine:
         return sum(w.late_captures for w in wrappers if w is not None)
 
     def stage_seconds(self) -> dict[str, float]:
-        """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize)."""
-        return dict(self.worker.stage_seconds)
+        """Worker wall seconds per loop stage since start (deliver, plan, admit, tick, vocalize, align)
+        and the codec decoder's own (decode)."""
+        return self.worker.stage_seconds_now()
 
     def add_tick_listener(self, listener: Callable[[TickReport], None]) -> None:
         self.worker.add_tick_listener(listener)

@@ -8,7 +8,9 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
   4. fill free slots with what the scheduler picks (core/scheduler.py: realtime first,
      batch slot budget);
   5. one generation step of the pipeline (core/executor.py) -> code frames;
-  6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox;
+  6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox (on a
+     CPU, ``vocoder_thread``: the piece decodes on its own thread and cores while the next
+     iteration's tick runs; this stage collects the previous piece, then hands over the next);
   7. with an aligner, one bounded batch of word alignments of requests whose audio is all
      delivered, only while no realtime request waits for its first audio (core/aligning.py).
 Each request's status (core/scheduler.py ``RequestStatus``) moves with these stages; the
@@ -40,7 +42,7 @@ from engines.contract import (
     TickReport,
 )
 from engines.core.aligning import Aligning
-from engines.core.executor import Executor
+from engines.core.executor import Executor, own_threads, split_cpu_threads
 from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import (
@@ -86,6 +88,7 @@ class Worker:
         aligner=None,
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         host_copy_event: Callable[[], object] | None = None,
+        vocoder_thread: bool = False,
     ):
         self.pipeline = pipeline
         self.vocalizer = vocalizer
@@ -93,7 +96,11 @@ class Worker:
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
                                    prefill_token_budget=prefill_token_budget)
-        self.executor = Executor(pipeline, vocalizer, trace)
+        # CPU: the codec decoder on a thread and cores of its own beside the talker (executor.py);
+        # the worker thread keeps the rest of the threads (set when it starts, _run)
+        self._talker_threads, vocoder_threads = (split_cpu_threads(torch.get_num_threads()) if vocoder_thread
+                                                 else (0, 0))
+        self.executor = Executor(pipeline, vocalizer, trace, vocoder_threads=vocoder_threads)
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
         self._listeners: list[Callable[[TickReport], None]] = []
@@ -118,6 +125,8 @@ class Worker:
         # Wall seconds spent per loop stage (plan, admit, tick, vocalize), for benchmarks and
         # profiling. ``stage_sync`` synchronises the device at each stage's end so
         # asynchronous GPU work is charged to the stage that issued it (slows the loop).
+        # ``decode`` (stage_seconds()) is the decoder's own time, on whichever thread it ran: with
+        # a vocoder thread the vocalize stage is only the worker's wait for it.
         self.stage_seconds: defaultdict[str, float] = defaultdict(float)
         for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
             self.stage_seconds[stage] = 0.0
@@ -157,7 +166,12 @@ class Worker:
     @property
     def idle(self) -> bool:
         """Nothing in flight: no request queued, being prepared, in flight or aligning."""
-        return not (self.scheduler.requests or self.scheduler.aligning or self._admitting or self._inbox.qsize())
+        return not (self.scheduler.requests or self.scheduler.aligning or self._admitting or self._inbox.qsize()
+                    or self.executor.vocoding)
+
+    def stage_seconds_now(self) -> dict[str, float]:
+        """Any thread: a copy of the loop stages' seconds, with the decoder's own (``decode``)."""
+        return {**self.stage_seconds, "decode": self.executor.decode_seconds}
 
     @property
     def queue_depth(self) -> int:
@@ -169,6 +183,8 @@ class Worker:
 
     # ------------------------------------------------------------- worker thread
     def _run(self) -> None:
+        if self._talker_threads:
+            own_threads(self._talker_threads)  # the vocoder thread has the other cores
         with torch.no_grad():  # grad mode is per thread
             self._loop()
 
@@ -195,6 +211,7 @@ class Worker:
         except BaseException as exc:  # the worker itself died: report, fail everyone
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker thread died")
+            self.executor.shutdown()  # its piece is dropped: every request in flight fails below
             for handle, deliver in self._admitting:  # taken from the inbox, not yet active
                 self._release_pending()
                 deliver_final(handle, deliver, 0, 0, 0, "engine_failure")
@@ -207,6 +224,7 @@ class Worker:
                 self._deliver(wait=True)  # audio already made is not lost on stop
             except Exception:
                 log.exception("delivering the last audio failed")
+            self.executor.shutdown()
             for active in self.scheduler.in_flight():
                 self._finish(active, error="engine_stopped")
             for state in list(self.scheduler.aligning):  # their audio is complete: they end without word times
@@ -373,6 +391,7 @@ class Worker:
         for active in self.scheduler.slot_order(self.scheduler.in_flight(),
                                                 self.scheduler.admissible(self.pipeline.capacity()),
                                                 self.pipeline.wants_slot):
+            self._settle_vocoder()  # starting may prime the stream's decoder (in-context cloning)
             try:
                 self._hook(active.request_id, "admit")
                 self.pipeline.start(active.request_id)
@@ -413,7 +432,22 @@ class Worker:
         return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self.scheduler.requests.values())
 
     def _vocode(self) -> bool:
-        """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox."""
+        """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox. With a
+        vocoder thread: the previous piece is collected (waited for) first, then the next one is
+        handed over, to decode while the next tick runs."""
+        collected = self._settle_vocoder()
+        work = self._vocoder_work()
+        if not work:
+            return collected
+        items = [item for _, item in work]
+        if self.executor.overlapped:
+            self.executor.submit_vocode(items, work)
+        else:
+            self._vocoded(work, self.executor.vocode(items))
+        return True
+
+    def _vocoder_work(self) -> list[tuple[VocoderWork, VocalizeItem]]:
+        """The scheduler's next piece as vocalizer items (a request whose fault hook fails, fails)."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
         for w in self.scheduler.vocoder_piece(self.scheduler.in_flight(), self.pipeline.flush_frames):
             active = w.state
@@ -427,13 +461,26 @@ class Worker:
                                 frame_offset=w.frames[0].frame_start,
                                 is_last=active.status is RequestStatus.VOCALIZING and not active.pending)
             work.append((w, item))
-        if not work:
+        return work
+
+    def _settle_vocoder(self) -> bool:
+        """Collect the piece on the vocoder thread, if one is in flight (waiting for it): the
+        worker touches the vocalizer itself only after this. -> whether there was one."""
+        done = self.executor.vocoded(wait=True)
+        if done is None:
             return False
-        results = self.executor.vocode([item for _, item in work])
+        work, results = done
+        self._vocoded(work, results)
+        return True
+
+    def _vocoded(self, work: list[tuple[VocoderWork, VocalizeItem]], results: list) -> None:
+        """A decoded piece: its requests' progress, and its PCM into the outbox."""
         entries, pcm = [], []
         now = time.monotonic()
         for (w, item), result in zip(work, results):
             active = w.state
+            if self.scheduler.requests.get(active.request_id) is not active:
+                continue  # ended while its piece was on the vocoder thread
             if isinstance(result, Exception):
                 self._finish(active, error=f"vocalizer failed: {result}")
                 continue
@@ -446,13 +493,14 @@ class Worker:
             pcm.append(result.pcm)
             entries.append((active, item.is_last, text, active.frames_done))
         self._outbox.put(pcm, entries)
-        return True
 
     def _deliver(self, wait: bool = False) -> None:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
         host never waits on the device in steady state."""
+        if wait:
+            self._settle_vocoder()
         for (active, final, text, frames_done), pcm in self._outbox.take(wait):
             if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
@@ -469,7 +517,7 @@ class Worker:
     def _await_alignment(self, active: RequestState) -> None:
         """All its audio is delivered: the request leaves the slots and waits for alignment."""
         self.scheduler.align(active)
-        self.executor.release(active.request_id)
+        self._release(active.request_id)
         self.aligning.complete(active)
 
     def _align(self) -> bool:
@@ -491,13 +539,18 @@ class Worker:
         was = self.scheduler.end(active, error)
         if was is None:  # ended already
             return
-        self.executor.release(active.request_id)
+        self._release(active.request_id)
         if was is RequestStatus.WAITING:
             self._release_pending()  # it leaves the queue without a slot
         if not delivered_final:
             deliver_final(active.handle, active.deliver, active.delivered, active.frames_done,
                           active.frames_total, error, truncated=active.truncated)
         active.handle.mark_done()
+
+    def _release(self, request_id: str) -> None:
+        """Free a request's slot and decoder state, once no piece is on the vocoder thread."""
+        self._settle_vocoder()
+        self.executor.release(request_id)
 
     def _hook(self, request_id: str, stage: str) -> None:
         if self.fault_hook is not None:

@@ -6,7 +6,7 @@ import aiohttp
 from conftest import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
-STAGES = {"deliver", "plan", "admit", "tick", "vocalize", "align"}
+STAGES = {"deliver", "plan", "admit", "tick", "vocalize", "align", "decode"}
 
 
 async def stage_seconds(http, url) -> dict[str, float]:
@@ -29,7 +29,7 @@ async def test_worker_stage_seconds_grow_with_work(engine, tmp_path):
                                        "response_format": "pcm"}) as response:
                 assert response.status == 200 and len(await response.read()) > 0
             after = await stage_seconds(http, live.url)
-        for stage in ("plan", "tick", "vocalize"):
+        for stage in ("plan", "tick", "vocalize", "decode"):
             assert after[stage] > before[stage], stage
         assert all(after[s] >= before[s] for s in STAGES)
     finally:
