@@ -254,7 +254,8 @@ class Engine:
     )
 
     # What a stream can expect on a CPU, measured once the first-run costs are paid: a sentence of
-    # ordinary length, alone, the median of a few runs (tests/service/test_service_model_info.py
+    # ordinary length, alone, through the worker's loop as served (the decoder on its own thread
+    # beside the next tick, where it runs so), the median of a few runs (tests/service/test_service_model_info.py
     # sends the same sentence to a fresh server and finds the same within 30 %). A run slower than
     # real time is answer enough: more would only hold a slow machine's start back.
     SPEED_TEXT = "This sentence measures how fast one stream runs."

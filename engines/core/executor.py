@@ -1,13 +1,14 @@
 """Runs what the scheduler picked, on the device thread (vLLM's ``execute_model()``): one
 generation step of the pipeline, one bounded vocoder piece.
 
-On a CPU of two cores or more the vocoder piece may run on a thread of its own
-(``vocoder_threads``): ``submit_vocode`` hands it over and returns, the talker's next tick runs
-on the worker's cores meanwhile, ``vocoded`` collects it. A frame then costs about
-max(talker step, decoder) instead of their sum. At most one piece is in flight, so a stream's
-pieces are decoded in the order they were picked; the decoder computes the same PCM on either
-thread (its state per stream is the same). The worker touches the vocalizer itself (``release``,
-and a pipeline's ``start``, which may prime a stream) only with no piece in flight.
+On a CPU of two cores or more the vocoder pieces may run on a thread of their own
+(``vocoder_threads``): ``submit_vocode`` hands a piece over and returns, the talker's next ticks
+run on the worker's cores meanwhile, ``vocoded`` collects the pieces in the order they were
+handed over. A frame then costs about max(talker step, decoder) instead of their sum. The one
+thread decodes the pieces first in, first out, so a stream's chunks are decoded in order and
+with the same state as on the worker thread: the same PCM. The worker touches the vocalizer
+itself (``release``, and a pipeline's ``start``, which may prime a stream) only with no piece
+in flight.
 On CUDA the piece stays on the worker thread: its graphs and copies are ordered on one device
 stream already.
 
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -50,16 +52,18 @@ def own_threads(threads: int) -> None:
 
 class Executor:
     def __init__(self, pipeline: Pipeline, vocalizer: Vocalizer, trace: list | None = None,
-                 vocoder_threads: int = 0):
+                 vocoder_threads: int = 0, on_vocoded: Callable[[], None] | None = None):
         """``vocoder_threads``: torch threads of the vocoder's own thread (0: the piece runs on the
-        caller's thread, as on CUDA)."""
+        caller's thread, as on CUDA); ``on_vocoded``: called (on the vocoder thread) as each piece
+        is done, to wake the caller."""
         self.pipeline = pipeline
         self.vocalizer = vocalizer
         self.trace = trace
         self.vocoder_threads = vocoder_threads
         self.decode_seconds = 0.0  # the decoder's own time, on whichever thread it ran
         self._pool: ThreadPoolExecutor | None = None
-        self._in_flight: tuple[Future, Any] | None = None
+        self._in_flight: deque[tuple[Future, Any]] = deque()  # oldest first
+        self._on_vocoded = on_vocoded
 
     def generate(self, plan: StepPlan) -> list[Produced]:
         """One step for every occupied slot (DiT: one batched forward; talker: one talker step),
@@ -82,35 +86,34 @@ class Executor:
         return self.vocoder_threads > 0
 
     @property
-    def vocoding(self) -> bool:
-        """A piece is in flight (submitted, not yet collected)."""
-        return self._in_flight is not None
+    def vocoding(self) -> int:
+        """Pieces in flight (handed over, not yet collected)."""
+        return len(self._in_flight)
 
     def submit_vocode(self, items: list[VocalizeItem], payload: Any) -> None:
-        """Start decoding ``items`` on the vocoder thread; ``payload`` comes back with the
-        results. The piece in flight must have been collected first (one at a time keeps each
-        stream's pieces in order)."""
-        if self._in_flight is not None:
-            raise RuntimeError("a vocoder piece is still in flight")
+        """Queue ``items`` for the vocoder thread, after the pieces already in flight; ``payload``
+        comes back with the results."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="streamvox-vocoder",
                                             initializer=own_threads, initargs=(self.vocoder_threads,))
         self._trace_vocode(items)
-        self._in_flight = (self._pool.submit(self._vocode, items), payload)
+        future = self._pool.submit(self._vocode, items)
+        if self._on_vocoded is not None:
+            future.add_done_callback(lambda _: self._on_vocoded())
+        self._in_flight.append((future, payload))
 
     def vocoded(self, wait: bool = True) -> tuple[Any, list[VocalizeResult | Exception]] | None:
-        """(payload, results) of the piece in flight once it is done (``wait``: wait for it), else
-        None. An error of the thread itself (not of one item: those come back as results) is
-        raised here, on the worker thread."""
-        if self._in_flight is None or not (wait or self._in_flight[0].done()):
+        """(payload, results) of the oldest piece in flight once it is done (``wait``: wait for
+        it), else None. An error of the thread itself (not of one item: those come back as
+        results) is raised here, on the worker thread."""
+        if not self._in_flight or not (wait or self._in_flight[0][0].done()):
             return None
-        future, payload = self._in_flight
-        self._in_flight = None
+        future, payload = self._in_flight.popleft()
         return payload, future.result()
 
     def shutdown(self) -> None:
-        """Stop the vocoder thread (after the piece in flight, whose result is dropped)."""
-        self._in_flight = None
+        """Stop the vocoder thread (after the pieces in flight, whose results are dropped)."""
+        self._in_flight.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -140,8 +143,8 @@ class Executor:
 
     def release(self, request_id: str) -> None:
         """Forget a request's per-stream state (pipeline slot and decoder state). The caller has
-        collected the piece in flight (the vocoder thread must not hold the stream meanwhile)."""
-        if self._in_flight is not None:
+        collected the pieces in flight (the vocoder thread must not hold the stream meanwhile)."""
+        if self._in_flight:
             raise RuntimeError("release with a vocoder piece in flight")
         self.pipeline.drop(request_id)
         self.vocalizer.close(request_id)

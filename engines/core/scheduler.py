@@ -104,7 +104,7 @@ class RequestState:
     deliver: Deliver
     frames_total: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    frames_done: int = 0  # frames vocoded (their audio is delivered or on its way)
+    frames_done: int = 0  # frames handed to the vocoder (their audio is delivered or on its way)
     delivered: int = 0  # chunks delivered
     first_audio_at: float | None = None  # first audio handed to the outbox: playback starts
     truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
@@ -321,7 +321,7 @@ class Scheduler:
     def _first_audio_pending(states: list[RequestState]) -> bool:
         """A realtime request is still generating its first chunk (once its frames exist it
         leads the vocoder's deadline order anyway, and generation need not wait)."""
-        return any(s.first_audio_at is None and not s.pending and s.request.priority == Priority.REALTIME
+        return any(s.frames_done == 0 and not s.pending and s.request.priority == Priority.REALTIME
                    and not s.handle.cancelled for s in states)
 
     def _far_ahead(self, state: RequestState, now: float) -> bool:

@@ -9,8 +9,8 @@ One loop iteration (``step``), vLLM-style: schedule -> execute -> update from ou
      batch slot budget);
   5. one generation step of the pipeline (core/executor.py) -> code frames;
   6. one bounded vocoder piece, by earliest playback deadline -> PCM into the outbox (on a
-     CPU, ``vocoder_thread``: the piece decodes on its own thread and cores while the next
-     iteration's tick runs; this stage collects the previous piece, then hands over the next);
+     CPU, ``vocoder_thread``: the pieces decode on their own thread and cores while the next
+     ticks run; this stage collects those done and hands over the next);
   7. with an aligner, one bounded batch of word alignments of requests whose audio is all
      delivered, only while no realtime request waits for its first audio (core/aligning.py).
 Each request's status (core/scheduler.py ``RequestStatus``) moves with these stages; the
@@ -65,6 +65,9 @@ a slow stage (fault tests)."""
 
 
 STAGES = ("deliver", "plan", "admit", "tick", "vocalize", "align")  # worker loop stages, in loop order
+# Vocoder pieces handed to the vocoder thread and not yet collected, at most: the talker runs ahead
+# of a slower decoder by this much, no more (the frames wait as codes, not PCM).
+PIECES_IN_FLIGHT = 2
 
 
 class Worker:
@@ -100,7 +103,8 @@ class Worker:
         # the worker thread keeps the rest of the threads (set when it starts, _run)
         self._talker_threads, vocoder_threads = (split_cpu_threads(torch.get_num_threads()) if vocoder_thread
                                                  else (0, 0))
-        self.executor = Executor(pipeline, vocalizer, trace, vocoder_threads=vocoder_threads)
+        self.executor = Executor(pipeline, vocalizer, trace, vocoder_threads=vocoder_threads,
+                                 on_vocoded=lambda: self._wake.set())
         self.fault_hook = fault_hook
         self._inbox: queue.Queue[tuple[RequestHandle, Deliver]] = queue.Queue()
         self._listeners: list[Callable[[TickReport], None]] = []
@@ -433,21 +437,25 @@ class Worker:
 
     def _vocode(self) -> bool:
         """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox. With a
-        vocoder thread: the previous piece is collected (waited for) first, then the next one is
-        handed over, to decode while the next tick runs."""
-        collected = self._settle_vocoder()
+        vocoder thread the pieces it finished are collected first (all of them, waiting, when no
+        tick runs beside them), then the next one is handed over, to decode beside the next ticks."""
+        collected = self._collect_vocoded(wait=self.pipeline.active_slots == 0)
         work = self._vocoder_work()
         if not work:
             return collected
-        items = [item for _, item in work]
+        items = [item for _, item, _ in work]
         if self.executor.overlapped:
+            while self.executor.vocoding >= PIECES_IN_FLIGHT:
+                self._vocoded(*self.executor.vocoded(wait=True))
             self.executor.submit_vocode(items, work)
         else:
             self._vocoded(work, self.executor.vocode(items))
         return True
 
-    def _vocoder_work(self) -> list[tuple[VocoderWork, VocalizeItem]]:
-        """The scheduler's next piece as vocalizer items (a request whose fault hook fails, fails)."""
+    def _vocoder_work(self) -> list[tuple[VocoderWork, VocalizeItem, int]]:
+        """The scheduler's next piece as vocalizer items, each with its request's frames handed
+        over once it is (the scheduler sizes the next chunks by them, wherever this one decodes);
+        a request whose fault hook fails, fails."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
         for w in self.scheduler.vocoder_piece(self.scheduler.in_flight(), self.pipeline.flush_frames):
             active = w.state
@@ -461,38 +469,49 @@ class Worker:
                                 frame_offset=w.frames[0].frame_start,
                                 is_last=active.status is RequestStatus.VOCALIZING and not active.pending)
             work.append((w, item))
-        return work
+        handed = []
+        for w, item in work:
+            active = w.state
+            active.frames_done += item.num_frames
+            if item.is_last:
+                active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
+            handed.append((w, item, active.frames_done))
+        return handed
 
-    def _settle_vocoder(self) -> bool:
-        """Collect the piece on the vocoder thread, if one is in flight (waiting for it): the
-        worker touches the vocalizer itself only after this. -> whether there was one."""
-        done = self.executor.vocoded(wait=True)
-        if done is None:
-            return False
-        work, results = done
-        self._vocoded(work, results)
-        return True
+    def _collect_vocoded(self, wait: bool) -> bool:
+        """Collect, in order, the pieces the vocoder thread has finished (``wait``: every piece in
+        flight, waiting for them). -> whether there was one."""
+        collected = False
+        while (done := self.executor.vocoded(wait=wait)) is not None:
+            self._vocoded(*done)
+            collected = True
+        return collected
 
-    def _vocoded(self, work: list[tuple[VocoderWork, VocalizeItem]], results: list) -> None:
-        """A decoded piece: its requests' progress, and its PCM into the outbox."""
-        entries, pcm = [], []
+    def _settle_vocoder(self) -> None:
+        """Collect every piece on the vocoder thread (waiting for them): the worker touches the
+        vocalizer itself only after this."""
+        self._collect_vocoded(wait=True)
+
+    def _vocoded(self, work: list[tuple[VocoderWork, VocalizeItem, int]], results: list) -> None:
+        """A decoded piece: its PCM into the outbox, then its failed requests end (ending one
+        collects the later pieces, whose PCM must follow this one's)."""
+        entries, pcm, failed = [], [], []
         now = time.monotonic()
-        for (w, item), result in zip(work, results):
+        for (w, item, frames_done), result in zip(work, results):
             active = w.state
             if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # ended while its piece was on the vocoder thread
             if isinstance(result, Exception):
-                self._finish(active, error=f"vocalizer failed: {result}")
+                failed.append((active, result))
                 continue
-            active.frames_done += item.num_frames
             if active.first_audio_at is None:
                 active.first_audio_at = now
-            if item.is_last:
-                active.frames_total = active.frames_done  # exact now (the talker's was an upper bound)
             text = next((p.text for p in w.frames if p.text), None)
             pcm.append(result.pcm)
-            entries.append((active, item.is_last, text, active.frames_done))
+            entries.append((active, item.is_last, text, frames_done))
         self._outbox.put(pcm, entries)
+        for active, exc in failed:
+            self._finish(active, error=f"vocalizer failed: {exc}")
 
     def _deliver(self, wait: bool = False) -> None:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.

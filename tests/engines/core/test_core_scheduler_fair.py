@@ -67,5 +67,5 @@ def test_streams_far_ahead_of_their_listener_yield_to_a_first_chunk():
     newcomer = state("light", "light", started=True)  # in a slot, first chunk not produced yet
     states = [ahead, behind, newcomer]
     assert pick(scheduler, states, 4, {"light"}) == ["behind"]
-    newcomer.first_audio_at = now  # its first audio is out: nobody yields any more
+    newcomer.first_audio_at, newcomer.frames_done = now, 1  # its first chunk is out: nobody yields any more
     assert sorted(pick(scheduler, states, 4, {"light"})) == ["ahead", "behind"]

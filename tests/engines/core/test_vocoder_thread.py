@@ -62,17 +62,32 @@ def test_the_talker_and_the_decoder_share_the_cores_out():
 
 
 def test_same_requests_give_the_same_pcm_bytes_with_the_decoder_on_its_own_thread(sequential):
+    """A decoder slower than the talker (a piece decodes once the next one is queued behind it):
+    pieces queue on the vocoder thread, and each stream's audio still comes out as decoded in order."""
     engine = talker(True, threads=2)
+    executor = engine.worker.executor
     seen: dict[str, set] = {"tick": set(), "vocalize": set()}
+    queued = threading.Condition()
+    in_flight = [0]
+    tick, vocalize, submit = engine.pipeline.tick, engine.vocalizer.vocalize, executor.submit_vocode
 
-    def on_thread(stage, call):
-        def run(*args, **kwargs):
-            seen[stage].add((threading.current_thread().name, torch.get_num_threads()))
-            return call(*args, **kwargs)
-        return run
+    def ticking(*args, **kwargs):
+        seen["tick"].add((threading.current_thread().name, torch.get_num_threads()))
+        return tick(*args, **kwargs)
 
-    engine.pipeline.tick = on_thread("tick", engine.pipeline.tick)
-    engine.vocalizer.vocalize = on_thread("vocalize", engine.vocalizer.vocalize)
+    def submitting(items, payload):
+        with queued:
+            submit(items, payload)
+            in_flight[0] = max(in_flight[0], executor.vocoding)
+            queued.notify_all()
+
+    def vocalizing(items):
+        seen["vocalize"].add((threading.current_thread().name, torch.get_num_threads()))
+        with queued:  # (bounded: no piece follows the last ones)
+            queued.wait_for(lambda: executor.vocoding >= 2, timeout=0.2)
+        return vocalize(items)
+
+    engine.pipeline.tick, engine.vocalizer.vocalize, executor.submit_vocode = ticking, vocalizing, submitting
     try:
         assert engine.worker.executor.overlapped
         got = run_requests(engine, requests(engine))
@@ -88,6 +103,7 @@ def test_same_requests_give_the_same_pcm_bytes_with_the_decoder_on_its_own_threa
     assert {name for name, _ in seen["tick"]} == {"streamvox-worker"}
     assert {name.split("_")[0] for name, _ in seen["vocalize"]} == {"streamvox-vocoder"}
     assert {n for _, n in seen["tick"] | seen["vocalize"]} == {1}
+    assert in_flight[0] == 2  # queued pieces, at most two
     assert stats["decode"] > 0
 
 
