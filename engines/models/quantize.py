@@ -120,11 +120,13 @@ def _ort_bits(mode: str) -> int | None:
     return None
 
 
-def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None) -> int:
+def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
+                    fuse_predictor: bool = True) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
     and input projection) -> int8 or int4 weights. -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
-    the pool is made once per process)."""
+    the pool is made once per process). ``fuse_predictor`` (on ONNX Runtime): the predictor's
+    layers as one call per pass (engines/models/quantize_predictor.py) instead of three per layer."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -141,7 +143,15 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
 
         ensure_pool(threads)
-        n = sum(convert_layer(layer, bits) for layer in layers)
+        n = 0
+        if fuse_predictor:
+            from engines.models.quantize_predictor import NBitsPredictorLayers
+
+            predictor.fused_layers = NBitsPredictorLayers(predictor, bits)
+            n += 7 * len(predictor.model.layers)
+            predictor.model.layers = nn.ModuleList()  # inside fused_layers now
+            layers = list(talker.model.layers)
+        n += sum(convert_layer(layer, bits) for layer in layers)
 
         def make(linear):
             return NBitsLinear(linear, bits)
