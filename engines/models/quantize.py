@@ -144,9 +144,9 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
 
         ensure_pool(threads)
         n = 0
-        if fuse_predictor:
-            from engines.models.quantize_predictor import NBitsPredictorLayers
+        from engines.models.quantize_predictor import NBitsPredictorLayers
 
+        if fuse_predictor and NBitsPredictorLayers.supports(predictor.cfg):
             predictor.fused_layers = NBitsPredictorLayers(predictor, bits)
             n += 7 * len(predictor.model.layers)
             predictor.model.layers = nn.ModuleList()  # inside fused_layers now

@@ -172,19 +172,22 @@ class _Graph:
                                        self.const("zeros", zeros)], domain="com.microsoft", K=k, N=n, bits=bits,
                        block_size=block, accuracy_level=4)[0]
 
-    def rms_norm(self, x: str, norm: nn.Module, heads: int | None = None) -> str:
-        """RMSNorm over the last axis (per head of ``heads`` when given: [rows, heads * hd])."""
+    def rms_norm(self, x: str, norm: nn.Module, heads: int | None = None, lead: int = 1) -> str:
+        """RMSNorm over the last axis (per head of ``heads`` when given: [rows, heads * hd], or
+        [B, S, heads * hd] with ``lead`` 2)."""
         weight = self.const("norm", norm.weight.detach().to("cpu", torch.float32).numpy())
         if heads is None:
             return self.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=float(norm.eps))[0]
         hd = norm.weight.numel()
-        split = self.op("Reshape", [x, self.const("shape", np.array([-1, heads, hd], np.int64))])[0]
+        keep = [-1] if lead == 1 else [0] * lead  # 0: the input's own size
+        split = self.op("Reshape", [x, self.const("shape", np.array([*keep, heads, hd], np.int64))])[0]
         normed = self.op("SimplifiedLayerNormalization", [split, weight], axis=-1, epsilon=float(norm.eps))[0]
-        return self.op("Reshape", [normed, self.const("shape", np.array([-1, heads * hd], np.int64))])[0]
+        return self.op("Reshape", [normed, self.const("shape", np.array([*keep, heads * hd], np.int64))])[0]
 
-    def norm_qkv(self, x: str, norm: nn.Module, attn: nn.Module, bits: int, block: int = BLOCK) -> list[str]:
+    def norm_qkv(self, x: str, norm: nn.Module, attn: nn.Module, bits: int, block: int = BLOCK,
+                 lead: int = 1) -> list[str]:
         """RMSNorm(x) -> one q/k/v matmul -> q and k RMSNormed per head: -> q, k, v [rows, heads * hd]
-        (x [..., D] flattened to rows when the heads are normed)."""
+        (x [rows, D]; or [B, S, heads * hd] from x [B, S, D] with ``lead`` 2)."""
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         if any(p.bias is not None for p in projs):
             raise ValueError("biased q/k/v projections are not supported")
@@ -192,7 +195,7 @@ class _Graph:
         qkv = self.nbits_matmul(self.rms_norm(x, norm), torch.cat([p.weight for p in projs]), bits, block)
         q, k, v = self.op("Split", [qkv, self.const("sizes", np.array(sizes, np.int64))], n_out=3, axis=-1)
         if attn.q_norm is not None:
-            q, k = self.rms_norm(q, attn.q_norm, attn.n_heads), self.rms_norm(k, attn.k_norm, attn.n_kv)
+            q, k = self.rms_norm(q, attn.q_norm, attn.n_heads, lead), self.rms_norm(k, attn.k_norm, attn.n_kv, lead)
         return [q, k, v]
 
     def norm_mlp(self, x: str, norm: nn.Module, mlp: nn.Module, bits: int, block: int = BLOCK) -> str:
@@ -210,16 +213,22 @@ class _Graph:
         return self.build({"X": ["rows", self.width_in]}, {"Y": (y, ["rows", width_out])})
 
     def build(self, inputs: dict[str, list], outputs: dict[str, tuple[str, list]]) -> "_Graph":
-        """The session: fp32 ``inputs`` {name: dims} and ``outputs`` {name: (the node output it
-        copies, dims)}; dims are ints or symbolic names."""
+        """The session: ``inputs`` {name: dims}, fp32, or {name: (onnx element type, dims)}, and fp32
+        ``outputs`` {name: (the node output it is, dims)}; dims are ints or symbolic names. An output
+        that is an input too (a buffer updated in place) gets no copy."""
         import onnxruntime as ort
         from onnx import TensorProto
 
         h = self.helper
         for name, (y, _) in outputs.items():
-            self.nodes.append(h.make_node("Identity", [y], [name]))
+            if y != name:
+                self.nodes.append(h.make_node("Identity", [y], [name]))
+
+        def typed(dims):
+            return dims if isinstance(dims, tuple) else (TensorProto.FLOAT, dims)
+
         graph = h.make_graph(self.nodes, self.name,
-                             [h.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n, dims in inputs.items()],
+                             [h.make_tensor_value_info(n, *typed(dims)) for n, dims in inputs.items()],
                              [h.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n, (_, dims) in outputs.items()],
                              initializer=self.inits)
         model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("com.microsoft", 1)])

@@ -34,6 +34,11 @@ from engines.models.quantize_nbits import BLOCK, _Graph
 class NBitsPredictorLayers(nn.Module):
     """All of a ``CodePredictor``'s decoder layers and its final norm in one ORT session."""
 
+    @staticmethod
+    def supports(cfg) -> bool:
+        """ORT's CPU ``GroupQueryAttention`` takes heads of a multiple of 16 (the release's: 128)."""
+        return cfg.head_dim % 16 == 0
+
     def __init__(self, predictor: nn.Module, bits: int, block: int = BLOCK):
         super().__init__()
         cfg = predictor.cfg
@@ -42,96 +47,57 @@ class NBitsPredictorLayers(nn.Module):
         self.hidden, self.n_kv, self.head_dim = cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim
         self.inv_freq = predictor.inv_freq.detach().to("cpu", torch.float32)
         heads, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        rep = heads // kvh
         g = _Graph(f"int{bits}_predictor_layers", self.hidden)
-        i64 = lambda *v: g.const("i", np.array(v, np.int64))  # noqa: E731
-        # B, S from X [B, S, D]; P (past positions) = T - S from the bound cache [T, L, B, KVH, hd]
-        x_shape = g.op("Shape", ["X"])[0]
-        bs, s = g.op("Slice", [x_shape, i64(0), i64(2)])[0], g.op("Slice", [x_shape, i64(1), i64(2)])[0]
-        t = g.op("Slice", [g.op("Shape", ["cache_k"])[0], i64(0), i64(1)])[0]
-        past = g.op("Sub", [t, s])[0]
-        q_shape = g.op("Concat", [bs, i64(heads, hd)], axis=0)[0]  # [B, S, H, hd]
-        k_shape = g.op("Concat", [bs, i64(kvh, hd)], axis=0)[0]  # [B, S, KVH, hd]
-        cos = g.op("Unsqueeze", ["cos", i64(1)])[0]  # [S, 1, hd]: over [B, S, heads, hd]
-        sin = g.op("Unsqueeze", ["sin", i64(1)])[0]
-        half = hd // 2
+        from onnx import TensorProto
 
-        def rope(x: str) -> str:  # x * cos + roll(x, hd/2) * sin (sin's first half negated): apply_rope's
-            lo, hi = g.op("Split", [x, i64(half, half)], n_out=2, axis=-1)
-            rolled = g.op("Concat", [hi, lo], axis=-1)[0]
-            return g.op("Add", [g.op("Mul", [x, cos])[0], g.op("Mul", [rolled, sin])[0]])[0]
-
-        x, new_k, new_v = "X", [], []
+        # RoPE's tables [G, hd / 2] for positions 0..G-1, computed as the torch path does
+        cos, sin = (t[0, :, : hd // 2].contiguous().numpy() for t in rope_tables(self.inv_freq, torch.arange(self.groups)))
+        cos, sin = g.const("cos", cos), g.const("sin", sin)
+        x, inputs, outputs = "X", {"X": ["b", "s", self.hidden]}, {}
+        inputs["seqlens_k"] = (TensorProto.INT32, ["b"])  # per row: positions after this pass - 1
+        inputs["total_len"] = (TensorProto.INT32, [])  # positions after this pass
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k, v = g.norm_qkv(x, layer.input_layernorm, attn, bits, block)  # [B*S, heads * hd]
-            q = rope(g.op("Reshape", [q, q_shape])[0])  # [B, S, H, hd]
-            k = rope(g.op("Reshape", [k, k_shape])[0])  # [B, S, KVH, hd]
-            v = g.op("Reshape", [v, k_shape])[0]
-            kv_all = []
-            for new, cache, out in ((k, "cache_k", new_k), (v, "cache_v", new_v)):
-                new = g.op("Transpose", [new], perm=[1, 0, 2, 3])[0]  # [S, B, KVH, hd]
-                out.append(g.op("Unsqueeze", [new, i64(1)])[0])
-                old = g.op("Slice", [cache, i64(0, i), g.op("Concat", [past, i64(i + 1)], axis=0)[0], i64(0, 1)])[0]
-                old = g.op("Squeeze", [old, i64(1)])[0]  # [P, B, KVH, hd]
-                kv_all.append(g.op("Concat", [old, new], axis=0)[0])  # [T, B, KVH, hd]
-            keys = g.op("Transpose", [kv_all[0]], perm=[1, 2, 3, 0])[0]  # [B, KVH, hd, T]
-            keys = g.op("Unsqueeze", [keys, i64(2)])[0]  # [B, KVH, 1, hd, T]
-            values = g.op("Unsqueeze", [g.op("Transpose", [kv_all[1]], perm=[1, 2, 0, 3])[0], i64(2)])[0]
-            q = g.op("Reshape", [q, i64(0, 0, kvh, rep, hd)])[0]  # head = kv head * rep + r
-            q = g.op("Transpose", [q], perm=[0, 2, 3, 1, 4])[0]  # [B, KVH, rep, S, hd]
-            scale = g.const("scale", np.array(attn.scale if attn.scale is not None else hd ** -0.5, np.float32))
-            scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, keys])[0], scale])[0], "mask"])[0]
-            o = g.op("MatMul", [g.op("Softmax", [scores], axis=-1)[0], values])[0]  # [B, KVH, rep, S, hd]
-            o = g.op("Transpose", [o], perm=[0, 3, 1, 2, 4])[0]  # [B, S, KVH, rep, hd]
-            o = g.op("Reshape", [o, i64(0, 0, heads * hd)])[0]
-            x = g.op("Add", [x, g.nbits_matmul(o, attn.o_proj.weight, bits, block)])[0]
+            q, k, v = g.norm_qkv(x, layer.input_layernorm, attn, bits, block, lead=2)  # [B, S, heads * hd]
+            # the layer's K/V cache [B, KVH, G, hd]: past and present bound to the same buffer
+            past, present = [f"past_{kv}_{i}" for kv in "kv"], [f"present_{kv}_{i}" for kv in "kv"]
+            for a, b in zip(past, present):
+                inputs[a] = ["b", kvh, self.groups, hd]
+                outputs[b] = (b, ["b", kvh, self.groups, hd])
+            scale = attn.scale if attn.scale is not None else hd ** -0.5
+            o = g.op("GroupQueryAttention", [q, k, v, *past, "seqlens_k", "total_len", cos, sin], n_out=3,
+                     domain="com.microsoft", num_heads=heads, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0,
+                     scale=float(scale))
+            g.nodes[-1].output[1:] = present  # graph outputs themselves (no copy)
+            x = g.op("Add", [x, g.nbits_matmul(o[0], attn.o_proj.weight, bits, block)])[0]
             x = g.op("Add", [x, g.norm_mlp(x, layer.post_attention_layernorm, layer.mlp, bits, block)])[0]
-        last = g.op("Squeeze", [g.op("Slice", [x, i64(-1), i64(2**62), i64(1)])[0], i64(1)])[0]  # [B, D]
-        out = g.rms_norm(last, predictor.model.norm)
-        kv_dims = ["s", self.n_layers, "b", kvh, hd]
-        g.build({"X": ["b", "s", self.hidden], "cos": ["s", hd], "sin": ["s", hd], "mask": ["s", "t"],
-                 "cache_k": ["t", self.n_layers, "b", kvh, hd], "cache_v": ["t", self.n_layers, "b", kvh, hd]},
-                {"H": (out, ["b", self.hidden]), "new_k": (g.op("Concat", new_k, axis=1)[0], kv_dims),
-                 "new_v": (g.op("Concat", new_v, axis=1)[0], kv_dims)})
+        last = g.op("Squeeze", [g.op("Slice", [x, i64c(g, -1), i64c(g, 2**62), i64c(g, 1)])[0], i64c(g, 1)])[0]
+        outputs["H"] = (g.rms_norm(last, predictor.model.norm), ["b", self.hidden])  # [B, D]
+        g.build(inputs, outputs)
         self._session = g.session
         self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
         self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._tables: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._bindings: dict[tuple[int, int, int], object] = {}
 
-    def _table(self, pos: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """cos, sin [S, hd] (sin's first half negated, as ``prepare_rope``) and the additive mask
-        [S, pos + S] for positions pos..pos+S-1, computed as CodePredictor._tables does."""
-        if (pos, s) not in self._tables:
-            from engines.models.layers import prepare_rope
-
-            positions = torch.arange(pos, pos + s)
-            cos, sin = prepare_rope(*rope_tables(self.inv_freq, positions))
-            visible = torch.arange(pos + s)[None, :] <= positions[:, None]
-            mask = torch.zeros(s, pos + s).masked_fill(~visible, float("-inf"))
-            self._tables[(pos, s)] = (cos[0, 0].contiguous(), sin[0, 0].contiguous(), mask)
-        return self._tables[(pos, s)]
-
     def _binding(self, b: int, pos: int, s: int):
-        """An IO binding with the tables and this batch size's cache bound (what stays the same
-        for every frame's pass at ``pos``)."""
+        """An IO binding with this batch size's cache and the pass's lengths bound (what stays the
+        same for every frame's pass at ``pos``)."""
         key = (b, pos, s)
         if key not in self._bindings:
             if b not in self._caches:
-                shape = (self.groups, self.n_layers, b, self.n_kv, self.head_dim)
+                shape = (self.n_layers, b, self.n_kv, self.groups, self.head_dim)
                 self._caches[b] = (torch.zeros(shape), torch.zeros(shape))
-            k, v = self._caches[b]
             binding = self._session.io_binding()
-            for name, t in zip(("cos", "sin", "mask"), self._table(pos, s)):
-                binding.bind_input(name, "cpu", 0, np.float32, list(t.shape), t.data_ptr())
-            for name, cache in (("cache_k", k), ("cache_v", v)):
-                binding.bind_input(name, "cpu", 0, np.float32, list(cache[:pos + s].shape), cache.data_ptr())
-            for name, cache in (("new_k", k), ("new_v", v)):
-                binding.bind_output(name, "cpu", 0, np.float32, list(cache[pos:pos + s].shape),
-                                    cache[pos:pos + s].data_ptr())
-            self._bindings[key] = binding
-        return self._bindings[key]
+            lengths = (torch.full((b,), pos + s - 1, dtype=torch.int32), torch.tensor(pos + s, dtype=torch.int32))
+            for name, t in zip(("seqlens_k", "total_len"), lengths):
+                binding.bind_input(name, "cpu", 0, np.int32, list(t.shape), t.data_ptr())
+            for i in range(self.n_layers):
+                for kv, cache in zip("kv", self._caches[b]):
+                    layer = cache[i]
+                    binding.bind_input(f"past_{kv}_{i}", "cpu", 0, np.float32, list(layer.shape), layer.data_ptr())
+                    binding.bind_output(f"present_{kv}_{i}", "cpu", 0, np.float32, list(layer.shape), layer.data_ptr())
+            self._bindings[key] = (binding, lengths)  # the tensors bound by pointer stay alive
+        return self._bindings[key][0]
 
     def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """x [B, S, D] fp32 at positions pos..pos+S-1 (every row; a frame's pass 0 has pos 0, S 2)
@@ -147,6 +113,10 @@ class NBitsPredictorLayers(nn.Module):
         binding.bind_output("H", "cpu", 0, np.float32, [b, self.hidden], out.data_ptr())
         self._session.run_with_iobinding(binding)
         return out
+
+
+def i64c(g: _Graph, *values: int) -> str:
+    return g.const("i", np.array(values, np.int64))
 
 
 def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
