@@ -111,7 +111,7 @@ def frame_weights(talker, predictor) -> tuple[int, int]:
         for m in module.modules():
             if hasattr(m, "weight_bytes"):
                 b += m.weight_bytes
-                n += getattr(m, "weight_elems", m.in_features * m.out_features)
+                n += m.weight_elems if hasattr(m, "weight_elems") else m.in_features * m.out_features
         return b, n
 
     w = talker.codec_head.weight
