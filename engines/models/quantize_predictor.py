@@ -7,19 +7,22 @@
 A frame runs the predictor 15 times over 5 layers. Run layer by layer (quantize_nbits.py's three
 calls around torch's attention), each pass is 15 ORT calls and ~200 small torch ops (RoPE, K/V
 writes, SDPA, views), which at batch 1 cost about as much as the pass's int4 weights. Here a pass
-is one graph: every layer's norms, projections (``MatMulNBits``, the same packed weights as the
-per-layer calls), RoPE, grouped-query attention over the K/V cache, the MLP, and the final norm.
+is one graph: every layer's norms and projections (``MatMulNBits``, the same packed weights as the
+per-layer calls), attention as ORT's ``GroupQueryAttention`` (RoPE inside, from tables computed
+as the torch path computes them), the MLP, and the final norm. Measured at the released sizes, 1
+thread: the predictor's share of a frame int8 92 -> 59 ms, int4 70 -> 39 ms (benchmarks/RESULTS.md).
 
-The K/V cache is this module's own, [G, layers, B, KVH, hd] per batch size (G = code groups:
-positions outermost, so the past and the new positions are contiguous slices): the graph reads
-``cache[:pos + S]`` (its first ``pos`` positions) and writes the new K/V straight into
-``cache[pos:pos + S]`` through output binding, so a pass copies nothing in torch. RoPE tables and
-masks per (pos, S) are computed once the way the torch path computes them and bound once per
-(B, pos, S) with the cache; a pass binds only its input and output.
+The K/V cache is this module's own: per layer [B, KVH, G, hd] (G = code groups, every position a
+frame's passes reach), kept per batch size. Each layer's past and present K/V are bound to the same
+buffer, so the operator writes the new positions in place (no copy in torch or ORT); the lengths of
+a pass (``seqlens_k``, ``total_len``) and the cache are bound once per (B, pos, S), and a pass binds
+only its input and output. ORT's CPU ``GroupQueryAttention`` takes a head size that is a multiple
+of 16 (``supports``); quantize_talker keeps the per-layer calls for other (test-sized) predictors.
 
 Numerics: the same weights and int8 activations as the per-layer calls; attention and RoPE in
-ORT's fp32 kernels instead of torch's (rounding-level differences, which can move an activation's
-int8 rounding by one level). tests/engines/models/test_talker_quantize.py compares the two paths.
+ORT's fp32 kernels instead of torch's: rounding-level differences, which now and then move an
+activation to the next int8 level (tests/engines/models/test_talker_quantize.py compares the two
+paths; docs/QUANTIZATION.md's fidelity figures are measured on this path).
 """
 
 from __future__ import annotations
