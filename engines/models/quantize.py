@@ -121,12 +121,14 @@ def _ort_bits(mode: str) -> int | None:
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
-                    fuse_predictor: bool = True) -> int:
+                    fused: bool = True) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
     and input projection) -> int8 or int4 weights. -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
-    the pool is made once per process). ``fuse_predictor`` (on ONNX Runtime): the predictor's
-    layers as one call per pass (engines/models/quantize_predictor.py) instead of three per layer."""
+    the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
+    call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
+    attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
+    attention (quantize_nbits.convert_layer)."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -146,11 +148,19 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         n = 0
         from engines.models.quantize_predictor import NBitsPredictorLayers
 
-        if fuse_predictor and NBitsPredictorLayers.supports(predictor.cfg):
+        if fused and NBitsPredictorLayers.supports(predictor.cfg):
             predictor.fused_layers = NBitsPredictorLayers(predictor, bits)
             n += 7 * len(predictor.model.layers)
             predictor.model.layers = nn.ModuleList()  # inside fused_layers now
             layers = list(talker.model.layers)
+        if fused:
+            from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
+
+            for layer in talker.model.layers:
+                layer.nbits = NBitsTalkerLayer(layer, bits)
+                strip_layer(layer)
+                n += 7
+            layers = [layer for layer in layers if getattr(layer, "nbits", None) is None]  # the predictor's, if any
         n += sum(convert_layer(layer, bits) for layer in layers)
 
         def make(linear):

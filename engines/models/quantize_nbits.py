@@ -212,7 +212,7 @@ class _Graph:
         self.width_out = width_out
         return self.build({"X": ["rows", self.width_in]}, {"Y": (y, ["rows", width_out])})
 
-    def build(self, inputs: dict[str, list], outputs: dict[str, tuple[str, list]]) -> "_Graph":
+    def build(self, inputs: dict[str, list], outputs: dict[str, tuple[str, list]], opset: int = OPSET) -> "_Graph":
         """The session: ``inputs`` {name: dims}, fp32, or {name: (onnx element type, dims)}, and fp32
         ``outputs`` {name: (the node output it is, dims)}; dims are ints or symbolic names. An output
         that is an input too (a buffer updated in place) gets no copy."""
@@ -231,7 +231,7 @@ class _Graph:
                              [h.make_tensor_value_info(n, *typed(dims)) for n, dims in inputs.items()],
                              [h.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n, (_, dims) in outputs.items()],
                              initializer=self.inits)
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("com.microsoft", 1)])
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset), h.make_opsetid("com.microsoft", 1)])
         self.session = ort.InferenceSession(model.SerializeToString(), _session_options(),
                                             providers=["CPUExecutionProvider"])
         self.binding = self.session.io_binding()

@@ -121,7 +121,7 @@ def test_fused_predictor_computes_what_the_per_layer_calls_compute(mode):
     cache slot does (the logits' own scale). Several frames reuse the cache; rows of a batch stay apart."""
     per_layer = make_bundle(seed=2, groups=16, hidden=64, predictor_hidden=64, predictor_head_dim=16)
     fused = copy.deepcopy(per_layer)
-    quantize_talker(per_layer.talker, per_layer.predictor, mode, fuse_predictor=False)
+    quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
     quantize_talker(fused.talker, fused.predictor, mode)
     assert per_layer.predictor.fused_layers is None and fused.predictor.fused_layers is not None
     g = torch.Generator().manual_seed(0)
@@ -134,6 +134,37 @@ def test_fused_predictor_computes_what_the_per_layer_calls_compute(mode):
         assert torch.equal(got_codes, want_codes)
         alone = fused.predictor.predict(h[-1:], emb[-1:], sampling, return_logits=True)[1]  # a row without the others
         assert ((alone[0] - want[-1]).norm() / want[-1].norm()) < 1e-2
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_talker_layers_compute_what_the_per_layer_calls_compute(mode):
+    """Each talker layer as two ORT calls (RoPE and attention inside) against the three calls around
+    torch's RoPE and SDPA: the same packed weights, rounding-level differences, over a prompt and then
+    steps on the paged cache of the served source, and on the dense cache of the reference loop. At
+    this tiny width (blocks of 32 inputs) one activation moved to the next int8 level moves the
+    hidden state by up to ~5e-3 of its norm (measured); a RoPE sign error moves it by 0.1-1.4, so
+    the bound is 3e-2."""
+    per_layer = make_bundle(seed=4, max_new_tokens=6)
+    fused = copy.deepcopy(per_layer)
+    quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
+    quantize_talker(fused.talker, fused.predictor, mode)
+    assert fused.talker.model.layers[0].nbits is not None and per_layer.talker.model.layers[0].nbits is None
+    hidden = {}
+    for name, bundle in (("per_layer", per_layer), ("fused", fused)):
+        source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=64)
+        source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
+        states = []
+        for _ in range(4):
+            step(source)
+            states.append(source.state.h[:1].clone())  # the talker's last hidden state of the row
+        hidden[name] = torch.cat(states)
+        x = torch.randn(1, 5, bundle.talker.cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+        cache = bundle.talker.new_cache(1, 8, "cpu", torch.float32)
+        with torch.no_grad():
+            hidden[name + " dense"] = bundle.talker(x, torch.arange(5)[None], cache)
+    for key in ("", " dense"):
+        want, got = hidden["per_layer" + key], hidden["fused" + key]
+        assert ((got - want).norm(dim=-1) / want.norm(dim=-1)).max() < 3e-2
 
 
 def test_refuses_what_it_cannot_run():
