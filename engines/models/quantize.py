@@ -11,8 +11,13 @@ and everything outside the decoder stay fp32.
 
 * With onnxruntime installed (a dependency of the package), both modes run on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
-  with a scale and zero point each, int8 activations, each decoder layer as three calls with
-  its RMSNorms inside (a CPU step is dispatch-bound as well as weight-bound).
+  with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
+  weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
+  as ONE call per pass (engines/models/quantize_predictor.py: norms, RoPE, attention over its
+  own K/V cache), each talker layer as two (engines/models/quantize_talker_layer.py: RoPE and
+  attention inside, the paged K/V cache written and read by torch between them).
+  ``fused=False`` keeps three calls per layer around torch's RoPE and attention
+  (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
 * Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
   (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
   symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its

@@ -22,6 +22,8 @@ decoder layer runs as three ORT calls around torch's attention:
 * ``o_proj``: an ``NBitsLinear``;
 * ``NormMLP``: post-attention RMSNorm -> one gate/up matmul -> SiLU(gate) * up -> down.
 Each call binds the torch input and a fresh torch output by pointer (no copies, ~5 us).
+(quantize_talker's default goes further, with RoPE and attention inside the graphs too:
+engines/models/quantize_predictor.py, quantize_talker_layer.py; both build on ``_Graph`` here.)
 Every session shares one ORT thread pool (``ensure_pool``: half of torch's intra-op threads
 unless the caller says), with no spinning workers (they would take torch's cores between calls).
 """
