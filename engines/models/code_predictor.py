@@ -100,6 +100,9 @@ class CodePredictor(nn.Module):
         # Optional replacement for calling a layer in the cached loop, same signature as
         # PredictorLayer.forward plus the layer first: set by compile_layers().
         self.layer_step = None
+        # Every layer and the final norm as one call per pass, with its own K/V cache: set by
+        # quantize_talker on CPU (engines/models/quantize_predictor.py); model.layers is then empty.
+        self.fused_layers: nn.Module | None = None
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Run the cached loop's layers through ``torch.compile`` (fused norms, RoPE and
@@ -150,6 +153,8 @@ class CodePredictor(nn.Module):
     def _run(self, x: torch.Tensor, pos: int, cache: StaticKVCache, head: int) -> torch.Tensor:
         """Inputs x [B, S, D] at positions pos.. through the layers (KV written to the cache);
         only the last position goes through the final norm and lm_head[head] -> [B, V]."""
+        if self.fused_layers is not None:
+            return self.lm_head[head](self.fused_layers(x, pos))
         b, s, _ = x.shape
         positions, cos, sin, mask = self._tables(pos, s, x.device, x.dtype)  # cos/sin broadcast over rows
         step = self.layer_step or _call_layer
@@ -189,6 +194,8 @@ class CodePredictor(nn.Module):
     def naive_predict(self, h: torch.Tensor, code0_emb: torch.Tensor, sampling: FrameSampling,
                       return_logits: bool = False):
         """Reference: no cache; every step recomputes the full causal sequence from scratch."""
+        if self.fused_layers is not None:
+            raise ValueError("the layers run fused (quantize_talker): no per-layer reference")
         b, g = h.shape[0], self.cfg.num_code_groups
         seq = [h, code0_emb]  # talker-width inputs
         codes, all_logits = [], []

@@ -11,8 +11,13 @@ and everything outside the decoder stay fp32.
 
 * With onnxruntime installed (a dependency of the package), both modes run on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
-  with a scale and zero point each, int8 activations, each decoder layer as three calls with
-  its RMSNorms inside (a CPU step is dispatch-bound as well as weight-bound).
+  with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
+  weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
+  as ONE call per pass (engines/models/quantize_predictor.py: norms, RoPE, attention over its
+  own K/V cache), each talker layer as two (engines/models/quantize_talker_layer.py: RoPE and
+  attention inside, the paged K/V cache written and read by torch between them).
+  ``fused=False`` keeps three calls per layer around torch's RoPE and attention
+  (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
 * Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
   (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
   symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its
@@ -120,11 +125,15 @@ def _ort_bits(mode: str) -> int | None:
     return None
 
 
-def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None) -> int:
+def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
+                    fused: bool = True) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
     and input projection) -> int8 or int4 weights. -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
-    the pool is made once per process)."""
+    the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
+    call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
+    attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
+    attention (quantize_nbits.convert_layer)."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -141,7 +150,23 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
 
         ensure_pool(threads)
-        n = sum(convert_layer(layer, bits) for layer in layers)
+        n = 0
+        from engines.models.quantize_predictor import NBitsPredictorLayers
+
+        if fused and NBitsPredictorLayers.supports(predictor.cfg):
+            predictor.fused_layers = NBitsPredictorLayers(predictor, bits)
+            n += 7 * len(predictor.model.layers)
+            predictor.model.layers = nn.ModuleList()  # inside fused_layers now
+            layers = list(talker.model.layers)
+        if fused:
+            from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
+
+            for layer in talker.model.layers:
+                layer.nbits = NBitsTalkerLayer(layer, bits)
+                strip_layer(layer)
+                n += 7
+            layers = [layer for layer in layers if getattr(layer, "nbits", None) is None]  # the predictor's, if any
+        n += sum(convert_layer(layer, bits) for layer in layers)
 
         def make(linear):
             return NBitsLinear(linear, bits)
