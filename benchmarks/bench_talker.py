@@ -352,7 +352,7 @@ def ours_worker(args) -> None:
                          **SIZES[args.size])
     # EOS blocked (as the official run makes it unreachable): every row emits one frame per tick.
     bundle.generation = dataclasses.replace(bundle.generation, min_new_tokens=10**9)
-    if mode in ("int8", "int4"):
+    if mode not in (None, "bf16"):
         from engines.models.quantize import quantize_talker
 
         quantize_talker(bundle.talker, bundle.predictor, mode, threads=torch.get_num_threads())  # ORT: --threads too
@@ -634,8 +634,8 @@ def main() -> None:
     ap.add_argument("--steps", "--ticks", type=int, default=4, dest="steps", help="timed decode steps per turn")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every process (0 = default)")
     ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
-    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "bf16"],
-                    help="also time ours with int8 weights (engines/models/quantize.py) and/or all in bf16")
+    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "int8-int4p", "bf16"],
+                    help="also time ours with quantized weights (engines/models/quantize.py) and/or all in bf16")
     ap.add_argument("--step-graphs", action="store_true", help="also ours with the whole step as CUDA graphs (on a CPU: its static-buffer path, eager)")
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines

@@ -164,9 +164,11 @@ class CodePredictor(nn.Module):
 
     @torch.no_grad()
     def predict(self, h: torch.Tensor, code0_emb: torch.Tensor, sampling: FrameSampling,
-                return_logits: bool = False):
+                return_logits: bool = False, forced: torch.Tensor | None = None):
         """h [B, D_talker] (talker hidden after its final norm), code0_emb [B, D_talker]
         -> codes [B, G-1] int64 (codes 1..G-1), and logits [B, G-1, V] if ``return_logits``.
+        ``forced`` [B, G-1]: teacher forcing (benchmarks/quantize_fidelity.py): each pass is fed
+        these codes 1..i-1 instead of the sampled ones (the logits are then code i's given them).
 
         Static control flow: one prefill + G-2 single-position steps; sampled ids stay on
         the device and feed the next embedding lookup directly.
@@ -182,7 +184,7 @@ class CodePredictor(nn.Module):
         codes, all_logits = [], []
         for i in range(1, g):  # code i from lm_head[i-1]
             if i > 1:
-                emb = self.model.codec_embedding[i - 2](codes[-1])  # [B, D_talker]
+                emb = self.model.codec_embedding[i - 2](codes[-1] if forced is None else forced[:, i - 2])  # [B, D_talker]
                 logits = self._run(self.small_to_mtp_projection(emb)[:, None], i, cache, head=i - 1)
             codes.append(sample_rows(logits, sampling, DOMAIN_CODES, counters + i))
             if return_logits:

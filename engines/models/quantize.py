@@ -2,6 +2,7 @@
 
     quantize_talker(talker, predictor, "int8")   # in place, before TalkerSource is built
     quantize_talker(talker, predictor, "int4")
+    quantize_talker(talker, predictor, "int8-int4p")   # talker int8, code predictor int4
 
 What a decode step reads is weights (fp32: 6.6 GB per frame at the released 0.6B sizes, 15
 code predictor passes included), so fewer bytes per weight is the lever on CPU. Every linear
@@ -9,7 +10,7 @@ layer of the talker's and the predictor's decoder layers, the predictor's 15 hea
 input projection get quantized weights; embeddings, the talker's codec head (compact rows)
 and everything outside the decoder stay fp32.
 
-* With onnxruntime installed (a dependency of the package), both modes run on ONNX Runtime's
+* With onnxruntime installed (a dependency of the package), every mode runs on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
   with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
   weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
@@ -37,7 +38,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-QUANTIZE_MODES = ("int8", "int4")
+# mode -> (bits of the talker's decoder layers, bits of the code predictor's layers, heads and input
+# projection). ``int8-int4p``: the talker (which picks code 0) in int8, the predictor (15 passes a
+# frame, ~3/4 of the weights read) in int4 (docs/QUANTIZATION.md, "The mixed mode").
+MODE_BITS = {"int8": (8, 8), "int4": (4, 4), "int8-int4p": (8, 4)}
+QUANTIZE_MODES = tuple(MODE_BITS)
 # The CPU default (``--quantize auto``): the fastest mode that passes the fidelity rule of
 # docs/QUANTIZATION.md ("Choosing the CPU default"), measured by benchmarks/quantize_fidelity.py.
 CPU_DEFAULT = "int8"
@@ -53,7 +58,7 @@ def resolve_quantize(requested: str | None, device: torch.device, dtype: torch.d
         return requested
     if not talker or device.type != "cpu" or dtype != torch.float32:
         return None
-    if CPU_DEFAULT == "int4":
+    if 4 in MODE_BITS[CPU_DEFAULT]:
         from engines.models import quantize_nbits
 
         if not quantize_nbits.available():
@@ -112,23 +117,24 @@ def _swap_linears(module: nn.Module, make) -> int:
     return n
 
 
-def _ort_bits(mode: str) -> int | None:
-    """ONNX Runtime's bits for ``mode`` (engines/models/quantize_nbits.py), or None: int4 always
-    runs there (an error without onnxruntime), int8 where onnxruntime is installed (else torch's
-    int8 kernel, one ``Int8Linear`` per layer)."""
+def _ort_bits(mode: str) -> tuple[int, int] | None:
+    """ONNX Runtime's (talker, predictor) bits for ``mode`` (engines/models/quantize_nbits.py), or
+    None: int4 always runs there (an error without onnxruntime), int8 where onnxruntime is installed
+    (else torch's int8 kernel, one ``Int8Linear`` per layer)."""
     from engines.models import quantize_nbits
 
     if quantize_nbits.available():
-        return 4 if mode == "int4" else 8
-    if mode == "int4":
-        raise ValueError("--quantize int4 needs onnxruntime and onnx (pip install onnxruntime onnx)")
+        return MODE_BITS[mode]
+    if 4 in MODE_BITS[mode]:
+        raise ValueError(f"--quantize {mode} needs onnxruntime and onnx (pip install onnxruntime onnx)")
     return None
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
                     fused: bool = True) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
-    and input projection) -> int8 or int4 weights. -> the number of layers converted.
+    and input projection) -> int8 or int4 weights (``MODE_BITS``: the talker's and the predictor's
+    bits). -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
     the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
     call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
@@ -144,35 +150,37 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         for layer in model.model.layers:
             if getattr(layer.self_attn, "qkv_weight", None) is not None or getattr(layer.mlp, "gate_up", None) is not None:
                 raise ValueError("quantize before the projections are fused (before TalkerSource is built)")
-    layers = [*talker.model.layers, *predictor.model.layers]
+    talker_layers, predictor_layers = list(talker.model.layers), list(predictor.model.layers)
     bits = _ort_bits(mode)
-    if bits:  # each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+    if bits:
         from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
-
-        ensure_pool(threads)
-        n = 0
         from engines.models.quantize_predictor import NBitsPredictorLayers
 
+        talker_bits, predictor_bits = bits
+        ensure_pool(threads)
+        n = 0
         if fused and NBitsPredictorLayers.supports(predictor.cfg):
-            predictor.fused_layers = NBitsPredictorLayers(predictor, bits)
-            n += 7 * len(predictor.model.layers)
+            predictor.fused_layers = NBitsPredictorLayers(predictor, predictor_bits)
+            n += 7 * len(predictor_layers)
             predictor.model.layers = nn.ModuleList()  # inside fused_layers now
-            layers = list(talker.model.layers)
+            predictor_layers = []
         if fused:
             from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
 
-            for layer in talker.model.layers:
-                layer.nbits = NBitsTalkerLayer(layer, bits)
+            for layer in talker_layers:
+                layer.nbits = NBitsTalkerLayer(layer, talker_bits)
                 strip_layer(layer)
                 n += 7
-            layers = [layer for layer in layers if getattr(layer, "nbits", None) is None]  # the predictor's, if any
-        n += sum(convert_layer(layer, bits) for layer in layers)
+            talker_layers = []
+        # what is left: each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+        n += sum(convert_layer(layer, talker_bits) for layer in talker_layers)
+        n += sum(convert_layer(layer, predictor_bits) for layer in predictor_layers)
 
-        def make(linear):
-            return NBitsLinear(linear, bits)
+        def make(linear):  # the predictor's heads and input projection
+            return NBitsLinear(linear, predictor_bits)
     else:
         make = Int8Linear
-        n = sum(_swap_linears(layer, make) for layer in layers)
+        n = sum(_swap_linears(layer, make) for layer in talker_layers + predictor_layers)
     n += _swap_linears(predictor.lm_head, make)
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
         predictor.small_to_mtp_projection = make(predictor.small_to_mtp_projection)
@@ -180,4 +188,4 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     return n
 
 
-__all__ = ["CPU_DEFAULT", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]
+__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]
