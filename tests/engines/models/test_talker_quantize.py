@@ -167,6 +167,30 @@ def test_fused_talker_layers_compute_what_the_per_layer_calls_compute(mode):
         assert ((got - want).norm(dim=-1) / want.norm(dim=-1)).max() < 3e-2
 
 
+@pytest.mark.parametrize("predictor_head_dim", [8, 16])  # 16: the predictor's layers as one call per pass
+def test_mixed_mode_is_the_int8_talker_with_the_int4_predictor(predictor_head_dim):
+    """``int8-int4p`` builds the int8 mode's talker layers and the int4 mode's predictor (layers,
+    heads, input projection) from the same blocks: the same outputs, bit for bit, on the same inputs."""
+    built = {}
+    for mode in ("int8", "int4", "int8-int4p"):
+        bundle = built[mode] = make_bundle(seed=3, predictor_head_dim=predictor_head_dim)
+        assert quantize_talker(bundle.talker, bundle.predictor, mode) == 2 * 7 + 2 * 7 + 3
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, built["int8"].talker.cfg.hidden_size, generator=g)
+    h, emb = (torch.randn(2, built["int8"].predictor.cfg.talker_hidden_size, generator=g) for _ in range(2))
+    sampling = FrameSampling.for_stream(2, 0, 0, "cpu", greedy=True, temperature=1.0, top_k=50, top_p=1.0)
+    out = {}
+    with torch.no_grad():
+        for mode, bundle in built.items():
+            cache = bundle.talker.new_cache(2, 8, "cpu", torch.float32)
+            out[mode] = (bundle.talker(x, torch.arange(5)[None].expand(2, -1), cache),
+                         bundle.predictor.predict(h, emb, sampling, return_logits=True)[1])
+    assert torch.equal(out["int8-int4p"][0], out["int8"][0])
+    assert torch.equal(out["int8-int4p"][1], out["int4"][1])
+    assert not torch.equal(out["int8-int4p"][0], out["int4"][0])  # the two modes differ where they should
+    assert not torch.equal(out["int8-int4p"][1], out["int8"][1])
+
+
 def test_refuses_what_it_cannot_run():
     bundle = make_bundle(seed=1, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="float32"):
@@ -188,6 +212,7 @@ def test_the_cpu_default_is_for_a_float32_talker_on_a_cpu():
     assert resolve_quantize("none", cpu, torch.float32, talker=True) is None
     assert resolve_quantize(None, cpu, torch.float32, talker=True) is None
     assert resolve_quantize("int4", cpu, torch.float32, talker=True) == "int4"
+    assert resolve_quantize("int8-int4p", cpu, torch.float32, talker=True) == "int8-int4p"
 
 
 @pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none")])
@@ -208,6 +233,7 @@ def test_without_onnxruntime_int8_runs_torch_kernels_and_int4_is_refused(monkeyp
     bundle = make_bundle(seed=1)
     assert quantize_talker(bundle.talker, bundle.predictor, "int8") == 2 * 7 + 2 * 7 + 3
     assert isinstance(bundle.talker.model.layers[0].mlp.down_proj, Int8Linear)
-    with pytest.raises(ValueError, match="needs onnxruntime"):
-        quantize_talker(*(lambda b: (b.talker, b.predictor))(make_bundle(seed=1)), "int4")
+    for mode in ("int4", "int8-int4p"):
+        with pytest.raises(ValueError, match="needs onnxruntime"):
+            quantize_talker(*(lambda b: (b.talker, b.predictor))(make_bundle(seed=1)), mode)
     assert resolve_quantize("auto", torch.device("cpu"), torch.float32, talker=True) in ("int8", CPU_DEFAULT)
