@@ -215,10 +215,12 @@ def test_the_cpu_default_is_for_a_float32_talker_on_a_cpu():
     assert resolve_quantize("int8-int4p", cpu, torch.float32, talker=True) == "int8-int4p"
 
 
-@pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none")])
+@pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none"),
+                                        ("int8-int4p", "int8-int4p")])
 def test_built_engine_runs_and_names_the_mode(asked, runs):
     """``--quantize auto`` (the service's default) quantizes a talker on CPU; ``none`` and the
-    library default keep fp32 (the parity tests' engines)."""
+    library default keep fp32 (the parity tests' engines); a named mode runs as named (what
+    /v1/models reports: ``engine.info.quantize``)."""
     from engines.build import build_engine
     from tests.oracle import talker_fixtures as fx
 
