@@ -9,7 +9,7 @@ own greedy codes: the numbers the CPU default is chosen by (docs/QUANTIZATION.md
 Checkpoints: the talker oracle fixtures (tiny random CustomVoice checkpoints in the official
 layout, their cases and the official ``generate()``'s greedy codes) and, with ``--checkpoint``,
 random checkpoints at the released sizes with the official codes ``official_codes.py`` wrote.
-Per mode (fp32, bf16 = the whole talker in bfloat16, int8 and int4 =
+Per mode (fp32, bf16 = the whole talker in bfloat16, int8, int4 and int8-int4p =
 engines/models/quantize*.py), one utterance at a time, the talker is fed the OFFICIAL frames
 (teacher forcing: every mode sees the same history, so one flipped choice does not make the
 rest of the utterance another utterance) and at every step we keep
@@ -24,6 +24,13 @@ frames) and the **waveform SNR**: the mode's own frames and fp32's through the c
 codec decoder (fp32), 10 log10(|w_fp32|^2 / |w_mode - w_fp32|^2) in dB over the utterance.
 Beside them, how often fp32's top-1 is the official code 0 (100 % where our fp32 talker
 reproduces the official one; the parity tests assert that on the fixtures).
+
+The code predictor (codes 1..G-1) is judged the same way, teacher-forced inside the frame too: at
+each step, from the mode's talker hidden state, the predictor is fed the OFFICIAL frame's code 0
+and its codes 1..i-1 (``CodePredictor.predict(..., forced=)``) and code i's logits are kept.
+Reported per group against fp32, then as the mean over groups and the worst group: **top-1
+agreement** and the **TV** of the distribution code i is served from (``subtalker_temperature``,
+``subtalker_top_k``); and how often fp32's top-1 is the official code i.
 """
 
 from __future__ import annotations
