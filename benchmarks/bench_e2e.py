@@ -50,9 +50,9 @@ async def level(url: str, clients: int, api_key: str | None, min_sessions: int =
             "underrun_sessions": sum(1 for s in ok if s.underruns), "audio_s_per_s": audio / (time.monotonic() - t0)}
 
 
-async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
-    """The server's streamvox_worker_stage_seconds_total by stage, and its tick count under the
-    key ``ticks`` ({} if not exposed)."""
+async def stage_seconds(url: str, api_key: str | None) -> dict:
+    """The server's counters: ``stages`` (streamvox_worker_stage_seconds_total by stage), ``ticks``,
+    ``late_captures`` and the first-audio histogram's ``ttfa_sum`` / ``ttfa_count`` ({} if not exposed)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -61,15 +61,17 @@ async def stage_seconds(url: str, api_key: str | None) -> dict[str, float]:
             text = await r.text() if r.status == 200 else ""
     except aiohttp.ClientError:
         return {}
-    out = {}
+    out: dict = {"stages": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if family.name == "streamvox_worker_stage_seconds" and sample.name.endswith("_total"):
-                out[sample.labels["stage"]] = sample.value
+                out["stages"][sample.labels["stage"]] = sample.value
             elif sample.name == "streamvox_tick_seconds_count":
                 out["ticks"] = sample.value
             elif sample.name == "streamvox_graph_captures_after_start_total":
                 out["late_captures"] = sample.value
+            elif sample.name in ("streamvox_time_to_first_audio_seconds_sum", "streamvox_time_to_first_audio_seconds_count"):
+                out["ttfa_" + sample.name.rsplit("_", 1)[1]] = sample.value
     return out
 
 
@@ -89,8 +91,16 @@ async def served_device(url: str, api_key: str | None) -> str:
         return (await r.json())["data"][0]["device"]
 
 
+def server_ttfa_ms(before: dict[str, float], after: dict[str, float]) -> str:
+    """The server's own mean time to first audio over the level (submit to the first chunk handed to
+    the connection: client TTFA minus this is the transport's share)."""
+    n = after.get("ttfa_count", 0.0) - before.get("ttfa_count", 0.0)
+    return "n/a" if n <= 0 else f"{1e3 * (after['ttfa_sum'] - before.get('ttfa_sum', 0.0)) / n:.0f}"
+
+
 def shares(before: dict[str, float], after: dict[str, float]) -> str:
-    spent = {k: after[k] - before.get(k, 0.0) for k in after if k not in ("ticks", "late_captures")}
+    stages = after.get("stages", {})
+    spent = {k: v - before.get("stages", {}).get(k, 0.0) for k, v in stages.items()}
     total = sum(spent.values())
     return " ".join(f"{k} {100 * v / total:.0f}%" for k, v in spent.items()) if total > 0 else "n/a"
 
@@ -145,7 +155,7 @@ def main() -> int:
             name = f"{asyncio.run(served_device(url, args.api_key))}, on CPU x{os.cpu_count()} cores"
         what = f"checkpoint {args.checkpoint}" if args.checkpoint else f"preset {args.preset}"
         print(f"streamvox bench_e2e: {what}, device {device} ({name}), server {url}")
-        print(f"{'clients':>7} {'sessions':>8} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'RTF p50':>7} "
+        print(f"{'clients':>7} {'sessions':>8} {'errors':>6} {'TTFA p50 ms':>11} {'TTFA p95 ms':>11} {'srv TTFA':>8} {'RTF p50':>7} "
               f"{'RTF max':>7} {'underrun':>8} {'audio s/s':>9} {'late cap':>8} {'ms/tick':>7} {'CPU ms/tick':>11}  "
               f"worker time by stage")
         best = 0
@@ -163,13 +173,14 @@ def main() -> int:
             cpu = "n/a" if not ticks or not server else (f"{1e3 * (cpu1[0] - cpu0[0]) / ticks:.1f}/"
                                                           f"{1e3 * (cpu1[1] - cpu0[1]) / ticks:.1f}")
             print(f"{r['clients']:>7} {r['sessions']:>8} {r['errors']:>6} {fmt(r['ttfa_p50'], 1000):>11} {fmt(r['ttfa_p95'], 1000):>11} "
-                  f"{fmt(r['rtf_p50'], 1, 2):>7} {fmt(r['rtf_max'], 1, 2):>7} {r['underrun_sessions']:>8} "
+                  f"{server_ttfa_ms(before, after):>8} {fmt(r['rtf_p50'], 1, 2):>7} {fmt(r['rtf_max'], 1, 2):>7} {r['underrun_sessions']:>8} "
                   f"{r['audio_s_per_s']:>9.1f} {late:>8} {per_tick:>7} {cpu:>11}  {shares(before, after) if after else ''}")
             if r["errors"] == 0 and r["underrun_sessions"] == 0:
                 best = c
         print(f"largest concurrency with no underrun and no error: {best}")
         print(f"graph captures after start (each stalls every stream): {after.get('late_captures', 0):.0f}")
         print("late cap = graphs captured after start during the level (streamvox_graph_captures_after_start_total); "
+              "srv TTFA = the server's mean submit -> first chunk (streamvox_time_to_first_audio_seconds); "
               "ms/tick = level wall / worker ticks; CPU ms/tick = host CPU per tick, server process / clients")
     except Exception:
         if server:

@@ -111,14 +111,15 @@ def frame_weights(talker, predictor) -> tuple[int, int]:
         for m in module.modules():
             if hasattr(m, "weight_bytes"):
                 b += m.weight_bytes
-                n += getattr(m, "weight_elems", m.in_features * m.out_features)
+                n += m.weight_elems if hasattr(m, "weight_elems") else m.in_features * m.out_features
         return b, n
 
     w = talker.codec_head.weight
     parts = [size(talker.model.layers), size(talker.model.norm), (talker.valid_ids.numel() * w[0].numel() *
                                                                    w.element_size(), talker.valid_ids.numel() * w[0].numel())]
     p = predictor
-    step = [size(p.model.layers), size(p.model.norm), size(p.small_to_mtp_projection), size(p.lm_head[0])]
+    layers = getattr(p, "fused_layers", None) or p.model.layers  # quantized: one module for every layer
+    step = [size(layers), size(p.model.norm), size(p.small_to_mtp_projection), size(p.lm_head[0])]
     g = talker.cfg.num_code_groups - 1
     return (sum(b for b, _ in parts) + g * sum(b for b, _ in step), sum(n for _, n in parts) + g * sum(n for _, n in step))
 
@@ -351,7 +352,7 @@ def ours_worker(args) -> None:
                          **SIZES[args.size])
     # EOS blocked (as the official run makes it unreachable): every row emits one frame per tick.
     bundle.generation = dataclasses.replace(bundle.generation, min_new_tokens=10**9)
-    if mode in ("int8", "int4"):
+    if mode not in (None, "bf16"):
         from engines.models.quantize import quantize_talker
 
         quantize_talker(bundle.talker, bundle.predictor, mode, threads=torch.get_num_threads())  # ORT: --threads too
@@ -633,8 +634,8 @@ def main() -> None:
     ap.add_argument("--steps", "--ticks", type=int, default=4, dest="steps", help="timed decode steps per turn")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every process (0 = default)")
     ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
-    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "bf16"],
-                    help="also time ours with int8 weights (engines/models/quantize.py) and/or all in bf16")
+    ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "int8-int4p", "bf16"],
+                    help="also time ours with quantized weights (engines/models/quantize.py) and/or all in bf16")
     ap.add_argument("--step-graphs", action="store_true", help="also ours with the whole step as CUDA graphs (on a CPU: its static-buffer path, eager)")
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
@@ -704,10 +705,9 @@ def main() -> None:
         rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_commit], cwd=REPO, capture_output=True,
                              text=True).stdout.strip()
         specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
-        if args.codec:  # the whole path before, in every mode (without --codec: as before, fp32 only)
-            for mode in args.quantize:
-                specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
-                                                          "--quantize", mode], old_tree))
+        for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
+            specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
+                                                      "--quantize", mode], old_tree))
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():

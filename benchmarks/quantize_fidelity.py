@@ -9,7 +9,7 @@ own greedy codes: the numbers the CPU default is chosen by (docs/QUANTIZATION.md
 Checkpoints: the talker oracle fixtures (tiny random CustomVoice checkpoints in the official
 layout, their cases and the official ``generate()``'s greedy codes) and, with ``--checkpoint``,
 random checkpoints at the released sizes with the official codes ``official_codes.py`` wrote.
-Per mode (fp32, bf16 = the whole talker in bfloat16, int8 and int4 =
+Per mode (fp32, bf16 = the whole talker in bfloat16, int8, int4 and int8-int4p =
 engines/models/quantize*.py), one utterance at a time, the talker is fed the OFFICIAL frames
 (teacher forcing: every mode sees the same history, so one flipped choice does not make the
 rest of the utterance another utterance) and at every step we keep
@@ -24,6 +24,13 @@ frames) and the **waveform SNR**: the mode's own frames and fp32's through the c
 codec decoder (fp32), 10 log10(|w_fp32|^2 / |w_mode - w_fp32|^2) in dB over the utterance.
 Beside them, how often fp32's top-1 is the official code 0 (100 % where our fp32 talker
 reproduces the official one; the parity tests assert that on the fixtures).
+
+The code predictor (codes 1..G-1) is judged the same way, teacher-forced inside the frame too: at
+each step, from the mode's talker hidden state, the predictor is fed the OFFICIAL frame's code 0
+and its codes 1..i-1 (``CodePredictor.predict(..., forced=)``) and code i's logits are kept.
+Reported per group against fp32, then as the mean over groups and the worst group: **top-1
+agreement** and the **TV** of the distribution code i is served from (``subtalker_temperature``,
+``subtalker_top_k``); and how often fp32's top-1 is the official code i.
 """
 
 from __future__ import annotations
@@ -46,12 +53,12 @@ from engines.models.quantize import quantize_talker  # noqa: E402
 from engines.models.sampling import FrameSampling, apply_talker_processors  # noqa: E402
 from engines.pipelines.talker.reference import TalkerBundle, frame_embedding, prompt_tensors  # noqa: E402
 
-MODES = ("fp32", "bf16", "int8", "int4")
+MODES = ("fp32", "bf16", "int8", "int4", "int8-int4p")
 
 
 def load_bundle(directory: Path, mode: str) -> TalkerBundle:
     bundle = TalkerBundle.from_checkpoint(directory, "cpu", torch.bfloat16 if mode == "bf16" else torch.float32)
-    if mode in ("int8", "int4"):
+    if mode not in ("fp32", "bf16"):
         quantize_talker(bundle.talker, bundle.predictor, mode)
     return bundle
 
@@ -60,7 +67,8 @@ def load_bundle(directory: Path, mode: str) -> TalkerBundle:
 def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> dict:
     """Feed ``teacher`` [T, G] (the official frames) -> code-0 scores [T, V] (float64 logits after the
     official processors, -inf where suppressed), the mode's own frames [T, G] (its code 0, its
-    predictor's greedy codes)."""
+    predictor's greedy codes), and the predictor's logits for codes 1..G-1 [T, G-1, V'] given the
+    official frame's code 0 and earlier groups (teacher-forced inside the frame too)."""
     talker, predictor, gen = bundle.talker, bundle.predictor, bundle.generation
     device, dtype = talker.codec_head.weight.device, talker.codec_head.weight.dtype
     cfg = talker.cfg
@@ -72,7 +80,7 @@ def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> d
     suppressed = torch.ones(cfg.vocab_size, dtype=torch.bool)
     suppressed[talker.valid_ids] = False
     h = talker(x[None], torch.arange(s)[None], cache, attend_len=s)
-    logps, own = [], []
+    logps, own, groups = [], [], []
     for step in range(steps):
         scores = talker.logits(h).float()
         seen = torch.zeros_like(scores, dtype=torch.bool)
@@ -83,12 +91,14 @@ def teacher_forced(bundle: TalkerBundle, case: dict, teacher: torch.Tensor) -> d
         code0 = scores.argmax()[None]
         sub = FrameSampling.for_stream(1, 0, step, device, greedy=True)
         rest = predictor.predict(h, talker.codec_part(code0), sub)
+        groups.append(predictor.predict(h, talker.codec_part(teacher[step, :1]), sub, return_logits=True,
+                                        forced=teacher[step, 1:][None])[1][0].double())
         logps.append(scores)
         own.append(torch.cat([code0, rest[0]]))
         text_part = trailing[step] if step < trailing.shape[0] else pad
         nxt = frame_embedding(talker, predictor, teacher[step][None]) + text_part
         h = talker(nxt[:, None].to(dtype), torch.tensor([[s + step]]), cache, attend_len=s + step + 1)
-    return {"scores": torch.stack(logps), "own": torch.stack(own)}
+    return {"scores": torch.stack(logps), "own": torch.stack(own), "groups": torch.stack(groups)}
 
 
 def kl(p_scores: torch.Tensor, q_scores: torch.Tensor) -> float:
@@ -153,7 +163,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     modes = ["fp32"] + [m for m in args.modes if m != "fp32"]
-    rows, sampling = [], {}
+    rows, groups, sampling, sampling_sub = [], [], {}, {}
     for name, directory, cases in checkpoints(args):
         t0 = time.time()
         parts = load_checkpoint(directory)
@@ -162,6 +172,7 @@ def main() -> None:
         for mode in modes:
             bundle = load_bundle(directory, mode)
             sampling[name] = (bundle.generation.temperature, bundle.generation.top_k)
+            sampling_sub[name] = (bundle.generation.subtalker_temperature, bundle.generation.subtalker_top_k)
             runs[mode] = [teacher_forced(bundle, c, c["codes"]) for c in cases]
             del bundle
             gc.collect()
@@ -185,6 +196,16 @@ def main() -> None:
                 snr_db=statistics.median(snr_db(a, b) for a, b in zip(wavs["fp32"], wavs[mode])),
                 snr_min_db=min(snr_db(a, b) for a, b in zip(wavs["fp32"], wavs[mode])),
                 fp32_vs_official=official_top1))
+        sub_temperature, sub_top_k = sampling_sub[name]
+        for mode in modes:  # codes 1..G-1, per group, teacher-forced
+            ref, got = (torch.cat([r["groups"] for r in runs[m]]) for m in ("fp32", mode))  # [steps, G-1, V]
+            official = torch.cat([c["codes"][:, 1:] for c in cases])
+            top1 = (ref.argmax(-1) == got.argmax(-1)).double().mean(0)  # [G-1]
+            tv = 0.5 * (served(ref, sub_temperature, sub_top_k) - served(got, sub_temperature, sub_top_k)).abs().sum(-1).mean(0)
+            groups.append(dict(checkpoint=name, mode=mode, steps=ref.shape[0], top1=top1.mean().item(),
+                               top1_worst=top1.min().item(), tv=tv.mean().item(), tv_worst=tv.max().item(),
+                               top1_per_group=top1.tolist(), tv_per_group=tv.tolist(),
+                               fp32_vs_official=(ref.argmax(-1) == official).double().mean().item()))
         print(f"quantize_fidelity: {name} ({len(cases)} utterances, {modes}) in {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
     print("| checkpoint | mode | utterances / steps | code-0 top-1 = fp32 | KL(fp32 ‖ mode) nats | "
@@ -196,8 +217,17 @@ def main() -> None:
               f"{r['kl']:.2e} | {r['tv']:.2%} | {r['codes_equal']:.1%} | {snr} |")
     print("\nfp32 code-0 top-1 = the official code 0: " + ", ".join(
         f"{r['checkpoint']} {r['fp32_vs_official']:.1%}" for r in rows if r["mode"] == "fp32"))
+    print("\nCode predictor, teacher-forced (official code 0 and earlier groups), codes 1..G-1:\n")
+    print("| checkpoint | mode | steps | top-1 = fp32, mean over groups (worst group) | "
+          "TV, served sampling, mean over groups (worst group) |")
+    print("|---|---|---|---|---|")
+    for r in groups:
+        print(f"| {r['checkpoint']} | {r['mode']} | {r['steps']} | {r['top1']:.1%} ({r['top1_worst']:.1%}) | "
+              f"{r['tv']:.2%} ({r['tv_worst']:.2%}) |")
+    print("\nfp32 codes 1..G-1 top-1 = the official codes: " + ", ".join(
+        f"{r['checkpoint']} {r['fp32_vs_official']:.1%}" for r in groups if r["mode"] == "fp32"))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"code0": rows, "codes_1_to_G": groups}, indent=1))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     ``prefix_cache_fraction``: share of the talker's KV pool that shared prompt prefixes may
     keep (engines/models/prefix_cache.py; None = the source's default, 0 = off).
     ``quantize``: the talker's and code predictor's weights: None or ``"none"`` fp32 (the official
-    greedy codes), ``"int8"`` / ``"int4"`` (CPU, float32; engines/models/quantize.py), ``"auto"``
+    greedy codes), ``"int8"`` / ``"int4"`` / ``"int8-int4p"`` (CPU, float32; engines/models/quantize.py), ``"auto"``
     the CPU default of docs/QUANTIZATION.md on a CPU, fp32 elsewhere; ``engine.info.quantize`` says
     which ran.
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the

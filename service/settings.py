@@ -137,9 +137,9 @@ class Settings(BaseSettings):
     prefix_cache_fraction: float | None = option(
         None, "share of the talker's KV pool that shared prompt prefixes (speaker prompts, saved voices) may "
         "keep for reuse (default: the engine's; 0 = no prefix cache)", ge=0, le=1)
-    quantize: Literal["auto", "none", "int8", "int4"] = option(
+    quantize: Literal["auto", "none", "int8", "int4", "int8-int4p"] = option(
         "auto", "talker and code predictor weights on CPU: auto (the CPU default of docs/QUANTIZATION.md; fp32 on "
-        "CUDA), none (fp32: the official greedy codes), int8 or int4")
+        "CUDA), none (fp32: the official greedy codes), int8, int4, or int8-int4p (talker int8, code predictor int4)")
     virtual_device: str | None = option(
         None, "scheduling work without a GPU: serve the talker on a virtual device, whose talker and codec-decoder "
         "work are waits of this GPU cost table's times (benchmarks/costs/*.json) on the CPU; --model then names a "

@@ -100,6 +100,9 @@ class CodePredictor(nn.Module):
         # Optional replacement for calling a layer in the cached loop, same signature as
         # PredictorLayer.forward plus the layer first: set by compile_layers().
         self.layer_step = None
+        # Every layer and the final norm as one call per pass, with its own K/V cache: set by
+        # quantize_talker on CPU (engines/models/quantize_predictor.py); model.layers is then empty.
+        self.fused_layers: nn.Module | None = None
 
     def compile_layers(self, backend: str = "inductor") -> None:
         """Run the cached loop's layers through ``torch.compile`` (fused norms, RoPE and
@@ -150,6 +153,8 @@ class CodePredictor(nn.Module):
     def _run(self, x: torch.Tensor, pos: int, cache: StaticKVCache, head: int) -> torch.Tensor:
         """Inputs x [B, S, D] at positions pos.. through the layers (KV written to the cache);
         only the last position goes through the final norm and lm_head[head] -> [B, V]."""
+        if self.fused_layers is not None:
+            return self.lm_head[head](self.fused_layers(x, pos))
         b, s, _ = x.shape
         positions, cos, sin, mask = self._tables(pos, s, x.device, x.dtype)  # cos/sin broadcast over rows
         step = self.layer_step or _call_layer
@@ -159,9 +164,11 @@ class CodePredictor(nn.Module):
 
     @torch.no_grad()
     def predict(self, h: torch.Tensor, code0_emb: torch.Tensor, sampling: FrameSampling,
-                return_logits: bool = False):
+                return_logits: bool = False, forced: torch.Tensor | None = None):
         """h [B, D_talker] (talker hidden after its final norm), code0_emb [B, D_talker]
         -> codes [B, G-1] int64 (codes 1..G-1), and logits [B, G-1, V] if ``return_logits``.
+        ``forced`` [B, G-1]: teacher forcing (benchmarks/quantize_fidelity.py): each pass is fed
+        these codes 1..i-1 instead of the sampled ones (the logits are then code i's given them).
 
         Static control flow: one prefill + G-2 single-position steps; sampled ids stay on
         the device and feed the next embedding lookup directly.
@@ -177,7 +184,7 @@ class CodePredictor(nn.Module):
         codes, all_logits = [], []
         for i in range(1, g):  # code i from lm_head[i-1]
             if i > 1:
-                emb = self.model.codec_embedding[i - 2](codes[-1])  # [B, D_talker]
+                emb = self.model.codec_embedding[i - 2](codes[-1] if forced is None else forced[:, i - 2])  # [B, D_talker]
                 logits = self._run(self.small_to_mtp_projection(emb)[:, None], i, cache, head=i - 1)
             codes.append(sample_rows(logits, sampling, DOMAIN_CODES, counters + i))
             if return_logits:
@@ -189,6 +196,8 @@ class CodePredictor(nn.Module):
     def naive_predict(self, h: torch.Tensor, code0_emb: torch.Tensor, sampling: FrameSampling,
                       return_logits: bool = False):
         """Reference: no cache; every step recomputes the full causal sequence from scratch."""
+        if self.fused_layers is not None:
+            raise ValueError("the layers run fused (quantize_talker): no per-layer reference")
         b, g = h.shape[0], self.cfg.num_code_groups
         seq = [h, code0_emb]  # talker-width inputs
         codes, all_logits = [], []

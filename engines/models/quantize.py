@@ -2,6 +2,7 @@
 
     quantize_talker(talker, predictor, "int8")   # in place, before TalkerSource is built
     quantize_talker(talker, predictor, "int4")
+    quantize_talker(talker, predictor, "int8-int4p")   # talker int8, code predictor int4
 
 What a decode step reads is weights (fp32: 6.6 GB per frame at the released 0.6B sizes, 15
 code predictor passes included), so fewer bytes per weight is the lever on CPU. Every linear
@@ -9,10 +10,15 @@ layer of the talker's and the predictor's decoder layers, the predictor's 15 hea
 input projection get quantized weights; embeddings, the talker's codec head (compact rows)
 and everything outside the decoder stay fp32.
 
-* With onnxruntime installed (a dependency of the package), both modes run on ONNX Runtime's
+* With onnxruntime installed (a dependency of the package), every mode runs on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
-  with a scale and zero point each, int8 activations, each decoder layer as three calls with
-  its RMSNorms inside (a CPU step is dispatch-bound as well as weight-bound).
+  with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
+  weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
+  as ONE call per pass (engines/models/quantize_predictor.py: norms, RoPE, attention over its
+  own K/V cache), each talker layer as two (engines/models/quantize_talker_layer.py: RoPE and
+  attention inside, the paged K/V cache written and read by torch between them).
+  ``fused=False`` keeps three calls per layer around torch's RoPE and attention
+  (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
 * Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
   (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
   symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its
@@ -32,7 +38,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-QUANTIZE_MODES = ("int8", "int4")
+# mode -> (bits of the talker's decoder layers, bits of the code predictor's layers, heads and input
+# projection). ``int8-int4p``: the talker (which picks code 0) in int8, the predictor (15 passes a
+# frame, ~3/4 of the weights read) in int4 (docs/QUANTIZATION.md, "The mixed mode").
+MODE_BITS = {"int8": (8, 8), "int4": (4, 4), "int8-int4p": (8, 4)}
+QUANTIZE_MODES = tuple(MODE_BITS)
 # The CPU default (``--quantize auto``): the fastest mode that passes the fidelity rule of
 # docs/QUANTIZATION.md ("Choosing the CPU default"), measured by benchmarks/quantize_fidelity.py.
 CPU_DEFAULT = "int8"
@@ -48,7 +58,7 @@ def resolve_quantize(requested: str | None, device: torch.device, dtype: torch.d
         return requested
     if not talker or device.type != "cpu" or dtype != torch.float32:
         return None
-    if CPU_DEFAULT == "int4":
+    if 4 in MODE_BITS[CPU_DEFAULT]:
         from engines.models import quantize_nbits
 
         if not quantize_nbits.available():
@@ -107,24 +117,29 @@ def _swap_linears(module: nn.Module, make) -> int:
     return n
 
 
-def _ort_bits(mode: str) -> int | None:
-    """ONNX Runtime's bits for ``mode`` (engines/models/quantize_nbits.py), or None: int4 always
-    runs there (an error without onnxruntime), int8 where onnxruntime is installed (else torch's
-    int8 kernel, one ``Int8Linear`` per layer)."""
+def _ort_bits(mode: str) -> tuple[int, int] | None:
+    """ONNX Runtime's (talker, predictor) bits for ``mode`` (engines/models/quantize_nbits.py), or
+    None: int4 always runs there (an error without onnxruntime), int8 where onnxruntime is installed
+    (else torch's int8 kernel, one ``Int8Linear`` per layer)."""
     from engines.models import quantize_nbits
 
     if quantize_nbits.available():
-        return 4 if mode == "int4" else 8
-    if mode == "int4":
-        raise ValueError("--quantize int4 needs onnxruntime and onnx (pip install onnxruntime onnx)")
+        return MODE_BITS[mode]
+    if 4 in MODE_BITS[mode]:
+        raise ValueError(f"--quantize {mode} needs onnxruntime and onnx (pip install onnxruntime onnx)")
     return None
 
 
-def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None) -> int:
+def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
+                    fused: bool = True) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
-    and input projection) -> int8 or int4 weights. -> the number of layers converted.
+    and input projection) -> int8 or int4 weights (``MODE_BITS``: the talker's and the predictor's
+    bits). -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
-    the pool is made once per process)."""
+    the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
+    call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
+    attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
+    attention (quantize_nbits.convert_layer)."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -135,19 +150,37 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         for layer in model.model.layers:
             if getattr(layer.self_attn, "qkv_weight", None) is not None or getattr(layer.mlp, "gate_up", None) is not None:
                 raise ValueError("quantize before the projections are fused (before TalkerSource is built)")
-    layers = [*talker.model.layers, *predictor.model.layers]
+    talker_layers, predictor_layers = list(talker.model.layers), list(predictor.model.layers)
     bits = _ort_bits(mode)
-    if bits:  # each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+    if bits:
         from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
+        from engines.models.quantize_predictor import NBitsPredictorLayers
 
+        talker_bits, predictor_bits = bits
         ensure_pool(threads)
-        n = sum(convert_layer(layer, bits) for layer in layers)
+        n = 0
+        if fused and NBitsPredictorLayers.supports(predictor.cfg):
+            predictor.fused_layers = NBitsPredictorLayers(predictor, predictor_bits)
+            n += 7 * len(predictor_layers)
+            predictor.model.layers = nn.ModuleList()  # inside fused_layers now
+            predictor_layers = []
+        if fused:
+            from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
 
-        def make(linear):
-            return NBitsLinear(linear, bits)
+            for layer in talker_layers:
+                layer.nbits = NBitsTalkerLayer(layer, talker_bits)
+                strip_layer(layer)
+                n += 7
+            talker_layers = []
+        # what is left: each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+        n += sum(convert_layer(layer, talker_bits) for layer in talker_layers)
+        n += sum(convert_layer(layer, predictor_bits) for layer in predictor_layers)
+
+        def make(linear):  # the predictor's heads and input projection
+            return NBitsLinear(linear, predictor_bits)
     else:
         make = Int8Linear
-        n = sum(_swap_linears(layer, make) for layer in layers)
+        n = sum(_swap_linears(layer, make) for layer in talker_layers + predictor_layers)
     n += _swap_linears(predictor.lm_head, make)
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
         predictor.small_to_mtp_projection = make(predictor.small_to_mtp_projection)
@@ -155,4 +188,4 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     return n
 
 
-__all__ = ["CPU_DEFAULT", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]
+__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]

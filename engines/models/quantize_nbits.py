@@ -22,6 +22,8 @@ decoder layer runs as three ORT calls around torch's attention:
 * ``o_proj``: an ``NBitsLinear``;
 * ``NormMLP``: post-attention RMSNorm -> one gate/up matmul -> SiLU(gate) * up -> down.
 Each call binds the torch input and a fresh torch output by pointer (no copies, ~5 us).
+(quantize_talker's default goes further, with RoPE and attention inside the graphs too:
+engines/models/quantize_predictor.py, quantize_talker_layer.py; both build on ``_Graph`` here.)
 Every session shares one ORT thread pool (``ensure_pool``: half of torch's intra-op threads
 unless the caller says), with no spinning workers (they would take torch's cores between calls).
 """
@@ -172,30 +174,69 @@ class _Graph:
                                        self.const("zeros", zeros)], domain="com.microsoft", K=k, N=n, bits=bits,
                        block_size=block, accuracy_level=4)[0]
 
-    def rms_norm(self, x: str, norm: nn.Module, heads: int | None = None) -> str:
-        """RMSNorm over the last axis (per head of ``heads`` when given: [rows, heads * hd])."""
+    def rms_norm(self, x: str, norm: nn.Module, heads: int | None = None, lead: int = 1) -> str:
+        """RMSNorm over the last axis (per head of ``heads`` when given: [rows, heads * hd], or
+        [B, S, heads * hd] with ``lead`` 2)."""
         weight = self.const("norm", norm.weight.detach().to("cpu", torch.float32).numpy())
         if heads is None:
             return self.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=float(norm.eps))[0]
         hd = norm.weight.numel()
-        split = self.op("Reshape", [x, self.const("shape", np.array([-1, heads, hd], np.int64))])[0]
+        keep = [-1] if lead == 1 else [0] * lead  # 0: the input's own size
+        split = self.op("Reshape", [x, self.const("shape", np.array([*keep, heads, hd], np.int64))])[0]
         normed = self.op("SimplifiedLayerNormalization", [split, weight], axis=-1, epsilon=float(norm.eps))[0]
-        return self.op("Reshape", [normed, self.const("shape", np.array([-1, heads * hd], np.int64))])[0]
+        return self.op("Reshape", [normed, self.const("shape", np.array([*keep, heads * hd], np.int64))])[0]
+
+    def norm_qkv(self, x: str, norm: nn.Module, attn: nn.Module, bits: int, block: int = BLOCK,
+                 lead: int = 1) -> list[str]:
+        """RMSNorm(x) -> one q/k/v matmul -> q and k RMSNormed per head: -> q, k, v [rows, heads * hd]
+        (x [rows, D]; or [B, S, heads * hd] from x [B, S, D] with ``lead`` 2)."""
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if any(p.bias is not None for p in projs):
+            raise ValueError("biased q/k/v projections are not supported")
+        sizes = [p.out_features for p in projs]
+        qkv = self.nbits_matmul(self.rms_norm(x, norm), torch.cat([p.weight for p in projs]), bits, block)
+        q, k, v = self.op("Split", [qkv, self.const("sizes", np.array(sizes, np.int64))], n_out=3, axis=-1)
+        if attn.q_norm is not None:
+            q, k = self.rms_norm(q, attn.q_norm, attn.n_heads, lead), self.rms_norm(k, attn.k_norm, attn.n_kv, lead)
+        return [q, k, v]
+
+    def norm_mlp(self, x: str, norm: nn.Module, mlp: nn.Module, bits: int, block: int = BLOCK) -> str:
+        """RMSNorm(x) -> down(SiLU(gate) * up), gate and up one matmul."""
+        hidden = mlp.gate_proj.out_features
+        gate_up = self.nbits_matmul(self.rms_norm(x, norm), torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                                    bits, block)
+        gate, up = self.op("Split", [gate_up, self.const("sizes", np.array([hidden, hidden], np.int64))], n_out=2,
+                           axis=-1)
+        act = self.op("Mul", [self.op("Mul", [gate, self.op("Sigmoid", [gate])[0]])[0], up])[0]
+        return self.nbits_matmul(act, mlp.down_proj.weight, bits, block)
 
     def finish(self, y: str, width_out: int) -> "_Graph":
+        self.width_out = width_out
+        return self.build({"X": ["rows", self.width_in]}, {"Y": (y, ["rows", width_out])})
+
+    def build(self, inputs: dict[str, list], outputs: dict[str, tuple[str, list]], opset: int = OPSET) -> "_Graph":
+        """The session: ``inputs`` {name: dims}, fp32, or {name: (onnx element type, dims)}, and fp32
+        ``outputs`` {name: (the node output it is, dims)}; dims are ints or symbolic names. An output
+        that is an input too (a buffer updated in place) gets no copy."""
         import onnxruntime as ort
         from onnx import TensorProto
 
         h = self.helper
-        self.nodes.append(h.make_node("Identity", [y], ["Y"]))
-        graph = h.make_graph(self.nodes, self.name, [h.make_tensor_value_info("X", TensorProto.FLOAT, ["rows", self.width_in])],
-                             [h.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", width_out])],
+        for name, (y, _) in outputs.items():
+            if y != name:
+                self.nodes.append(h.make_node("Identity", [y], [name]))
+
+        def typed(dims):
+            return dims if isinstance(dims, tuple) else (TensorProto.FLOAT, dims)
+
+        graph = h.make_graph(self.nodes, self.name,
+                             [h.make_tensor_value_info(n, *typed(dims)) for n, dims in inputs.items()],
+                             [h.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n, (_, dims) in outputs.items()],
                              initializer=self.inits)
-        model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET), h.make_opsetid("com.microsoft", 1)])
+        model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset), h.make_opsetid("com.microsoft", 1)])
         self.session = ort.InferenceSession(model.SerializeToString(), _session_options(),
                                             providers=["CPUExecutionProvider"])
         self.binding = self.session.io_binding()
-        self.width_out = width_out
         self.nodes = self.inits = None  # the session holds the weights now
         return self
 
@@ -240,16 +281,10 @@ class NormQKV(nn.Module):
     def __init__(self, norm: nn.Module, attn: nn.Module, bits: int, block: int = BLOCK):
         super().__init__()
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        if any(p.bias is not None for p in projs):
-            raise ValueError("biased q/k/v projections are not supported")
         self.sizes = [p.out_features for p in projs]
         self.in_features, self.out_features = projs[0].in_features, sum(self.sizes)
         g = _Graph(f"int{bits}_norm_qkv", self.in_features)
-        qkv = g.nbits_matmul(g.rms_norm("X", norm), torch.cat([p.weight for p in projs]), bits, block)
-        q, k, v = g.op("Split", [qkv, g.const("sizes", np.array(self.sizes, np.int64))], n_out=3, axis=-1)
-        if attn.q_norm is not None:
-            q, k = g.rms_norm(q, attn.q_norm, attn.n_heads), g.rms_norm(k, attn.k_norm, attn.n_kv)
-        self._graph = g.finish(g.op("Concat", [q, k, v], axis=-1)[0], self.out_features)
+        self._graph = g.finish(g.op("Concat", g.norm_qkv("X", norm, attn, bits, block), axis=-1)[0], self.out_features)
         self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -263,14 +298,9 @@ class NormMLP(nn.Module):
 
     def __init__(self, norm: nn.Module, mlp: nn.Module, bits: int, block: int = BLOCK):
         super().__init__()
-        self.in_features, hidden = mlp.gate_proj.in_features, mlp.gate_proj.out_features
-        self.out_features = mlp.down_proj.out_features
+        self.in_features, self.out_features = mlp.gate_proj.in_features, mlp.down_proj.out_features
         g = _Graph(f"int{bits}_norm_mlp", self.in_features)
-        gate_up = g.nbits_matmul(g.rms_norm("X", norm), torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), bits,
-                                 block)
-        gate, up = g.op("Split", [gate_up, g.const("sizes", np.array([hidden, hidden], np.int64))], n_out=2, axis=-1)
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0], up])[0]
-        self._graph = g.finish(g.nbits_matmul(act, mlp.down_proj.weight, bits, block), self.out_features)
+        self._graph = g.finish(g.norm_mlp("X", norm, mlp, bits, block), self.out_features)
         self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
 
     def fuse(self) -> None:  # called by Talker.fuse_projections on every layer's MLP

@@ -90,10 +90,22 @@ class ResizeMLP(nn.Module):
 class TalkerLayer(DecoderLayer):
     """The Qwen3 layer; K/V written into the cache at per-row positions."""
 
+    def __init__(self, cfg, **kwargs):
+        super().__init__(cfg, **kwargs)
+        self.nbits: nn.Module | None = None  # quantized on CPU: the whole layer as two ORT calls (quantize_talker)
+
     def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
                 positions: torch.Tensor):
         """x [B, S, D]; cache k/v [B, KVH, L, hd]; rows [B, 1] / positions [B, S] index the
         slots written; mask [B, 1, S, L] (True = attend)."""
+        if self.nbits is not None:  # quantized: two ORT calls (engines/models/quantize_talker_layer.py)
+            b, s = x.shape[:2]
+            q, k, v = self.nbits.qkv(x, *prepare_rope(cos, sin))
+            cache_k, cache_v = cache
+            cache_k[rows, :, positions] = k.view(b, s, self.self_attn.n_kv, -1)
+            cache_v[rows, :, positions] = v.view(b, s, self.self_attn.n_kv, -1)
+            keys, values = (c.transpose(1, 2).reshape(b, c.shape[2], -1) for c in cache)
+            return self.nbits.attend_mlp(x, q, keys, values, mask)
         q, k, v = self.qkv(x, cos, sin)
         cache_k, cache_v = cache
         cache_k[rows, :, positions] = k.transpose(1, 2)  # [B, S, KVH, hd] into slots (b, :, pos)
@@ -104,6 +116,14 @@ class TalkerLayer(DecoderLayer):
                       write_slots: torch.Tensor, read_slots: torch.Tensor):
         """x [B, S, D]; K/V written into this layer's flat pools (engines/models/paged_kv.py) at
         ``write_slots`` [B, S], attention over ``read_slots`` [B, L]."""
+        if self.nbits is not None:  # quantized: two ORT calls (engines/models/quantize_talker_layer.py)
+            q, k, v = self.nbits.qkv(x, cos, sin)
+            flat = write_slots.reshape(-1)
+            pool_k.index_put_((flat,), k.view(flat.shape[0], *pool_k.shape[1:]))
+            pool_v.index_put_((flat,), v.view(flat.shape[0], *pool_v.shape[1:]))
+            b, n = read_slots.shape
+            keys, values = (pool.index_select(0, read_slots.reshape(-1)).view(b, n, -1) for pool in (pool_k, pool_v))
+            return self.nbits.attend_mlp(x, q, keys, values, mask)
         q, k, v = self.qkv(x, cos, sin)
         write_pool(pool_k, pool_v, write_slots, k, v)
         return self.finish(x, q, *gather_pool(pool_k, pool_v, read_slots), mask)
@@ -291,7 +311,16 @@ class Talker(nn.Module):
 
     def valid_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, D] -> logits over the compact valid range [B, n_valid] (columns = ``valid_ids``)."""
-        return F.linear(h, self.codec_head.weight[self.valid_ids])
+        w = self.codec_head.weight
+        if w.device.type != "cpu":  # gathered per call: nothing kept that a CUDA graph capture would own
+            return F.linear(h, w[self.valid_ids])
+        key = (w.data_ptr(), w._version, w.dtype)
+        if self._valid_head_key != key:  # on CPU the rows are gathered once (~1 ms a step at the 0.6B sizes)
+            self._valid_head, self._valid_head_key = w.detach()[self.valid_ids], key
+        return F.linear(h, self._valid_head)
+
+    _valid_head_key = None
+    _valid_head: torch.Tensor | None = None
 
 
 __all__ = ["Talker", "TalkerConfig", "TalkerKVCache"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -62,6 +63,15 @@ def test_environment_then_flags(tmp_path):
 def test_bad_values_name_the_flag(argv, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse(argv, {})
+
+
+def test_every_quantize_mode_the_engine_builds_is_a_setting():
+    from engines.models.quantize import QUANTIZE_MODES
+
+    assert parse(["--quantize", "int8-int4p"], {}).quantize == "int8-int4p"
+    assert get_args(Settings.model_fields["quantize"].annotation) == ("auto", "none", *QUANTIZE_MODES)
+    with pytest.raises(ValueError, match="--quantize"):
+        parse(["--quantize", "int4-int8p"], {})
 
 
 @pytest.mark.parametrize("env, flag", [

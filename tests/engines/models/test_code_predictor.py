@@ -61,6 +61,30 @@ def test_kv_loop_matches_naive_reference(predictor_hidden, greedy):
     assert logits.std() > 0.1  # real logits, not a degenerate constant
 
 
+def test_forced_codes_feed_each_pass_in_place_of_the_sampled_ones():
+    """Teacher forcing (benchmarks/quantize_fidelity.py): fed its own greedy codes it computes what
+    it computed; fed others, code 1's logits stay (nothing fed yet) and later ones follow the
+    naive reference over the forced prefix."""
+    head, predictor = make()
+    h, e, s = inputs(head, 3, seed=5)
+    codes, logits = predictor.predict(h, e, s, return_logits=True)
+    again = predictor.predict(h, e, s, return_logits=True, forced=codes)
+    assert torch.equal(again[1], logits)
+    other = (codes + 1) % TINY.code_predictor.vocab_size
+    forced = predictor.predict(h, e, s, return_logits=True, forced=other)[1]
+    assert torch.equal(forced[:, 0], logits[:, 0]) and not torch.allclose(forced[:, 1:], logits[:, 1:])
+    for i in range(2, codes.shape[1] + 1):  # code i's logits given the forced codes 1..i-1
+        seq = [h, e] + [predictor.model.codec_embedding[j](other[:, j]) for j in range(i - 1)]
+        x = predictor.small_to_mtp_projection(torch.stack(seq, dim=1))
+        cos, sin = predictor._rope(torch.arange(x.shape[1]), 3, x.dtype)
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        with torch.no_grad():
+            for layer in predictor.model.layers:
+                x = layer(x, cos, sin, mask)
+            want = predictor.lm_head[i - 1](predictor.model.norm(x))[:, -1]
+        torch.testing.assert_close(forced[:, i - 1], want, rtol=0, atol=1e-5)
+
+
 def test_decode_steps_have_query_length_one_and_cache_never_moves():
     head, predictor = make()
     h, e, s = inputs(head, 5)

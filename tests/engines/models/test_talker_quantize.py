@@ -14,6 +14,7 @@ from torch import nn
 from engines.contract import SynthesisRequest
 from engines.models.quantize import CPU_DEFAULT, REDUCE_RANGE, Int8Linear, quantize_talker, resolve_quantize
 from engines.models.quantize_nbits import block_for, convert_layer, pack_nbits
+from engines.models.sampling import FrameSampling
 from engines.pipelines.talker.source import TalkerSource
 from testsupport.talker import make_bundle, step
 
@@ -93,10 +94,12 @@ def test_nbits_layer_matches_the_dequantized_fp32_layer(bits):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_source_runs_quantized_and_the_greedy_codes_follow_the_reference_loop(mode):
-    bundle = make_bundle(seed=1, max_new_tokens=12)
+@pytest.mark.parametrize("predictor_head_dim", [8, 16])  # 16: the predictor's layers as one call per pass
+def test_source_runs_quantized_and_the_greedy_codes_follow_the_reference_loop(mode, predictor_head_dim):
+    bundle = make_bundle(seed=1, max_new_tokens=12, predictor_head_dim=predictor_head_dim)
     converted = quantize_talker(bundle.talker, bundle.predictor, mode)
     assert converted == 2 * 7 + 2 * 7 + 3  # 7 linears per layer, 2 + 2 layers, G-1 = 3 predictor heads
+    assert (bundle.predictor.fused_layers is not None) == (predictor_head_dim == 16)
     want = bundle.generate_codes("Hello world.", "Ryan", greedy=True)
     source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=128)
     source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
@@ -105,6 +108,87 @@ def test_source_runs_quantized_and_the_greedy_codes_follow_the_reference_loop(mo
         frames += [f.codes for f in step(source)]
     got = torch.cat(frames)
     assert got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_predictor_computes_what_the_per_layer_calls_compute(mode):
+    """The predictor's layers as one ORT call per pass (GroupQueryAttention over its own K/V cache)
+    against the per-layer calls (three per layer around torch's attention and cache): the same packed
+    weights and int8 activations, so the only difference is attention and RoPE in ORT's fp32 kernels
+    instead of torch's, a rounding-level one: most logits equal to ~1e-7 of their scale; where that
+    moves one activation to the next int8 level, the frame's logits move by up to ~2e-3 of their scale
+    (int4, measured). The bound, 1e-2 of the scale (RMS), is far below what a wrong position, mask or
+    cache slot does (the logits' own scale). Several frames reuse the cache; rows of a batch stay apart."""
+    per_layer = make_bundle(seed=2, groups=16, hidden=64, predictor_hidden=64, predictor_head_dim=16)
+    fused = copy.deepcopy(per_layer)
+    quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
+    quantize_talker(fused.talker, fused.predictor, mode)
+    assert per_layer.predictor.fused_layers is None and fused.predictor.fused_layers is not None
+    g = torch.Generator().manual_seed(0)
+    for frame, rows in enumerate([1, 3, 1, 2]):
+        h, emb = torch.randn(rows, 64, generator=g), torch.randn(rows, 64, generator=g)
+        sampling = FrameSampling.for_stream(rows, 0, frame, "cpu", greedy=True, temperature=1.0, top_k=50, top_p=1.0)
+        want_codes, want = per_layer.predictor.predict(h, emb, sampling, return_logits=True)
+        got_codes, got = fused.predictor.predict(h, emb, sampling, return_logits=True)
+        assert ((got - want).norm() / want.norm()) < 1e-2
+        assert torch.equal(got_codes, want_codes)
+        alone = fused.predictor.predict(h[-1:], emb[-1:], sampling, return_logits=True)[1]  # a row without the others
+        assert ((alone[0] - want[-1]).norm() / want[-1].norm()) < 1e-2
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_talker_layers_compute_what_the_per_layer_calls_compute(mode):
+    """Each talker layer as two ORT calls (RoPE and attention inside) against the three calls around
+    torch's RoPE and SDPA: the same packed weights, rounding-level differences, over a prompt and then
+    steps on the paged cache of the served source, and on the dense cache of the reference loop. At
+    this tiny width (blocks of 32 inputs) one activation moved to the next int8 level moves the
+    hidden state by up to ~5e-3 of its norm (measured); a RoPE sign error moves it by 0.1-1.4, so
+    the bound is 3e-2."""
+    per_layer = make_bundle(seed=4, max_new_tokens=6)
+    fused = copy.deepcopy(per_layer)
+    quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
+    quantize_talker(fused.talker, fused.predictor, mode)
+    assert fused.talker.model.layers[0].nbits is not None and per_layer.talker.model.layers[0].nbits is None
+    hidden = {}
+    for name, bundle in (("per_layer", per_layer), ("fused", fused)):
+        source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=64)
+        source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
+        states = []
+        for _ in range(4):
+            step(source)
+            states.append(source.state.h[:1].clone())  # the talker's last hidden state of the row
+        hidden[name] = torch.cat(states)
+        x = torch.randn(1, 5, bundle.talker.cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+        cache = bundle.talker.new_cache(1, 8, "cpu", torch.float32)
+        with torch.no_grad():
+            hidden[name + " dense"] = bundle.talker(x, torch.arange(5)[None], cache)
+    for key in ("", " dense"):
+        want, got = hidden["per_layer" + key], hidden["fused" + key]
+        assert ((got - want).norm(dim=-1) / want.norm(dim=-1)).max() < 3e-2
+
+
+@pytest.mark.parametrize("predictor_head_dim", [8, 16])  # 16: the predictor's layers as one call per pass
+def test_mixed_mode_is_the_int8_talker_with_the_int4_predictor(predictor_head_dim):
+    """``int8-int4p`` builds the int8 mode's talker layers and the int4 mode's predictor (layers,
+    heads, input projection) from the same blocks: the same outputs, bit for bit, on the same inputs."""
+    built = {}
+    for mode in ("int8", "int4", "int8-int4p"):
+        bundle = built[mode] = make_bundle(seed=3, predictor_head_dim=predictor_head_dim)
+        assert quantize_talker(bundle.talker, bundle.predictor, mode) == 2 * 7 + 2 * 7 + 3
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, built["int8"].talker.cfg.hidden_size, generator=g)
+    h, emb = (torch.randn(2, built["int8"].predictor.cfg.talker_hidden_size, generator=g) for _ in range(2))
+    sampling = FrameSampling.for_stream(2, 0, 0, "cpu", greedy=True, temperature=1.0, top_k=50, top_p=1.0)
+    out = {}
+    with torch.no_grad():
+        for mode, bundle in built.items():
+            cache = bundle.talker.new_cache(2, 8, "cpu", torch.float32)
+            out[mode] = (bundle.talker(x, torch.arange(5)[None].expand(2, -1), cache),
+                         bundle.predictor.predict(h, emb, sampling, return_logits=True)[1])
+    assert torch.equal(out["int8-int4p"][0], out["int8"][0])
+    assert torch.equal(out["int8-int4p"][1], out["int4"][1])
+    assert not torch.equal(out["int8-int4p"][0], out["int4"][0])  # the two modes differ where they should
+    assert not torch.equal(out["int8-int4p"][1], out["int8"][1])
 
 
 def test_refuses_what_it_cannot_run():
@@ -128,12 +212,15 @@ def test_the_cpu_default_is_for_a_float32_talker_on_a_cpu():
     assert resolve_quantize("none", cpu, torch.float32, talker=True) is None
     assert resolve_quantize(None, cpu, torch.float32, talker=True) is None
     assert resolve_quantize("int4", cpu, torch.float32, talker=True) == "int4"
+    assert resolve_quantize("int8-int4p", cpu, torch.float32, talker=True) == "int8-int4p"
 
 
-@pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none")])
+@pytest.mark.parametrize("asked, runs", [("auto", CPU_DEFAULT), ("none", "none"), (None, "none"),
+                                        ("int8-int4p", "int8-int4p")])
 def test_built_engine_runs_and_names_the_mode(asked, runs):
     """``--quantize auto`` (the service's default) quantizes a talker on CPU; ``none`` and the
-    library default keep fp32 (the parity tests' engines)."""
+    library default keep fp32 (the parity tests' engines); a named mode runs as named (what
+    /v1/models reports: ``engine.info.quantize``)."""
     from engines.build import build_engine
     from tests.oracle import talker_fixtures as fx
 
@@ -148,6 +235,7 @@ def test_without_onnxruntime_int8_runs_torch_kernels_and_int4_is_refused(monkeyp
     bundle = make_bundle(seed=1)
     assert quantize_talker(bundle.talker, bundle.predictor, "int8") == 2 * 7 + 2 * 7 + 3
     assert isinstance(bundle.talker.model.layers[0].mlp.down_proj, Int8Linear)
-    with pytest.raises(ValueError, match="needs onnxruntime"):
-        quantize_talker(*(lambda b: (b.talker, b.predictor))(make_bundle(seed=1)), "int4")
+    for mode in ("int4", "int8-int4p"):
+        with pytest.raises(ValueError, match="needs onnxruntime"):
+            quantize_talker(*(lambda b: (b.talker, b.predictor))(make_bundle(seed=1)), mode)
     assert resolve_quantize("auto", torch.device("cpu"), torch.float32, talker=True) in ("int8", CPU_DEFAULT)
