@@ -27,10 +27,24 @@ def talker(vocoder_thread: bool, threads: int, **kw):
     try:
         engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
                               warmup=False, switches=RuntimeSwitches(vocoder_thread=vocoder_thread), **kw)
+        steady_steps(engine.worker.scheduler)
         engine.start()
     finally:
         torch.set_num_threads(before)
     return engine
+
+
+def steady_steps(scheduler, period: float = 0.01) -> None:
+    """The scheduler sees one step every ``period`` seconds whatever the machine's load: chunk sizes
+    follow the measured step period, and the comparisons below need the same chunks both ways
+    (a busy CI machine would otherwise give the two engines different ones)."""
+    observe, clock = scheduler.observe, [0.0]
+
+    def at_steady_pace(frames_produced: int, now: float | None = None) -> None:
+        clock[0] += period
+        observe(frames_produced, clock[0])
+
+    scheduler.observe = at_steady_pace
 
 
 def pcm_of(result) -> np.ndarray:
