@@ -20,6 +20,7 @@ from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
+from engines.cpu_features import has_native_bf16
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
@@ -55,6 +56,19 @@ def default_dtype(device: torch.device) -> torch.dtype:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def resolve_codec_dtype(requested: str | None, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The codec decoder's precision: None -> the engine's ``dtype``; ``"auto"`` -> bfloat16 on a CPU
+    with native bf16 (the official code decodes in the model's dtype, bf16 in its evaluation and
+    examples; docs/QUANTIZATION.md measures ours against it), else ``dtype``; or as named."""
+    if requested is None or (requested == "auto" and not (device.type == "cpu" and has_native_bf16())):
+        return dtype
+    if requested == "auto":
+        return torch.bfloat16
+    if requested not in DTYPES:
+        raise ValueError(f"codec precision must be auto, float32 or bfloat16, got {requested!r}")
+    return DTYPES[requested]
+
+
 def build_engine(preset: str | None = None, device: str = "auto", checkpoint: str | None = None, seed: int = 0,
                  max_queue: int = 64, dtype: torch.dtype | None = None, fault_hook: FaultHook | None = None,
                  warmup: bool = True, source: str | None = None, talker_slots: int | None = None,
@@ -63,7 +77,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                  prefill_token_budget: int | None = None, switches: RuntimeSwitches | None = None,
                  aligner: str | None = None, prefix_cache_fraction: float | None = None,
                  quantize: str | None = None, virtual_device: str | None = None,
-                 virtual_eos_frames: int | None = None,
+                 virtual_eos_frames: int | None = None, codec_precision: str | None = None,
                  voice_aliases: Mapping[str, str | None] | None = None) -> Engine:
     """The engine the service and CLI run. ``preset=None`` picks small on CPU, base on CUDA;
     ``dtype=None`` picks float32 on CPU, bfloat16 on CUDA; ``max_slots`` overrides the
@@ -76,7 +90,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     ``quantize``: the talker's and code predictor's weights: None or ``"none"`` fp32 (the official
     greedy codes), ``"int8"`` / ``"int4"`` / ``"int8-int4p"`` (CPU, float32; engines/models/quantize.py), ``"auto"``
     the CPU default of docs/QUANTIZATION.md on a CPU, fp32 elsewhere; ``engine.info.quantize`` says
-    which ran.
+    which ran. ``codec_precision``: the codec decoder's (:func:`resolve_codec_dtype`; the torch
+    backend only); ``engine.info.codec_dtype`` says which ran.
     ``checkpoint`` may be a Hugging Face id, ``ORG/NAME[@REVISION]``: it is fetched into the
     cache first (engines/checkpoints/hub.py; ModelUnavailable, a ValueError, when it can't be).
     ``switches``: how it runs on the device (:class:`engines.config.RuntimeSwitches`; the defaults
@@ -140,7 +155,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if source == "talker":
         options.update(_kv_options(kv_cache_gb, prefix_cache_fraction))
         slots = talker_slots or max_slots or 8
-    engine = Engine(models, dev, dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
+    codec_dtype = resolve_codec_dtype(codec_precision, dev, dtype) if backend == "torch" else dtype
+    engine = Engine(models, dev, dtype, codec_dtype=codec_dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                     pipeline=source, max_slots=slots,
                     batch_planning=batch_planning, backend=backend, options=options,
                     switches=switches or RuntimeSwitches(), aligner=loaded_aligner,

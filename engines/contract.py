@@ -393,7 +393,10 @@ class EngineInfo:
     """Wall seconds per audio second of a request alone after the warm-up (CPU start only: the speed
     one stream can expect); None otherwise."""
     quantize: str = "none"
-    """The talker's and code predictor's weights: ``none`` (the dtype's own), ``int8`` or ``int4``."""
+    """The talker's and code predictor's weights: ``none`` (the dtype's own), ``int8``, ``int4`` or
+    ``int8-int4p``."""
+    codec_dtype: str | None = None
+    """The codec decoder's precision (``float32`` / ``bfloat16``); None if not recorded."""
 
     @property
     def pipeline(self) -> str:

@@ -96,7 +96,7 @@ async def models(request: web.Request) -> web.Response:
     model = {
         "id": "streamvox", "object": "model", "owned_by": "streamvox",
         "engine_model": info.model, "preset": info.preset, "source": info.source, "device": info.device,
-        "dtype": info.dtype, "quantize": info.quantize, "sample_rate": info.sample_rate, "random_components": list(info.random_components),
+        "dtype": info.dtype, "quantize": info.quantize, "codec_dtype": info.codec_dtype, "sample_rate": info.sample_rate, "random_components": list(info.random_components),
         "random_weights": bool(info.random_components), "voices": list(info.voices), "max_queue": info.max_queue,
         # the engine as served: dit | talker, requests batched together at most, the DiT/decoder runtime
         "pipeline": info.pipeline, "slots": info.slots, "backend": info.backend or state.settings.backend,

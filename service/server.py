@@ -173,7 +173,7 @@ def build_engine_for(settings: Settings):
                         kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
                         switches=settings.runtime, aligner=settings.aligner,
                         prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
-                        virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
+                        codec_precision=settings.codec_precision, virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
                         voice_aliases=settings.voice_alias_table())
 
 
@@ -198,12 +198,12 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
         engine = await asyncio.to_thread(build_engine_for, settings)
         await asyncio.to_thread(engine.start)
     info = engine.info
-    log.info("engine ready: preset=%s device=%s quantize=%s random weights in: %s", info.preset, info.device,
-             info.quantize, ", ".join(info.random_components) or "none")
+    log.info("engine ready: preset=%s device=%s quantize=%s codec=%s random weights in: %s", info.preset,
+             info.device, info.quantize, info.codec_dtype, ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
         log.info("expected speed on this machine (one request alone, measured after the start-up warm-up, "
-                 "quantize=%s): %s", info.quantize, speed)
+                 "quantize=%s, codec %s): %s", info.quantize, info.codec_dtype, speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]

@@ -140,6 +140,9 @@ class Settings(BaseSettings):
     quantize: Literal["auto", "none", "int8", "int4", "int8-int4p"] = option(
         "auto", "talker and code predictor weights on CPU: auto (the CPU default of docs/QUANTIZATION.md; fp32 on "
         "CUDA), none (fp32: the official greedy codes), int8, int4, or int8-int4p (talker int8, code predictor int4)")
+    codec_precision: Literal["auto", "float32", "bfloat16"] = option(
+        "auto", "codec decoder (codes to audio): auto (bfloat16 on a CPU with native bf16, as the official code "
+        "decodes a bf16 model; else the engine's dtype), float32 or bfloat16 (docs/QUANTIZATION.md)")
     virtual_device: str | None = option(
         None, "scheduling work without a GPU: serve the talker on a virtual device, whose talker and codec-decoder "
         "work are waits of this GPU cost table's times (benchmarks/costs/*.json) on the CPU; --model then names a "

@@ -66,7 +66,7 @@ class Engine:
                  backend: str = "torch", options: Mapping[str, Any] | None = None,
                  switches: RuntimeSwitches = RuntimeSwitches(), aligner=None,
                  prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, virtual: VirtualDevice | None = None,
-                 voice_aliases: Mapping[str, str | None] | None = None):
+                 voice_aliases: Mapping[str, str | None] | None = None, codec_dtype: torch.dtype | None = None):
         """``pipeline``: a name of engines/pipelines/registry.py, built by its adapter from ``models``
         (the codec side, and the DiT's modules) and ``options`` (the pipeline's own: the talker's
         ``talker`` bundle, ``kv_cache_gb``, ``prefix_cache_fraction``); either pipeline emits code
@@ -79,7 +79,8 @@ class Engine:
         ``virtual``: the pipeline's and the codec decoder's device work replaced by a cost table's
         waits (engines/virtual/; it builds the pipeline, no model runs).
         ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
-        (engines/pipelines/voice_aliases.py); ValueError when one names no voice of the model."""
+        (engines/pipelines/voice_aliases.py); ValueError when one names no voice of the model.
+        ``codec_dtype``: the codec decoder's precision (None: ``dtype``)."""
         build_pipeline = pipeline_builder(pipeline)
         self.models = models.to(device, dtype)
         self.device = device
@@ -89,7 +90,7 @@ class Engine:
         max_slots = cfg.stream.max_slots if max_slots is None else max_slots
         # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
         self.vocalizer = virtual.vocalizer(cfg, 2 * max_slots) if virtual else Vocalizer(
-            self.models.decoder, device, dtype)
+            self.models.decoder, device, codec_dtype or dtype)
         if device.type == "cuda":  # the streaming codec decoder over a state pool, graphed
             from engines.runtime.graphed_decoder import GraphedDecoder
 
@@ -111,7 +112,8 @@ class Engine:
         self.info = EngineInfo(
             model="streamvox", preset=cfg.name, source=self.pipeline.name,
             device=virtual.describe() if virtual is not None else str(device),
-            dtype=str(dtype).replace("torch.", ""), sample_rate=SAMPLE_RATE, voices=caps.voices,
+            dtype=str(dtype).replace("torch.", ""), codec_dtype=str(self.vocalizer.dtype).replace("torch.", ""),
+            sample_rate=SAMPLE_RATE, voices=caps.voices,
             voice_aliases=caps.voice_aliases, random_components=caps.random_components, max_queue=max_queue,
             max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
             batch_ceiling=cfg.stream.batch_ceiling,

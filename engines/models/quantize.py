@@ -33,10 +33,10 @@ agreement with fp32, its KL divergence and the waveform SNR, and the rule that p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
+
+from engines.cpu_features import has_vnni
 
 # mode -> (bits of the talker's decoder layers, bits of the code predictor's layers, heads and input
 # projection). ``int8-int4p``: the talker (which picks code 0) in int8, the predictor (15 passes a
@@ -66,19 +66,9 @@ def resolve_quantize(requested: str | None, device: torch.device, dtype: torch.d
     return CPU_DEFAULT
 
 
-def _has_vnni() -> bool:
-    """x86 CPUs with VNNI (or AMX) accumulate u8 x s8 products in int32 directly; older ones
-    go through saturating int16 sums, which 7-bit activations keep in range."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
 # 8-bit activations where the kernel cannot saturate (agreement with fp32 measured higher:
 # docs/QUANTIZATION.md), 7-bit elsewhere.
-REDUCE_RANGE = not _has_vnni()
+REDUCE_RANGE = not has_vnni()
 
 
 class Int8Linear(nn.Module):

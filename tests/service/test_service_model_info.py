@@ -12,11 +12,13 @@ import json
 import time
 
 import aiohttp
+import numpy as np
 import soundfile as sf
 import websockets
 from conftest import ServerProcess, wait_until
 
 from clients.client import StreamvoxClient
+from engines.cpu_features import has_native_bf16
 from engines.models.quantize import CPU_DEFAULT
 from tests.oracle import talker_fixtures as fx
 
@@ -68,7 +70,10 @@ async def test_talker_checkpoint_on_cpu_logs_its_speed_and_reports_its_release(t
         assert len(speed_lines) == 1 and "real-time factor" in speed_lines[0], server.log[-3000:]
         # the CPU default precision (docs/QUANTIZATION.md), named where the speed is
         assert f"quantize={CPU_DEFAULT}" in speed_lines[0]
-        assert any("engine ready:" in line and f"quantize={CPU_DEFAULT}" in line for line in server.lines)
+        # and the codec decoder's: bf16 on a CPU with native bf16 (docs/QUANTIZATION.md, the codec)
+        codec = "bfloat16" if has_native_bf16() else "float32"
+        assert f"codec {codec}" in speed_lines[0]
+        assert any("engine ready:" in line and f"quantize={CPU_DEFAULT} codec={codec}" in line for line in server.lines)
         async with aiohttp.ClientSession() as http:
 
             async def ready() -> bool:
@@ -83,12 +88,13 @@ async def test_talker_checkpoint_on_cpu_logs_its_speed_and_reports_its_release(t
             assert model["controls"]["sampling"] and model["controls"]["language"]
             assert not model["controls"]["steps"] and not model["controls"]["guidance_scale"]
             assert model["expected_rtf"] > 0 and f"{model['expected_rtf']:.2f}" in speed_lines[0]
-            assert model["quantize"] == CPU_DEFAULT
+            assert model["quantize"] == CPU_DEFAULT and model["codec_dtype"] == codec
             assert not model["random_weights"]
             body = {"input": "Hello.", "response_format": "pcm", "voice": sorted(speakers)[0]}
             async with http.post(url + "/v1/audio/speech", json=body) as response:
                 assert response.status == 200 and HEADER not in response.headers  # a checkpoint's own weights
-                await response.read()
+                pcm = np.frombuffer(await response.read(), dtype="<i2")
+            assert pcm.size > 0 and np.abs(pcm).max() > 0  # audio, not silence
     finally:
         server.kill()
 

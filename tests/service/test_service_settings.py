@@ -74,6 +74,14 @@ def test_every_quantize_mode_the_engine_builds_is_a_setting():
         parse(["--quantize", "int4-int8p"], {})
 
 
+def test_the_codec_precision_is_a_setting():
+    assert parse([], {}).codec_precision == "auto"
+    assert parse(["--codec-precision", "float32"], {}).codec_precision == "float32"
+    assert parse([], {"STREAMVOX_CODEC_PRECISION": "bfloat16"}).codec_precision == "bfloat16"
+    with pytest.raises(ValueError, match="--codec-precision"):
+        parse(["--codec-precision", "int8"], {})
+
+
 @pytest.mark.parametrize("env, flag", [
     ({"STREAMVOX_HTTP_IDLE_SECONDS": "nan"}, "--http-idle-seconds"),
     ({"STREAMVOX_HTTP_BODY_SECONDS": "inf"}, "--http-body-seconds"),

@@ -88,9 +88,10 @@ def test_nbits_layer_matches_the_dequantized_fp32_layer(bits):
         for got, want, exact in zip(converted.qkv(x, cos, sin), reference.qkv(x, cos, sin), layer.qkv(x, cos, sin)):
             assert ((got - want).norm() / want.norm()) < 2e-2
             assert ((got - exact).norm() / exact.norm()) > 1e-4
-        a = torch.randn(2, 3, 64)
+        a = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(2))
         got, want = converted.after_attention(x, a), reference.after_attention(x, a)
-        assert ((got - want).norm() / (want - x - a).norm()) < 2e-2  # the MLP branch
+        # the MLP branch: its int8 activations cost 1.4-2.1 % (200 random inputs); a wrong weight, O(1)
+        assert ((got - want).norm() / (want - x - a).norm()) < 3e-2
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
