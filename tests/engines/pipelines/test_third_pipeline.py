@@ -182,8 +182,10 @@ async def test_a_toy_pipeline_registered_with_one_line_serves_a_request(toy_engi
 async def test_the_server_serves_a_registered_pipeline_named_by_its_flag(toy_registered, tmp_path):
     parser = argparse.ArgumentParser()
     add_arguments(parser)  # `streamvox serve`'s flags
+    # fp32 codec: the audio is compared with a one-shot fp32 decode to the sample
     settings = from_args(parser.parse_args(["--source", "toy", "--preset", "tiny", "--device", "cpu", "--port", "0",
-                                            "--data-dir", str(tmp_path / "data"), "--log-level", "warning"]), env={})
+                                            "--codec-precision", "float32", "--data-dir", str(tmp_path / "data"),
+                                            "--log-level", "warning"]), env={})
     assert settings.source == "toy"
     stop, listening = asyncio.Event(), asyncio.get_running_loop().create_future()
     server = asyncio.create_task(serve(settings, stop=stop, listening=listening))  # builds the engine itself
