@@ -390,7 +390,9 @@ def _log_progress():
             if not self._logs or self.n <= 0:
                 return True
             now = time.monotonic()
-            finished = bool(self.total) and self.n >= self.total
+            # huggingface_hub adds each file's size to the total as its download starts (threads, in
+            # parallel) and says "incomplete total" meanwhile: a small file done first is not 100 %
+            finished = bool(self.total) and self.n >= self.total and "incomplete total" not in str(self.desc or "")
             if finished and self._done_logged:
                 return True
             if finished or now - self._last_log >= self.EVERY_S:

@@ -398,3 +398,23 @@ def test_a_hostile_model_name_is_one_line_and_a_failure(name, tmp_path):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert len([line for line in result.stderr.splitlines() if line.startswith("streamvox download:")]) == 1
+
+
+def test_a_small_file_done_first_is_not_logged_as_the_whole_download(caplog):
+    """huggingface_hub's byte bar grows its total as each file's download starts, in parallel, and
+    says "incomplete total" meanwhile: a small file finished before the weights start must not be
+    logged as 100 % (it once was, and the real end then went unlogged); the real end is."""
+    import logging
+
+    from engines.checkpoints.hub import _log_progress
+
+    caplog.set_level(logging.INFO, logger="streamvox.hub")
+    bar = _log_progress()(total=0, unit="B", unit_scale=True, desc="Reconstructing (incomplete total...)",
+                          mininterval=0)
+    bar.total += 2_000  # config.json starts and ends before the weights start
+    bar.update(2_000)
+    bar.total += 20_000_000
+    bar.update(20_000_000)
+    bar.set_description("Reconstruction complete")
+    done = [r.getMessage() for r in caplog.records if "(100%)" in r.getMessage()]
+    assert len(done) == 1 and re.search(r"downloaded [\d.]+MB of [\d.]+MB \(100%\)", done[0]), done
