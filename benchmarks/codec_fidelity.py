@@ -28,17 +28,12 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_talker import machine_line  # noqa: E402
+from quantize_fidelity import snr_db  # noqa: E402
 
-from engines.checkpoints.qwen3_tts import load_checkpoint  # noqa: E402
-from engines.models.codec_decoder import CodecDecoder  # noqa: E402
+from engines.checkpoints.qwen3_tts import Qwen3TTSParts, load_checkpoint  # noqa: E402
 from engines.models.mel import LogMel  # noqa: E402
 
 MEL = LogMel()
-
-
-def snr_db(ref: torch.Tensor, other: torch.Tensor) -> float:
-    noise = (other.double() - ref.double()).pow(2).sum()
-    return math.inf if noise == 0 else 10 * math.log10(ref.double().pow(2).sum() / noise)
 
 
 def mel_db(ref: torch.Tensor, other: torch.Tensor) -> float:
@@ -46,18 +41,12 @@ def mel_db(ref: torch.Tensor, other: torch.Tensor) -> float:
     return (MEL(ref[None]) - MEL(other[None])).abs().mean().item() * 20 / math.log(10)
 
 
-def streamed(decoder: CodecDecoder, codes: torch.Tensor, chunk: int) -> tuple[torch.Tensor, float]:
+def streamed(parts: Qwen3TTSParts, codes: torch.Tensor, chunk: int) -> tuple[torch.Tensor, float]:
     """codes [T, G] decoded in chunks -> (waveform fp32 [T * 1920], thread CPU seconds)."""
-    dtype = next(decoder.parameters()).dtype
-    state = decoder.init_state(1, torch.device("cpu"), dtype)
-    pieces, cpu = [], 0.0
+    t0 = time.thread_time()
     with torch.no_grad():
-        for start in range(0, codes.shape[0], chunk):
-            t0 = time.thread_time()
-            wav, state = decoder.decode_step(codes[start:start + chunk].T[None], state)
-            cpu += time.thread_time() - t0
-            pieces.append(wav[0].float())
-    return torch.cat(pieces), cpu
+        wav = torch.cat(list(parts.decode_stream(codes.T[None], chunk)), dim=-1)[0]
+    return wav, time.thread_time() - t0
 
 
 def main() -> int:
@@ -71,8 +60,7 @@ def main() -> int:
     print(machine_line(torch.device("cpu")))
     official = np.load(args.official)
     cases = sorted(int(k.split("_")[1]) for k in official.files if k.startswith("codes_"))
-    decoders = {"fp32": load_checkpoint(args.checkpoint).decoder.eval(),
-                "bf16": load_checkpoint(args.checkpoint, dtype=torch.bfloat16).decoder.eval()}
+    decoders = {"fp32": load_checkpoint(args.checkpoint), "bf16": load_checkpoint(args.checkpoint, dtype=torch.bfloat16)}
     pairs: dict[str, list[tuple[float, float]]] = {}
     cpu = {p: 0.0 for p in decoders}
     frames = 0
@@ -80,8 +68,8 @@ def main() -> int:
         codes = torch.from_numpy(official[f"codes_{k}"])
         ref = {f"official {p}": torch.from_numpy(official[f"{p}_{k}"]) for p in ("fp32", "bf16")}
         ours = {}
-        for p, decoder in decoders.items():
-            ours[f"ours {p}"], seconds = streamed(decoder, codes, args.chunk)
+        for p, parts in decoders.items():
+            ours[f"ours {p}"], seconds = streamed(parts, codes, args.chunk)
             cpu[p] += seconds
         frames += codes.shape[0]
         wavs = {**ref, **ours}

@@ -395,7 +395,7 @@ class Worker:
         for active in self.scheduler.slot_order(self.scheduler.in_flight(),
                                                 self.scheduler.admissible(self.pipeline.capacity()),
                                                 self.pipeline.wants_slot):
-            self._settle_vocoder()  # starting may prime the stream's decoder (in-context cloning)
+            self._collect_vocoded(wait=True)  # starting may prime the stream's decoder (in-context cloning)
             try:
                 self._hook(active.request_id, "admit")
                 self.pipeline.start(active.request_id)
@@ -480,17 +480,13 @@ class Worker:
 
     def _collect_vocoded(self, wait: bool) -> bool:
         """Collect, in order, the pieces the vocoder thread has finished (``wait``: every piece in
-        flight, waiting for them). -> whether there was one."""
+        flight, waiting for them: the worker touches the vocalizer itself only after that).
+        -> whether there was one."""
         collected = False
         while (done := self.executor.vocoded(wait=wait)) is not None:
             self._vocoded(*done)
             collected = True
         return collected
-
-    def _settle_vocoder(self) -> None:
-        """Collect every piece on the vocoder thread (waiting for them): the worker touches the
-        vocalizer itself only after this."""
-        self._collect_vocoded(wait=True)
 
     def _vocoded(self, work: list[tuple[VocoderWork, VocalizeItem, int]], results: list) -> None:
         """A decoded piece: its PCM into the outbox, then its failed requests end (ending one
@@ -519,7 +515,7 @@ class Worker:
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
         host never waits on the device in steady state."""
         if wait:
-            self._settle_vocoder()
+            self._collect_vocoded(wait=True)
         for (active, final, text, frames_done), pcm in self._outbox.take(wait):
             if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
@@ -568,7 +564,7 @@ class Worker:
 
     def _release(self, request_id: str) -> None:
         """Free a request's slot and decoder state, once no piece is on the vocoder thread."""
-        self._settle_vocoder()
+        self._collect_vocoded(wait=True)
         self.executor.release(request_id)
 
     def _hook(self, request_id: str, stage: str) -> None:
