@@ -52,6 +52,9 @@ class RuntimeSwitches:
     vocoder_thread: bool = True
     """CPU (two threads or more): the codec decoder on a thread and cores of its own, decoding
     one piece while the talker's next tick runs (off: one after the other on the worker thread)."""
+    codec_process: bool = True
+    """CPU, with ``vocoder_thread``: that thread hands each piece to the decoder in a process of
+    its own (engines/pipelines/vocoder_process.py), off the talker's GIL (off: it decodes in-process)."""
 
     def compile_backend(self, part: str) -> str | None:
         """torch.compile backend for the modules under the CUDA graphs of ``part`` (``predictor``:

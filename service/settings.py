@@ -471,7 +471,8 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     admitted rows one by one;
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
-    STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too."""
+    STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too;
+    STREAMVOX_CODEC_PROCESS=0 decodes on the vocoder thread itself, not in a process of its own."""
     env = os.environ if env is None else env
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
@@ -481,4 +482,5 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
                            batched_admission=env.get("STREAMVOX_BATCHED_ADMISSION", "1") != "0",
                            static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1",
-                           vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0")
+                           vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0",
+                           codec_process=env.get("STREAMVOX_CODEC_PROCESS", "1") != "0")

@@ -65,6 +65,12 @@ WINDOW_FRAMES = 4  # at the released sizes, 1 thread, bf16: 24 ms per frame in w
 WINDOW_THREADS = 1  # a kernel's rounding may follow its thread count (oneDNN splits some reductions)
 
 
+def rounds_per_chunk_shape(dtype: torch.dtype) -> bool:
+    """Whether a decoder in ``dtype`` rounds its results enough for the chunk shapes to show in
+    the PCM (bf16, fp16: it then decodes on fixed windows)."""
+    return dtype not in (torch.float32, torch.float64)
+
+
 def window_frames(position: int) -> int:
     """Frames of the window that starts at decoder frame ``position`` (a window start)."""
     start = 0
@@ -91,7 +97,7 @@ class Vocalizer:
         """``windowed``: decode on fixed windows (None: in a reduced precision, where chunk shapes
         would change the PCM; the module's docstring)."""
         self.device, self.dtype = canonical_device(device), dtype
-        self.windowed = dtype not in (torch.float32, torch.float64) if windowed is None else windowed
+        self.windowed = rounds_per_chunk_shape(dtype) if windowed is None else windowed
         self.decoder = decoder.to(self.device, dtype).eval()
         self.num_code_groups, self.codebook_size = decoder.cfg.num_quantizers, decoder.cfg.codebook_size
         self.samples_per_frame = decoder.samples_per_frame

@@ -1,0 +1,229 @@
+"""The codec decoder in a process of its own (CPU): the vocalizer's surface (``vocalize``,
+``prime``, ``close``, ``open_streams``) over a :class:`Vocalizer` that runs in a child process.
+
+Why a process: the decoder on a thread of the worker's process ran its ~500 torch ops a chunk
+under the same GIL as the talker's ~740 ops a frame, and each waited for the other between ops
+(benchmarks/bench_codec_process.py measures the talker's step beside a decoder thread and beside
+this process). The child holds the decoder's weights in shared memory (``share_memory``: the
+parent's tensors, no second copy), its own torch threads and every stream's decoder state; codes
+go in over a pipe (a chunk is a few hundred bytes) and the PCM comes back as one buffer of float32
+read straight into a tensor (4 frames: 30 KB; the round trip costs ~0.1 ms against ~100 ms of
+decoding; the benchmark prints it).
+
+Calls are made one at a time (a lock), in the order the caller makes them: the engine's
+vocoder thread decodes pieces first in, first out, and the worker primes and closes streams only
+with no piece in flight, so each stream's chunks decode in order as on one thread, and a
+window-decoding vocalizer gives the same PCM to the bit as in the worker's process. A call that
+fails in the child (a bad item) raises here and changes no stream, as the vocalizer does. If the
+child dies, the call raises, the next call starts a new child, and the streams that were open
+fail (their decoder state died with it) while new ones decode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from engines.models.codec_decoder import CodecDecoder
+from engines.pipelines.vocoder import VocalizeItem, VocalizeResult, Vocalizer
+
+log = logging.getLogger("streamvox.vocoder")
+
+START_SECONDS = 120.0  # a child that has not said ready by then (importing torch on a busy machine) failed
+
+
+class CodecProcessError(RuntimeError):
+    """The codec process died or could not start."""
+
+
+class VocoderProcess:
+    """A vocalizer whose decoding runs in a child process (module docstring)."""
+
+    graphed_decoder = None  # CPU only: the CUDA path keeps its graphed decoder on the device stream
+
+    def __init__(self, vocalizer: Vocalizer, threads: int = 1):
+        """``vocalizer``: the decoder, device (CPU), precision and windowing to run in the child;
+        ``threads``: the child's torch intra-op threads."""
+        if vocalizer.device.type != "cpu" or vocalizer.graphed_decoder is not None:
+            raise ValueError("the codec process decodes on the CPU, without a graphed decoder")
+        self.vocalizer = vocalizer
+        self.decoder, self.device, self.dtype = vocalizer.decoder, vocalizer.device, vocalizer.dtype
+        self.num_code_groups, self.codebook_size = vocalizer.num_code_groups, vocalizer.codebook_size
+        self.samples_per_frame, self.windowed = vocalizer.samples_per_frame, vocalizer.windowed
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._process = None
+        self._conn = None
+        self._streams: set[str] = set()  # open in the current child
+        self._lost: set[str] = set()  # open in a child that died: their state is gone
+        self.starts = 0  # children started (a restart after a death counts)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the child now (engine start, before ready) unless it runs."""
+        with self._lock:
+            self._ensure()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.is_alive() else None
+
+    def shutdown(self) -> None:
+        """Stop the child (its streams are forgotten)."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.send(("stop",))
+                except OSError:
+                    pass
+            self._stop_child()
+            self._streams.clear()
+            self._lost.clear()
+
+    def _ensure(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            return
+        if self._process is not None:  # it died: its streams' state went with it
+            self._stop_child()
+        self._lost |= self._streams
+        self._streams = set()
+        t0 = time.perf_counter()
+        ctx = mp.get_context("spawn")  # fork would copy the parent's threads' locks mid-flight
+        self.decoder.share_memory()  # the child maps these pages: no second copy of the weights
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=serve, args=(child, self.decoder, self.dtype, self.windowed, self.threads),
+                              name="streamvox-codec", daemon=True)
+        process.start()
+        child.close()
+        if not parent.poll(START_SECONDS):
+            process.kill()
+            raise CodecProcessError(f"the codec process did not start within {START_SECONDS:.0f} s")
+        try:
+            ready = parent.recv()
+        except (EOFError, OSError) as exc:
+            raise CodecProcessError(f"the codec process died while starting ({exc or type(exc).__name__})") from None
+        if ready[0] != "ready":
+            process.kill()
+            raise CodecProcessError(f"the codec process failed to start: {ready[-1]}")
+        self._process, self._conn = process, parent
+        self.starts += 1
+        log.info("codec decoder process %d started in %.1f s (%s, %d thread%s%s)", process.pid,
+                 time.perf_counter() - t0, str(self.dtype).removeprefix("torch."), self.threads,
+                 "" if self.threads == 1 else "s", ", fixed windows" if self.windowed else "")
+
+    def _stop_child(self) -> None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is not None:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        if conn is not None:
+            conn.close()
+
+    def _call(self, message: tuple):
+        """One request and its reply; the child's failure raised here, its death as CodecProcessError."""
+        self._ensure()
+        try:
+            self._conn.send(message)
+            reply = self._conn.recv()
+            if reply[0] == "error":
+                kind, text = reply[1], reply[2]
+                raise (ValueError if kind == "ValueError" else RuntimeError)(text)
+            if reply[0] == "pcm":
+                buffer = bytearray(4 * sum(reply[1]))
+                if buffer:
+                    self._conn.recv_bytes_into(buffer)
+                return reply[1], buffer
+            return reply[1]
+        except (EOFError, OSError) as exc:
+            code = self._process.exitcode if self._process is not None else None
+            self._stop_child()
+            self._lost |= self._streams
+            self._streams = set()
+            raise CodecProcessError(f"the codec process died (exit code {code}): "
+                                    f"{exc or type(exc).__name__}") from None
+
+    # ------------------------------------------------------------------ the vocalizer's surface
+    def capture_graphs(self) -> None:
+        """(No CUDA graphs on a CPU.)"""
+
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def prime(self, stream_id: str, codes: torch.Tensor) -> None:
+        """As :meth:`Vocalizer.prime`, in the child."""
+        if codes.shape[0] == 0:
+            return
+        with self._lock:
+            self._lost.discard(stream_id)  # a new stream of that name
+            self._call(("prime", stream_id, np.ascontiguousarray(codes.cpu().numpy())))
+            self._streams.add(stream_id)
+
+    def close(self, stream_id: str) -> None:
+        """Forget a stream's decoder state; unknown ids are ignored."""
+        with self._lock:
+            self._lost.discard(stream_id)
+            if stream_id in self._streams:
+                self._streams.discard(stream_id)
+                if self._process is not None and self._process.is_alive():
+                    self._call(("close", stream_id))
+
+    def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
+        """PCM for each item, in the same order, decoded in the child (:meth:`Vocalizer.vocalize`)."""
+        with self._lock:
+            for it in items:
+                if it.stream_id in self._lost:
+                    raise CodecProcessError(f"stream {it.stream_id!r}: its decoder state died with the codec process")
+            lengths, buffer = self._call(("vocalize", [(it.stream_id, np.ascontiguousarray(it.codes.cpu().numpy()),
+                                                        it.frame_offset, it.is_last) for it in items]))
+            for it in items:
+                (self._streams.discard if it.is_last else self._streams.add)(it.stream_id)
+        pcm = torch.frombuffer(buffer, dtype=torch.float32) if buffer else torch.empty(0)
+        return [VocalizeResult(it.stream_id, it.codes, p) for it, p in zip(items, pcm.split(lengths))]
+
+
+def serve(conn, decoder: CodecDecoder, dtype: torch.dtype, windowed: bool, threads: int) -> None:
+    """The child: a vocalizer over the shared decoder, answering the parent's calls until told to
+    stop or the parent goes away."""
+    try:
+        torch.set_num_threads(threads)
+        vocalizer = Vocalizer(decoder, "cpu", dtype, windowed=windowed)
+    except Exception as exc:  # reported, not raised: the parent names it
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    with torch.no_grad():
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is gone
+            kind = message[0]
+            if kind == "stop":
+                return
+            try:
+                if kind == "vocalize":
+                    results = vocalizer.vocalize([VocalizeItem(s, torch.from_numpy(c), offset, last)
+                                                  for s, c, offset, last in message[1]])
+                    lengths = [r.pcm.numel() for r in results]
+                    conn.send(("pcm", lengths))
+                    if sum(lengths):
+                        conn.send_bytes(torch.cat([r.pcm for r in results]).numpy())
+                elif kind == "prime":
+                    vocalizer.prime(message[1], torch.from_numpy(message[2]))
+                    conn.send(("ok", None))
+                elif kind == "close":
+                    vocalizer.close(message[1])
+                    conn.send(("ok", None))
+                else:
+                    conn.send(("error", "ValueError", f"unknown call {kind!r}"))
+            except Exception as exc:
+                conn.send(("error", type(exc).__name__, str(exc)))
