@@ -63,6 +63,10 @@ class VocoderProcess:
         self._streams: set[str] = set()  # open in the current child
         self._lost: set[str] = set()  # open in a child that died: their state is gone
         self.starts = 0  # children started (a restart after a death counts)
+        # Seconds of ``vocalize`` calls: their wall time here, and the child's wall and CPU time
+        # decoding them (the difference of the first two is the hand-over: pipe, pickling, wake-ups).
+        self.call_seconds = self.child_seconds = self.child_cpu_seconds = 0.0
+        self.calls = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -141,6 +145,8 @@ class VocoderProcess:
                 buffer = bytearray(4 * sum(reply[1]))
                 if buffer:
                     self._conn.recv_bytes_into(buffer)
+                self.child_seconds += reply[2]
+                self.child_cpu_seconds += reply[3]
                 return reply[1], buffer
             return reply[1]
         except (EOFError, OSError) as exc:
@@ -178,6 +184,7 @@ class VocoderProcess:
 
     def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
         """PCM for each item, in the same order, decoded in the child (:meth:`Vocalizer.vocalize`)."""
+        t0 = time.perf_counter()
         with self._lock:
             for it in items:
                 if it.stream_id in self._lost:
@@ -186,7 +193,9 @@ class VocoderProcess:
                                                         it.frame_offset, it.is_last) for it in items]))
             for it in items:
                 (self._streams.discard if it.is_last else self._streams.add)(it.stream_id)
-        pcm = torch.frombuffer(buffer, dtype=torch.float32) if buffer else torch.empty(0)
+            pcm = torch.frombuffer(buffer, dtype=torch.float32) if buffer else torch.empty(0)
+            self.calls += 1
+            self.call_seconds += time.perf_counter() - t0
         return [VocalizeResult(it.stream_id, it.codes, p) for it, p in zip(items, pcm.split(lengths))]
 
 
@@ -211,10 +220,11 @@ def serve(conn, decoder: CodecDecoder, dtype: torch.dtype, windowed: bool, threa
                 return
             try:
                 if kind == "vocalize":
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     results = vocalizer.vocalize([VocalizeItem(s, torch.from_numpy(c), offset, last)
                                                   for s, c, offset, last in message[1]])
                     lengths = [r.pcm.numel() for r in results]
-                    conn.send(("pcm", lengths))
+                    conn.send(("pcm", lengths, time.perf_counter() - t0, time.thread_time() - c0))
                     if sum(lengths):
                         conn.send_bytes(torch.cat([r.pcm for r in results]).numpy())
                 elif kind == "prime":
