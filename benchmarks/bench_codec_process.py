@@ -13,9 +13,10 @@ machine within seconds of the others (a shared machine's load moves by the minut
 taken inside a round). The engine switches between them between requests, with no stream open:
 "thread" hands the pieces to the same vocoder thread as "process" but decodes them there, with
 the in-process vocalizer the process was made from; "alone" decodes them on the worker thread
-after each tick. Per request: the talker's step (wall, and the worker thread's CPU time in it:
-wall above CPU is waiting, for a core or for the GIL), the decoder's wall time per frame as the
-worker sees it, the real-time factor and first audio; for the process also its own time per
+after each tick. Per request: the talker's step (wall, and where the worker thread spent it, from
+the kernel's /proc/thread-self/schedstat: on a core, runnable waiting for a core (the machine's
+load), and blocked, which for the talker's step is waiting for the GIL: it does no I/O), the
+decoder's wall time per frame as the worker sees it, the real-time factor and first audio; for the process also its own time per
 frame (wall and CPU) and the hand-over per piece: the worker's vocoder thread's wall time in the
 call less the child's decoding (the pipe both ways, the pickling, the wake-ups).
 """
@@ -43,15 +44,16 @@ class Bench:
         self.executor = engine.worker.executor
         self.process, self.local = engine.codec_process, engine.codec_process.vocalizer
         self.threads = self.executor.vocoder_threads
-        self.ticks: list[tuple[float, float]] = []
+        self.ticks: list[tuple[float, float, float]] = []  # (wall, on a core, waiting for a core) seconds
         tick = engine.pipeline.tick
 
         def timed_tick(plan):
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, (c0, q0) = time.perf_counter(), schedstat()
             try:
                 return tick(plan)
             finally:
-                self.ticks.append((time.perf_counter() - t0, time.thread_time() - c0))
+                c1, q1 = schedstat()
+                self.ticks.append((time.perf_counter() - t0, c1 - c0, q1 - q0))
 
         engine.pipeline.tick = timed_tick
 
@@ -82,15 +84,25 @@ class Bench:
                                        temperature=0.0), deliver)
         done.wait(600)
         wall = time.perf_counter() - t0
-        steps, cpu = [w for w, _ in self.ticks[1:]], [c for _, c in self.ticks[1:]]  # the first step prefills
+        ticks = self.ticks[1:]  # the first step prefills
+        steps, cpu, queued = ([t[k] for t in ticks] for k in range(3))
+        blocked = [w - c - q for w, c, q in ticks]
         call, child, child_cpu, calls = (a - b for a, b in zip((p.call_seconds, p.child_seconds, p.child_cpu_seconds,
                                                                 p.calls), before))
         frames = samples[0] / 1920
         extra = dict(child_ms=1e3 * child / frames, child_cpu_ms=1e3 * child_cpu / frames,
                      handover_ms=1e3 * (call - child) / calls) if calls else {}
         return dict(**extra, tick_ms=1e3 * statistics.median(steps), tick_cpu_ms=1e3 * statistics.median(cpu),
+                    tick_queued_ms=1e3 * statistics.mean(queued), tick_blocked_ms=1e3 * statistics.mean(blocked),
+                    tick_mean_ms=1e3 * statistics.mean(steps),
                     codec_ms=1e3 * (engine.stage_seconds()["decode"] - decode0) / (samples[0] / 1920),
                     rtf=wall / (samples[0] / SAMPLE_RATE), first_ms=1e3 * first[0], load=os.getloadavg()[0])
+
+
+def schedstat() -> tuple[float, float]:
+    """The calling thread's seconds on a core and runnable waiting for one, since it started."""
+    on_cpu, queued, _ = open("/proc/thread-self/schedstat").read().split()
+    return int(on_cpu) / 1e9, int(queued) / 1e9
 
 
 def main() -> int:
@@ -128,18 +140,22 @@ def main() -> int:
                 row = bench.request(r)
                 results[mode].append(row)
                 print(f"round {r + 1} {mode:8s} load {row['load']:.2f}: talker step {row['tick_ms']:.1f} ms "
-                      f"(CPU {row['tick_cpu_ms']:.1f}), codec {row['codec_ms']:.1f} ms/frame, RTF {row['rtf']:.2f}, "
+                      f"(CPU {row['tick_cpu_ms']:.1f}; mean {row['tick_mean_ms']:.1f} = waiting for a core "
+                      f"{row['tick_queued_ms']:.1f} + blocked {row['tick_blocked_ms']:.1f} + on a core), codec {row['codec_ms']:.1f} ms/frame, RTF {row['rtf']:.2f}, "
                       f"first audio {row['first_ms']:.0f} ms" + (f"; in the process {row['child_ms']:.1f} ms/frame "
                       f"(CPU {row['child_cpu_ms']:.1f}), hand-over {row['handover_ms']:.2f} ms/piece"
                       if "child_ms" in row else ""), flush=True)
     finally:
         engine.stop()
-    print("\n| codec decoder | talker step ms (min / median) | its CPU ms | wall / CPU | codec ms per frame | RTF | first audio ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| codec decoder | talker step ms (min / median) | on a core | waiting for a core | blocked (GIL) "
+          "| codec ms per frame | RTF | first audio ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, rows in results.items():
         med = lambda k: statistics.median(x[k] for x in rows)  # noqa: E731
         print(f"| {mode} | {min(x['tick_ms'] for x in rows):.1f} / {med('tick_ms'):.1f} | {med('tick_cpu_ms'):.1f} | "
-              f"{med('tick_ms') / med('tick_cpu_ms'):.2f} | {med('codec_ms'):.1f} | {med('rtf'):.2f} | {med('first_ms'):.0f} |")
+              f"{med('tick_queued_ms'):.1f} | {med('tick_blocked_ms'):.1f} | {med('codec_ms'):.1f} | {med('rtf'):.2f} | "
+              f"{med('first_ms'):.0f} |")
+    print("(per step, medians over rounds of each request's median step (wall, on a core) and mean wait)")
     for mode in ("thread", "process"):
         ratios = sorted(b["tick_ms"] / a["tick_ms"] for a, b in zip(results["alone"], results[mode]))
         print(f"talker step beside the decoder's {mode} / alone, per round (min .. median .. max): "

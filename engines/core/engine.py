@@ -311,14 +311,17 @@ class Engine:
         """Wall seconds per audio second (> 1: slower than real time) of SPEED_TEXT alone, in the
         steady state (the comment above); None without audio."""
         rtfs: list[float] = []
-        while len(rtfs) < self.SPEED_RUNS:
+        steady = False
+        while len(rtfs) < self.SPEED_RUNS and not steady:
             wall, samples = self._run_alone([self.SPEED_TEXT])
             if not samples:
                 return None
             rtfs.append(wall / (samples / SAMPLE_RATE))
-            if len(rtfs) >= 2 and abs(rtfs[-1] - rtfs[-2]) <= self.SPEED_AGREE * min(rtfs[-2:]):
-                return (rtfs[-1] + rtfs[-2]) / 2
-        return sorted(rtfs)[len(rtfs) // 2]
+            steady = len(rtfs) >= 2 and abs(rtfs[-1] - rtfs[-2]) <= self.SPEED_AGREE * min(rtfs[-2:])
+        rtf = (rtfs[-1] + rtfs[-2]) / 2 if steady else sorted(rtfs)[len(rtfs) // 2]
+        log.info("speed after the warm-up: real-time factors %s -> %.2f (%s)", ", ".join(f"{x:.2f}" for x in rtfs),
+                 rtf, "the last two agree" if steady else "no two in a row agreed: their median")
+        return rtf
 
     def _run_alone(self, texts: list[str]) -> tuple[float, int]:
         """``texts`` submitted together to the worker and waited for: (wall seconds, samples)."""
