@@ -15,7 +15,7 @@ from engines.build import resolve_codec_dtype
 from engines.config import get_preset
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.init import init_module_
-from engines.pipelines.vocoder import VocalizeItem, Vocalizer, window_frames
+from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
 
 TINY = get_preset("tiny")
 G, V = TINY.num_code_groups, TINY.decoder.codebook_size
@@ -115,8 +115,23 @@ def test_a_failed_call_changes_no_stream():
     assert first.numel() == 3 * 1920
 
 
-def test_windows_follow_the_ramp_then_a_fixed_size():
-    assert [window_frames(p) for p in (0, 1, 2, 4, 8, 12)] == [1, 1, 2, 4, 4, 4]
+def test_chunks_that_end_on_window_ends_decode_each_window_once():
+    voc, calls = vocalizer(), []
+    decode_step = voc.decoder.decode_step
+
+    def counted(codes, state):
+        calls.append(codes.shape[-1])
+        return decode_step(codes, state)
+
+    voc.decoder.decode_step = counted
+    try:
+        chunked(voc, "s", C, [WINDOW_FRAMES, 2 * WINDOW_FRAMES, WINDOW_FRAMES])
+        assert calls == [WINDOW_FRAMES] * 4
+        calls.clear()
+        chunked(voc, "u", C, [1, 2, 1])  # a window padded twice, then decoded whole
+        assert calls == [WINDOW_FRAMES] * 3
+    finally:
+        del voc.decoder.decode_step
 
 
 @pytest.mark.parametrize("op", ["linear", "conv", "transposed conv", "attention"])
