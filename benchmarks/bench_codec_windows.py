@@ -7,10 +7,10 @@ default in bf16) against decoding each chunk as it comes (the chunk's own shapes
 The decoder at the released codec sizes (random weights, benchmarks/bench_talker.py
 ``codec_decoder``), one stream, one torch thread (what the decoder has served on a 2-core machine;
 the windows are the same to the bit at any thread count: tests/engines/pipelines/
-test_vocalizer_windows.py). Each chunking's PCM is compared with
-the same decoder's one-call decode of all the frames, in LSB of 16-bit PCM (max, and the samples
-more than 1 LSB off); the cost is the process's CPU time per frame , the median of
-``--rounds`` (the two ways alternate), so a busy machine changes it little.
+test_vocalizer_windows.py). Each chunking's PCM is compared with the same decoder's one-call
+decode of all the frames, in LSB of 16-bit PCM (max, and the samples more than 1 LSB off); the
+cost is the process's CPU time per frame, the median of ``--rounds`` (the two ways alternate), so
+a busy machine changes it little.
 """
 
 from __future__ import annotations
