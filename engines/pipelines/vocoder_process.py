@@ -1,14 +1,20 @@
 """The codec decoder in a process of its own (CPU): the vocalizer's surface (``vocalize``,
 ``prime``, ``close``, ``open_streams``) over a :class:`Vocalizer` that runs in a child process.
 
-Why a process: the decoder on a thread of the worker's process ran its ~500 torch ops a chunk
-under the same GIL as the talker's ~740 ops a frame, and each waited for the other between ops
-(benchmarks/bench_codec_process.py measures the talker's step beside a decoder thread and beside
-this process). The child holds the decoder's weights in shared memory (``share_memory``: the
-parent's tensors, no second copy), its own torch threads and every stream's decoder state; codes
-go in over a pipe (a chunk is a few hundred bytes) and the PCM comes back as one buffer of float32
-read straight into a tensor (4 frames: 30 KB; the round trip costs ~0.1 ms against ~100 ms of
-decoding; the benchmark prints it).
+Why a process: the decoder on a thread of the worker's process dispatches its ~500 torch ops a
+chunk under the same GIL as the talker's ~740 ops a frame. Measured (benchmarks/
+bench_codec_process.py, the kernel's per-thread accounting), that costs the talker's step 0.5-1.6
+ms blocked per ~80 ms step, not the 1.2-1.4x slowdown seen beside the decoder thread on a loaded
+machine: that was the talker waiting for a core; on a quiet machine the step beside the decoder, on
+a thread or here, equals its time alone. What the process gives: nothing of the decoder's holds
+the GIL the talker needs (nor the other way round, as the talker's step becomes fewer, longer
+native calls), a crash or leak in the decoder stays in its process (the next call starts a new
+one), and its heap is its own. The child holds the decoder's weights in shared memory
+(``share_memory``: the parent's tensors, no second copy), its own torch threads and every
+stream's decoder state; codes go in over a pipe (a chunk is a few hundred bytes) and the PCM
+comes back as one buffer of float32 read straight into a tensor (4 frames: 30 KB); a 4-frame
+piece's round trip costs ~1 ms more than decoding it in-process, on a quiet machine, against
+~120 ms of decoding (the benchmark prints it).
 
 Calls are made one at a time (a lock), in the order the caller makes them: the engine's
 vocoder thread decodes pieces first in, first out, and the worker primes and closes streams only
