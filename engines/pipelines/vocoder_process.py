@@ -22,7 +22,10 @@ with no piece in flight, so each stream's chunks decode in order as on one threa
 window-decoding vocalizer gives the same PCM to the bit as in the worker's process. A call that
 fails in the child (a bad item) raises here and changes no stream, as the vocalizer does. If the
 child dies, the call raises, the next call starts a new child, and the streams that were open
-fail (their decoder state died with it) while new ones decode.
+fail (their decoder state died with it) while new ones decode. If no child can start at all
+(``start``: a /dev/shm smaller than the weights, 229 MB in bf16 at the released sizes, as Docker's
+default 64 MB is; no ``spawn``), it says why and decodes in this process instead, on the caller's
+thread: served as before, with the same PCM.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class VocoderProcess:
         self._streams: set[str] = set()  # open in the current child
         self._lost: set[str] = set()  # open in a child that died: their state is gone
         self.starts = 0  # children started (a restart after a death counts)
+        self.in_process = False  # no child could start: ``vocalizer`` decodes here
         # Seconds of ``vocalize`` calls: their wall time here, and the child's wall and CPU time
         # decoding them (the difference of the first two is the hand-over: pipe, pickling, wake-ups).
         self.call_seconds = self.child_seconds = self.child_cpu_seconds = 0.0
@@ -76,9 +80,15 @@ class VocoderProcess:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Start the child now (engine start, before ready) unless it runs."""
+        """Start the child now (engine start, before ready) unless it runs; if it cannot start,
+        decode in this process from now on (the module docstring)."""
         with self._lock:
-            self._ensure()
+            try:
+                self._ensure()
+            except CodecProcessError as exc:
+                log.warning("%s; the codec decoder runs in the server's process instead (a thread beside the "
+                            "talker; STREAMVOX_CODEC_PROCESS=0 chooses that without trying)", exc)
+                self.in_process = True
 
     @property
     def pid(self) -> int | None:
@@ -105,11 +115,14 @@ class VocoderProcess:
         self._streams = set()
         t0 = time.perf_counter()
         ctx = mp.get_context("spawn")  # fork would copy the parent's threads' locks mid-flight
-        self.decoder.share_memory()  # the child maps these pages: no second copy of the weights
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=serve, args=(child, self.decoder, self.dtype, self.windowed, self.threads),
-                              name="streamvox-codec", daemon=True)
-        process.start()
+        try:
+            self.decoder.share_memory()  # the child maps these pages: no second copy of the weights
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=serve, args=(child, self.decoder, self.dtype, self.windowed, self.threads),
+                                  name="streamvox-codec", daemon=True)
+            process.start()
+        except (OSError, RuntimeError) as exc:  # /dev/shm full, no spawn
+            raise CodecProcessError(f"the codec process could not start: {exc}") from None
         child.close()
         if not parent.poll(START_SECONDS):
             process.kill()
@@ -168,10 +181,12 @@ class VocoderProcess:
         """(No CUDA graphs on a CPU.)"""
 
     def open_streams(self) -> int:
-        return len(self._streams)
+        return self.vocalizer.open_streams() if self.in_process else len(self._streams)
 
     def prime(self, stream_id: str, codes: torch.Tensor) -> None:
         """As :meth:`Vocalizer.prime`, in the child."""
+        if self.in_process:
+            return self.vocalizer.prime(stream_id, codes)
         if codes.shape[0] == 0:
             return
         with self._lock:
@@ -181,6 +196,8 @@ class VocoderProcess:
 
     def close(self, stream_id: str) -> None:
         """Forget a stream's decoder state; unknown ids are ignored."""
+        if self.in_process:
+            return self.vocalizer.close(stream_id)
         with self._lock:
             self._lost.discard(stream_id)
             if stream_id in self._streams:
@@ -190,6 +207,8 @@ class VocoderProcess:
 
     def vocalize(self, items: list[VocalizeItem]) -> list[VocalizeResult]:
         """PCM for each item, in the same order, decoded in the child (:meth:`Vocalizer.vocalize`)."""
+        if self.in_process:
+            return self.vocalizer.vocalize(items)
         t0 = time.perf_counter()
         with self._lock:
             for it in items:

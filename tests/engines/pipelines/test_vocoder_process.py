@@ -104,3 +104,21 @@ def test_a_dead_process_fails_its_streams_and_a_new_one_serves_the_rest():
     finally:
         far.shutdown()
     assert far.pid is None
+
+
+def test_a_process_that_cannot_start_leaves_the_decoding_in_this_process(monkeypatch, caplog):
+    """E.g. a /dev/shm smaller than the weights (Docker's default 64 MB): said once, served as before."""
+    near = local(torch.bfloat16)
+    far = VocoderProcess(local(torch.bfloat16))
+
+    def full(*_):
+        raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(far.decoder, "share_memory", full)
+    far.start()
+    assert far.in_process and far.pid is None
+    assert "No space left on device" in caplog.text and "STREAMVOX_CODEC_PROCESS=0" in caplog.text
+    for call in script():
+        for g, w in zip(far.vocalize(call), near.vocalize(call)):
+            assert torch.equal(g.pcm, w.pcm)
+    assert far.open_streams() == 0
