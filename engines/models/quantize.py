@@ -33,10 +33,14 @@ agreement with fp32, its KL divergence and the waveform SNR, and the rule that p
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from engines.cpu_features import has_vnni
+
+log = logging.getLogger("streamvox.quantize")
 
 # mode -> (bits of the talker's decoder layers, bits of the code predictor's layers, heads and input
 # projection). ``int8-int4p``: the talker (which picks code 0) in int8, the predictor (15 passes a
@@ -175,7 +179,20 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
         predictor.small_to_mtp_projection = make(predictor.small_to_mtp_projection)
         n += 1
+    kept = kept_fp32(talker, predictor)
+    if kept:  # degrade per matrix rather than refuse the checkpoint (docs/QUANTIZATION.md, "Odd widths")
+        from engines.models.quantize_nbits import FP32_REASON
+
+        widths = ", ".join(map(str, sorted({k for _, k in kept})))
+        log.warning("--quantize %s: %d of the talker's and code predictor's weight matrices stay fp32: their input "
+                    "widths (%s) are %s", mode, len(kept), widths, FP32_REASON)
     return n
 
 
-__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]
+def kept_fp32(talker: nn.Module, predictor: nn.Module) -> list[tuple[int, int]]:
+    """[N, K] of every weight matrix a quantized talker / predictor keeps in fp32 (no block of
+    MatMulNBits divides its input width)."""
+    return [shape for model in (talker, predictor) for m in model.modules() for shape in getattr(m, "kept_fp32", ())]
+
+
+__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "kept_fp32", "quantize_talker", "resolve_quantize"]
