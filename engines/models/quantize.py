@@ -125,7 +125,7 @@ def _ort_bits(mode: str) -> tuple[int, int] | None:
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
-                    fused: bool = True) -> int:
+                    fused: bool = True, native: bool | None = None) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
     and input projection) -> int8 or int4 weights (``MODE_BITS``: the talker's and the predictor's
     bits). -> the number of layers converted.
@@ -133,7 +133,9 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
     call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
     attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
-    attention (quantize_nbits.convert_layer)."""
+    attention (quantize_nbits.convert_layer). ``native`` (None: where it can run): also the
+    native frame (engines/models/quantize_native.py, ``talker.native_frame``), which runs each
+    decode step in one call; prefill and the code predictor's own ``predict`` stay on ONNX Runtime."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -152,6 +154,8 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
 
         talker_bits, predictor_bits = bits
         ensure_pool(threads)
+        if fused and native is not False:
+            _attach_native(talker, predictor, talker_bits, predictor_bits, required=bool(native))
         n = 0
         if fused and NBitsPredictorLayers.supports(predictor.cfg):
             predictor.fused_layers = NBitsPredictorLayers(predictor, predictor_bits)
@@ -187,6 +191,23 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
         log.warning("--quantize %s: %d of the talker's and code predictor's weight matrices stay fp32: their input "
                     "widths (%s) are %s", mode, len(kept), widths, FP32_REASON)
     return n
+
+
+def _attach_native(talker: nn.Module, predictor: nn.Module, talker_bits: int, predictor_bits: int,
+                   required: bool) -> None:
+    """``talker.native_frame`` from the fp32 layers (before they are converted), where it can run."""
+    from engines.models.quantize_native import NativeFrame
+
+    why_not = NativeFrame.supports(talker, predictor)
+    if why_not is None:
+        talker.native_frame = NativeFrame(talker, predictor, talker_bits, predictor_bits)
+        from engines import native
+
+        log.info("talker decode step: one native call a frame (%s kernels)", native.get_isa())
+    elif required:
+        raise ValueError(f"the native frame cannot run: {why_not}")
+    else:
+        log.info("talker decode step on ONNX Runtime: %s", why_not)
 
 
 def kept_fp32(talker: nn.Module, predictor: nn.Module) -> list[tuple[int, int]]:
