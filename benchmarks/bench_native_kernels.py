@@ -7,7 +7,8 @@ One "frame" of products: the talker's 28 layers once (q/k/v, o, gate/up, down) a
 predictor's 5 layers and one head 15 times (its 15 passes; the same weights each pass, as served),
 one row. In each round, for each bits, in rotating order: the products (thread CPU and wall time)
 and a plain read of the same bytes by this core (the floor: its AVX-512 / AVX2 loads, in the same
-round so the same machine load). Ratios are taken within a round; min and median over rounds.
+round so the same machine load), on the wall clock and in thread CPU time. Ratios are taken
+within a round; min, median and max over rounds.
 """
 
 from __future__ import annotations
@@ -86,15 +87,18 @@ def main() -> None:
         for bits, what in order[k:] + order[:k]:
             row[(bits, what)] = timed(run_products if what == "products" else read_all, *sets[bits])
         turns.append(row)
-    print(f"{'bits':>4} | {'GB a frame':>10} | {'products ms min / med':>21} | {'read ms min / med':>17} | "
+    print("wall: elapsed time; CPU: this thread's time on a core (a loaded machine's waits for a core left out "
+          "of both the products and the read)")
+    print(f"{'bits':>4} | {'clock':>5} | {'GB a frame':>10} | {'products ms min / med':>21} | {'read ms min / med':>17} | "
           f"{'GB/s read':>9} | {'products / read, in-round min / med / max':>41}")
     for bits in args.bits:
-        prod = [t[(bits, "products")][0] * 1e3 for t in turns]
-        read = [t[(bits, "read")][0] * 1e3 for t in turns]
-        ratio = [p / q for p, q in zip(prod, read)]
-        print(f"{bits:4d} | {nbytes[bits] / 1e9:10.3f} | {min(prod):9.1f} / {statistics.median(prod):9.1f} | "
-              f"{min(read):7.1f} / {statistics.median(read):7.1f} | {nbytes[bits] / min(read) / 1e6:9.1f} | "
-              f"{min(ratio):13.3f} / {statistics.median(ratio):5.3f} / {max(ratio):5.3f}")
+        for clock, i in (("wall", 0), ("CPU", 1)):
+            prod = [t[(bits, "products")][i] * 1e3 for t in turns]
+            read = [t[(bits, "read")][i] * 1e3 for t in turns]
+            ratio = [p / q for p, q in zip(prod, read)]
+            print(f"{bits:4d} | {clock:>5} | {nbytes[bits] / 1e9:10.3f} | {min(prod):9.1f} / {statistics.median(prod):9.1f} | "
+                  f"{min(read):7.1f} / {statistics.median(read):7.1f} | {nbytes[bits] / min(read) / 1e6:9.1f} | "
+                  f"{min(ratio):13.3f} / {statistics.median(ratio):5.3f} / {max(ratio):5.3f}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

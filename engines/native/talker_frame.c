@@ -31,6 +31,9 @@
 
 #define QBLOCK 128
 #define LANES 16
+#ifndef PREFETCH
+#define PREFETCH 8192 /* bytes ahead of the weight loads (4 KB: 1.35x a plain read, 8 KB 1.27x, 1 KB 1.85x; load 10) */
+#endif
 
 /* ------------------------------------------------------------------ the structs (mirrored in __init__.py) */
 
@@ -310,12 +313,12 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
     for (int b = 0; b < nb; b++) {
         for (int c = 0; c < C; c++) {
             const uint8_t *wb = W->w + ((size_t)(n + c) * nb + b) * bpb;
-            _mm_prefetch((const char *)(wb + 4096), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + PREFETCH), _MM_HINT_T0);
             __m512i w0, w1;
             if (W->bits == 8) {
                 w0 = _mm512_loadu_si512(wb);
                 w1 = _mm512_loadu_si512(wb + 64);
-                _mm_prefetch((const char *)(wb + 4096 + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wb + PREFETCH + 64), _MM_HINT_T0);
             } else {
                 __m512i byte = _mm512_loadu_si512(wb);
                 w0 = _mm512_and_si512(byte, low4);
