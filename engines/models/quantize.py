@@ -19,7 +19,10 @@ and everything outside the decoder stay fp32.
   attention inside, the paged K/V cache written and read by torch between them).
   ``fused=False`` keeps three calls per layer around torch's RoPE and attention
   (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
-* Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
+* Where the native extension was built (engines/native/, engines/models/quantize_native.py), the
+  decode step runs as ONE native call a frame on the same packed weights (``talker.native_frame``,
+  ``native=``); prefill and top-p rows stay on the ORT graphs above.
+* Without onnxruntime, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
   (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
   symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its
   input rows to 8 bits (per tensor) and accumulating in int32. The weight-only kernel
