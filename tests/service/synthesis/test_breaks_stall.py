@@ -28,7 +28,7 @@ from service.synthesis.breaks import Pause
 from service.synthesis.sequence import UtteranceSequence
 
 STALL_BOUND_S = 0.5
-REDOS = "Hello. <break time=1s" + " " * 4000  # no ">": the old pattern backtracked cubically over it
+REDOS = "Hello. <break time=1s" + " " * 4000 + "and on."  # no ">": the old pattern backtracked cubically
 PAUSES = 30  # x 10 s of silence per request: 300 s of mp3 (before: a stall of seconds for each)
 PAUSED_TEXT = '<break time="10s"/>' * PAUSES
 VOICE = {"mode": "id", "id": "default"}
