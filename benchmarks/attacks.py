@@ -622,8 +622,10 @@ def break_attacks(url: str) -> list[tuple[str, object]]:
                         if frame.type != aiohttp.WSMsgType.TEXT:
                             continue
                         event = json.loads(frame.data)
-                        if is_error(event):
-                            return 400
+                        if is_error(event):  # a session refused at the door (the key's cap) is a 429 in effect
+                            code = str(event.get("code") or event.get("error_code") or event.get("error")
+                                       or event.get("err_code") or "").lower()
+                            return 429 if code in SESSION_REFUSALS else 400
                         if event.get("type") in ("session.done", "done", "Flushed") or event.get("isFinal"):
                             return 200
             return 599  # the socket ended without an answer
