@@ -9,6 +9,7 @@ If the engine's worker dies, the process exits 1 so the orchestrator restarts it
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -206,6 +207,10 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
                  "quantize=%s, codec %s): %s", info.quantize, info.codec_dtype, speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
+    # What is loaded now (modules, the models' Python objects) lives as long as the process: frozen,
+    # a full collection no longer walks it (one held the event loop 0.2-0.6 s under load)
+    gc.collect()
+    gc.freeze()
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%s", host, port)
     if listening is not None:
