@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .errors import fail
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from clients.commands.model_option import add_model_option
@@ -68,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             checkpoint = str(resolve_model(args.model))  # a hub id is fetched into the cache first
         except ModelUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return fail(args.command, exc)
     config = get_preset(args.preset)
     models = load_models(Path(checkpoint) if checkpoint else None, config, args.seed)
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
@@ -81,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
                                  profiles=default_profiles(models.config, args.max_full_frames),
                                  checkpoint=checkpoint, exporter=args.exporter)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     print(f"exported {', '.join(manifest.graphs)} ({manifest.preset}, {manifest.dtype}) to {args.out} "
           f"in {time.perf_counter() - t0:.1f}s")
     for name, g in manifest.graphs.items():
