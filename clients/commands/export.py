@@ -32,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def missing_extra(args: argparse.Namespace) -> list[str]:
-    """The packages of the ``onnx`` extra this export needs and the environment lacks."""
+def missing_packages(args: argparse.Namespace) -> list[str]:
+    """The packages this export needs and the environment lacks: onnx (and onnxruntime for
+    --verify) come with streamvox, onnxscript (--exporter dynamo) with the ``onnx`` extra."""
     import importlib
 
     needed = ["onnx"] + (["onnxscript"] if args.exporter == "dynamo" else []) + (["onnxruntime"] if args.verify else [])
@@ -50,11 +51,12 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    missing = missing_extra(args)
-    if missing:
-        print(f"streamvox export: needs the `onnx` extra ({', '.join(missing)} not installed): "
-              "pip install -e '.[onnx]'", file=sys.stderr)
-        return 2
+    missing = missing_packages(args)
+    if missing == ["onnxscript"]:
+        return fail(args.command, "--exporter dynamo needs onnxscript, the `onnx` extra: pip install -e '.[onnx]'")
+    if missing:  # dependencies of streamvox itself: a broken installation
+        return fail(args.command, f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing, "
+                                  "a dependency of streamvox: reinstall it (pip install -e .)")
 
     import torch
 
