@@ -52,6 +52,7 @@ from engines.models.triton_blocks import (
     qkv_rope_phase,
     residual_linear_phase,
     sample_rows_tile,
+    stack_as_views,
     tiles_for,
     triton,
 )
@@ -70,17 +71,6 @@ def sampling_kind(sampling: FrameSampling) -> int:
 
 
 # --------------------------------------------------------------------------- weights
-
-
-def _stack(groups: list[list[nn.Parameter]]) -> torch.Tensor:
-    """[len(groups), ...]: each group's parameters concatenated along their first dimension, the
-    groups stacked; every parameter becomes a view of its slice, so the modules compute what they
-    did, the kernels index one base pointer, and no memory is added once the old storages go."""
-    stacked = torch.stack([torch.cat([p.detach() for p in group]) for group in groups]).contiguous()
-    for group, block in zip(groups, stacked):
-        for p, part in zip(group, block.split([p.shape[0] for p in group])):
-            p.data = part
-    return stacked
 
 
 @dataclass
@@ -106,21 +96,21 @@ class PredictorWeights:
         if predictor.fused_layers is not None or not layers:
             raise ValueError("the fused kernels need the plain predictor layers (not quantized)")
         attn, mlp = [l.self_attn for l in layers], [l.mlp for l in layers]
-        qkv = _stack([[a.q_proj.weight, a.k_proj.weight, a.v_proj.weight] for a in attn])
-        gate_up = _stack([[m.gate_proj.weight, m.up_proj.weight] for m in mlp])
+        qkv = stack_as_views([[a.q_proj.weight, a.k_proj.weight, a.v_proj.weight] for a in attn])
+        gate_up = stack_as_views([[m.gate_proj.weight, m.up_proj.weight] for m in mlp])
         for a, m, fused_qkv, fused_gu in zip(attn, mlp, qkv, gate_up):  # fused at load: the same matrices
             a.qkv_weight = fused_qkv if a.qkv_weight is not None else None
             m.gate_up = fused_gu if m.gate_up is not None else None
         proj = predictor.small_to_mtp_projection
         linear = isinstance(proj, nn.Linear)
         return PredictorWeights(
-            qkv=qkv, qk_norm=_stack([[a.q_norm.weight, a.k_norm.weight] for a in attn]),
-            o=_stack([[a.o_proj.weight] for a in attn]), gate_up=gate_up,
-            down=_stack([[m.down_proj.weight] for m in mlp]),
-            norms=_stack([[l.input_layernorm.weight, l.post_attention_layernorm.weight] for l in layers]),
+            qkv=qkv, qk_norm=stack_as_views([[a.q_norm.weight, a.k_norm.weight] for a in attn]),
+            o=stack_as_views([[a.o_proj.weight] for a in attn]), gate_up=gate_up,
+            down=stack_as_views([[m.down_proj.weight] for m in mlp]),
+            norms=stack_as_views([[l.input_layernorm.weight, l.post_attention_layernorm.weight] for l in layers]),
             final_norm=predictor.model.norm.weight.detach(),
-            heads=_stack([[h.weight] for h in predictor.lm_head]),
-            tables=_stack([[e.weight] for e in predictor.model.codec_embedding]),
+            heads=stack_as_views([[h.weight] for h in predictor.lm_head]),
+            tables=stack_as_views([[e.weight] for e in predictor.model.codec_embedding]),
             proj_w=proj.weight.detach() if linear else None, proj_b=proj.bias.detach() if linear else None)
 
 
@@ -247,14 +237,14 @@ if triton is not None:
                                           s_attn, scale, KVH=KVH, GROUP=H // KVH, HD=HD, HDP=HDP, BLOCK=GP, TM=TM,
                                           CACHE=".cg")
                 elif phase == 2:
-                    residual_linear_phase(pid, nprog, n_tok, s_attn, H * HD, w_o + layer * D * H * HD, s_x, D,
+                    residual_linear_phase(pid, nprog, n_tok, s_attn, H * HD, w_o + layer * D * H * HD, s_x, s_x, D,
                                           IEEE=IEEE, BM=BM, BN=BN, BK=BK, CACHE=".cg")
                 elif phase == 3:
                     gu = w_gate_up + layer * 2 * I * D
                     gate_up_phase(pid, nprog, n_tok, s_x, D, w_norms + layer * 2 * D + D, eps, gu, gu + I * D, s_act,
                                   I, IEEE=IEEE, BM=BM, BN=BN, BK=BK, CACHE=".cg")
                 else:
-                    residual_linear_phase(pid, nprog, n_tok, s_act, I, w_down + layer * D * I, s_x, D, IEEE=IEEE,
+                    residual_linear_phase(pid, nprog, n_tok, s_act, I, w_down + layer * D * I, s_x, s_x, D, IEEE=IEEE,
                                           BM=BM, BN=BN, BK=BK, CACHE=".cg")
             elif sub == 5 * L:  # the final norm and head p over each row's last token
                 linear_phase(pid, nprog, n_rows, s_x, tpr, tpr - 1, D, D, w_final, eps, w_heads + p * V * D, w_heads,

@@ -71,6 +71,18 @@ def tiles_for(device: torch.device) -> TileConfig:
     return GPU_TILES if torch.device(device).type == "cuda" and not interpreting() else INTERPRETER_TILES
 
 
+def stack_as_views(groups: list[list[torch.nn.Parameter]]) -> torch.Tensor:
+    """[len(groups), ...]: each group's parameters concatenated along their first dimension, the
+    groups stacked; every parameter becomes a view of its slice, so the modules compute what they
+    did, a kernel indexes one base pointer, and no memory is added once the old storages go."""
+    with torch.no_grad():
+        stacked = torch.stack([torch.cat([p.detach() for p in group]) for group in groups]).contiguous()
+    for group, block in zip(groups, stacked):
+        for p, part in zip(group, block.split([p.shape[0] for p in group])):
+            p.data = part
+    return stacked
+
+
 def pow2(n: int, least: int = 16) -> int:
     """The power of two >= n (and >= ``least``): a tl.arange extent."""
     return max(least, 1 << max(0, int(n) - 1).bit_length())
@@ -108,18 +120,19 @@ if triton is not None:
                 nw = tl.load(norm_ptr + k, mask=k_ok, other=0.0)
                 a = (a.to(tl.float32) * rstd[:, None]).to(dtype) * nw[None, :]
             a = a.to(dtype)
-            w = tl.load(w_ptr + cols[:, None] * w_stride + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            # W^T's tile [BK, BN] loaded as such (the interpreter's matmul is ~50x slower on a transposed view)
+            w = tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
             if IEEE:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+                acc = tl.dot(a, w, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, tl.trans(w), acc)
+                acc = tl.dot(a, w, acc)
             if DUAL:
-                w2 = tl.load(w2_ptr + cols2[:, None] * w_stride + k[None, :], mask=col2_ok[:, None] & k_ok[None, :],
+                w2 = tl.load(w2_ptr + cols2[None, :] * w_stride + k[:, None], mask=col2_ok[None, :] & k_ok[:, None],
                              other=0.0)
                 if IEEE:
-                    acc2 = tl.dot(a, tl.trans(w2), acc2, input_precision="ieee")
+                    acc2 = tl.dot(a, w2, acc2, input_precision="ieee")
                 else:
-                    acc2 = tl.dot(a, tl.trans(w2), acc2)
+                    acc2 = tl.dot(a, w2, acc2)
         return acc, acc2
 
     # ------------------------------------------------------------------ phases
@@ -217,9 +230,9 @@ if triton is not None:
                 tl.store(out_ptr + q_at, out.to(out_ptr.dtype.element_ty), mask=q_ok)
 
     @triton.jit
-    def residual_linear_phase(pid, nprog, n_tok, a_ptr, K, w_ptr, x_ptr, N, IEEE: tl.constexpr, BM: tl.constexpr,
-                              BN: tl.constexpr, BK: tl.constexpr, CACHE: tl.constexpr):
-        """x[:, n] = x[:, n] + (A @ W^T)[:, n] rounded to the dtype: a [T, K], w [N, K], x [T, N] in place."""
+    def residual_linear_phase(pid, nprog, n_tok, a_ptr, K, w_ptr, x_ptr, out_ptr, N, IEEE: tl.constexpr,
+                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CACHE: tl.constexpr):
+        """out = x + (A @ W^T rounded to the dtype): a [T, K], w [N, K], x and out [T, N] (out may be x)."""
         dtype = w_ptr.dtype.element_ty
         m_tiles = tl.cdiv(n_tok, BM)
         for tile in range(pid, m_tiles * tl.cdiv(N, BN), nprog):
@@ -229,10 +242,10 @@ if triton is not None:
             col_ok = cols < N
             acc, _ = linear_tile(a_ptr, rows, row_ok, K, K, w_ptr, cols, col_ok, w_ptr, cols, col_ok, K, w_ptr, 0.0,
                                  NORM=False, DUAL=False, IEEE=IEEE, BM=BM, BK=BK, CACHE=CACHE)
-            at = x_ptr + rows[:, None] * N + cols[None, :]
+            at = rows[:, None] * N + cols[None, :]
             ok = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(at, mask=ok, other=0.0, cache_modifier=CACHE)
-            tl.store(at, x + acc.to(dtype), mask=ok)
+            x = tl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=CACHE)
+            tl.store(out_ptr + at, x + acc.to(dtype), mask=ok)
 
     @triton.jit
     def gate_up_phase(pid, nprog, n_tok, x_ptr, D, ln_ptr, eps, wg_ptr, wu_ptr, act_ptr, N, IEEE: tl.constexpr,
@@ -365,4 +378,5 @@ if triton is not None:
         return tl.where(greedy, greedy_id, sampled)
 
 
-__all__ = ["GPU_TILES", "INTERPRETER_TILES", "TileConfig", "interpreting", "kernels_run_on", "pow2", "tiles_for"]
+__all__ = ["GPU_TILES", "INTERPRETER_TILES", "TileConfig", "interpreting", "kernels_run_on", "pow2", "stack_as_views",
+           "tiles_for"]
