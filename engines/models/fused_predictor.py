@@ -173,8 +173,7 @@ if triton is not None:
     @triton.jit
     def _sample_phase(pid, nprog, n_rows, p, logits_ptr, record_ptr, V, seed_lo_ptr, seed_hi_ptr, frame_ptr,
                       greedy_ptr, temp_ptr, top_k_ptr, top_p_ptr, codes_ptr, tables_ptr, dst_ptr, DT,
-                      G: tl.constexpr, MODE: tl.constexpr, RECORD: tl.constexpr, VP: tl.constexpr,
-                      DTP: tl.constexpr, SM: tl.constexpr):
+                      mode, record, G: tl.constexpr, VP: tl.constexpr, DTP: tl.constexpr, SM: tl.constexpr):
         """Pass p's code (p + 1) of every row from its logits, SM rows per tile; then the next
         pass's input, that code's row of embedding table p, into ``dst`` (the projection's input,
         or the stream)."""
@@ -185,14 +184,14 @@ if triton is not None:
             ok = rows < n_rows
             at = ok[:, None] & (ids < V)[None, :]
             logits = tl.load(logits_ptr + rows[:, None] * V + ids[None, :], mask=at, other=0.0, cache_modifier=".cg")
-            if RECORD:
+            if record != 0:
                 tl.store(record_ptr + (rows[:, None] * (G - 1) + p) * V + ids[None, :], logits, mask=at)
             prefix = counter_prefix(tl.load(seed_lo_ptr + rows, mask=ok, other=0),
                                     tl.load(seed_hi_ptr + rows, mask=ok, other=0),
                                     tl.load(frame_ptr + rows, mask=ok, other=0) * G + p + 1, DOMAIN=_DOMAIN)
             code = sample_rows_tile(logits, ids, V, tl.load(greedy_ptr + rows, mask=ok, other=1) != 0,
                                     tl.load(temp_ptr + rows, mask=ok, other=1.0), tl.load(top_k_ptr + rows, mask=ok, other=0),
-                                    tl.load(top_p_ptr + rows, mask=ok, other=1.0), prefix, MODE=MODE).to(tl.int64)
+                                    tl.load(top_p_ptr + rows, mask=ok, other=1.0), prefix, mode).to(tl.int64)
             tl.store(codes_ptr + rows * (G - 1) + p, code, mask=ok)
             if p < G - 2:
                 e_ok = ok[:, None] & (d < DT)[None, :]
@@ -203,10 +202,9 @@ if triton is not None:
     def _step(k, pid, nprog, n_rows, h_ptr, c0_ptr, w_qkv, w_qk_norm, w_o, w_gate_up, w_down, w_norms, w_final,
               w_heads, w_tables, w_proj, b_proj, cos_ptr, sin_ptr, s_xin, s_x, s_q, s_attn, s_act, s_k, s_v,
               s_logits, s_record, s_codes, s_tokens, seed_lo, seed_hi, frame, greedy, temp, top_k, top_p,
-              eps, scale, D, DT, I, V, L, R2, KVL,
+              eps, scale, D, DT, I, V, L, R2, KVL, mode, record,
               H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr, HDP: tl.constexpr,
-              G: tl.constexpr, GP: tl.constexpr, PROJ: tl.constexpr, MODE: tl.constexpr, RECORD: tl.constexpr,
-              IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, VP: tl.constexpr,
+              G: tl.constexpr, GP: tl.constexpr, PROJ: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, VP: tl.constexpr,
               DTP: tl.constexpr, TM: tl.constexpr, SM: tl.constexpr):
         """Step ``k`` of a frame (``step_count``): the prologue (pass 0's inputs, their projection),
         then per pass 5 steps per layer, the head, the sampling, the next input's projection."""
@@ -252,8 +250,8 @@ if triton is not None:
                              CACHE=".cg")
             elif sub == 5 * L + 1:
                 _sample_phase(pid, nprog, n_rows, p, s_logits, s_record, V, seed_lo, seed_hi, frame, greedy, temp,
-                              top_k, top_p, s_codes, w_tables, s_xin if PROJ else s_x, DT, G=G, MODE=MODE,
-                              RECORD=RECORD, VP=VP, DTP=DTP, SM=SM)
+                              top_k, top_p, s_codes, w_tables, s_xin if PROJ else s_x, DT, mode, record, G=G,
+                              VP=VP, DTP=DTP, SM=SM)
             elif p < G - 2:  # the next pass's input through the projection
                 linear_phase(pid, nprog, n_rows, s_xin, 1, 0, DT, DT, w_proj, eps, w_proj, b_proj, s_x, D, D,
                              NORM=False, BIAS=True, OUT_F32=False, IEEE=IEEE, BM=BM, BN=BN, BK=BK, CACHE=".cg")
@@ -262,10 +260,10 @@ if triton is not None:
     def _frame_kernel(first, last, bar, n_rows, h_ptr, c0_ptr, w_qkv, w_qk_norm, w_o, w_gate_up, w_down, w_norms,
                       w_final, w_heads, w_tables, w_proj, b_proj, cos_ptr, sin_ptr, s_xin, s_x, s_q, s_attn, s_act,
                       s_k, s_v, s_logits, s_record, s_codes, s_tokens, seed_lo, seed_hi, frame, greedy, temp, top_k,
-                      top_p, eps, scale, D, DT, I, V, L, R2, KVL,
+                      top_p, eps, scale, D, DT, I, V, L, R2, KVL, mode, record,
                       H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
                       HDP: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, PROJ: tl.constexpr,
-                      MODE: tl.constexpr, RECORD: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                      IEEE: tl.constexpr, BM: tl.constexpr,
                       BN: tl.constexpr, BK: tl.constexpr, VP: tl.constexpr, DTP: tl.constexpr,
                       TM: tl.constexpr, SM: tl.constexpr, PERSISTENT: tl.constexpr):
         """Steps first..last-1 of a frame. PERSISTENT: all of them in this launch, every program
@@ -276,8 +274,8 @@ if triton is not None:
             _step(k, pid, nprog, n_rows, h_ptr, c0_ptr, w_qkv, w_qk_norm, w_o, w_gate_up, w_down, w_norms, w_final,
                   w_heads, w_tables, w_proj, b_proj, cos_ptr, sin_ptr, s_xin, s_x, s_q, s_attn, s_act, s_k, s_v,
                   s_logits, s_record, s_codes, s_tokens, seed_lo, seed_hi, frame, greedy, temp, top_k, top_p,
-                  eps, scale, D, DT, I, V, L, R2, KVL, H=H, KVH=KVH, HD=HD, HALF=HALF, HDP=HDP, G=G,
-                  GP=GP, PROJ=PROJ, MODE=MODE, RECORD=RECORD, IEEE=IEEE, BM=BM, BN=BN, BK=BK, VP=VP, DTP=DTP, TM=TM, SM=SM)
+                  eps, scale, D, DT, I, V, L, R2, KVL, mode, record, H=H, KVH=KVH, HD=HD, HALF=HALF, HDP=HDP,
+                  G=G, GP=GP, PROJ=PROJ, IEEE=IEEE, BM=BM, BN=BN, BK=BK, VP=VP, DTP=DTP, TM=TM, SM=SM)
             if PERSISTENT:
                 grid_barrier(bar, (k - first + 1) * nprog)
 
@@ -374,10 +372,10 @@ class FusedCodePredictor:
                 sampling.seed_hi.contiguous(), sampling.frame.contiguous(), sampling.greedy.contiguous(),
                 sampling.temperature.contiguous(), sampling.top_k.contiguous(), sampling.top_p.contiguous(),
                 cfg.rms_norm_eps, hd ** -0.5, cfg.hidden_size, cfg.talker_hidden_size, cfg.intermediate_size,
-                cfg.vocab_size, cfg.num_hidden_layers, 2 * s.rows, s.rows * self.gp * kv_heads * hd)
+                cfg.vocab_size, cfg.num_hidden_layers, 2 * s.rows, s.rows * self.gp * kv_heads * hd,
+                sampling_kind(sampling), int(return_logits))
         meta = dict(H=heads, KVH=kv_heads, HD=hd, HALF=pow2(hd // 2), HDP=pow2(hd, 1),
-                    G=cfg.num_code_groups, GP=self.gp, PROJ=w.proj_w is not None, MODE=sampling_kind(sampling),
-                    RECORD=return_logits, IEEE=self.dtype == torch.float32, BM=t.block_m, BN=self.block_n,
+                    G=cfg.num_code_groups, GP=self.gp, PROJ=w.proj_w is not None, IEEE=self.dtype == torch.float32, BM=t.block_m, BN=self.block_n,
                     BK=self.block_k, VP=pow2(cfg.vocab_size), DTP=pow2(cfg.talker_hidden_size), TM=t.att_m, SM=t.sample_m,
                     num_warps=t.num_warps)
         grid = (self.programs(),)

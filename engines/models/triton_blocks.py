@@ -350,32 +350,33 @@ if triton is not None:
         return t
 
     @triton.jit
-    def sample_rows_tile(logits, ids, V, greedy, temperature, top_k, top_p, prefix, MODE: tl.constexpr):
+    def sample_rows_tile(logits, ids, V, greedy, temperature, top_k, top_p, prefix, mode):
         """``sample_rows`` for a tile of rows: logits [SM, VP] fp32 (columns >= V are padding), the
-        rows' settings [SM]. MODE 0: argmax (every row greedy); 1: top-k, temperature, Gumbel-max;
-        2: and top-p. Ties: the first index, as torch.argmax. Thresholds by value, not by a sort:
-        top-k keeps x >= the k-th largest (ties included, as ``keep_top_k``); top-p drops a token
-        when the mass of the tokens above it is >= p, so tokens tied with the last one kept are all
-        kept (torch keeps whichever its sort put first)."""
+        rows' settings [SM]. ``mode`` (a run-time value, so one compiled kernel serves every batch)
+        0: argmax (every row greedy); 1: top-k, temperature, Gumbel-max; 2: and top-p. Ties: the
+        first index, as torch.argmax. Thresholds by value, not by a sort: top-k keeps x >= the k-th
+        largest (ties included, as ``keep_top_k``); top-p drops a token when the mass of the tokens
+        above it is >= p, so tokens tied with the last one kept are all kept (torch keeps whichever
+        its sort put first)."""
         x = tl.where(ids[None, :] < V, logits, float("-inf"))
-        greedy_id = tl.argmax(x, axis=1, tie_break_left=True)
-        if MODE == 0:
-            return greedy_id
-        k = tl.where(top_k > 0, top_k, V)
-        k = tl.minimum(tl.maximum(k, 1), V).to(tl.float32)
-        key = order_key(x)
-        # the largest t with >= k keys above it is the k-th largest key minus one (counts exact in fp32)
-        kth = largest_key_where(key, tl.full(x.shape, 1.0, tl.float32), k) + 1
-        x = tl.where(key < kth[:, None], float("-inf"), x)
-        x = x / tl.maximum(temperature, 1e-5)[:, None]
-        if MODE == 2:
-            e = tl.exp(x - tl.max(x, axis=1)[:, None])
-            probs = e / tl.sum(e, axis=1)[:, None]
+        code = tl.argmax(x, axis=1, tie_break_left=True)
+        if mode != 0:
+            k = tl.where(top_k > 0, top_k, V)
+            k = tl.minimum(tl.maximum(k, 1), V).to(tl.float32)
             key = order_key(x)
-            cut = largest_key_where(key, probs, top_p)  # tokens with mass >= p above them: key <= cut
-            x = tl.where((key <= cut[:, None]) & (top_p < 1.0)[:, None], float("-inf"), x)
-        sampled = tl.argmax(x + keyed_gumbel(prefix, ids), axis=1, tie_break_left=True)
-        return tl.where(greedy, greedy_id, sampled)
+            # the largest t with >= k keys above it is the k-th largest key minus one (counts exact in fp32)
+            kth = largest_key_where(key, tl.full(x.shape, 1.0, tl.float32), k) + 1
+            x = tl.where(key < kth[:, None], float("-inf"), x)
+            x = x / tl.maximum(temperature, 1e-5)[:, None]
+            if mode == 2:
+                e = tl.exp(x - tl.max(x, axis=1)[:, None])
+                probs = e / tl.sum(e, axis=1)[:, None]
+                key = order_key(x)
+                cut = largest_key_where(key, probs, top_p)  # tokens with mass >= p above them: key <= cut
+                x = tl.where((key <= cut[:, None]) & (top_p < 1.0)[:, None], float("-inf"), x)
+            sampled = tl.argmax(x + keyed_gumbel(prefix, ids), axis=1, tie_break_left=True)
+            code = tl.where(greedy, code, sampled)
+        return code
 
 
 __all__ = ["GPU_TILES", "INTERPRETER_TILES", "TileConfig", "interpreting", "kernels_run_on", "pow2", "stack_as_views",

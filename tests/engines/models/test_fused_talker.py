@@ -33,13 +33,13 @@ STREAMS = [  # (text, voice, language, greedy, seed): one greedy row and one sam
 FRAMES = 33  # max_new_tokens 34: the reference loop yields 33 frames unless EOS wins first
 
 
-def layer_case(sizes: dict, seed: int):
+def layer_case(sizes: dict, seed: int, device="cpu", dtype=torch.float32):
     """A talker, a pool holding random K/V for rows of 5, 33 and 70 positions (row 3 holds no
     block: a padding row) and one decode position per row."""
-    bundle = make_bundle(seed=seed, **sizes)
+    bundle = make_bundle(seed=seed, device=device, dtype=dtype, **sizes)
     talker, cfg = bundle.talker, bundle.talker.cfg
     cache = PagedKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 32, 16, 4, 128,
-                         torch.device("cpu"), torch.float32)
+                         torch.device(device), dtype)
     g = torch.Generator().manual_seed(seed + 1)
     for layer in range(cfg.num_hidden_layers):
         cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=g))
@@ -47,13 +47,13 @@ def layer_case(sizes: dict, seed: int):
     for row, n in enumerate((5, 33, 70)):
         cache.reserve(row, n + 1)
     cache.flush()
-    x = torch.randn(4, 1, cfg.hidden_size, generator=g)
-    return talker, cache, x, torch.tensor([0, 1, 2, 3]), torch.tensor([[5], [33], [70], [0]])
+    x = torch.randn(4, 1, cfg.hidden_size, generator=g).to(device, dtype)
+    return talker, cache, x, torch.tensor([0, 1, 2, 3], device=device), torch.tensor([[5], [33], [70], [0]], device=device)
 
 
 def decode_step(talker, cache, x, rows, positions):
     with torch.no_grad():
-        h = talker.forward_paged(x, positions, cache, rows, 5, talker.rope_table(128, torch.float32))
+        h = talker.forward_paged(x, positions, cache, rows, 5, talker.rope_table(128, x.dtype))
     return h, torch.stack(cache.k), torch.stack(cache.v)
 
 
@@ -122,6 +122,52 @@ def test_the_fused_step_gives_the_reference_codes_over_32_frames(fused):
         got = fused["streams"][f"s{i}"]
         assert want.shape[0] >= 32, "the stream should run at least 32 frames"
         assert torch.equal(got, want), (i, (got != want).nonzero()[:5].tolist() if got.shape == want.shape else got.shape)
+
+
+# --------------------------------------------------------------------------- on a GPU (scripts/gpu-verify.sh fused)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_on_cuda_the_fused_layer_equals_the_layer_at_the_released_widths(dtype):
+    """fp32 within 1e-4 (IEEE dots: no TF32), bf16 within bf16's rounding (both sides round at the
+    same points, sum in another order); the K/V written too."""
+    pytest.importorskip("triton")
+    from engines.models.fused_talker import FusedDecodeLayers
+
+    want = decode_step(*layer_case(RELEASED_0_6B, 2, "cuda", dtype))
+    talker, *case = layer_case(RELEASED_0_6B, 2, "cuda", dtype)
+    talker.decode_layer_step = FusedDecodeLayers(talker)
+    got = decode_step(talker, *case)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for g, w, what in zip(got, want, ("hidden", "keys", "values")):
+        g, w = (g[:3], w[:3]) if what == "hidden" else (g, w)
+        err = float((g.float() - w.float()).abs().max()) / max(1.0, float(w.float().abs().max()))
+        assert err <= tol, (what, err)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_graphed_fused_step_gives_the_reference_codes():
+    """Both fused parts inside the step's CUDA graphs (as the engine switches them on), fp32: every
+    code of both streams equals the plain reference loop's."""
+    pytest.importorskip("triton")
+    from engines.models.fused_predictor import FusedCodePredictor
+    from engines.models.fused_talker import FusedDecodeLayers
+    from engines.runtime.graphed_talker import GraphedTalkerStep
+
+    bundle = make_bundle(seed=4, eos_gain=0.5, max_new_tokens=FRAMES + 1, device="cuda")
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)
+    source.talker.decode_layer_step = FusedDecodeLayers(source.talker)
+    source.predictor = FusedCodePredictor(source.predictor, mode="persistent")
+    source.step_runner = GraphedTalkerStep(source.step_spec())
+    got = run_streams(source)
+    assert source.step_runner.captures > 0
+    reference = make_bundle(seed=4, eos_gain=0.5, max_new_tokens=FRAMES + 1, device="cuda")
+    for i, (text, voice, language, greedy, seed) in enumerate(STREAMS):
+        want = reference.generate_codes(text, voice, language, greedy=greedy, max_new_tokens=FRAMES + 1, seed=seed)
+        assert torch.equal(got[f"s{i}"].cpu(), want.cpu()), i
 
 
 if __name__ == "__main__":  # the interpreted half, in its own process
