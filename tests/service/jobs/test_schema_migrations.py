@@ -89,7 +89,7 @@ async def test_an_unversioned_sqlite_database_upgrades_with_its_rows(release, tm
         assert claimed.id == new.id
         assert await store.put_words(new.id, claimed.lease_token, "[]")
         assert await store.start_plan(new.id, claimed.lease_token, "plan", 2) == []
-        assert await store.put_segment(new.id, claimed.lease_token, 0, 4, b"\0" * 16, None)
+        assert await store.put_segment(new.id, claimed.lease_token, 0, 4, 1, b"\0" * 8, None)
     finally:
         await store.close()
     assert _sqlite_shape(data / "jobs.sqlite3") == _sqlite_shape(fresh / "jobs.sqlite3")
