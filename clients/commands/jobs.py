@@ -56,7 +56,7 @@ class ProgressBar:
         from tqdm import tqdm
 
         self.bar = tqdm(total=100.0, desc=f"job {job_id[:8]}", file=sys.stderr, disable=not enabled,
-                        bar_format="{desc}: {percentage:5.1f}%|{bar}| {postfix}", dynamic_ncols=True)
+                        bar_format="{desc}: {percentage:5.1f}%|{bar}|{postfix}", dynamic_ncols=True)
 
     def __call__(self, job: dict) -> None:
         progress = job["progress"]

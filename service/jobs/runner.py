@@ -339,7 +339,7 @@ class JobRunner:
         # Encoded as it arrives (service/synthesis/spool.py): the float32 signal is never held whole.
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         upload = AudioUpload(self.store, job.id, token, spool, self.quota)
-        segments = SegmentLog(self.store, job.id, token, parts, kept, self.quota)
+        segments = SegmentLog(self.store, job.id, token, parts, kept, self.quota, job.response_format)
         segment_ended = asyncio.Event()
         keeper = asyncio.create_task(self._keep_lease(job, meter, segment_ended))
 

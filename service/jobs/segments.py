@@ -10,9 +10,10 @@ resumes at the next one instead of starting over, and its captions span the whol
     words = log.captions()                                  # the whole job's word times
 
 A segment keeps its audio as played (its seams already faded: service/synthesis/sequence.py) as
-int16, the samples the job's file holds (a job's audio is 16-bit at 24 kHz): the float32 a replay
-hands the encoder gives back exactly those samples, so a resumed job's file holds the audio an
-uninterrupted run would have made, at half the space float32 took. Segments count against
+the int16 samples the job's file holds (a job's audio is 16-bit at 24 kHz), quantized as that
+file's encoder quantizes (:data:`FORMAT_ENCODINGS`): the float32 a replay hands the encoder gives
+back exactly those samples, so a resumed job's file holds the audio an uninterrupted run would
+have made, at half the space float32 took. Segments count against
 ``--jobs-disk-quota-mb`` as they are kept (service/jobs/quota.py). A plan that changed between
 attempts (another ``--utterance-max-frames``, another release) starts over.
 """
@@ -27,19 +28,31 @@ import numpy as np
 
 from engines.contract import SAMPLE_RATE, Alignment
 from service.jobs.quota import DiskQuota
-from service.jobs.store.base import SEGMENT_F32, SEGMENT_S16, JobStore, Segment
+from service.jobs.store.base import SEGMENT_F32, JobStore, Segment
 from service.synthesis.audio import to_pcm16
 from service.synthesis.plan import Part, Pause
 from service.synthesis.timestamps import shift_words, words_json
 
 
-PCM16_SCALE = 32767.0  # to_pcm16's: int16 -> float32 by it maps back to the same int16
+# int16 per unit of float32 audio, by segment encoding: the WAV encoder's (to_pcm16: by 32767,
+# clipped to +-1) and libsndfile's FLAC (by 32768, clipped to int16). int16 / scale maps back to
+# the same int16 through the same encoder.
+SEGMENT_SCALES = {"s16": 32767.0, "s16-flac": 32768.0}
+FORMAT_ENCODINGS = {"wav": "s16", "flac": "s16-flac"}  # a job's response format -> its segments'
+
+
+def segment_bytes(pcm: np.ndarray, encoding: str) -> bytes:
+    """``pcm`` (float32) as a segment of ``encoding`` keeps it: the int16 its file holds."""
+    if encoding == "s16":
+        return to_pcm16(pcm)
+    scaled = np.round(np.asarray(pcm, dtype=np.float32) * np.float32(SEGMENT_SCALES[encoding]))
+    return np.clip(scaled, -32768, 32767).astype("<i2").tobytes()
 
 
 def segment_pcm(data: bytes, encoding: str) -> np.ndarray:
     """A kept segment's audio as float32, from how it was stored."""
-    if encoding == SEGMENT_S16:
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(PCM16_SCALE)
+    if encoding in SEGMENT_SCALES:
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(SEGMENT_SCALES[encoding])
     if encoding == SEGMENT_F32:  # kept before segments were int16
         return np.frombuffer(data, dtype="<f4")
     raise RuntimeError(f"kept segment in an unknown encoding {encoding[:16]!r}")
@@ -55,8 +68,9 @@ class SegmentLog:
     """One attempt's record of its job's segments: those kept before it and those it finishes."""
 
     def __init__(self, store: JobStore, job_id: str, token: str, parts: list[Part], kept: list[Segment],
-                 quota: DiskQuota | None = None):
+                 quota: DiskQuota | None = None, response_format: str = "wav"):
         self.store, self.job_id, self.token = store, job_id, token
+        self.encoding = FORMAT_ENCODINGS[response_format]
         self.quota = quota or DiskQuota(store, 0)
         self.texts = [None if isinstance(p, Pause) else p.text for p in parts]
         self.kept = kept
@@ -86,10 +100,10 @@ class SegmentLog:
         longer holds the job. Safe to call again after a failure."""
         pcm = np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)
         words = words_json(alignment) if alignment is not None else None
-        data = to_pcm16(pcm)
+        data = segment_bytes(pcm, self.encoding)
         words_text = json.dumps(words) if words else None
         if not await self.quota.admit(len(data) + len(words_text or ""), lambda: self.store.put_segment(
-                self.job_id, self.token, self.done, int(pcm.size), frames, data, words_text)):
+                self.job_id, self.token, self.done, int(pcm.size), frames, data, words_text, self.encoding)):
             return False
         self.samples.append(int(pcm.size))
         self.words.append(words)
@@ -111,4 +125,4 @@ class SegmentLog:
         return out or None
 
 
-__all__ = ["SegmentLog", "plan_key", "segment_pcm"]
+__all__ = ["FORMAT_ENCODINGS", "SegmentLog", "plan_key", "segment_bytes", "segment_pcm"]

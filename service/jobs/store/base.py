@@ -90,12 +90,13 @@ class Job:
     eta_at: float | None = None  # when the running attempt expects to end (Unix seconds)
 
     def percent(self) -> float:
-        """How much of the job is done: its frames (its utterances when it plans none), 0-100."""
+        """How much of the job is done: its frames (its utterances when it plans none), 0-100;
+        100 only once it has succeeded (a part that runs past its plan's estimate is not done)."""
         if self.status == "succeeded":
             return 100.0
         done, total = ((self.frames_done, self.frames_total) if self.frames_total
                        else (self.utterances_done, self.utterances_total))
-        return round(min(100.0, 100.0 * done / total), 1) if total else 0.0
+        return round(min(99.9, 100.0 * done / total), 1) if total else 0.0
 
     def seconds_left(self, now: float) -> float | None:
         """The running attempt's estimate of the time to its end; None when it has none yet."""
@@ -219,9 +220,9 @@ class Segment:
     frames: int = 0  # codec frames it took (0 for a pause, and for a segment kept before they were counted)
 
 
-# How a kept segment's PCM is stored (``job_segments.encoding``): int16 little endian, the samples
-# the job's file holds; float32 little endian, as segments were kept before.
-SEGMENT_S16, SEGMENT_F32 = "s16", "f32"
+# A kept segment's PCM as segments were kept before they were int16 (``job_segments.encoding``;
+# the int16 ones: service/jobs/segments.py).
+SEGMENT_F32 = "f32"
 
 
 def kept_in_order(rows) -> list[Segment]:
@@ -338,13 +339,14 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     async def put_segment(self, job_id: str, token: str, index: int, samples: int, frames: int, pcm: bytes,
-                          words: str | None) -> bool:
-        """Keep finished segment ``index`` (int16 PCM: SEGMENT_S16; the codec frames it took; its
-        word times); False when the lease is no longer ours. Utterances done follow."""
+                          words: str | None, encoding: str) -> bool:
+        """Keep finished segment ``index`` (its PCM as ``encoding`` says: service/jobs/segments.py;
+        the codec frames it took; its word times); False when the lease is no longer ours.
+        Utterances done follow."""
 
     @abc.abstractmethod
     async def read_segment(self, job_id: str, index: int) -> tuple[bytes, str] | None:
-        """A kept segment's PCM and its encoding (SEGMENT_S16 or SEGMENT_F32); None when it is not kept."""
+        """A kept segment's PCM and its encoding; None when it is not kept."""
 
     async def put_words(self, job_id: str, token: str, words: str) -> bool:
         """Store the word timestamps (JSON text) of the running attempt holding ``token``;

@@ -33,7 +33,6 @@ from service.jobs.store.base import (
     KEPT_PROGRESS,
     LOST,
     RENEWED,
-    SEGMENT_S16,
     SUMMARY_SELECT,
     Clock,
     Job,
@@ -270,7 +269,7 @@ class PostgresJobStore(JobStore):
                                sum(s.samples for s in kept), sum(s.frames for s in kept))
         return kept
 
-    async def put_segment(self, job_id, token, index, samples, frames, pcm, words) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding) -> bool:
         async with self.connection() as conn, conn.transaction():
             held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
                                        "AND status = 'running' FOR UPDATE", job_id, token)
@@ -280,7 +279,7 @@ class PostgresJobStore(JobStore):
                                "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id, idx) DO UPDATE SET "
                                "samples = EXCLUDED.samples, frames = EXCLUDED.frames, pcm = EXCLUDED.pcm, "
                                "words = EXCLUDED.words, encoding = EXCLUDED.encoding",
-                               job_id, index, samples, frames, pcm, _text(words), SEGMENT_S16)
+                               job_id, index, samples, frames, pcm, _text(words), encoding)
             await conn.execute("UPDATE jobs SET utterances_done = $2, audio_samples = (SELECT coalesce(sum(samples), 0) "
                                "FROM job_segments WHERE job_id = $1) WHERE id = $1", job_id, index + 1)
         return True

@@ -33,7 +33,6 @@ from service.jobs.store.base import (
     KEPT_PROGRESS,
     LOST,
     RENEWED,
-    SEGMENT_S16,
     SUMMARY_SELECT,
     Clock,
     Job,
@@ -276,12 +275,12 @@ class SqliteJobStore(JobStore):
             return kept
         return await self._call(start)
 
-    async def put_segment(self, job_id, token, index, samples, frames, pcm, words) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding) -> bool:
         def put():
             if not self._holds(job_id, token):
                 return False
             self._execute("INSERT OR REPLACE INTO job_segments (job_id, idx, samples, frames, pcm, words, encoding) "
-                          "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, index, samples, frames, pcm, words, SEGMENT_S16))
+                          "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, index, samples, frames, pcm, words, encoding))
             self._execute("UPDATE jobs SET utterances_done = ?, audio_samples = (SELECT coalesce(sum(samples), 0) "
                           "FROM job_segments WHERE job_id = ?) WHERE id = ?", (index + 1, job_id, job_id))
             # into the database file at once: the WAL never holds a second copy of the segments

@@ -219,7 +219,7 @@ async def test_progress_is_planned_at_submit_and_kept_across_attempts(store):
     [first] = await store.claim("a", 1, LEASE)
     assert first.attempts == 1 and first.started_at is not None
     assert await store.start_plan(job.id, first.lease_token, "plan", 3) == []
-    assert await store.put_segment(job.id, first.lease_token, 0, 48_000, 25, b"\0\0" * 48_000, None)
+    assert await store.put_segment(job.id, first.lease_token, 0, 48_000, 25, b"\0\0" * 48_000, None, "s16")
     assert await store.renew(job.id, first.lease_token, LEASE, Progress(40, 90, 1, 3, 60_000, eta_at=time.time() + 9))
     running = await store.get(job.id)
     assert (running.frames_done, running.frames_total, running.utterances_done, running.audio_samples) == \
@@ -251,7 +251,7 @@ async def test_what_a_job_keeps_is_counted_and_given_back_when_it_ends(store, tm
     segment = 24_000 * 10 * 2  # 10 s of int16
     for index in range(6):
         assert await store.put_segment(job.id, claimed.lease_token, index, segment // 2, 125,
-                                       bytes([index]) * segment, None)
+                                       bytes([index]) * segment, None, "s16")
     assert await store.put_audio(job.id, claimed.lease_token, 0, b"a" * 100_000)
     assert await store.stored_bytes() >= idle + 6 * segment + 100_000
     assert await store.finish(job.id, claimed.lease_token, "failed", error="storage_full: test")
