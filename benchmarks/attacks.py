@@ -28,10 +28,19 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
 * cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
                  cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
                  for tracebacks and its growth)
+* job_listing  - 30 jobs of 198,000 characters (Chinese: stored as JSON, 6 bytes a character), each
+                 cancelled at once, then ``GET /v1/jobs?limit=1000`` over them in a loop (a list reads
+                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
 report as one JSON line.
+
+``python benchmarks/attacks.py list-jobs URL PID [JOBS]`` measures one attack alone: the server's
+peak RSS during each ``GET /v1/jobs`` call (``/proc/PID``: VmHWM, reset before each call by
+``clear_refs``, which needs the server's user or root) and the call's time, over JOBS (150)
+cancelled jobs of 198,000 characters (on a server with ``--job-workers 0``, which runs none of
+them meanwhile, and its work limits off, which would refuse such a job on the DiT).
 """
 
 from __future__ import annotations
@@ -544,6 +553,69 @@ async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
         await asyncio.sleep(2.0)
 
 
+LISTED_JOB_CHARS = 198_000  # under the default --max-job-chars (200,000)
+LIST_CALLS = 5
+
+
+async def cancelled_long_jobs(http: aiohttp.ClientSession, url: str, count: int, report: AttackReport) -> None:
+    """``count`` jobs of LISTED_JOB_CHARS characters, each cancelled as soon as it is made (so the
+    caps on unfinished jobs never refuse the next)."""
+    text = ("这是一本很长的书里的一章，没有人会去听它。" * (LISTED_JOB_CHARS // 20 + 1))[:LISTED_JOB_CHARS]
+    for i in range(count):
+        async with http.post(url + "/v1/jobs", json={"input": text, "seed": i}) as r:
+            report.count("job_listing", r.status)
+            job = await r.json() if r.status == 202 else None
+        if job is not None:
+            async with http.delete(f"{url}/v1/jobs/{job['id']}") as r:
+                await r.read()
+                report.count("job_listing", r.status)
+
+
+async def job_listing(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    await cancelled_long_jobs(http, url, 30, report)
+    while time.monotonic() < deadline:
+        async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+            await r.read()
+            report.count("job_listing", r.status)
+        await asyncio.sleep(0.5)
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as handle:
+        handle.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+async def measure_job_listing(url: str, pid: int, jobs: int = 150) -> list[tuple[str, str]]:
+    """The server's RSS and the time of LIST_CALLS list calls over ``jobs`` long cancelled jobs."""
+    report = AttackReport()
+    async with aiohttp.ClientSession() as http:
+        await cancelled_long_jobs(http, url, jobs, report)
+        assert report.server_errors == 0 and report.statuses[("job_listing", 202)] == jobs, report.statuses
+        before = _status_mb(pid, "VmRSS")
+        peaks, after, seconds = [], [], []
+        for _ in range(LIST_CALLS):
+            _reset_peak_rss(pid)
+            start = time.perf_counter()
+            async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+                listed = (await r.json())["data"]
+            seconds.append(time.perf_counter() - start)
+            peaks.append(_status_mb(pid, "VmHWM"))
+            after.append(_status_mb(pid, "VmRSS"))
+    assert len(listed) >= jobs
+    return [("jobs listed (cancelled, 198,000 characters each)", f"{len(listed)}"),
+            ("server RSS before the first list MiB", f"{before:.0f}"),
+            (f"server peak RSS during each of {LIST_CALLS} lists MiB", ", ".join(f"{x:.0f}" for x in peaks)),
+            ("server RSS after each list MiB", ", ".join(f"{x:.0f}" for x in after)),
+            ("list call seconds (each)", ", ".join(f"{x:.3f}" for x in seconds))]
+
+
 async def run_attacks(url: str, deadline: float) -> AttackReport:
     """Every attack until ``deadline``; then whatever is still in flight is dropped (a
     hostile client simply goes away)."""
@@ -557,7 +629,8 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
-            log_forging(url, deadline, report), cap_flood(url, deadline, report))]
+            log_forging(url, deadline, report), cap_flood(url, deadline, report),
+            job_listing(http, url, deadline, report))]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()
@@ -585,5 +658,10 @@ def report_from_json(line: str) -> AttackReport:
 
 
 if __name__ == "__main__":
-    url, seconds = sys.argv[1], float(sys.argv[2])
-    print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds))))
+    if sys.argv[1] == "list-jobs":
+        rows = asyncio.run(measure_job_listing(sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:5])))
+        for name, value in rows:
+            print(f"{name:<56}{value}")
+    else:
+        url, seconds = sys.argv[1], float(sys.argv[2])
+        print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds))))
