@@ -151,6 +151,11 @@ ALTER TABLE job_segments ADD COLUMN encoding TEXT NOT NULL DEFAULT 'f32';
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
+def migrated(before: int) -> str:
+    """The one log line of a migration that took a database from ``before`` (0: none) to now."""
+    return f"schema migrated to v{SCHEMA_VERSION}" + (f" from v{before}" if before else "")
+
+
 def pending(version: int) -> list[Migration]:
     """The steps a database at ``version`` (0: none yet) still needs, in order; SchemaTooNew
     when a newer streamvox migrated it."""

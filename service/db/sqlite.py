@@ -14,7 +14,7 @@ import logging
 import re
 import sqlite3
 
-from service.db.schema import pending
+from service.db.schema import migrated, pending
 
 log = logging.getLogger("streamvox.db")
 
@@ -45,15 +45,17 @@ def migrate(db: sqlite3.Connection) -> int:
     try:
         db.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version INTEGER NOT NULL)")
         version = db.execute("SELECT max(version) FROM streamvox_schema").fetchone()[0] or 0
-        for step in pending(version):
+        steps = pending(version)
+        for step in steps:
             for statement in statements(step.sqlite):
                 added = _ADD_COLUMN.match(statement)
                 if version == 0 and added and _has_column(db, *added.groups()):
                     continue  # a database from before versions gained this column already
                 db.execute(statement)
             db.execute("INSERT INTO streamvox_schema (version) VALUES (?)", (step.version,))
-            log.info("job store: schema migrated to v%d", step.version)
         db.execute("COMMIT")
+        if steps:  # one line, however many steps (a new data dir takes them all)
+            log.info("job store: %s", migrated(version))
     except BaseException:
         db.execute("ROLLBACK")
         raise
