@@ -13,10 +13,10 @@ every few seconds, for the leases of replicas that died. While a job runs:
   audio and segments dropped;
 * a claimed job whose stored record does not parse (``Job.corrupt``) is failed, not run; nothing
   a job holds stops the dispatcher;
-* its progress over the whole plan (service/jobs/progress.py) is recorded every
-  ``PROGRESS_SECONDS`` and as each segment ends, with a renewal of its lease (at least every third
-  of ``--job-lease-seconds``). A renewal that finds the job cancelled (DELETE on any replica) or
-  its lease gone stops the engine work;
+* its progress over the whole plan (service/jobs/progress.py) is recorded with each segment it
+  keeps and every ``PROGRESS_SECONDS`` with a renewal of its lease (at least every third of
+  ``--job-lease-seconds``). A renewal that finds the job cancelled (DELETE on any replica) or its
+  lease gone stops the engine work;
 * its completion is fenced by the lease token: it is recorded once, by the attempt that holds
   the lease, whatever happened to other attempts.
 
@@ -312,15 +312,11 @@ class JobRunner:
             self._prompt_ids.popitem(last=False)
 
     # -- one running job ------------------------------------------------------------------
-    async def _keep_lease(self, job: Job, meter: ProgressMeter, changed: asyncio.Event) -> None:
-        """Renew the lease with the job's progress every ``progress_seconds``, and at once when
-        ``changed`` (a segment ended)."""
+    async def _keep_lease(self, job: Job, meter: ProgressMeter) -> None:
+        """Renew the lease with the job's progress every ``progress_seconds`` (a segment that ends
+        records it too, with the segment)."""
         while True:
-            try:
-                await asyncio.wait_for(changed.wait(), self.progress_seconds)
-            except asyncio.TimeoutError:
-                pass
-            changed.clear()
+            await asyncio.sleep(self.progress_seconds)
             try:
                 outcome = await self.store.renew(job.id, job.lease_token, self.lease_seconds, meter.progress())
             except StoreUnavailable as exc:
@@ -340,8 +336,7 @@ class JobRunner:
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         upload = AudioUpload(self.store, job.id, token, spool, self.quota)
         segments = SegmentLog(self.store, job.id, token, parts, kept, self.quota, job.response_format)
-        segment_ended = asyncio.Event()
-        keeper = asyncio.create_task(self._keep_lease(job, meter, segment_ended))
+        keeper = asyncio.create_task(self._keep_lease(job, meter))
 
         async def write(pcm) -> None:  # into the spool, copied into the store as it grows
             await asyncio.to_thread(spool.write, pcm)
@@ -363,10 +358,10 @@ class JobRunner:
                 meter.update(chunk.frames_done, spool.samples)
                 if len(kept) + stream.parts_done > segments.done:  # a segment ended: kept for a resume
                     frames = meter.part_ended()
+                    progress = meter.progress()
                     if not await self._until_stored(lambda: segments.end_segment(stream.ended_part_alignment,
-                                                                                 frames)):
+                                                                                 frames, progress)):
                         raise LeaseLost(job.id)
-                    segment_ended.set()
                 if chunk.is_final:
                     break
             if job.id in self.stopped:

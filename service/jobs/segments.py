@@ -6,7 +6,7 @@ resumes at the next one instead of starting over, and its captions span the whol
     kept = await store.start_plan(job.id, token, key, len(parts))
     log = SegmentLog(store, job.id, token, parts, kept, quota)
     await log.replay(write)                                 # the kept segments' audio, in order
-    log.add(pcm) ... await log.end_segment(alignment, frames)   # as the rest is spoken
+    log.add(pcm) ... await log.end_segment(alignment, frames, progress)   # as the rest is spoken
     words = log.captions()                                  # the whole job's word times
 
 A segment keeps its audio as played (its seams already faded: service/synthesis/sequence.py) as
@@ -28,7 +28,7 @@ import numpy as np
 
 from engines.contract import SAMPLE_RATE, Alignment
 from service.jobs.quota import DiskQuota
-from service.jobs.store.base import SEGMENT_F32, JobStore, Segment
+from service.jobs.store.base import SEGMENT_F32, JobStore, Progress, Segment
 from service.synthesis.audio import to_pcm16
 from service.synthesis.plan import Part, Pause
 from service.synthesis.timestamps import shift_words, words_json
@@ -94,16 +94,16 @@ class SegmentLog:
         if pcm.size:
             self._audio.append(np.asarray(pcm, dtype=np.float32))
 
-    async def end_segment(self, alignment: Alignment | None, frames: int = 0) -> bool:
+    async def end_segment(self, alignment: Alignment | None, frames: int = 0, progress: Progress | None = None) -> bool:
         """The segment being spoken ended (its word times from its start; the codec frames it
-        took): kept in the store, within the quota (QuotaExceeded); False when this attempt no
-        longer holds the job. Safe to call again after a failure."""
+        took; the job's progress with it): kept in the store, within the quota (QuotaExceeded);
+        False when this attempt no longer holds the job. Safe to call again after a failure."""
         pcm = np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)
         words = words_json(alignment) if alignment is not None else None
         data = segment_bytes(pcm, self.encoding)
         words_text = json.dumps(words) if words else None
         if not await self.quota.admit(len(data) + len(words_text or ""), lambda: self.store.put_segment(
-                self.job_id, self.token, self.done, int(pcm.size), frames, data, words_text, self.encoding)):
+                self.job_id, self.token, self.done, int(pcm.size), frames, data, words_text, self.encoding, progress)):
             return False
         self.samples.append(int(pcm.size))
         self.words.append(words)

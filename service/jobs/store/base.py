@@ -339,10 +339,11 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     async def put_segment(self, job_id: str, token: str, index: int, samples: int, frames: int, pcm: bytes,
-                          words: str | None, encoding: str) -> bool:
+                          words: str | None, encoding: str, progress: Progress | None = None) -> bool:
         """Keep finished segment ``index`` (its PCM as ``encoding`` says: service/jobs/segments.py;
-        the codec frames it took; its word times); False when the lease is no longer ours.
-        Utterances done follow."""
+        the codec frames it took; its word times); False when the lease is no longer ours. The
+        job's progress moves with it, in the same write: ``progress``, or (None) what its kept
+        segments hold (KEPT_PROGRESS)."""
 
     @abc.abstractmethod
     async def read_segment(self, job_id: str, index: int) -> tuple[bytes, str] | None:

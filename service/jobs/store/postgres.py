@@ -269,7 +269,7 @@ class PostgresJobStore(JobStore):
                                sum(s.samples for s in kept), sum(s.frames for s in kept))
         return kept
 
-    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding, progress=None) -> bool:
         async with self.connection() as conn, conn.transaction():
             held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
                                        "AND status = 'running' FOR UPDATE", job_id, token)
@@ -280,8 +280,14 @@ class PostgresJobStore(JobStore):
                                "samples = EXCLUDED.samples, frames = EXCLUDED.frames, pcm = EXCLUDED.pcm, "
                                "words = EXCLUDED.words, encoding = EXCLUDED.encoding",
                                job_id, index, samples, frames, pcm, _text(words), encoding)
-            await conn.execute("UPDATE jobs SET utterances_done = $2, audio_samples = (SELECT coalesce(sum(samples), 0) "
-                               "FROM job_segments WHERE job_id = $1) WHERE id = $1", job_id, index + 1)
+            if progress is None:
+                await conn.execute(f"UPDATE jobs SET {KEPT_PROGRESS} WHERE id = $1", job_id)
+            else:
+                p = progress
+                await conn.execute("UPDATE jobs SET frames_done = $2, frames_total = $3, utterances_done = $4, "
+                                   "utterances_total = $5, audio_samples = $6, eta_at = $7 WHERE id = $1", job_id,
+                                   p.frames_done, p.frames_total, p.utterances_done, p.utterances_total,
+                                   p.audio_samples, p.eta_at)
         return True
 
     async def read_segment(self, job_id, index) -> tuple[bytes, str] | None:

@@ -187,18 +187,20 @@ class SqliteJobStore(JobStore):
                 cursor = self._execute("UPDATE jobs SET lease_expires = ? WHERE id = ? AND lease_token = ? "
                                        "AND status = 'running'", (expires, job_id, token))
             else:
-                p = progress
-                cursor = self._execute(
-                    "UPDATE jobs SET lease_expires = ?, frames_done = ?, frames_total = ?, utterances_done = ?, "
-                    "utterances_total = ?, audio_samples = ?, eta_at = ? "
-                    "WHERE id = ? AND lease_token = ? AND status = 'running'",
-                    (expires, p.frames_done, p.frames_total, p.utterances_done, p.utterances_total, p.audio_samples,
-                     p.eta_at, job_id, token))
+                cursor = self._execute(f"UPDATE jobs SET lease_expires = ?, {self._PROGRESS} "
+                                       "WHERE id = ? AND lease_token = ? AND status = 'running'",
+                                       (expires, *self._progress(progress), job_id, token))
             if cursor.rowcount == 1:
                 return RENEWED
             row = self._execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
             return CANCELLED if row is not None and row["status"] == "cancelled" else LOST
         return await self._call(renew)
+
+    _PROGRESS = "frames_done = ?, frames_total = ?, utterances_done = ?, utterances_total = ?, audio_samples = ?, eta_at = ?"
+
+    @staticmethod
+    def _progress(p: Progress) -> tuple:
+        return p.frames_done, p.frames_total, p.utterances_done, p.utterances_total, p.audio_samples, p.eta_at
 
     def _holds(self, job_id: str, token: str) -> bool:
         row = self._execute("SELECT 1 FROM jobs WHERE id = ? AND lease_token = ? AND status = 'running'",
@@ -275,14 +277,16 @@ class SqliteJobStore(JobStore):
             return kept
         return await self._call(start)
 
-    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding, progress=None) -> bool:
         def put():
             if not self._holds(job_id, token):
                 return False
             self._execute("INSERT OR REPLACE INTO job_segments (job_id, idx, samples, frames, pcm, words, encoding) "
                           "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, index, samples, frames, pcm, words, encoding))
-            self._execute("UPDATE jobs SET utterances_done = ?, audio_samples = (SELECT coalesce(sum(samples), 0) "
-                          "FROM job_segments WHERE job_id = ?) WHERE id = ?", (index + 1, job_id, job_id))
+            if progress is None:
+                self._execute(f"UPDATE jobs SET {KEPT_PROGRESS} WHERE id = ?", (job_id,))
+            else:
+                self._execute(f"UPDATE jobs SET {self._PROGRESS} WHERE id = ?", (*self._progress(progress), job_id))
             # into the database file at once: the WAL never holds a second copy of the segments
             self._execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return True
