@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from service.db.schema import SCHEMA_VERSION, migrated, pending
+from service.db.schema import SCHEMA_VERSION, log_migration, pending
 from service.db.urls import redact_url
 from service.errors import StoreUnavailable
 
@@ -85,13 +85,11 @@ class Database:
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
             await conn.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version integer NOT NULL)")
             version = await conn.fetchval("SELECT max(version) FROM streamvox_schema") or 0
-            steps = pending(version)
-            for step in steps:
+            for step in pending(version):
                 if step.postgresql:
                     await conn.execute(step.postgresql)
                 await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", step.version)
-            if steps:
-                log.info("database: %s", migrated(version))
+        log_migration("database", version)
 
     async def close(self) -> None:
         if self._pool is not None:

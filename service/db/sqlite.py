@@ -10,13 +10,10 @@ step from the first, and an ``ADD COLUMN`` of a column it has is skipped (SQLite
 
 from __future__ import annotations
 
-import logging
 import re
 import sqlite3
 
-from service.db.schema import migrated, pending
-
-log = logging.getLogger("streamvox.db")
+from service.db.schema import log_migration, pending
 
 _ADD_COLUMN = re.compile(r"\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)", re.I)
 
@@ -45,8 +42,7 @@ def migrate(db: sqlite3.Connection) -> int:
     try:
         db.execute("CREATE TABLE IF NOT EXISTS streamvox_schema (version INTEGER NOT NULL)")
         version = db.execute("SELECT max(version) FROM streamvox_schema").fetchone()[0] or 0
-        steps = pending(version)
-        for step in steps:
+        for step in pending(version):
             for statement in statements(step.sqlite):
                 added = _ADD_COLUMN.match(statement)
                 if version == 0 and added and _has_column(db, *added.groups()):
@@ -54,9 +50,8 @@ def migrate(db: sqlite3.Connection) -> int:
                 db.execute(statement)
             db.execute("INSERT INTO streamvox_schema (version) VALUES (?)", (step.version,))
         db.execute("COMMIT")
-        if steps:  # one line, however many steps (a new data dir takes them all)
-            log.info("job store: %s", migrated(version))
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    log_migration("job store", version)
     return version

@@ -196,14 +196,3 @@ async def test_a_postgresql_database_at_v1_upgrades_with_its_rows(postgres):
         finally:
             await conn.close()
 
-
-async def test_a_new_store_says_its_schema_once(tmp_path, pg_url, caplog):
-    """A fresh data dir (or database) logs one line for its schema, not one per version."""
-    import logging
-
-    caplog.set_level(logging.INFO, logger="streamvox.db")
-    await _open_and_close(SqliteJobStore(tmp_path / "data"))
-    await _open_and_close(PostgresJobStore(pg_url, pool_size=1))
-    lines = [r.getMessage() for r in caplog.records if "schema" in r.getMessage()]
-    assert [line for line in lines if "migrated" in line] == \
-        [f"job store: schema migrated to v{SCHEMA_VERSION}", f"database: schema migrated to v{SCHEMA_VERSION}"]
