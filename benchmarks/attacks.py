@@ -30,7 +30,8 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  for tracebacks and its growth)
 * job_listing  - 30 jobs of 198,000 characters (Chinese: stored as JSON, 6 bytes a character), each
                  cancelled at once, then ``GET /v1/jobs?limit=1000`` over them in a loop (a list reads
-                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs)
+                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs;
+                 a server whose work limits refuse such a job answers 413 and lists fewer)
 * breaks       - ``<break time=1s`` and 4,000 spaces that never reach ``>`` (a backtracking pattern
                  took tens of seconds over it) on every surface that takes text (400 / an error
                  message), and 255 x ``<break time=10s>`` (42 min of silence in 4 KB) as mp3 from the
