@@ -28,6 +28,10 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
 * cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
                  cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
                  for tracebacks and its growth)
+* job_listing  - 30 jobs of 198,000 characters (Chinese: stored as JSON, 6 bytes a character), each
+                 cancelled at once, then ``GET /v1/jobs?limit=1000`` over them in a loop (a list reads
+                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs;
+                 a server whose work limits refuse such a job answers 413 and lists fewer)
 * breaks       - ``<break time=1s`` and 4,000 spaces that never reach ``>`` (a backtracking pattern
                  took tens of seconds over it) on every surface that takes text (400 / an error
                  message), and 255 x ``<break time=10s>`` (42 min of silence in 4 KB) as mp3 from the
@@ -41,6 +45,12 @@ slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS
 report as one JSON line. ``python benchmarks/attacks.py URL --breaks [NAME]`` runs the break
 attacks (those whose name holds NAME) once each, one after the other, and prints each one's longest
 ``/healthz`` wait (a table).
+
+``python benchmarks/attacks.py list-jobs URL PID [JOBS]`` measures one attack alone: the server's
+peak RSS during each ``GET /v1/jobs`` call (``/proc/PID``: VmHWM, reset before each call by
+``clear_refs``, which needs the server's user or root) and the call's time, over JOBS (150)
+cancelled jobs of 198,000 characters (on a server with ``--job-workers 0``, which runs none of
+them meanwhile, and its work limits off, which would refuse such a job on the DiT).
 """
 
 from __future__ import annotations
@@ -556,6 +566,69 @@ async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
         await asyncio.sleep(2.0)
 
 
+LISTED_JOB_CHARS = 198_000  # under the default --max-job-chars (200,000)
+LIST_CALLS = 5
+
+
+async def cancelled_long_jobs(http: aiohttp.ClientSession, url: str, count: int, report: AttackReport) -> None:
+    """``count`` jobs of LISTED_JOB_CHARS characters, each cancelled as soon as it is made (so the
+    caps on unfinished jobs never refuse the next)."""
+    text = ("这是一本很长的书里的一章，没有人会去听它。" * (LISTED_JOB_CHARS // 20 + 1))[:LISTED_JOB_CHARS]
+    for i in range(count):
+        async with http.post(url + "/v1/jobs", json={"input": text, "seed": i}) as r:
+            report.count("job_listing", r.status)
+            job = await r.json() if r.status == 202 else None
+        if job is not None:
+            async with http.delete(f"{url}/v1/jobs/{job['id']}") as r:
+                await r.read()
+                report.count("job_listing", r.status)
+
+
+async def job_listing(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    await cancelled_long_jobs(http, url, 30, report)
+    while time.monotonic() < deadline:
+        async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+            await r.read()
+            report.count("job_listing", r.status)
+        await asyncio.sleep(0.5)
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as handle:
+        handle.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+async def measure_job_listing(url: str, pid: int, jobs: int = 150) -> list[tuple[str, str]]:
+    """The server's RSS and the time of LIST_CALLS list calls over ``jobs`` long cancelled jobs."""
+    report = AttackReport()
+    async with aiohttp.ClientSession() as http:
+        await cancelled_long_jobs(http, url, jobs, report)
+        assert report.server_errors == 0 and report.statuses[("job_listing", 202)] == jobs, report.statuses
+        before = _status_mb(pid, "VmRSS")
+        peaks, after, seconds = [], [], []
+        for _ in range(LIST_CALLS):
+            _reset_peak_rss(pid)
+            start = time.perf_counter()
+            async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+                listed = (await r.json())["data"]
+            seconds.append(time.perf_counter() - start)
+            peaks.append(_status_mb(pid, "VmHWM"))
+            after.append(_status_mb(pid, "VmRSS"))
+    assert len(listed) >= jobs
+    return [("jobs listed (cancelled, 198,000 characters each)", f"{len(listed)}"),
+            ("server RSS before the first list MiB", f"{before:.0f}"),
+            (f"server peak RSS during each of {LIST_CALLS} lists MiB", ", ".join(f"{x:.0f}" for x in peaks)),
+            ("server RSS after each list MiB", ", ".join(f"{x:.0f}" for x in after)),
+            ("list call seconds (each)", ", ".join(f"{x:.3f}" for x in seconds))]
+
+
 class HealthProbe:
     """``GET /healthz`` in a loop on a thread of its own (never behind the attackers' event loop),
     from 127.0.0.1: the longest wait for an answer while it runs (``longest_s``)."""
@@ -696,7 +769,8 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
-            log_forging(url, deadline, report), cap_flood(url, deadline, report), breaks(http, url, deadline, report))]
+            log_forging(url, deadline, report), cap_flood(url, deadline, report), breaks(http, url, deadline, report),
+            job_listing(http, url, deadline, report))]
         with HealthProbe(url) as probe:
             done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         report.health_longest_s = probe.longest_s
@@ -728,7 +802,11 @@ def report_from_json(line: str) -> AttackReport:
 
 
 if __name__ == "__main__":
-    if sys.argv[2:3] == ["--breaks"]:  # [a part of the attacks' names]
+    if sys.argv[1] == "list-jobs":
+        rows = asyncio.run(measure_job_listing(sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:5])))
+        for name, value in rows:
+            print(f"{name:<56}{value}")
+    elif sys.argv[2:3] == ["--breaks"]:  # [a part of the attacks' names]
         print(f"{'break attack':<34} {'status':>6} {'longest /healthz wait ms':>24} {'took s':>7}")
         for name, status, longest, took in asyncio.run(breaks_once(sys.argv[1], "".join(sys.argv[3:4]))):
             print(f"{name:<34} {status:>6} {longest * 1000:>24.1f} {took:>7.2f}")

@@ -134,6 +134,22 @@ CREATE TABLE IF NOT EXISTS job_segments (
     PRIMARY KEY (job_id, idx)
 );
 """),
+    # Listing reads summaries, never a job's input: its response format gets a column (rows from
+    # before keep NULL, and the list reads their params instead). Progress over the whole plan:
+    # when the running attempt expects to end (``eta_at``, seconds since the epoch), and each kept
+    # segment's codec frames. Segments from now on are int16 PCM (``s16``: half of float32, and the
+    # samples the job's file holds); those kept before stay float32 (``f32``) until used.
+    Migration(5, postgresql="""
+ALTER TABLE jobs ADD COLUMN response_format text;
+ALTER TABLE jobs ADD COLUMN eta_at double precision;
+ALTER TABLE job_segments ADD COLUMN frames integer NOT NULL DEFAULT 0;
+ALTER TABLE job_segments ADD COLUMN encoding text NOT NULL DEFAULT 'f32';
+""", sqlite="""
+ALTER TABLE jobs ADD COLUMN response_format TEXT;
+ALTER TABLE jobs ADD COLUMN eta_at REAL;
+ALTER TABLE job_segments ADD COLUMN frames INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE job_segments ADD COLUMN encoding TEXT NOT NULL DEFAULT 'f32';
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

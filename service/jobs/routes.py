@@ -22,6 +22,8 @@ from service.access.auth import job_owner
 from service.access.limits import client_identity
 from service.errors import ApiError, StoreUnavailable, invalid_field
 from service.http.admission import read_work_request
+from service.http.middleware import log_at_debug
+from service.jobs.progress import planned_frames
 from service.jobs.runner import JobRunner
 from service.jobs.store.base import (
     FINISHED,
@@ -80,9 +82,9 @@ async def create_job(request: web.Request) -> web.Response:
                                                  max_chars=settings.max_job_chars)
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
-    if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
-        raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
-                                            "download and delete old jobs or wait for retention")
+    if quota_mb and await store.stored_bytes() >= quota_mb * 1024 * 1024:
+        raise ApiError(507, "storage_full", f"what the jobs keep uses its whole quota ({quota_mb:g} MB, "
+                                            "--jobs-disk-quota-mb); download and delete old jobs or wait for retention")
     clone = await saved_clone(request, body.voice) if state.engine.capabilities.voice_cloning else None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
@@ -93,7 +95,9 @@ async def create_job(request: web.Request) -> web.Response:
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
-    job = await store.create(body.model_dump(exclude_none=True), owner=owner)
+    planned = await off_loop(body.input, planned_frames, state.engine, parts, body.params)  # progress from the first poll
+    job = await store.create(body.model_dump(exclude_none=True), owner=owner, frames_total=sum(planned),
+                             utterances_total=len(parts))
     if prepared.request is not None:  # one utterance: its run here reuses its ids
         _runner(request).remember(job.id, prepared.request)
     _runner(request).wake()
@@ -125,11 +129,13 @@ async def list_jobs(request: web.Request) -> web.Response:
     if not 1 <= limit <= 1000:
         raise invalid_field("limit", "must be between 1 and 1000")
     owner, sees_all = _owner(request)
-    jobs = await _store(request).list(status, limit, owner=owner, any_owner=sees_all)
+    log_at_debug(request)  # a client polling its jobs is not news
+    jobs = await _store(request).list(status, limit, owner=owner, any_owner=sees_all)  # summaries: no inputs read
     return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
 
 
 async def get_job(request: web.Request) -> web.Response:
+    log_at_debug(request)
     return web.json_response((await _job_or_404(request)).to_json())
 
 
