@@ -28,9 +28,10 @@ from service.synthesis.plan import Part, Pause
 from service.synthesis.timestamps import shift_words, words_json
 
 
-def plan_key(parts: list[Part]) -> str:
-    """A digest of a plan: its utterances' texts and its pauses, in order."""
-    spelled = [{"pause": p.seconds} if isinstance(p, Pause) else p.text for p in parts]
+def plan_key(parts: tuple[Part, ...]) -> str:
+    """A digest of a plan: its utterances' texts and where they start in the job's text, and its
+    pauses, in order."""
+    spelled = [{"pause": p.seconds} if isinstance(p, Pause) else [p.text, p.start] for p in parts]
     return hashlib.sha256(json.dumps(spelled, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -62,7 +63,8 @@ class SegmentLog:
             self._audio.append(np.asarray(pcm, dtype=np.float32))
 
     async def end_segment(self, alignment: Alignment | None) -> bool:
-        """The segment being spoken ended (its word times from its start): kept in the store;
+        """The segment being spoken ended (its word times from its start, its characters in the
+        job's text): kept in the store;
         False when this attempt no longer holds the job. Safe to call again after a failure."""
         pcm = np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)
         words = words_json(alignment) if alignment is not None else None
@@ -75,16 +77,15 @@ class SegmentLog:
         return True
 
     def captions(self) -> list[dict] | None:
-        """Every spoken segment's word times on the job's clock, their character spans on the
-        texts joined by one space; None unless every spoken segment was timed."""
+        """Every spoken segment's word times on the job's clock (their character spans are in the
+        job's text already: service/synthesis/sequence.py); None unless every spoken segment was timed."""
         out: list[dict] = []
-        start, chars = 0, 0
+        start = 0
         for text, samples, words in zip(self.texts, self.samples, self.words):
             if text is not None:
                 if words is None:
                     return None
-                out += shift_words(words, start * 1000.0 / SAMPLE_RATE, chars)
-                chars += len(text) + 1
+                out += shift_words(words, start * 1000.0 / SAMPLE_RATE, 0)
             start += samples
         return out or None
 
