@@ -20,7 +20,7 @@ import websockets
 from conftest import start_server
 from dialect_helpers import CARTESIA_PATH, cartesia_request
 
-from testsupport.long_text import Recorded
+from testsupport.long_text import Recorded, long_text
 
 # Each piece alone is under the 16,384 frames a request may plan; together they are not.
 EMOJI = "\U0001F600" * 1000  # 4,000 UTF-8 bytes: ~3,600 frames at speed 1, ~14,400 at 0.25
@@ -122,8 +122,8 @@ async def test_text_cut_by_breaks_is_limited_as_a_whole(engine, tmp_path, surfac
 
 
 async def test_a_job_is_limited_as_a_whole_by_its_own_limit(engine, tmp_path):
-    """A job may plan more than a request (``--max-job-audio-frames``: ~22 h), as utterances that
-    each fit one request, and not more: its pauses and the text between them count together. A
+    """A job may plan more than a request (``--max-job-audio-frames``: ~22 h; 200,000 characters
+    on the default DiT), as utterances that each fit one request, and not more: its pauses and the text between them count together. A
     WAV job stops where a WAV file's 32-bit sizes do, whatever the limit."""
     pauses = "<break time=10s>" * 12_000  # 192,000 characters: 1,500,000 frames of silence
     joined = '<break time="0ms"/>'.join([EMOJI] * 100)  # 100 pieces of ~14,400 frames at speed 0.25
@@ -137,6 +137,9 @@ async def test_a_job_is_limited_as_a_whole_by_its_own_limit(engine, tmp_path):
                     assert answer["error"]["code"] == "too_much_work", answer
                     assert "--max-job-audio-frames" in answer["error"]["message"], answer
             async with http.post(live.url + "/v1/jobs", json=JOINED_BY_BREAKS) as response:  # 57,600 frames
+                assert response.status == 202, await response.text()
+            # the documented longest job (~180,000 frames on the DiT: 25 requests' worth) is taken
+            async with http.post(live.url + "/v1/jobs", json={"input": long_text(200_000)}) as response:
                 assert response.status == 202, await response.text()
     finally:
         await live.stop()
