@@ -248,10 +248,14 @@ def _starts(text: str, pieces: list[str]) -> list[int]:
     whitespace changed (engines/sentences.py cuts, strips and joins with one space)."""
     out, i, n = [], 0, len(text)
     for piece in pieces:
+        if text.startswith(piece, i):  # as written (the usual case): no character by character walk
+            out.append(i)
+            i += len(piece)
+            continue
         while i < n and text[i].isspace():
             i += 1
         out.append(i)
-        if text.startswith(piece, i):  # as written (the usual case): no character by character walk
+        if text.startswith(piece, i):
             i += len(piece)
             continue
         for ch in piece:
