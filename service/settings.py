@@ -220,8 +220,9 @@ class Settings(BaseSettings):
         1_000_000, "most codec frames one REST job may plan in all (its text, spoken as utterances that each keep to "
         "the per-request limits, and its pauses); more get 413 too_much_work (0 = no limit)", ge=0)
     max_work_frame_steps: int = option(
-        60_000, "DiT: most planned frames x denoising steps one request may cost in all (a job: each utterance) "
-        "(0 = no limit)", ge=0)
+        60_000, "DiT: most planned frames x denoising steps one request may cost in all (0 = no limit)", ge=0)
+    max_job_frame_steps: int = option(  # --max-job-audio-frames at the default 8 steps
+        8_000_000, "DiT: most planned frames x denoising steps one REST job may cost in all (0 = no limit)", ge=0)
     max_work_talker_steps: int = option(  # an utterance's frame budget from its text (talker/budget.py)
         2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
         "- 1) (0 = no limit)", ge=0)

@@ -311,7 +311,7 @@ def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> 
     """ApiError(413, ``too_much_work``) naming the limit and its flag when the whole plan (every
     utterance after speed, every pause) is over ``--max-work-audio-frames`` (a job:
     ``--max-job-audio-frames``, and a WAV job what a WAV file holds); when the whole plan is over
-    ``--max-work-frame-steps`` (DiT; a job: each of its engine requests); when one utterance may
+    ``--max-work-frame-steps`` (DiT; a job: ``--max-job-frame-steps``); when one utterance may
     run more than ``--max-work-talker-steps`` (talker). 0 = no limit."""
     job = job_format is not None
     talker = plan.step_unit == "talker steps"
@@ -339,13 +339,13 @@ def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> 
                            f"max_new_tokens - 1); the limit is {steps_limit} (--max-work-talker-steps): "
                            "shorten the text or lower max_new_tokens")
         return
-    steps_limit = settings.max_work_frame_steps
-    steps = max((u.model_steps for u in plan.utterances), default=0) if job else plan.model_steps
-    if steps_limit and steps > steps_limit:
+    steps_limit, flag = ((settings.max_job_frame_steps, "--max-job-frame-steps") if job
+                         else (settings.max_work_frame_steps, "--max-work-frame-steps"))
+    if steps_limit and plan.model_steps > steps_limit:
         raise ApiError(413, "too_much_work",
-                       f"this {'job' if job else 'request'} plans {steps} {plan.step_unit or 'model steps'} "
-                       f"(frames x steps){' in one utterance' if job else ''}; the limit is {steps_limit} "
-                       "(--max-work-frame-steps): shorten the input, raise speed or lower steps")
+                       f"this {'job' if job else 'request'} plans {plan.model_steps} "
+                       f"{plan.step_unit or 'model steps'} (frames x steps); the limit is {steps_limit} ({flag}): "
+                       "shorten the input, raise speed or lower steps")
 
 
 __all__ = ["BreakTags", "Part", "Pause", "RequestPlan", "Utterance", "break_tag", "check_limits", "check_work",
