@@ -69,15 +69,15 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from clients.commands.output_file import OutputError, output_file, write_bytes
+    from clients.commands.output_file import OutputError, audio_file, write_audio_bytes
 
     async def action(client):
         job = await client.get_job(args.id)
         out = args.out or f"{args.id}.{job.get('response_format', 'wav')}"
         try:  # a file problem is the command's, not the network's
-            target = output_file(out)
+            target = audio_file(out)
             data = await client.fetch_audio(args.id)
-            write_bytes(target, data)
+            write_audio_bytes(target, data)  # in --out's format
         except OutputError as exc:
             raise CommandError(str(exc), code=2) from None
         print(f"wrote {out} ({len(data)} bytes)")

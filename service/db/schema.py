@@ -13,7 +13,10 @@ says IF NOT EXISTS, and service/db/sqlite.py skips an ADD COLUMN such a database
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger("streamvox.db")
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,14 @@ CREATE TABLE IF NOT EXISTS job_segments (
 """),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def log_migration(store: str, before: int) -> None:
+    """One line when a store's schema changed (not one per step): made new, or from which version."""
+    if before == 0:
+        log.info("%s: created at schema v%d", store, SCHEMA_VERSION)
+    elif before < SCHEMA_VERSION:
+        log.info("%s: schema migrated from v%d to v%d", store, before, SCHEMA_VERSION)
 
 
 def pending(version: int) -> list[Migration]:

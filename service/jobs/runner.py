@@ -295,7 +295,8 @@ class JobRunner:
                 prepared = await off_loop(text, prepare, self.state.engine, attempt, plan.after(len(kept)),
                                           Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
                                           timestamps=True)  # word times for captions, where an aligner is loaded
-                stream = open_sequence(self.state, prepared, high_water=1 << 30, after_part=bool(kept))
+                stream = open_sequence(self.state, prepared, high_water=1 << 30,
+                                       after=parts[len(kept) - 1] if kept else None)
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits
                 await self._until_stored(lambda: self.store.release(job.id, token))

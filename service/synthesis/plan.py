@@ -17,8 +17,8 @@ The DiT plans its own clauses from the whole text, so its text stays one utteran
 engine request could not take it (over the per-request work limits: a long job), when it is cut
 the same way into utterances that each fit.
 
-``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag) is a :class:`Pause`: that much
-silence between the utterances around it, on every pipeline. Other tags are text.
+``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag, read by service/synthesis/breaks.py)
+is a :class:`Pause`: that much silence between the utterances around it, on every pipeline.
 
 The limits hold for the whole plan (:func:`check_limits`): its text's frames and its pauses',
 after speed, under ``--max-work-audio-frames`` (a job: ``--max-job-audio-frames``), however the
@@ -32,26 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Callable, Union
 
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME, PlannedWork, SynthesisEngine
 from engines.sentences import pack_sentences
 from service.errors import ApiError
+from service.synthesis.breaks import BreakTags, Pause, break_tag, split_breaks  # noqa: F401 (re-exported)
 from service.synthesis.params import SynthesisParams, engine_params, plan_request, planned_work
 from service.synthesis.schema import FieldError, require_unicode
 
 
 UNCAPPED = 2**31 - 1  # max_new_tokens when a piece's budget is measured: its text's alone
 WAV_MAX_DATA_BYTES = 2**32 - 1 - 36  # a RIFF file's sizes are 32-bit: what its data chunk can hold
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Silence between utterances (``<break time="500ms"/>``), in seconds."""
-
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -134,60 +127,6 @@ def utterance_fits(engine: SynthesisEngine, params: SynthesisParams, settings) -
         return lambda work: work.model_steps <= limit
     frames, steps = settings.max_work_audio_frames, settings.max_work_frame_steps
     return lambda work: (not frames or work.audio_frames <= frames) and (not steps or work.model_steps <= steps)
-
-
-# ElevenLabs' and Cartesia's pause tag: <break time="500ms"/>, <break time='1.5s' />, <break time=2s/>
-BREAK_TAG = re.compile(r"""<break\s+time\s*=\s*(["']?)\s*(\d{1,6}(?:\.\d{1,3})?)\s*(ms|s)\s*\1\s*/?\s*>""", re.I)
-MAX_BREAK_SECONDS = 10.0  # one tag's silence at most (ElevenLabs allows 3 s)
-
-
-def split_breaks(text: str) -> list[str | Pause]:
-    """``text`` cut at its break tags, each a :class:`Pause` (at most MAX_BREAK_SECONDS); any
-    other tag is text, read as written (as the vendors do)."""
-    out: list[str | Pause] = []
-    start = 0
-    for tag in BREAK_TAG.finditer(text):
-        out.append(text[start:tag.start()])
-        seconds = float(tag.group(2)) / (1000.0 if tag.group(3).lower() == "ms" else 1.0)
-        out.append(Pause(min(seconds, MAX_BREAK_SECONDS)))
-        start = tag.end()
-    out.append(text[start:])
-    return [piece for piece in out if isinstance(piece, Pause) or piece]
-
-
-def break_tag(pause: Pause) -> str:
-    """The tag that asks for ``pause``."""
-    return f'<break time="{round(pause.seconds * 1000)}ms"/>'
-
-
-class BreakTags:
-    """:func:`split_breaks` for text arriving in pieces (live text): a break tag cut between
-    pieces is held back until it is complete (or can no longer be one)."""
-
-    HOLD = 64  # characters of an unfinished "<break ..." held back at most
-
-    def __init__(self) -> None:
-        self.held = ""
-
-    def feed(self, text: str) -> list[str | Pause]:
-        pieces = split_breaks(self.held + text)
-        self.held = ""
-        if pieces and isinstance(pieces[-1], str):
-            last = pieces[-1]
-            i = last.rfind("<")
-            tail = last[i:] if i >= 0 else ""
-            if tail and ">" not in tail and len(tail) <= self.HOLD and \
-                    tail[:6].lower() == "<break"[:min(6, len(tail))]:
-                self.held = tail
-                pieces[-1] = last[:i]
-                if not pieces[-1]:
-                    pieces.pop()
-        return pieces
-
-    def take_rest(self) -> str:
-        """The held text (the text ended: it was no tag)."""
-        rest, self.held = self.held, ""
-        return rest
 
 
 def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> RequestPlan:

@@ -27,7 +27,7 @@ from service.errors import engine_error
 from service.state import AppState
 from service.synthesis.chunks import ChunkStream, PlaybackClock
 from service.synthesis.params import build_request, engine_params
-from service.synthesis.plan import Pause, RequestPlan
+from service.synthesis.plan import Part, Pause, RequestPlan
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.tempo import TempoStretch
 
@@ -101,11 +101,11 @@ def open_stream(state: AppState, prepared: Prepared, high_water: int,
 
 
 def open_sequence(state: AppState, prepared: Prepared, high_water: int, clock: PlaybackClock | None = None,
-                  after_part: bool = False) -> UtteranceSequence:
+                  after: Part | None = None) -> UtteranceSequence:
     """Submit a prepared text as an :class:`UtteranceSequence` whatever its parts (a job keeps
-    each part's audio apart); ``after_part``: it continues a plan whose earlier parts were played."""
+    each part's audio apart); ``after``: the part it continues when a plan's earlier parts were played."""
     return _started(UtteranceSequence(state.engine, list(prepared.parts), state.metrics, high_water=high_water,
-                                      stretch=prepared.stretch, after_part=after_part, plan=prepared.plan), clock)
+                                      stretch=prepared.stretch, after=after, plan=prepared.plan), clock)
 
 
 def _started(stream, clock: PlaybackClock | None):

@@ -67,6 +67,13 @@ def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[
     return source, ()
 
 
+def sampling_defaults(bundle: TalkerBundle) -> dict[str, float | int | bool]:
+    """The checkpoint's sampling of code 0, in the request fields' names (what /v1/models shows)."""
+    gen = bundle.generation
+    return {"greedy": not gen.do_sample, "temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p,
+            "repetition_penalty": gen.repetition_penalty}
+
+
 def build(setup: PipelineSetup, make_source: SourceMaker = real_source) -> Adapter:
     bundle: TalkerBundle = setup.options["talker"]
     source, graphed = make_source(setup, bundle, **{k: setup.options[k] for k in SOURCE_OPTIONS if k in setup.options})
@@ -107,7 +114,7 @@ class TalkerProfile(Profile):
             preset_voices=task == "CustomVoice", languages=tuple(source.languages()),
             honoured_fields=FIELDS | ({"instructions"} if instructions else set()) | ({"clone"} if cloning else set()),
             max_slots=max_slots, max_new_tokens=bundle.generation.max_new_tokens, instructions=instructions,
-            voice_cloning=cloning, live_text=True, random_components=())
+            voice_cloning=cloning, live_text=True, random_components=(), sampling_defaults=sampling_defaults(bundle))
 
     def validate(self, request: SynthesisRequest, complete: bool) -> None:
         """Base needs a reference, VoiceDesign instructions (in a ``complete`` request); only Base

@@ -139,3 +139,39 @@ async def test_a_job_may_be_longer_than_a_speech_request(aligned_talker, tmp_pat
                 assert r.status == 202, await r.text()
     finally:
         await live.stop()
+
+
+async def test_a_job_resumed_right_after_a_pause_sounds_as_if_never_stopped(aligned_talker, tmp_path):
+    """Killed with its first utterance and the pause after it kept, the job resumes at the next
+    utterance, which starts from the pause's silence as it did in the uninterrupted run (no fade-in)."""
+    job = {"input": 'Hello there. <break time="300ms"/> ' + long_text(600), "response_format": "wav",
+           "temperature": 0}
+    async with aiohttp.ClientSession() as http:
+        plain = await start_server(aligned_talker, tmp_path / "plain", job_workers=1)
+        try:
+            async with http.post(plain.url + "/v1/jobs", json=job) as r:
+                assert r.status == 202, await r.text()
+                _, expected, _ = await finished(http, plain.url, (await r.json())["id"])
+        finally:
+            await plain.stop()
+
+        first = await start_server(aligned_talker, tmp_path / "data", job_workers=1)
+        try:
+            async with http.post(first.url + "/v1/jobs", json=job) as r:
+                job_id = (await r.json())["id"]
+
+            async def paused():  # "Hello there." and the pause are kept; the long utterance is being spoken
+                return (await get_job(http, first.url, job_id))["progress"]["utterances_done"] >= 2
+
+            await wait_until(paused, timeout_s=120, every_s=0.02)
+        finally:
+            await first.stop()
+        progress = await get_job_from_store(first, job_id)
+        assert progress["utterances_done"] == 2 < progress["utterances_total"], progress
+        second = await start_server(aligned_talker, tmp_path / "data", job_workers=1)
+        try:
+            _, audio, _ = await finished(http, second.url, job_id)
+        finally:
+            await second.stop()
+    assert audio.shape == expected.shape
+    assert np.abs(audio - expected).max() <= 1 / 32768  # within 1 LSB, the seam included
