@@ -210,14 +210,19 @@ class Settings(BaseSettings):
         ge=1)
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
-    # --- work limits: what one request (one WebSocket utterance) may cost, counted by the engine
-    # before any of it runs (engines Engine.planned_work; service.synthesis.plan.check_work);
-    # over one: 413 too_much_work. 0 = off.
+    # --- work limits: what one request (one WebSocket text before a sentence end or flush) may cost
+    # as a whole, its text and its pauses, counted by the engine before any of it runs
+    # (engines Engine.planned_work; service.synthesis.plan.check_work); over one: 413 too_much_work. 0 = off.
     max_work_audio_frames: int = option(  # 12.5 per second: ~22 min
-        16_384, "most codec frames (12.5 per second of audio, after speed) one request or utterance may plan; "
-        "more get 413 too_much_work (0 = no limit)", ge=0)
+        16_384, "most codec frames (12.5 per second of audio: speech after speed, and pauses) one request may plan "
+        "in all; more get 413 too_much_work (0 = no limit)", ge=0)
+    max_job_audio_frames: int = option(  # ~22 h; a WAV of it (3.8 GB) still fits a RIFF file's 4 GiB
+        1_000_000, "most codec frames one REST job may plan in all (its text, spoken as utterances that each keep to "
+        "the per-request limits, and its pauses); more get 413 too_much_work (0 = no limit)", ge=0)
     max_work_frame_steps: int = option(
-        60_000, "DiT: most planned frames x denoising steps one request or utterance may cost (0 = no limit)", ge=0)
+        60_000, "DiT: most planned frames x denoising steps one request may cost in all (0 = no limit)", ge=0)
+    max_job_frame_steps: int = option(  # --max-job-audio-frames at the default 8 steps
+        8_000_000, "DiT: most planned frames x denoising steps one REST job may cost in all (0 = no limit)", ge=0)
     max_work_talker_steps: int = option(  # an utterance's frame budget from its text (talker/budget.py)
         2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
         "- 1) (0 = no limit)", ge=0)

@@ -3,7 +3,7 @@ of those planned, from the first poll (the route plans a job when it is posted),
 attempts (a resumed job starts from what its kept segments hold), with an estimate of when the
 running attempt ends.
 
-    planned = planned_frames(engine, parts, params)   # each part's frames (POST /v1/jobs and each attempt)
+    planned = planned_frames(plan)                     # each part's frames (POST /v1/jobs and each attempt)
     meter = ProgressMeter(planned, kept)               # kept: the segments earlier attempts finished
     meter.update(chunk.frames_done, audio_samples)     # as this attempt's chunks arrive
     frames = meter.part_ended()                        # a segment ended: the frames it took
@@ -22,18 +22,14 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from engines.contract import SynthesisEngine
 from service.jobs.store.base import Progress, Segment
-from service.synthesis.params import SynthesisParams, planned_work
-from service.synthesis.plan import Part, Pause
+from service.synthesis.plan import Pause, RequestPlan
 
 
-def planned_frames(engine: SynthesisEngine, parts: list[Part], params: SynthesisParams) -> list[int]:
+def planned_frames(plan: RequestPlan) -> list[int]:
     """The codec frames each part of a plan (service/synthesis/plan.py) is planned to take: an
-    utterance's by the engine's own count (on its text ids: nothing is tokenized again), a pause's
-    0. The one place a job's plan is counted."""
-    return [0 if isinstance(part, Pause) else planned_work(engine, part.text, params, part.prompt_ids).audio_frames
-            for part in parts]
+    utterance's as the plan counted it (the engine's count), a pause's 0."""
+    return [0 if isinstance(part, Pause) else part.frames for part in plan.parts]
 
 
 class ProgressMeter:

@@ -78,8 +78,8 @@ def job_body_bytes(settings) -> int:
 
 async def create_job(request: web.Request) -> web.Response:
     settings = request.app[STATE_KEY].settings
-    state, body, parts = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
-                                                 max_chars=settings.max_job_chars)
+    state, body, plan = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
+                                                max_chars=settings.max_job_chars, job=True)
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and await store.stored_bytes() >= quota_mb * 1024 * 1024:
@@ -90,16 +90,16 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
     # Checked now as it will run (and tokenized once: the runner here reuses the ids).
-    prepared = await off_loop(body.input, prepare, state.engine, "job", parts, body.params, Priority.BATCH, clone=clone)
+    prepared = await off_loop(body.input, prepare, state.engine, "job", plan, Priority.BATCH, clone=clone)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
-    planned = await off_loop(body.input, planned_frames, state.engine, parts, body.params)  # progress from the first poll
+    planned = planned_frames(plan)  # progress from the first poll
     job = await store.create(body.model_dump(exclude_none=True), owner=owner, frames_total=sum(planned),
-                             utterances_total=len(parts))
-    if prepared.request is not None:  # one utterance: its run here reuses its ids
-        _runner(request).remember(job.id, prepared.request)
+                             utterances_total=len(plan.parts))
+    if prepared.request is not None:  # one utterance: its run here reuses its plan (and ids)
+        _runner(request).remember(job.id, plan)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})

@@ -38,7 +38,7 @@ import uuid
 from collections import OrderedDict
 from typing import Awaitable, Callable
 
-from engines.contract import SAMPLE_RATE, Priority, SynthesisRequest, VoiceClone
+from engines.contract import SAMPLE_RATE, Priority, VoiceClone
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.jobs.progress import ProgressMeter, planned_frames
 from service.jobs.quota import DiskQuota, QuotaExceeded
@@ -46,7 +46,7 @@ from service.jobs.segments import SegmentLog, plan_key
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
 from service.synthesis.params import SynthesisParams
-from service.synthesis.plan import Utterance, check_work, off_loop
+from service.synthesis.plan import RequestPlan, check_work, off_loop
 from service.synthesis.schema import FieldError
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.spool import AudioSpool
@@ -59,7 +59,7 @@ STORE_RETRY_SECONDS = 1.0  # between tries while the store is unreachable
 MAX_POLL_SECONDS = 5.0  # the dispatcher looks for expired leases at least this often
 RETENTION_EVERY_SECONDS = 60.0
 UPLOAD_CHUNK_BYTES = 256 * 1024  # audio copied into the store in pieces of about this size
-PROMPT_IDS_KEPT = 256  # jobs validated here whose prompt ids wait for their run (remember)
+PLANS_KEPT = 256  # one-utterance jobs planned here whose plans wait for their run (remember)
 PROGRESS_SECONDS = 1.0  # a running job's progress is recorded this often (and as each segment ends)
 
 
@@ -135,7 +135,7 @@ class JobRunner:
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
         self.progress_seconds = min(PROGRESS_SECONDS, self.lease_seconds / 3)
         self.running: dict[str, UtteranceSequence | None] = {}  # None: its segments were all kept already
-        self._prompt_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # job id -> ids (remember)
+        self._plans: OrderedDict[str, RequestPlan] = OrderedDict()  # job id -> its plan (remember)
         self.stopped: dict[str, str] = {}  # job id -> why its engine work was stopped (cancelled | lost)
         self.store_error: str | None = None  # set while the store is unreachable
         self._wake = asyncio.Event()
@@ -263,17 +263,17 @@ class JobRunner:
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
-            ids = self._prompt_ids.pop(job.id, None)  # posted here as one utterance: its ids, checked then
             text = job.params["input"]
-            parts = [Utterance(text, ids)] if ids is not None else await off_loop(
-                text, check_work, self.state.engine, text, params, self.state.settings)
-            planned = await off_loop(text, planned_frames, self.state.engine, parts, params)
+            plan = self._plans.pop(job.id, None) or await off_loop(  # (posted here as one utterance: planned then)
+                text, check_work, self.state.engine, text, params, self.state.settings, job_format=job.response_format)
+            parts = plan.parts
+            planned = planned_frames(plan)
             # the segments an earlier attempt finished of this same plan: it resumes after them
             kept = await self._until_stored(lambda: self.store.start_plan(job.id, token, plan_key(parts),
                                                                           len(parts)))
             stream = None
             if len(kept) < len(parts):
-                prepared = await off_loop(text, prepare, self.state.engine, attempt, parts[len(kept):], params,
+                prepared = await off_loop(text, prepare, self.state.engine, attempt, plan.after(len(kept)),
                                           Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
                                           timestamps=True)  # word times for captions, where an aligner is loaded
                 stream = open_sequence(self.state, prepared, high_water=1 << 30,
@@ -302,15 +302,13 @@ class JobRunner:
         task.add_done_callback(self._tasks.discard)
         return True
 
-    def remember(self, job_id: str, request: SynthesisRequest) -> None:
-        """The prompt ids of a job validated here (POST): its run here reuses them instead of
-        tokenizing its text again. A job run elsewhere (another replica, after a restart) is
-        tokenized there; the oldest ids beyond ``PROMPT_IDS_KEPT`` are dropped."""
-        if request.prompt_ids is None:
-            return
-        self._prompt_ids[job_id] = request.prompt_ids
-        while len(self._prompt_ids) > PROMPT_IDS_KEPT:
-            self._prompt_ids.popitem(last=False)
+    def remember(self, job_id: str, plan: RequestPlan) -> None:
+        """The plan of a one-utterance job checked here (POST): its run here reuses it (and its
+        ids) instead of planning its text again. A job run elsewhere (another replica, after a
+        restart) is planned there; the oldest plans beyond ``PLANS_KEPT`` are dropped."""
+        self._plans[job_id] = plan
+        while len(self._plans) > PLANS_KEPT:
+            self._plans.popitem(last=False)
 
     # -- one running job ------------------------------------------------------------------
     async def _keep_lease(self, job: Job, meter: ProgressMeter) -> None:

@@ -58,9 +58,10 @@ def segment_pcm(data: bytes, encoding: str) -> np.ndarray:
     raise RuntimeError(f"kept segment in an unknown encoding {encoding[:16]!r}")
 
 
-def plan_key(parts: list[Part]) -> str:
-    """A digest of a plan: its utterances' texts and its pauses, in order."""
-    spelled = [{"pause": p.seconds} if isinstance(p, Pause) else p.text for p in parts]
+def plan_key(parts: tuple[Part, ...]) -> str:
+    """A digest of a plan: its utterances' texts and where they start in the job's text, and its
+    pauses, in order."""
+    spelled = [{"pause": p.seconds} if isinstance(p, Pause) else [p.text, p.start] for p in parts]
     return hashlib.sha256(json.dumps(spelled, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -95,8 +96,9 @@ class SegmentLog:
             self._audio.append(np.asarray(pcm, dtype=np.float32))
 
     async def end_segment(self, alignment: Alignment | None, frames: int = 0, progress: Progress | None = None) -> bool:
-        """The segment being spoken ended (its word times from its start; the codec frames it
-        took; the job's progress with it): kept in the store, within the quota (QuotaExceeded);
+        """The segment being spoken ended (its word times from its start, its characters in the
+        job's text; the codec frames it took; the job's progress with it): kept in the store,
+        within the quota (QuotaExceeded);
         False when this attempt no longer holds the job. Safe to call again after a failure."""
         pcm = np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)
         words = words_json(alignment) if alignment is not None else None
@@ -111,16 +113,15 @@ class SegmentLog:
         return True
 
     def captions(self) -> list[dict] | None:
-        """Every spoken segment's word times on the job's clock, their character spans on the
-        texts joined by one space; None unless every spoken segment was timed."""
+        """Every spoken segment's word times on the job's clock (their character spans are in the
+        job's text already: service/synthesis/sequence.py); None unless every spoken segment was timed."""
         out: list[dict] = []
-        start, chars = 0, 0
+        start = 0
         for text, samples, words in zip(self.texts, self.samples, self.words):
             if text is not None:
                 if words is None:
                     return None
-                out += shift_words(words, start * 1000.0 / SAMPLE_RATE, chars)
-                chars += len(text) + 1
+                out += shift_words(words, start * 1000.0 / SAMPLE_RATE, 0)
             start += samples
         return out or None
 

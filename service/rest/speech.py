@@ -56,14 +56,14 @@ def delivery(body: SpeechBody) -> str | None:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    state, body, parts = await read_work_request(request, SpeechBody)
+    state, body, plan = await read_work_request(request, SpeechBody)
     check_model(body.model, state.settings.checkpoint)
     clone = await voices.clone_for(request, body.voice, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     identity = client_identity(request, state.api_keys)
-    prepared = prepare(state.engine, request_id, parts, body.params, priority, clone=clone, tenant=identity,
+    prepared = prepare(state.engine, request_id, plan, priority, clone=clone, tenant=identity,
                        timestamps=body.timestamps and stream_format == "sse")
     # a listener plays a streamed response as it comes: notice when it falls behind real time
     clock = PlaybackClock(state.engine.info.sample_rate) if stream_format is not None else None

@@ -1,6 +1,6 @@
 """A planned text's utterances (and pauses) played as one stream (service/synthesis/plan.py).
 
-    stream = UtteranceSequence(engine, parts, metrics, high_water=8, stretch=None).start()
+    stream = UtteranceSequence(engine, parts, metrics, high_water=8, stretch=None, plan=plan).start()
     chunk = await stream.next_chunk()       # as ChunkStream: in order, one final chunk at the end
 
 It has :class:`~service.synthesis.chunks.ChunkStream`'s interface, so every reader (speech,
@@ -17,8 +17,8 @@ sockets, jobs) plays long text as it plays one utterance:
   one go while other clients wait); speech after a pause starts from silence, so it does not
   fade in;
 * chunk indices, ``frames_done`` and word times (``alignment``, offset by the audio before each
-  utterance, character spans by the text before it) run across the whole text; an utterance
-  the talker ended early carries ``truncated`` on the chunk that ends it.
+  utterance, character spans in the plan's text: the characters the client sent) run across the
+  whole text; an utterance the talker ended early carries ``truncated`` on the chunk that ends it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from engines.contract import (
 from service.metrics import Metrics
 from service.synthesis.chunks import ChunkStream, PlaybackClock
 from service.synthesis.breaks import Pause
+from service.synthesis.plan import RequestPlan
 from service.synthesis.tempo import TempoStretch
+from service.synthesis.timestamps import in_source
 
 SEAM_FADE_SAMPLES = 240  # 10 ms at 24 kHz
 PAUSE_CHUNK_SAMPLES = SAMPLE_RATE  # silence goes out in pieces of at most 1 s
@@ -56,9 +58,11 @@ def fade_in_after(previous: object | None) -> int:
 
 class UtteranceSequence:
     def __init__(self, engine: SynthesisEngine, parts: list[SynthesisRequest | Pause], metrics: Metrics,
-                 high_water: int = 8, stretch: float | None = None, after: object | None = None):
+                 high_water: int = 8, stretch: float | None = None, after: object | None = None, *,
+                 plan: RequestPlan):
         """``after``: the part these parts follow when a plan's earlier parts were played already
-        (a job resumed): the first one's seam is the one it would have had after it."""
+        (a job resumed): the first one's seam is the one it would have had after it. ``plan``: the
+        plan the parts were made from, one for one: word times are placed in its text."""
         if not parts:
             raise ValueError("a sequence needs at least one part")
         self._engine = engine
@@ -83,11 +87,12 @@ class UtteranceSequence:
         self._held = np.zeros(0, np.float32)  # the current part's last samples, held for its fade-out
         self._fade_in = fade_in_after(after)  # samples of this part's start still to fade in
         self._pause_left: int | None = None  # samples of the current pause still to send
-        self._texts: list[str] = []  # spoken parts' texts, for the merged alignment
-        self._alignments: list[tuple[Alignment, float, int]] = []  # (alignment, offset ms, char offset)
+        self._plan = plan
+        self._alignments: list[tuple[Alignment, float]] = []  # (alignment in the plan's text, offset ms)
         self._aligned_all = True
         # The chunk just returned ended a part (``parts_done`` counts it): that part's own word times
-        # (from its start; None when it has none), for a reader that keeps parts apart (a job).
+        # (from its start, its characters in the plan's text; None when it has none), for a reader
+        # that keeps parts apart (a job).
         self.ended_part_alignment: Alignment | None = None
 
     # -- ChunkStream's interface ---------------------------------------------------------
@@ -161,13 +166,12 @@ class UtteranceSequence:
             # the part ends here
             self._streams.pop(self.part, None)
             self._frames += chunk.frames_done
-            self._texts.append(part.text)
-            if chunk.alignment is not None:
-                char_offset = sum(len(t) + 1 for t in self._texts[:-1])
-                self._alignments.append((chunk.alignment, self._part_start * 1000.0 / SAMPLE_RATE, char_offset))
+            alignment = self._in_text(chunk.alignment)
+            if alignment is not None:
+                self._alignments.append((alignment, self._part_start * 1000.0 / SAMPLE_RATE))
             else:
                 self._aligned_all = False
-            self.ended_part_alignment = chunk.alignment
+            self.ended_part_alignment = alignment
             return self._advance(chunk, pcm)
 
     def cancel(self) -> None:
@@ -315,10 +319,15 @@ class UtteranceSequence:
             return None
         first = self._alignments[0][0]
         words: list[WordTimestamp] = []
-        for alignment, offset_ms, chars in self._alignments:
-            for w in alignment.scaled(1.0, offset_ms).words:
-                words.append(replace(w, char_start=w.char_start + chars, char_end=w.char_end + chars))
-        return Alignment(" ".join(self._texts), first.language, samples * 1000.0 / SAMPLE_RATE, tuple(words))
+        for alignment, offset_ms in self._alignments:
+            words += alignment.scaled(1.0, offset_ms).words
+        return Alignment(first.text, first.language, samples * 1000.0 / SAMPLE_RATE, tuple(words))
+
+    def _in_text(self, alignment: Alignment | None) -> Alignment | None:
+        """The current part's word times with their character spans in the plan's text."""
+        if alignment is None:
+            return None
+        return in_source(alignment, self._plan.text, self._plan.parts[self.part].start)
 
 
 __all__ = ["SEAM_FADE_SAMPLES", "UtteranceSequence", "fade_in_after"]

@@ -225,7 +225,7 @@ class SessionCore:
         if utterance.refused:
             return None
         try:
-            parts = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
+            plan = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.sink.session_error(SessionError(exc.code, exc.message))
@@ -246,7 +246,7 @@ class SessionCore:
         self._submitted += 1
         request_id = f"{self.session_id}-{self._submitted}"  # ids for logs; no text is logged
         try:
-            prepared = prepare(self.state.engine, request_id, parts, self.params, Priority.REALTIME,
+            prepared = prepare(self.state.engine, request_id, plan, Priority.REALTIME,
                                clone=self.clone, tenant=identity,
                                text_feed=utterance.live.feed if utterance.live is not None else None,
                                timestamps=self.timestamps)

@@ -25,6 +25,8 @@ from conftest import ServerProcess
 
 from engines.contract import SAMPLE_RATE
 from service.synthesis.breaks import Pause
+from service.synthesis.params import SynthesisParams
+from service.synthesis.plan import RequestPlan
 from service.synthesis.sequence import UtteranceSequence
 
 STALL_BOUND_S = 1.0
@@ -176,7 +178,9 @@ async def test_a_pause_goes_out_in_pieces_with_other_work_between_them():
             turns += 1
             await asyncio.sleep(0)
 
-    sequence = UtteranceSequence(None, [Pause(10.0), Pause(2.5)], metrics=None).start()  # pauses need no engine
+    parts = (Pause(10.0), Pause(2.5))
+    plan = RequestPlan('<break time="10s"/><break time="2.5s"/>', SynthesisParams(), parts)
+    sequence = UtteranceSequence(None, list(parts), metrics=None, plan=plan).start()  # pauses need no engine
     task = asyncio.create_task(other_work())
     await asyncio.sleep(0)
     pieces, samples = 0, 0
