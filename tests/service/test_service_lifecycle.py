@@ -64,7 +64,7 @@ async def test_cli_drain_on_sigterm_and_restart(tmp_path):
         audio, rate = sf.read(str(say_file), dtype="float32")
         assert rate == 24000 and audio.size > 4800 and np.abs(audio).max() > 1e-3
         code, _, err = await cli("say", "No key.", "--out", str(tmp_path / "x.wav"), "--url", url)
-        assert code == 1 and "unauthorized" in err
+        assert code == 1 and "needs an API key" in err and "--api-key" in err
 
         # --- drain: an in-flight stream, a job, then SIGTERM ---------------------------
         async with aiohttp.ClientSession(headers=AUTH) as http:
