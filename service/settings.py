@@ -213,8 +213,11 @@ class Settings(BaseSettings):
     # --- work limits: what one request (one WebSocket text before a sentence end or flush) may cost
     # as a whole, its text and its pauses, counted by the engine before any of it runs
     # (engines Engine.planned_work; service.synthesis.plan.check_work); over one: 413 too_much_work. 0 = off.
-    max_work_audio_frames: int = option(  # 12.5 per second: ~22 min
-        16_384, "most codec frames (12.5 per second of audio: speech after speed, and pauses) one request may plan "
+    # 12.5 per second: ~65 min. A 4,096-character request in any language the talker speaks fits (its
+    # utterances' frame budgets: ~14,000 in English, ~19,000 in German, ~30,000 in Chinese or Japanese);
+    # pauses count too, so no request gets more audio, silent or spoken, than such a text may plan.
+    max_work_audio_frames: int = option(
+        49_152, "most codec frames (12.5 per second of audio: speech after speed, and pauses) one request may plan "
         "in all; more get 413 too_much_work (0 = no limit)", ge=0)
     max_job_audio_frames: int = option(  # ~22 h; a WAV of it (3.8 GB) still fits a RIFF file's 4 GiB
         1_000_000, "most codec frames one REST job may plan in all (its text, spoken as utterances that each keep to "

@@ -22,7 +22,7 @@ from dialect_helpers import CARTESIA_PATH, cartesia_request
 
 from testsupport.long_text import Recorded, long_text
 
-# Each piece alone is under the 16,384 frames a request may plan; together they are not.
+# Each piece alone is under the 49,152 frames a request may plan by default; together they are not.
 EMOJI = "\U0001F600" * 1000  # 4,000 UTF-8 bytes: ~3,600 frames at speed 1, ~14,400 at 0.25
 JOINED_BY_BREAKS = {"input": '<break time="0ms"/>'.join([EMOJI] * 4), "speed": 0.25, "steps": 1}
 # Pauses are audio: 200 x 10 s of silence is 25,000 frames, from 3.8 KB of text.
@@ -93,8 +93,9 @@ async def refusal(url: str, surface: str, text: str, params: dict) -> str:
 
 @pytest.mark.parametrize("surface", SURFACES)
 async def test_pauses_count_as_audio_on_every_surface(engine, tmp_path, surface):
-    """200 ten-second breaks are 2,000 s of audio from 3.8 KB of text: over the limit as a whole."""
-    live = await start_server(engine, tmp_path / "data", job_workers=0)
+    """200 ten-second breaks are 2,000 s of audio from 3.8 KB of text: over a limit of 16,384 frames
+    (the default is larger: a 4,096-character Chinese text plans ~30,000) as a whole."""
+    live = await start_server(engine, tmp_path / "data", job_workers=0, max_work_audio_frames=16_384)
     try:
         with Recorded(engine) as submitted:
             answer = await refusal(live.url, surface, PAUSES, {})
