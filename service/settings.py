@@ -467,8 +467,9 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
-    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_BATCHED_ADMISSION=0 starts
-    admitted rows one by one;
+    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_PAGED_ATTENTION=0 gathers the
+    KV blocks for decode attention instead of the kernel reading them in place;
+    STREAMVOX_BATCHED_ADMISSION=0 starts admitted rows one by one;
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
     STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too."""
@@ -478,6 +479,7 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
                            prefill_graphs=env.get("STREAMVOX_PREFILL_GRAPHS", "1") != "0",
+                           paged_attention=env.get("STREAMVOX_PAGED_ATTENTION", "1") != "0",
                            batched_admission=env.get("STREAMVOX_BATCHED_ADMISSION", "1") != "0",
                            static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1",
