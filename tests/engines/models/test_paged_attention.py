@@ -102,6 +102,18 @@ def _interpreted_checks() -> dict:
     quantize_talker(bundle.talker, bundle.predictor, "int8")
     in_place, gathered = _paged_forwards(bundle, True), _paged_forwards(bundle, False)
     out["talker_int8"] = float(((in_place - gathered).norm(dim=-1) / gathered.norm(dim=-1)).max())
+
+    # the switch as the engine's adapter hands it to the talker source (its step graphs then bucket
+    # KV blocks, or not)
+    from engines.config import RuntimeSwitches
+    from engines.pipelines.profile import PipelineSetup
+    from engines.pipelines.talker.adapter import real_source
+
+    for on in (True, False):
+        setup = PipelineSetup(models=None, device=torch.device("cpu"), dtype=torch.float32, max_slots=2, vocalizer=None,
+                              switches=RuntimeSwitches(paged_attention=on, static_step_on_cpu=True))
+        source, _ = real_source(setup, make_bundle(seed=1))
+        out[f"switch {on}"] = [source.cache.reads_in_place, source.step_runner.spec.bucket_blocks]
     return out
 
 
@@ -117,6 +129,7 @@ def test_kernel_equals_the_reference_under_the_triton_interpreter():
     # by a level at most now and then (~5e-3 of the hidden state at these widths); a wrong slot,
     # position or head moves it by its own scale
     assert result["talker_int8"] < 3e-2
+    assert result["switch True"] == [True, False] and result["switch False"] == [False, True]
 
 
 @pytest.mark.cuda
