@@ -141,6 +141,13 @@ def compile_backend(part: str) -> str | None:
         return older(part)
     return runtime_switches().compile_backend(part)
 
+def paged_attention() -> bool:
+    """The engine's paged-attention switch (STREAMVOX_PAGED_ATTENTION=0 turns it off: the settings read it)."""
+    from service.settings import runtime_switches
+
+    return runtime_switches().paged_attention
+
+
 _READ_BUFFER = None
 
 
@@ -409,6 +416,8 @@ def ours_worker(args) -> None:
         # serve all but the first from memory, while the official rows are all prefilled.
         no_prefix = {"prefix_cache_fraction": 0.0} if "prefix_cache_fraction" in inspect.signature(
             TalkerSource.__init__).parameters else {}
+        if "paged_attention" in inspect.signature(TalkerSource.__init__).parameters:  # an older tree read the variable
+            no_prefix["paged_attention"] = paged_attention()
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
                                           kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor

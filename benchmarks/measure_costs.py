@@ -43,6 +43,7 @@ from engines.build import build_engine  # noqa: E402
 from engines.config import RuntimeSwitches  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.pipelines.vocoder import VocalizeItem  # noqa: E402
+from service.settings import runtime_switches  # noqa: E402  (STREAMVOX_PAGED_ATTENTION=0: gpu-verify's fallback)
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -198,7 +199,8 @@ def main() -> int:
     t0 = time.perf_counter()
     engine = build_engine(device=args.device, checkpoint=args.checkpoint, max_slots=args.slots,
                           kv_cache_gb=args.kv_cache_gb, warmup=False,
-                          switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu"))
+                          switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu",
+                                                   paged_attention=runtime_switches().paged_attention))
     built = time.perf_counter() - t0
     costs = TalkerCosts(engine)
     step_runner = costs.source.step_runner
