@@ -49,7 +49,8 @@ How (every number printed comes from this procedure):
   the SAME round (min and median over rounds). torch's GEMV rate is printed for reference only:
   it is one kernel's speed, not what memory delivers.
 * **Quantized modes** run their decode step in the native frame (engines/native) where it was
-  built; ``--ort-too`` adds each mode with its step on ONNX Runtime ("ours int8 ort").
+  built; ``--ort-too`` adds each mode with its step on ONNX Runtime ("ours int8 ort"; with
+  ``--baseline-commit`` that commit's too).
 * **The codec decoder beside it** (``--codec``): every "ours" variant also holds the speech
   tokenizer's decoder at the size's codec sizes (the released ones for 0.6b / 1.7b,
   benchmarks/released/) and, in the same turn, decodes its B rows in streaming chunks of
@@ -747,6 +748,9 @@ def main() -> None:
         for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
             specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
                                                       "--quantize", mode], old_tree))
+            if args.ort_too and mode != "bf16":
+                specs.append((f"ours@{rev} {mode} ort", me + ["--worker", str(old_tree), "--variant", "ours-ort",
+                                                              "--quantize", mode], old_tree))
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():
