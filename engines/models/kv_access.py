@@ -76,4 +76,6 @@ class InPlaceKV:
         return a[:, None]
 
 
-__all__ = ["DenseKV", "GatheredKV", "InPlaceKV"]
+KVAccess = DenseKV | GatheredKV | InPlaceKV  # what TalkerLayer.forward is handed
+
+__all__ = ["DenseKV", "GatheredKV", "InPlaceKV", "KVAccess"]

@@ -283,7 +283,8 @@ class DecoderLayer(nn.Module):
     LayerScaled when ``layer_scale`` is set (the codec decoder's). ``cfg`` carries the
     Qwen3 keys (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
     head_dim, rms_norm_eps). Models with a KV cache call ``qkv`` then ``finish`` around
-    their own cache writes; ``forward`` is the cache-free layer."""
+    their own cache writes (the talker: ``after_attention`` around a K/V access object,
+    engines/models/kv_access.py); ``forward`` is the cache-free layer."""
 
     def __init__(self, cfg, *, qk_norm: bool = True, bias: bool = False, layer_scale: float | None = None):
         super().__init__()

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.models.configs import Qwen3LayerConfig
-from engines.models.kv_access import DenseKV, GatheredKV, InPlaceKV
+from engines.models.kv_access import DenseKV, GatheredKV, InPlaceKV, KVAccess
 from engines.models.layers import (
     DecoderLayer,
     RMSNorm,
@@ -96,13 +96,13 @@ class TalkerLayer(DecoderLayer):
     writes the new K/V where they live and attends over the row's. A quantized talker runs the same
     forward on the modules quantize_talker swapped in (engines/models/quantize.py)."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVAccess) -> torch.Tensor:
         """x [B, S, D]; cos/sin prepared (``prepare_rope``: [B, 1, S, hd]) -> [B, S, D]."""
         q, k, v = self.qkv(x, cos, sin)
         return self.after_attention(x, self.self_attn.o_proj(kv.attend(q, k, v)))
 
 
-def _call_layer(layer: TalkerLayer, x, cos, sin, kv):
+def _call_layer(layer: TalkerLayer, x, cos, sin, kv: KVAccess):
     return layer(x, cos, sin, kv)
 
 
@@ -153,7 +153,7 @@ class Talker(nn.Module):
         batch and length (dynamic shapes), a graph per kind of K/V access."""
         self.layer_step = compile_block_call(_call_layer, backend)
 
-    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVAccess]) -> torch.Tensor:
         step = self.layer_step or _call_layer
         for layer, kv in zip(self.model.layers, kvs):
             x = step(layer, x, cos, sin, kv)
