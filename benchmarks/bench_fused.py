@@ -83,7 +83,7 @@ def main() -> int:
 
     def activate(name: str) -> TalkerCosts:
         """The variant's predictor and talker layers in place (a CPU step runs them at every call)."""
-        source.predictor, source.talker.decode_layer_step = setups[name]
+        source.predictor, source.talker.fused_decode_step = setups[name]
         if name not in runners:
             runners[name] = GraphedTalkerStep(source.step_spec(), compile_backend=backend if name == "graphed" else None)
         costs = TalkerCosts(source)

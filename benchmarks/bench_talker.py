@@ -49,7 +49,8 @@ How (every number printed comes from this procedure):
   the SAME round (min and median over rounds). torch's GEMV rate is printed for reference only:
   it is one kernel's speed, not what memory delivers.
 * **Quantized modes** run their decode step in the native frame (engines/native) where it was
-  built; ``--ort-too`` adds each mode with its step on ONNX Runtime ("ours int8 ort").
+  built; ``--ort-too`` adds each mode with its step on ONNX Runtime ("ours int8 ort"; with
+  ``--baseline-commit`` that commit's too).
 * **The codec decoder beside it** (``--codec``): every "ours" variant also holds the speech
   tokenizer's decoder at the size's codec sizes (the released ones for 0.6b / 1.7b,
   benchmarks/released/) and, in the same turn, decodes its B rows in streaming chunks of
@@ -140,6 +141,13 @@ def compile_backend(part: str) -> str | None:
 
         return older(part)
     return runtime_switches().compile_backend(part)
+
+def paged_attention() -> bool:
+    """The engine's paged-attention switch (STREAMVOX_PAGED_ATTENTION=0 turns it off: the settings read it)."""
+    from service.settings import runtime_switches
+
+    return runtime_switches().paged_attention
+
 
 _READ_BUFFER = None
 
@@ -409,6 +417,8 @@ def ours_worker(args) -> None:
         # serve all but the first from memory, while the official rows are all prefilled.
         no_prefix = {"prefix_cache_fraction": 0.0} if "prefix_cache_fraction" in inspect.signature(
             TalkerSource.__init__).parameters else {}
+        if "paged_attention" in inspect.signature(TalkerSource.__init__).parameters:  # an older tree read the variable
+            no_prefix["paged_attention"] = paged_attention()
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
                                           kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor
@@ -738,6 +748,9 @@ def main() -> None:
         for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
             specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
                                                       "--quantize", mode], old_tree))
+            if args.ort_too and mode != "bf16":
+                specs.append((f"ours@{rev} {mode} ort", me + ["--worker", str(old_tree), "--variant", "ours-ort",
+                                                              "--quantize", mode], old_tree))
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():

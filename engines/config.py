@@ -41,6 +41,10 @@ class RuntimeSwitches:
     prefill_graphs: bool = True
     """CUDA, with the step graphs: the prompts' first prefill chunks through CUDA graphs per
     (prompts, width) bucket (off: every prefill eager)."""
+    paged_attention: bool = True
+    """CUDA: the talker's decode attention reads the paged KV pool in place (a Triton kernel,
+    engines/models/paged_attention.py; one step graph serves every length) (off: each row's blocks
+    gathered into a contiguous view, one graph per KV-block bucket)."""
     batched_admission: bool = True
     """CUDA: the rows admitted since the last tick start in one pass (off: one by one, as on CPU)."""
     fused_predictor: str = "off"

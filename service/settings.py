@@ -475,9 +475,11 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
-    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_BATCHED_ADMISSION=0 starts
-    admitted rows one by one; STREAMVOX_FUSED_PREDICTOR=persistent|phased and STREAMVOX_FUSED_TALKER=1
-    run the code predictor's frame / the talker's decode layers as fused Triton kernels (CUDA);
+    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_PAGED_ATTENTION=0 gathers the
+    KV blocks for decode attention instead of the kernel reading them in place;
+    STREAMVOX_BATCHED_ADMISSION=0 starts admitted rows one by one; STREAMVOX_FUSED_PREDICTOR=persistent|phased
+    and STREAMVOX_FUSED_TALKER=1 run the code predictor's frame / the talker's decode layers as fused Triton
+    kernels (CUDA);
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
     STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too."""
@@ -488,6 +490,7 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
                            prefill_graphs=env.get("STREAMVOX_PREFILL_GRAPHS", "1") != "0",
+                           paged_attention=env.get("STREAMVOX_PAGED_ATTENTION", "1") != "0",
                            batched_admission=env.get("STREAMVOX_BATCHED_ADMISSION", "1") != "0",
                            fused_predictor="off" if fused in ("", "0") else fused,
                            fused_talker=env.get("STREAMVOX_FUSED_TALKER", "0") == "1",

@@ -1,6 +1,6 @@
 """The talker's decode layer (one position per row) as fused Triton kernels.
 
-    talker.decode_layer_step = FusedDecodeLayers(talker)     # Talker.forward_paged calls it per layer
+    talker.fused_decode_step = FusedDecodeLayers(talker)     # Talker.forward_paged calls it per layer
 
 Eager, a talker layer's decode step is ~15 kernels (norms, three projections, two q/k norms, two
 rotations, two pool writes, attention, o_proj, add, norm, gate/up, SiLU, mul, down, add). Here it
@@ -23,7 +23,9 @@ engine uses it on CUDA when switched on (``STREAMVOX_FUSED_TALKER=1``, off until
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from engines.models.kv_access import InPlaceKV
 from engines.models.paged_attention import paged_decode_attention
 from engines.models.triton_blocks import (
     TileConfig,
@@ -66,8 +68,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class FusedDecodeLayers:
-    """A talker's ``decode_layer_step`` (the call ``Talker.forward_paged`` makes per layer when the
-    step reads the pool in place) as five fused launches. Each layer's q/k/v and gate/up weights
+    """A talker's ``fused_decode_step`` (the call ``Talker.forward_paged`` makes per layer when the
+    step reads the pool in place: engines/models/kv_access.py ``InPlaceKV``) as five fused launches. Each layer's q/k/v and gate/up weights
     are fused into one matrix each and its q/k norm weights stacked, all as views of the modules'
     parameters (no memory added; the modules compute what they did)."""
 
@@ -77,7 +79,7 @@ class FusedDecodeLayers:
             raise RuntimeError("the fused talker layers run on CUDA with Triton (or under TRITON_INTERPRET=1)")
         layers = list(talker.model.layers)
         for layer in layers:
-            if layer.nbits is not None:
+            if not isinstance(layer.mlp.down_proj, nn.Linear):
                 raise ValueError("the fused talker layers need the plain (not quantized) layers")
             layer.self_attn.fuse_qkv()
             layer.mlp.fuse()
@@ -91,12 +93,12 @@ class FusedDecodeLayers:
         self.block_k = min(self.tiles.block_k, pow2(cfg.hidden_size))
         self.ieee = param.dtype == torch.float32
 
-    def __call__(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pool_k: torch.Tensor,
-                 pool_v: torch.Tensor, write_slots: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
-                 block_size: int) -> torch.Tensor:
-        """``TalkerLayer.forward_paged_decode``: x [B, 1, D]; cos/sin the prepared rotary rows
-        [B, 1, 1, hd]; K/V written at ``write_slots`` [B, 1]; attention over each row's ``table`` up
-        to ``lengths`` -> [B, 1, D]."""
+    def __call__(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: InPlaceKV) -> torch.Tensor:
+        """``TalkerLayer.forward`` over ``kv``: x [B, 1, D]; cos/sin the prepared rotary rows
+        [B, 1, 1, hd]; K/V written at ``kv.write_slots`` [B, 1]; attention over each row's block
+        table up to its length -> [B, 1, D]."""
+        pool_k, pool_v, write_slots = kv.pool_k, kv.pool_v, kv.write_slots
+        table, lengths, block_size = kv.table, kv.lengths, kv.block_size
         attn, mlp = layer.self_attn, layer.mlp
         b, _, d = x.shape
         heads, kv_heads, hd = attn.n_heads, attn.n_kv, attn.head_dim

@@ -13,12 +13,14 @@ and everything outside the decoder stay fp32.
 * With onnxruntime installed (a dependency of the package), every mode runs on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
   with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
-  weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
-  as ONE call per pass (engines/models/quantize_predictor.py: norms, RoPE, attention over its
-  own K/V cache), each talker layer as two (engines/models/quantize_talker_layer.py: RoPE and
-  attention inside, the paged K/V cache written and read by torch between them).
-  ``fused=False`` keeps three calls per layer around torch's RoPE and attention
-  (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
+  weight-bound, so the small ops go inside the ORT graphs too. Each talker layer's modules are
+  swapped for three calls (quantize_nbits.convert_layer: norms, q/k/v and RoPE; o_proj; the MLP)
+  and its one forward runs on them, the K/V cache written and read by torch between them, and
+  the talker's attention core is ORT's (``OrtAttention``, faster on prompts than torch's SDPA).
+  The code predictor's layers run as ONE call per pass (engines/models/quantize_predictor.py:
+  norms, RoPE, attention over its own K/V cache). ``fused=False`` keeps torch's attention in the
+  talker and the predictor's layers as three calls each, as predictors whose head size ORT's
+  attention refuses do.
 * Where the native extension was built (engines/native/, engines/models/quantize_native.py), the
   decode step runs as ONE native call a frame on the same packed weights (``talker.native_frame``,
   ``native=``); prefill and top-p rows stay on the ORT graphs above.
@@ -134,9 +136,9 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     bits). -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
     the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
-    call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
-    attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
-    attention (quantize_nbits.convert_layer). ``native`` (None: where it can run): also the
+    call per pass (engines/models/quantize_predictor.py) instead of three calls per layer
+    (quantize_nbits.convert_layer, as the talker's layers always are), and the talker's attention
+    on ORT's kernel (quantize_nbits.OrtAttention) instead of torch's. ``native`` (None: where it can run): also the
     native frame (engines/models/quantize_native.py, ``talker.native_frame``), which runs each
     decode step in one call; prefill and the code predictor's own ``predict`` stay on ONNX Runtime."""
     if mode not in QUANTIZE_MODES:
@@ -152,7 +154,7 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     talker_layers, predictor_layers = list(talker.model.layers), list(predictor.model.layers)
     bits = _ort_bits(mode)
     if bits:
-        from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
+        from engines.models.quantize_nbits import NBitsLinear, OrtAttention, convert_layer, ensure_pool
         from engines.models.quantize_predictor import NBitsPredictorLayers
 
         talker_bits, predictor_bits = bits
@@ -165,15 +167,10 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
             n += 7 * len(predictor_layers)
             predictor.model.layers = nn.ModuleList()  # inside fused_layers now
             predictor_layers = []
-        if fused:
-            from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
-
-            for layer in talker_layers:
-                layer.nbits = NBitsTalkerLayer(layer, talker_bits)
-                strip_layer(layer)
-                n += 7
-            talker_layers = []
-        # what is left: each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+        if fused:  # the talker's attention over its K/V on ORT's kernel (one session serves every layer)
+            attn = talker_layers[0].self_attn
+            talker.attention_core = OrtAttention(attn.n_heads, attn.n_kv, attn.head_dim, talker.attention_core.scale)
+        # each decoder layer as three ORT calls with its norms and RoPE inside (quantize_nbits.py)
         n += sum(convert_layer(layer, talker_bits) for layer in talker_layers)
         n += sum(convert_layer(layer, predictor_bits) for layer in predictor_layers)
 

@@ -25,10 +25,11 @@ the SM's L1, which is not coherent within a launch); weights load normally.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
+
+from engines.models.paged_attention import triton_interprets
 
 try:  # Triton ships with CUDA builds of torch; the CPU build may lack it
     import triton
@@ -39,8 +40,8 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 
 def interpreting() -> bool:
     """Triton's CPU interpreter is on (it must be set before a kernel is defined: the tests run
-    the kernels in a subprocess that sets it)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    the kernels in a subprocess that sets it); asked of Triton, not of the environment."""
+    return triton_interprets()
 
 
 def kernels_run_on(device: torch.device) -> bool:

@@ -38,7 +38,7 @@ SourceMaker = Callable[..., tuple]
 def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[TalkerSource, tuple]:
     """The talker source on the device, with the runtime's graphs the device and switches ask for."""
     device, switches, slots = setup.device, setup.switches, setup.max_slots
-    source = TalkerSource.from_bundle(bundle, max_slots=slots, **options)
+    source = TalkerSource.from_bundle(bundle, max_slots=slots, paged_attention=switches.paged_attention, **options)
     source.batched_admission = source.batched_admission and switches.batched_admission
     backend = switches.compile_backend("talker")
     if backend:  # opt-in (compile_talker); compiled by the warm-up, before ready
@@ -83,7 +83,7 @@ def use_fused_kernels(source: TalkerSource, switches) -> None:
     if switches.fused_talker:
         from engines.models.fused_talker import FusedDecodeLayers
 
-        source.talker.decode_layer_step = FusedDecodeLayers(source.talker)
+        source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
     if switches.fused_predictor != "off":
         from engines.models.fused_predictor import FusedCodePredictor
 

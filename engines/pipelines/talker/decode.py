@@ -142,14 +142,14 @@ class DecodeStep:
 
         def uncompile() -> None:
             self.predictor.layer_step = None
-            self.talker.layer_step = self.talker.decode_layer_step = None
+            self.talker.layer_step = None
 
         return StepSpec(step=self, max_rows=max_rows, scratch_row=scratch_row,
                         max_blocks_per_row=self.cache.max_blocks_per_row, device=self.device,
                         buffers_version=lambda: self.state.version, before_capture=before_capture,
                         compile_layers=lambda backend: self.predictor.compile_layers(backend=backend),
                         compiled=compiled, uncompile=uncompile,
-                        bucket_blocks=not self.talker.reads_pool_in_place(self.device))
+                        bucket_blocks=not self.cache.reads_in_place)
 
 
 __all__ = ["DecodeStep"]

@@ -81,10 +81,10 @@ def _interpreted(out_path: str) -> None:
     results = {}
     for name, sizes, seed in (("small", {}, 1), ("released", RELEASED_0_6B, 2)):
         talker, *case = layer_case(sizes, seed)
-        talker.decode_layer_step = FusedDecodeLayers(talker)
+        talker.fused_decode_step = FusedDecodeLayers(talker)
         results[name] = decode_step(talker, *case)
     source = TalkerSource.from_bundle(stream_bundle(), max_slots=2, max_seq_len=128)
-    source.talker.decode_layer_step = FusedDecodeLayers(source.talker)
+    source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
     source.predictor = FusedCodePredictor(source.predictor, mode="persistent")
     assert admissible(source) == 2
     results["streams"] = run_streams(source)
@@ -138,7 +138,7 @@ def test_on_cuda_the_fused_layer_equals_the_layer_at_the_released_widths(dtype):
 
     want = decode_step(*layer_case(RELEASED_0_6B, 2, "cuda", dtype))
     talker, *case = layer_case(RELEASED_0_6B, 2, "cuda", dtype)
-    talker.decode_layer_step = FusedDecodeLayers(talker)
+    talker.fused_decode_step = FusedDecodeLayers(talker)
     got = decode_step(talker, *case)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for g, w, what in zip(got, want, ("hidden", "keys", "values")):
@@ -159,7 +159,7 @@ def test_on_cuda_the_graphed_fused_step_gives_the_reference_codes():
 
     bundle = make_bundle(seed=4, eos_gain=0.5, max_new_tokens=FRAMES + 1, device="cuda")
     source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)
-    source.talker.decode_layer_step = FusedDecodeLayers(source.talker)
+    source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
     source.predictor = FusedCodePredictor(source.predictor, mode="persistent")
     source.step_runner = GraphedTalkerStep(source.step_spec())
     got = run_streams(source)

@@ -138,18 +138,22 @@ def test_fused_predictor_computes_what_the_per_layer_calls_compute(mode):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_fused_talker_layers_compute_what_the_per_layer_calls_compute(mode):
-    """Each talker layer as two ORT calls (RoPE and attention inside) against the three calls around
-    torch's RoPE and SDPA: the same packed weights, rounding-level differences, over a prompt and then
-    steps on the paged cache of the served source, and on the dense cache of the reference loop. At
+def test_ort_attention_computes_what_torch_attention_computes(mode):
+    """The talker's attention on ORT's kernel (OrtAttention, swapped in for torch's SDPA) against torch's:
+    the same swapped-in layer modules and packed weights, rounding-level differences, over a prompt and
+    then steps on the paged cache of the served source, and on the dense cache of the reference loop. At
     this tiny width (blocks of 32 inputs) one activation moved to the next int8 level moves the
     hidden state by up to ~5e-3 of its norm (measured); a RoPE sign error moves it by 0.1-1.4, so
     the bound is 3e-2."""
+    from engines.models.layers import ScaledDotProduct
+    from engines.models.quantize_nbits import OrtAttention
+
     per_layer = make_bundle(seed=4, max_new_tokens=6)
     fused = copy.deepcopy(per_layer)
     quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
     quantize_talker(fused.talker, fused.predictor, mode)
-    assert fused.talker.model.layers[0].nbits is not None and per_layer.talker.model.layers[0].nbits is None
+    assert isinstance(fused.talker.attention_core, OrtAttention)
+    assert isinstance(per_layer.talker.attention_core, ScaledDotProduct)
     hidden = {}
     for name, bundle in (("per_layer", per_layer), ("fused", fused)):
         source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=64)
