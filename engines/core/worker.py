@@ -37,6 +37,7 @@ import torch
 from engines.contract import (
     Deliver,
     EngineOverloaded,
+    Priority,
     RequestHandle,
     SynthesisRequest,
     TickReport,
@@ -68,6 +69,12 @@ STAGES = ("deliver", "plan", "admit", "tick", "vocalize", "align")  # worker loo
 # Vocoder pieces handed to the vocoder thread and not yet collected, at most: the talker runs ahead
 # of a slower decoder by this much, no more (the frames wait as codes, not PCM).
 PIECES_IN_FLIGHT = 2
+
+
+def first_chunk(entry) -> bool:
+    """An outbox entry that is a realtime request's first audio (delivered first, worker ``_deliver``)."""
+    active = entry[0]
+    return active.delivered == 0 and active.request.priority == Priority.REALTIME
 
 
 class Worker:
@@ -253,6 +260,10 @@ class Worker:
                 rows, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
                 self._fail_tick(exc)
+            with self._stage("deliver"):  # first chunks as soon as their PCM lands, not a step later
+                self._deliver(first_audio=True)
+        else:
+            self.scheduler.no_step()
         with self._stage("vocalize"):
             vocoded = self._vocode()
         with self._stage("align"):
@@ -492,7 +503,7 @@ class Worker:
         """A decoded piece: its PCM into the outbox, then its failed requests end (ending one
         collects the later pieces, whose PCM must follow this one's)."""
         entries, pcm, failed = [], [], []
-        now = time.monotonic()
+        now = self.scheduler.clock()
         for (w, item, frames_done), result in zip(work, results):
             active = w.state
             if self.scheduler.requests.get(active.request_id) is not active:
@@ -509,14 +520,17 @@ class Worker:
         for active, exc in failed:
             self._finish(active, error=f"vocalizer failed: {exc}")
 
-    def _deliver(self, wait: bool = False) -> None:
+    def _deliver(self, wait: bool = False, first_audio: bool = False) -> None:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
-        host never waits on the device in steady state."""
+        host never waits on the device in steady state. ``first_audio`` (after a step was queued):
+        also wait for the pieces up to the last one holding a realtime request's first chunk, whose
+        decode was queued before that step - delivered when its copy lands, not after the step."""
         if wait:
             self._collect_vocoded(wait=True)
-        for (active, final, text, frames_done), pcm in self._outbox.take(wait):
+        urgent = first_chunk if first_audio else None
+        for (active, final, text, frames_done), pcm in self._outbox.take(wait, urgent):
             if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
             if self.aligning is not None and self.aligning.keep(active, pcm) and final:
