@@ -50,6 +50,7 @@ import websockets
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_e2e import shares, stage_seconds  # noqa: E402
 from loadgen import Playback, Server, log_tail, percentile, ws_url  # noqa: E402
 
 SENTENCES = REPO / "benchmarks" / "sentences" / "en.txt"
@@ -185,26 +186,6 @@ async def run_level(base: str, rate: float, texts: list[str], seed: int, clients
         return list(streams), time.monotonic() - start - offsets[0]
 
 
-async def server_ttfa(base: str, api_key: str | None) -> tuple[float, float]:
-    """(sum, count) of the server's first-audio histogram (submit -> first chunk handed over)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    total = count = 0.0
-    try:
-        async with aiohttp.ClientSession() as http, http.get(base + "/metrics", headers=headers) as r:
-            text = await r.text() if r.status == 200 else ""
-    except aiohttp.ClientError:
-        return 0.0, 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "streamvox_time_to_first_audio_seconds_sum":
-                total = s.value
-            elif s.name == "streamvox_time_to_first_audio_seconds_count":
-                count = s.value
-    return total, count
-
-
 def summarize(streams: list[Stream], wall_s: float, srv: tuple[float, float]) -> dict:
     ok = [s for s in streams if s.ok]
     ttfa = [s.ttfa_s for s in ok]
@@ -320,20 +301,24 @@ def main() -> int:
         results: dict[str, list[dict]] = {name: [] for name in urls}
         cursor = 0
         print(f"{'tree':<8} {'req/s':>5} {'reqs':>5} {'err':>4} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-              f"{'srv ms':>7} {'fed <=50ms':>10} {'worst late ms':>13} {'audio s/s':>9}")
+              f"{'srv ms':>7} {'fed <=50ms':>10} {'worst late ms':>13} {'audio s/s':>9} {'ms/tick':>7}  worker time by stage")
         for k, rate in enumerate(rates):
             count = min(args.max_requests, max(args.min_requests, round(rate * args.seconds)))
             texts = [sentences[(cursor + i) % len(sentences)] for i in range(count)]
             cursor += count
             names = list(urls)
             for name in names[k % len(names):] + names[:k % len(names)]:  # the order rotates by rate
-                before = asyncio.run(server_ttfa(urls[name], args.api_key))
+                before = asyncio.run(stage_seconds(urls[name], args.api_key))
                 streams, wall = asyncio.run(run_level(urls[name], rate, texts, args.seed + k, clients,
                                                       args.api_key, args.timeout))
-                after = asyncio.run(server_ttfa(urls[name], args.api_key))
-                row = summarize(streams, wall, (after[0] - before[0], after[1] - before[1]))
+                after = asyncio.run(stage_seconds(urls[name], args.api_key))
+                srv = (after.get("ttfa_sum", 0.0) - before.get("ttfa_sum", 0.0),
+                       after.get("ttfa_count", 0.0) - before.get("ttfa_count", 0.0))
+                row = summarize(streams, wall, srv)
                 results[name].append(row)
-                print(line(name, rate, row), flush=True)
+                ticks = after.get("ticks", 0.0) - before.get("ticks", 0.0)
+                per_tick = f"{1e3 * wall / ticks:.1f}" if ticks else "n/a"
+                print(line(name, rate, row) + f" {per_tick:>7}  {shares(before, after)}", flush=True)
                 if row["error_sample"]:
                     print(f"         (an error: {row['error_sample'][:200]})")
         for name in urls:
@@ -350,7 +335,7 @@ def main() -> int:
             server.stop()
     print("p50/p95/p99 = first audio (client: text or request sent -> first PCM byte); srv = the server's mean "
           "submit -> first chunk; fed <=50ms = streams never more than 50 ms behind playback; audio s/s = audio "
-          "seconds received per wall second of the level")
+          "seconds received per wall second of the level; ms/tick = level wall / worker ticks")
     return 0
 
 

@@ -353,7 +353,7 @@ class Scheduler:
         * the first audio: the request's own ``initial_codec_chunk_frames`` when it set one, else
           one frame (first audio one step after the prompt, at any load);
         * then the largest of ``LEAD_SCHEDULE`` that the stream's lead covers while the chunk is
-          made and delivered, at most the pipeline's next chunk (``flush_need``: as long as all
+          made and delivered, no longer than the pipeline's next chunk (``flush_need``: as long as all
           the audio before it; a live utterance's first-chunk size while its text arrives)."""
         if state.frames_done == 0:
             first = state.request.initial_codec_chunk_frames
@@ -365,7 +365,7 @@ class Scheduler:
             if n > largest or lead < (n + CHUNK_OVERHEAD_STEPS) * self.step_period:
                 break
             size = n
-        return min(size, largest)
+        return size
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime

@@ -245,8 +245,8 @@ class Worker:
     def step(self) -> bool:
         """One loop iteration; False when there was nothing to do (the loop then sleeps)."""
         generating = self.pipeline.active_slots > 0
-        with self._stage("deliver"):
-            self._deliver(wait=not generating and not self._vocoder_ready())
+        with self._stage("deliver"):  # a first chunk waited for here, before this turn's launches
+            self._deliver(wait=not generating and not self._vocoder_ready(), first_audio=True)
         self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
         with self._stage("plan"):
             self._admit_new()
@@ -260,8 +260,6 @@ class Worker:
                 rows, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
                 self._fail_tick(exc)
-            with self._stage("deliver"):  # first chunks as soon as their PCM lands, not a step later
-                self._deliver(first_audio=True)
         else:
             self.scheduler.no_step()
         with self._stage("vocalize"):
@@ -524,9 +522,11 @@ class Worker:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
-        host never waits on the device in steady state. ``first_audio`` (after a step was queued):
-        also wait for the pieces up to the last one holding a realtime request's first chunk, whose
-        decode was queued before that step - delivered when its copy lands, not after the step."""
+        host never waits on the device in steady state. ``first_audio``: also wait for the pieces
+        up to the last one holding a realtime request's first chunk - delivered when its copy lands,
+        not after the next step (measured on the virtual device at 1 and 20 requests/s, H100 table:
+        waiting here, before the turn's launches, gave first audio p50 102-106 ms at 20 req/s, waiting
+        right after the next step was queued 124-135, neither 144-146; benchmarks/RESULTS.md)."""
         if wait:
             self._collect_vocoded(wait=True)
         urgent = first_chunk if first_audio else None
