@@ -166,7 +166,7 @@ def _finish(stream: Stream, playback: Playback, t0: float) -> Stream:
 
 
 async def run_level(base: str, rate: float, texts: list[str], seed: int, clients: list[str],
-                    api_key: str | None, timeout_s: float) -> tuple[list[Stream], float]:
+                    api_key: str | None, timeout_s: float, max_frames: int | None = None) -> tuple[list[Stream], float]:
     """One rate: every request sent at its arrival; -> the streams and the level's wall seconds
     (first arrival to last stream's end)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -177,7 +177,7 @@ async def run_level(base: str, rate: float, texts: list[str], seed: int, clients
 
         async def one(i: int, text: str) -> Stream:
             await asyncio.sleep(max(0.0, start + offsets[i] - time.monotonic()))
-            mnt = max_new_tokens_for(text)
+            mnt = max_new_tokens_for(text) if max_frames is None else min(max_new_tokens_for(text), max_frames + 1)
             if clients[i % len(clients)] == "http":
                 return await http_request(http, base, text, seed + i, mnt, headers, timeout_s)
             return await ws_request(base, text, seed + i, mnt, headers, timeout_s)
@@ -257,6 +257,7 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=10_000)
     p.add_argument("--clients", default="ws,http", help="client kinds taking turns (ws, http)")
     p.add_argument("--seed", type=int, default=46)
+    p.add_argument("--max-frames", type=int, help="cap every utterance at this many frames (quick checks, dry runs)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take")
     p.add_argument("--sentences", type=Path, default=SENTENCES)
     p.add_argument("--api-key")
@@ -297,7 +298,8 @@ def main() -> int:
                 urls[name] = servers[name].url
         print(header(args, urls, rates, clients, len(sentences)))
         for name, url in urls.items():  # untimed: a first request of each client kind
-            asyncio.run(run_level(url, 50.0, sentences[:len(clients)], args.seed, clients, args.api_key, args.timeout))
+            asyncio.run(run_level(url, 50.0, sentences[:len(clients)], args.seed, clients, args.api_key, args.timeout,
+                                  args.max_frames))
         results: dict[str, list[dict]] = {name: [] for name in urls}
         cursor = 0
         print(f"{'tree':<8} {'req/s':>5} {'reqs':>5} {'err':>4} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
@@ -310,7 +312,7 @@ def main() -> int:
             for name in names[k % len(names):] + names[:k % len(names)]:  # the order rotates by rate
                 before = asyncio.run(stage_seconds(urls[name], args.api_key))
                 streams, wall = asyncio.run(run_level(urls[name], rate, texts, args.seed + k, clients,
-                                                      args.api_key, args.timeout))
+                                                      args.api_key, args.timeout, args.max_frames))
                 after = asyncio.run(stage_seconds(urls[name], args.api_key))
                 srv = (after.get("ttfa_sum", 0.0) - before.get("ttfa_sum", 0.0),
                        after.get("ttfa_count", 0.0) - before.get("ttfa_count", 0.0))
