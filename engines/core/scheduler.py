@@ -40,11 +40,14 @@ and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder hav
   ``initial_codec_chunk_frames`` wins), whatever the load, so its first audio is one prefill and
   one step away; it goes to the vocoder the step it is made (its deadline, the submission, is
   the earliest there is) and the worker delivers it as soon as its PCM lands (worker.py).
-* Chunk sizes by buffered lead: each later chunk is the largest of ``LEAD_SCHEDULE`` (1, 2, 4, 8,
-  12 frames) that the stream's lead - the audio its listener holds beyond now - covers while it
-  is made, vocoded and delivered ((n + CHUNK_OVERHEAD_STEPS) steps of the measured period), and
-  never longer than all the audio before it (the pipeline's ``flush_frames``). A stream with a
-  short lead gets short chunks (no underrun); one far ahead gets long ones (fewer decoder calls).
+* Chunk sizes by buffered lead: while steps take under half real time, each later chunk is the
+  largest of ``LEAD_SCHEDULE`` (1, 2, 4, 8, 12 frames) that the stream's lead - the audio its
+  listener holds beyond now - covers while it is made, vocoded and delivered ((n +
+  CHUNK_OVERHEAD_STEPS) steps of the measured period), and never longer than all the audio before
+  it (the pipeline's ``flush_frames``). A stream with a short lead gets short chunks (no underrun);
+  one far ahead gets long ones (fewer decoder calls). On a loaded device a stream's chunks grow so
+  only up to the pipeline's first-chunk size (4 frames on the talker) and then stay there: few chunk
+  lengths, few decoder calls, and its one-frame start is bridged without a gap.
   The step period counts only back-to-back steps: a turn without a step (the engine idle
   between requests) starts the measure again, so an idle gap never looks like a slow device.
 * Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
@@ -73,6 +76,9 @@ CHUNK_OVERHEAD_STEPS = 1.5
 # Chunk sizes a stream grows through as its lead allows (frames; nari-qwen3-tts's ``ttfa`` profile):
 # the first is the first chunk's, the last the talker's longest (its ``chunk_frames``).
 LEAD_SCHEDULE = (1, 2, 4, 8, 12)
+# On a loaded device a stream's chunks grow by its lead from one frame to the pipeline's first-chunk
+# size over its first this-many such chunks' worth of frames, then stay there (few chunk lengths).
+RAMP_CHUNKS = 2
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
 # On a GPU a prefill call is launch bound: on the H200 (benchmarks/costs/h200-0.6b.json) 16 prompts
 # of 256 positions cost what one of 16 does (27-29 ms), so a burst of arrivals prefills in one call.
@@ -237,6 +243,14 @@ class Scheduler:
         self._last_step = None
 
     @property
+    def room_to_grow(self) -> bool:
+        """Steps under half real time: the device has room. Above it (a loaded device) chunks stay
+        the pipeline's first-chunk size: small chunks by a short lead would multiply the codec calls
+        (one call per chunk length, ~4 ms each on an H100 whatever its rows) and the load with them,
+        and equal chunks of many streams spread the vocoder's work evenly over the steps."""
+        return self.step_period <= FRAME_SECONDS / 2
+
+    @property
     def piece_frames(self) -> int:
         """This step's bound on a vocoder piece, in code frames."""
         return max(self.vocoder_frames, math.ceil(self.keep_up * self._rate))
@@ -352,14 +366,22 @@ class Scheduler:
         """Frames to gather before the request's next vocoder piece (this module's docstring):
         * the first audio: the request's own ``initial_codec_chunk_frames`` when it set one, else
           one frame (first audio one step after the prompt, at any load);
-        * then the largest of ``LEAD_SCHEDULE`` that the stream's lead covers while the chunk is
-          made and delivered, no longer than the pipeline's next chunk (``flush_need``: as long as all
-          the audio before it; a live utterance's first-chunk size while its text arrives)."""
+        * then, while the device has room (``room_to_grow``), the largest of ``LEAD_SCHEDULE`` that
+          the stream's lead covers while the chunk is made and delivered, no longer than the
+          pipeline's next chunk (``flush_need``: as long as all the audio before it; a live
+          utterance's first-chunk size while its text arrives); on a loaded device the same up to
+          the pipeline's first-chunk size while a stream ramps up, then that size for every stream
+          alike."""
         if state.frames_done == 0:
             first = state.request.initial_codec_chunk_frames
             return first if first is not None else LEAD_SCHEDULE[0]
-        lead = self.playback_deadline(state) - (self.clock() if now is None else now)
         largest = flush_need(state, flush_frames)
+        if not self.room_to_grow:  # a loaded device: the pipeline's first-chunk size, once a stream has ramped up
+            uniform = flush_frames(0)
+            if state.frames_done >= RAMP_CHUNKS * uniform:
+                return min(largest, uniform)
+            largest = min(largest, uniform)  # its one-frame start grows to it by its lead
+        lead = self.playback_deadline(state) - (self.clock() if now is None else now)
         size = LEAD_SCHEDULE[0]
         for n in LEAD_SCHEDULE[1:]:
             if n > largest or lead < (n + CHUNK_OVERHEAD_STEPS) * self.step_period:

@@ -198,3 +198,20 @@ def test_first_chunks_are_realtime_ones():
     assert first_chunk((realtime, False, None, 1)) and not first_chunk((batch, False, None, 1))
     realtime.delivered = 1
     assert not first_chunk((realtime, False, None, 2))
+
+
+def test_on_a_loaded_device_later_chunks_are_the_pipelines_first_chunk_size_for_every_stream():
+    """Steps over half real time: whatever its lead, a stream that has ramped up makes chunks of the
+    pipeline's first-chunk size (few chunk lengths, few decoder calls); a young one grows from its
+    one-frame start to that size by its lead, so the first frame is not followed by a gap."""
+    sched = Scheduler(max_slots=4)
+    sched.step_period = 0.060
+    now = 100.0
+    chunks = lambda done: 4 if done == 0 else 12  # noqa: E731 (the talker's: first 4, up to 12)
+    for lead_s in (-0.1, 0.05, 0.5, 2.0):
+        s = state("s", pending_frames=1, first_audio_at=now + lead_s - 10 * 0.08, frames_done=10)
+        assert sched.flush_size(s, chunks, now=now) == 4
+    assert sched.flush_size(state("new", pending_frames=1), chunks, now=now) == 1
+    for lead_s, expected in ((0.08, 1), (0.25, 2), (0.4, 4), (2.0, 4)):  # young: 1 frame out, 2 s of lead at most
+        s = state("young", pending_frames=1, first_audio_at=now + lead_s - 0.08, frames_done=1)
+        assert sched.flush_size(s, lambda done: 4 if done == 0 else 12, now=now) == expected
