@@ -237,6 +237,7 @@ def main() -> int:
     print("admit ms (rows started together): " + " ".join(f"{n}: {ms:.2f}" for n, ms in zip(admit_rows, admit)))
     print(f"codec_decode ms (rows x frames {args.frames}):")
     codec = grid(lambda r, f: costs.codec_decode(r, f, args.repeats), args.decoder_rows, args.frames, "rows")
+    prefill_runner = costs.source.prefill.runner
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip() or "unknown"
     table = {
@@ -251,6 +252,8 @@ def main() -> int:
         "admit": {"rows": admit_rows, "ms": admit},
         "start_s": start_s,
         "kv_in_place": not getattr(getattr(step_runner, "spec", None), "bucket_blocks", True),
+        # the prefill calls that replayed a graph (the rest ran eagerly, launch bound)
+        "prefill_graph_positions": prefill_runner.spec.max_positions if prefill_runner is not None else 0,
         "notes": ("measured: each call timed with the device synchronised around it, median of "
                   f"{args.repeats}; capture_ms = the start's capture time / graphs captured "
                   f"({n_talker} talker-step keys, {n_decoder} decoder keys); fused kernels (CUDA only): "
