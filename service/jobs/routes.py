@@ -32,6 +32,7 @@ from service.jobs.store.base import (
 )
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
+from service.synthesis.numbers import whole_number
 from service.synthesis.params import JobBody
 from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
@@ -118,10 +119,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise invalid_field("status", f"choose one of {', '.join(STATUSES)}")
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError:
-        raise invalid_field("limit", "must be an integer") from None
+    limit = whole_number(request.query.get("limit", "100"))
+    if limit is None:
+        raise invalid_field("limit", "must be an integer")
     if not 1 <= limit <= 1000:
         raise invalid_field("limit", "must be between 1 and 1000")
     owner, sees_all = _owner(request)

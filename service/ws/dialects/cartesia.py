@@ -30,6 +30,7 @@ import uuid
 from aiohttp import web
 
 from service.access.auth import bearer_key
+from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.contexts import Context
 from service.ws.dialects.common import known_voice, voice_list
@@ -50,11 +51,12 @@ def output_format(value: object) -> tuple[str, int]:
         raise BadRequest("output_format: must be an object {container, encoding, sample_rate}")
     if value.get("container", "raw") != "raw":
         raise BadRequest("output_format.container: only \"raw\" is served on the WebSocket")
-    encoding, rate = value.get("encoding"), value.get("sample_rate")
+    encoding, rate = value.get("encoding"), json_whole_number(value.get("sample_rate"))
     if encoding not in ENCODINGS:
         raise BadRequest(f"output_format.encoding: choose one of {', '.join(ENCODINGS)}")
-    if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_RATE <= rate <= MAX_RATE:
-        raise BadRequest(f"output_format.sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
+    if rate is None or not MIN_RATE <= rate <= MAX_RATE:
+        raise BadRequest(f"output_format.sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}, "
+                         f"got {shown(value.get('sample_rate'))}")
     return encoding, rate
 
 
