@@ -36,7 +36,7 @@ from service.synthesis.numbers import whole_number
 from service.synthesis.params import JobBody
 from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
-from service.voices.clones import job_voice_scope, saved_clone, scoped_clone
+from service.voices.clones import job_voice_scope, scoped_clone, voice_clone_of
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -84,7 +84,7 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
                                             "download and delete old jobs or wait for retention")
-    clone = await saved_clone(request, body.voice) if state.engine.capabilities.voice_cloning else None
+    clone = await voice_clone_of(request, body.voice)  # the one voice resolver: a saved voice, or None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")

@@ -29,7 +29,7 @@ from service.state import REQUEST_ID
 from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.dialects.cartesia import BadRequest, CartesiaSocket, output_format, voice_id
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
 from service.ws.dialects.wire_audio import CONTENT_TYPES
 
@@ -76,8 +76,7 @@ class CartesiaBytes(HttpSpeech):
             voice = body.get("voice")
             voice = voice if isinstance(voice, str) and voice else voice_id(voice)  # an id, or {"mode": "id", "id"}
             if not await known_voice(self.request, voice):
-                raise BadRequest(f"voice.id {voice[:64]!r} is not a voice of this server; use one of "
-                                 f"{voice_list(self.request)} or a saved voice")
+                raise BadRequest(unknown_voice(self.request, "voice.id", voice))
             if body.get("add_timestamps") is not None and not isinstance(body["add_timestamps"], bool):
                 raise BadRequest("add_timestamps: must be true or false")
         except BadRequest as exc:

@@ -26,7 +26,7 @@ from aiohttp import WSCloseCode, web
 from service.errors import ApiError
 from service.synthesis.numbers import decimal_number, shown, whole_number
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 from service.ws.handshake import serve
@@ -71,14 +71,15 @@ def query_rate(query, name: str, default: int, low: int, high: int) -> int:
 
 async def deepgram_voice(request: web.Request, model: str) -> str:
     """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
-    is one), a saved voice, or ``aura-<voice>-<lang>`` of one; ApiError(400) otherwise."""
+    is one), a saved voice, or ``aura-<voice>-<lang>`` / ``aura-2-<voice>-<lang>`` of either (as
+    Deepgram names its models; on a Base checkpoint the voice is a saved one); ApiError(400)
+    otherwise."""
     if await known_voice(request, model):
         return model
     match = _AURA.match(model)
     if match and await known_voice(request, match.group(1)):
         return match.group(1)
-    raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
-                                                   f"{voice_list(request)} (or aura-<voice>-en) or a saved voice")
+    raise ApiError(400, "invalid_query_parameter", unknown_voice(request, "model", model) + " (also as aura-<voice>-en)")
 
 
 class DeepgramSocket(EncodedAudioSocket):

@@ -41,7 +41,7 @@ from service.errors import ApiError
 from service.synthesis.numbers import shown, whole_number
 from service.synthesis.timestamps import char_times
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.handshake import serve
 
@@ -121,8 +121,7 @@ class ElevenLabsSocket(EncodedAudioSocket):
                                                                   f"from 1 to {MAX_INACTIVITY_S}, got {shown(timeout)}")
             self.idle_timeout_s = float(seconds)
         if not await known_voice(self.request, self.voice):
-            raise ApiError(400, "voice_not_found", f"voice_id {self.voice[:64]!r} is not a voice of this server; "
-                                                   f"use one of {voice_list(self.request)} or a saved voice")
+            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", self.voice))
 
     # -- client messages -----------------------------------------------------------
     async def on_message(self, message: dict) -> None:

@@ -26,7 +26,7 @@ from aiohttp import web
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
 from service.synthesis.timestamps import char_times
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.elevenlabs import DEFAULT_FORMAT, elevenlabs_key, parse_output_format, speed_of
 from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
 from service.ws.dialects.wire_audio import CONTENT_TYPES
@@ -57,8 +57,7 @@ class ElevenLabsSpeech(HttpSpeech):
         fmt = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
         voice = self.request.match_info["voice_id"]
         if not await known_voice(self.request, voice):
-            raise ApiError(400, "voice_not_found", f"voice_id {voice[:64]!r} is not a voice of this server; "
-                                                   f"use one of {voice_list(self.request)} or a saved voice")
+            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", voice))
         text, settings = body.get("text"), body.get("voice_settings") or {}
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, "invalid_text", "text: must be a non-empty string")
