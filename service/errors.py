@@ -79,7 +79,7 @@ HTTP_STATUS_CODES = {
 
 
 @asynccontextmanager
-async def reading_body(timeout_s: float) -> AsyncIterator[None]:
+async def reading_body(request: web.Request, timeout_s: float) -> AsyncIterator[None]:
     """Around every read of a request body (JSON: service/http/body.py; multipart: the voice
     upload): what the read may raise, as the client's error. Bytes that do not decode in the
     body's ``Content-Encoding`` (a "gzip" body that is not gzip) are 400 ``invalid_body``; a body
@@ -92,6 +92,9 @@ async def reading_body(timeout_s: float) -> AsyncIterator[None]:
         raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s",
                        headers={"Connection": "close"}) from None
     except RequestPayloadError as exc:  # aiohttp's decoder refused the bytes (its message names the encoding)
+        # The rest of the body can never be read: marked read, so that aiohttp does not read it after
+        # the answer ("lingering") and log the decoder's error again as an unhandled traceback.
+        request.content.feed_eof()
         raise ApiError(400, "invalid_body", f"the request body could not be read: {_payload_problem(exc)}",
                        headers={"Connection": "close"}) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:

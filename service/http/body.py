@@ -15,7 +15,7 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request body, within ``timeout_s`` (a client trickling its body, or stopping
     half way, gets 408); bytes that are not what its ``Content-Encoding`` says are 400; a client
     that goes away mid-body is ``client_closed`` (:func:`service.errors.reading_body`)."""
-    async with reading_body(timeout_s):
+    async with reading_body(request, timeout_s):
         return await request.read()
 
 

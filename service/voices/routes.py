@@ -49,7 +49,7 @@ async def _form(request: web.Request, max_bytes: int, timeout_s: float) -> tuple
     except (AssertionError, ValueError, KeyError):
         raise ApiError(400, "invalid_form", "send multipart/form-data with audio_sample and name") from None
     try:
-        async with reading_body(timeout_s):
+        async with reading_body(request, timeout_s):
             while (part := await reader.next()) is not None:
                 if not isinstance(part, aiohttp.BodyPartReader) or not part.name:
                     continue
