@@ -36,8 +36,8 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  for tracebacks and its growth)
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
-slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
-report as one JSON line.
+slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS [NAME,...]`` prints
+its report as one JSON line (NAME: only these attacks, ``load.py --only``).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ import aiohttp
 ATTACKER = "127.0.0.2"
 CAP_ATTACKER = "127.0.0.3"  # its own address: the per-address connection cap counts it alone
 TURNS_ATTACKER = "127.0.0.4"  # the barge-in turns: a client of their own, not queued behind the crowd's work
+ANSWERS_ATTACKER = "127.0.0.5"  # vendor_answers: its own per-address stream cap, not the heavy streamer's
 CAP_FLOOD_SOCKETS = 300  # past the default --max-connections-per-address (256)
 FORGED_LINE = b"2026-01-01%2000:00:00,000%20ERROR%20streamvox.server:%20FORGED%20by%20a%20client"
 FLOOD_FRAMES = 20_000
@@ -542,11 +543,17 @@ def _upgrade(target: bytes) -> bytes:
             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n\r\n")
 
 
-async def vendor_answers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+async def vendor_answers(url: str, deadline: float, report: AttackReport) -> None:
     """ElevenLabs' convert_with_timestamps at the largest answer the work limits allow (pcm_48000,
     ~160 MiB of JSON; it used to be held 4-5 times over), read and dropped; then 40 sentences whose
     client leaves after 1 s, before any answer (their synthesis must stop: the soak's RSS and the
-    engine's idleness after it show it did). A client that left counts as 499."""
+    engine's idleness after it show it did). A client that left counts as 499. From an address of
+    its own (the heavy streamer holds 127.0.0.2's stream cap)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(ANSWERS_ATTACKER, 0))) as http:
+        await _vendor_answers(http, url, deadline, report)
+
+
+async def _vendor_answers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
     while time.monotonic() < deadline:
         try:
             async with http.post(url + WITH_TIMESTAMPS + "?output_format=pcm_48000",
@@ -637,7 +644,7 @@ async def unknown_voices(url: str, deadline: float, report: AttackReport) -> Non
 def edge_attacks(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> list:
     """The HTTP/WebSocket edges' reproductions: vendor answers and clients that leave, odd numbers, bad
     content encodings, unknown voices."""
-    return [vendor_answers(http, url, deadline, report), odd_numbers(http, url, deadline, report),
+    return [vendor_answers(url, deadline, report), odd_numbers(http, url, deadline, report),
             bad_encoding(http, url, deadline, report), unknown_voices(url, deadline, report)]
 
 
@@ -672,21 +679,25 @@ async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
         await asyncio.sleep(2.0)
 
 
-async def run_attacks(url: str, deadline: float) -> AttackReport:
-    """Every attack until ``deadline``; then whatever is still in flight is dropped (a
-    hostile client simply goes away)."""
+async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -> AttackReport:
+    """Every attack (``only``: those of these names) until ``deadline``; then whatever is still in
+    flight is dropped (a hostile client simply goes away)."""
     report = AttackReport()
     connector = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         turns = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(TURNS_ATTACKER, 0), limit=0))
-        tasks = [asyncio.create_task(attack) for attack in (
+        attacks = (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
             log_forging(url, deadline, report), cap_flood(url, deadline, report),
-            *edge_attacks(http, url, deadline, report))]
+            *edge_attacks(http, url, deadline, report))
+        for attack in attacks:
+            if only is not None and attack.__name__ not in only:
+                attack.close()  # (a coroutine never started)
+        tasks = [asyncio.create_task(attack) for attack in attacks if only is None or attack.__name__ in only]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in tasks:
             task.cancel()
@@ -715,4 +726,5 @@ def report_from_json(line: str) -> AttackReport:
 
 if __name__ == "__main__":
     url, seconds = sys.argv[1], float(sys.argv[2])
-    print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds))))
+    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # attack names (load.py --only)
+    print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds, only))))
