@@ -34,10 +34,29 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
 * cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
                  cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
                  for tracebacks and its growth)
+* job_listing  - 30 jobs of 198,000 characters (Chinese: stored as JSON, 6 bytes a character), each
+                 cancelled at once, then ``GET /v1/jobs?limit=1000`` over them in a loop (a list reads
+                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs;
+                 a server whose work limits refuse such a job answers 413 and lists fewer)
+* breaks       - ``<break time=1s`` and 4,000 spaces that never reach ``>`` (a backtracking pattern
+                 took tens of seconds over it) on every surface that takes text (400 / an error
+                 message), and 255 x ``<break time=10s>`` (42 min of silence in 4 KB) as mp3 from the
+                 ElevenLabs, Deepgram and OpenAI routes (200, read to the end)
+
+All along, a thread polls ``/healthz`` from 127.0.0.1 on a connection of its own: the report's
+longest wait for it is the longest stall of the event loop the attacks caused.
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
 slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS [NAME,...]`` prints
-its report as one JSON line (NAME: only these attacks, ``load.py --only``).
+its report as one JSON line (NAME: only these attacks, ``load.py --only``). ``python benchmarks/attacks.py
+URL --breaks [NAME]`` runs the break attacks (those whose name holds NAME) once each, one after the
+other, and prints each one's longest ``/healthz`` wait (a table).
+
+``python benchmarks/attacks.py list-jobs URL PID [JOBS]`` measures one attack alone: the server's
+peak RSS during each ``GET /v1/jobs`` call (``/proc/PID``: VmHWM, reset before each call by
+``clear_refs``, which needs the server's user or root) and the call's time, over JOBS (150)
+cancelled jobs of 198,000 characters (on a server with ``--job-workers 0``, which runs none of
+them meanwhile, and its work limits off, which would refuse such a job on the DiT).
 """
 
 from __future__ import annotations
@@ -53,6 +72,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 import wave
 from dataclasses import dataclass, field
@@ -87,6 +107,7 @@ class AttackReport:
     flood_outcomes: collections.Counter = field(default_factory=collections.Counter)
     silent_closed: int = 0
     refused_connections: int = 0  # cap_flood: 503 too_many_connections, the cap doing its job
+    health_longest_s: float = 0.0  # the longest /healthz wait while the attacks ran
 
     def count(self, attack: str, status: int) -> None:
         self.statuses[(attack, status)] += 1
@@ -102,7 +123,8 @@ class AttackReport:
         rows = [(f"attack {name}", ", ".join(parts)) for name, parts in sorted(by_attack.items())]
         rows += [(f"attack ws_flood: {outcome}", n) for outcome, n in sorted(self.flood_outcomes.items())]
         rows += [("attack silent sockets closed by the server", self.silent_closed),
-                 ("attack cap_flood connections refused (503 by design)", self.refused_connections)]
+                 ("attack cap_flood connections refused (503 by design)", self.refused_connections),
+                 ("longest /healthz wait under attack ms", f"{self.health_longest_s * 1000:.0f}")]
         return rows
 
 
@@ -679,6 +701,196 @@ async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
         await asyncio.sleep(2.0)
 
 
+LISTED_JOB_CHARS = 198_000  # under the default --max-job-chars (200,000)
+LIST_CALLS = 5
+
+
+async def cancelled_long_jobs(http: aiohttp.ClientSession, url: str, count: int, report: AttackReport) -> None:
+    """``count`` jobs of LISTED_JOB_CHARS characters, each cancelled as soon as it is made (so the
+    caps on unfinished jobs never refuse the next)."""
+    text = ("这是一本很长的书里的一章，没有人会去听它。" * (LISTED_JOB_CHARS // 20 + 1))[:LISTED_JOB_CHARS]
+    for i in range(count):
+        async with http.post(url + "/v1/jobs", json={"input": text, "seed": i}) as r:
+            report.count("job_listing", r.status)
+            job = await r.json() if r.status == 202 else None
+        if job is not None:
+            async with http.delete(f"{url}/v1/jobs/{job['id']}") as r:
+                await r.read()
+                report.count("job_listing", r.status)
+
+
+async def job_listing(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    await cancelled_long_jobs(http, url, 30, report)
+    while time.monotonic() < deadline:
+        async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+            await r.read()
+            report.count("job_listing", r.status)
+        await asyncio.sleep(0.5)
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as handle:
+        handle.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+async def measure_job_listing(url: str, pid: int, jobs: int = 150) -> list[tuple[str, str]]:
+    """The server's RSS and the time of LIST_CALLS list calls over ``jobs`` long cancelled jobs."""
+    report = AttackReport()
+    async with aiohttp.ClientSession() as http:
+        await cancelled_long_jobs(http, url, jobs, report)
+        assert report.server_errors == 0 and report.statuses[("job_listing", 202)] == jobs, report.statuses
+        before = _status_mb(pid, "VmRSS")
+        peaks, after, seconds = [], [], []
+        for _ in range(LIST_CALLS):
+            _reset_peak_rss(pid)
+            start = time.perf_counter()
+            async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+                listed = (await r.json())["data"]
+            seconds.append(time.perf_counter() - start)
+            peaks.append(_status_mb(pid, "VmHWM"))
+            after.append(_status_mb(pid, "VmRSS"))
+    assert len(listed) >= jobs
+    return [("jobs listed (cancelled, 198,000 characters each)", f"{len(listed)}"),
+            ("server RSS before the first list MiB", f"{before:.0f}"),
+            (f"server peak RSS during each of {LIST_CALLS} lists MiB", ", ".join(f"{x:.0f}" for x in peaks)),
+            ("server RSS after each list MiB", ", ".join(f"{x:.0f}" for x in after)),
+            ("list call seconds (each)", ", ".join(f"{x:.3f}" for x in seconds))]
+
+
+class HealthProbe:
+    """``GET /healthz`` in a loop on a thread of its own (never behind the attackers' event loop),
+    from 127.0.0.1: the longest wait for an answer while it runs (``longest_s``)."""
+
+    def __init__(self, url: str, every_s: float = 0.01):
+        self.host, self.port = _host_port(url)
+        self.every_s = every_s
+        self.longest_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import http.client
+
+        connection = None
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                connection = connection or http.client.HTTPConnection(self.host, self.port, timeout=600)
+                connection.request("GET", "/healthz")
+                connection.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                connection = None  # (a refused connection is no stall: the next poll reconnects)
+                continue
+            finally:
+                self.longest_s = max(self.longest_s, time.monotonic() - start)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> "HealthProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(600)
+
+
+REDOS_BREAK = "Hello. <break time=1s" + " " * 4000 + "and on."  # never reaches ">" (and is no sentence's end)
+LONG_PAUSES = "<break time=10s>" * 255  # 2,550 s of silence in 4,080 characters
+_VOICE = {"mode": "id", "id": "default"}
+_RAW = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+
+
+def break_attacks(url: str) -> list[tuple[str, object]]:
+    """(name, coroutine function of an aiohttp session -> HTTP status) per break attack: an answer
+    of 400 (a socket's error message) for the ReDoS text, 200 read to the end for the pauses."""
+    ws = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+
+    def post(path: str, body: dict):
+        async def attack(http: aiohttp.ClientSession) -> int:
+            async with http.post(url + path, json=body) as r:
+                async for _ in r.content.iter_chunked(1 << 16):  # 40 MB of mp3: read, not kept
+                    pass
+                return r.status
+        return attack
+
+    def socket(path: str, messages: list[dict], is_error):
+        async def attack(http: aiohttp.ClientSession) -> int:
+            async with http.ws_connect(ws + path, max_msg_size=0) as sock:
+                for message in messages:
+                    await sock.send_json(message)
+                async with asyncio.timeout(600):
+                    async for frame in sock:
+                        if frame.type != aiohttp.WSMsgType.TEXT:
+                            continue
+                        event = json.loads(frame.data)
+                        if is_error(event):  # a session refused at the door (the key's cap) is a 429 in effect
+                            code = str(event.get("code") or event.get("error_code") or event.get("error")
+                                       or event.get("err_code") or "").lower()
+                            return 429 if code in SESSION_REFUSALS else 400
+                        if event.get("type") in ("session.done", "done", "Flushed") or event.get("isFinal"):
+                            return 200
+            return 599  # the socket ended without an answer
+        return attack
+
+    cartesia = {"context_id": "b", "transcript": REDOS_BREAK, "continue": False, "voice": _VOICE,
+                "model_id": "sonic-2", "output_format": _RAW}
+    return [
+        ("redos speech", post("/v1/audio/speech", {"input": REDOS_BREAK})),
+        ("redos jobs", post("/v1/jobs", {"input": REDOS_BREAK})),
+        ("redos elevenlabs http", post("/v1/text-to-speech/default/stream", {"text": REDOS_BREAK})),
+        ("redos cartesia http", post("/tts/bytes", {**cartesia, "output_format": {**_RAW, "container": "wav"}})),
+        ("redos deepgram http", post("/v1/speak?model=default", {"text": REDOS_BREAK})),
+        ("redos /v1/stream", socket("/v1/stream", [{"type": "input.text", "text": REDOS_BREAK},
+                                                   {"type": "input.done"}], lambda e: e.get("type") == "error")),
+        ("redos omni socket", socket("/v1/audio/speech/stream", [
+            {"type": "session.config"}, {"type": "input.text", "text": REDOS_BREAK}, {"type": "input.done"}],
+            lambda e: e.get("type") == "error")),
+        ("redos elevenlabs socket", socket("/v1/text-to-speech/default/stream-input", [
+            {"text": " "}, {"text": REDOS_BREAK}, {"text": ""}], lambda e: "error" in e)),
+        ("redos cartesia socket", socket(CARTESIA, [cartesia], lambda e: e.get("type") == "error")),
+        ("redos deepgram socket", socket("/v1/speak?model=default", [{"type": "Speak", "text": REDOS_BREAK},
+                                                                     {"type": "Flush"}],
+                                         lambda e: e.get("type") == "Error")),
+        ("pauses elevenlabs mp3_44100_128", post("/v1/text-to-speech/default/stream", {"text": LONG_PAUSES})),
+        ("pauses deepgram mp3", post("/v1/speak?model=default&encoding=mp3", {"text": LONG_PAUSES})),
+        ("pauses openai mp3", post("/v1/audio/speech", {"input": LONG_PAUSES, "response_format": "mp3"})),
+    ]
+
+
+async def breaks(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    for name, attack in itertools.cycle(break_attacks(url)):
+        if time.monotonic() >= deadline:
+            return
+        try:
+            report.count(f"breaks {name}", await attack(http))
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+            report.count(f"breaks {name}", 599)  # no answer: counted as a server failure
+        await asyncio.sleep(0.1)
+
+
+async def breaks_once(url: str, only: str = "") -> list[tuple[str, int, float, float]]:
+    """Each break attack (whose name holds ``only``) once, alone: (name, status, the longest
+    /healthz wait while it ran, the seconds it took)."""
+    rows = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as http:
+        for name, attack in break_attacks(url):
+            if only not in name:
+                continue
+            with HealthProbe(url) as probe:
+                start = time.monotonic()
+                status = await attack(http)
+                took = time.monotonic() - start
+            rows.append((name, status, probe.longest_s, took))
+    return rows
+
+
 async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -> AttackReport:
     """Every attack (``only``: those of these names) until ``deadline``; then whatever is still in
     flight is dropped (a hostile client simply goes away)."""
@@ -692,13 +904,15 @@ async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
-            log_forging(url, deadline, report), cap_flood(url, deadline, report),
-            *edge_attacks(http, url, deadline, report))
+            log_forging(url, deadline, report), cap_flood(url, deadline, report), breaks(http, url, deadline, report),
+            job_listing(http, url, deadline, report), *edge_attacks(http, url, deadline, report))
         for attack in attacks:
             if only is not None and attack.__name__ not in only:
                 attack.close()  # (a coroutine never started)
         tasks = [asyncio.create_task(attack) for attack in attacks if only is None or attack.__name__ in only]
-        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        with HealthProbe(url) as probe:
+            done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        report.health_longest_s = probe.longest_s
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -712,19 +926,30 @@ async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -
 def report_to_json(report: AttackReport) -> str:
     return json.dumps({"statuses": [[a, s, n] for (a, s), n in report.statuses.items()],
                        "flood_outcomes": dict(report.flood_outcomes), "silent_closed": report.silent_closed,
-                       "refused_connections": report.refused_connections})
+                       "refused_connections": report.refused_connections,
+                       "health_longest_s": report.health_longest_s})
 
 
 def report_from_json(line: str) -> AttackReport:
     data = json.loads(line)
     report = AttackReport(flood_outcomes=collections.Counter(data["flood_outcomes"]),
-                          silent_closed=data["silent_closed"], refused_connections=data["refused_connections"])
+                          silent_closed=data["silent_closed"], refused_connections=data["refused_connections"],
+                          health_longest_s=data.get("health_longest_s", 0.0))
     for attack, status, n in data["statuses"]:
         report.statuses[(attack, status)] = n
     return report
 
 
 if __name__ == "__main__":
-    url, seconds = sys.argv[1], float(sys.argv[2])
-    only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # attack names (load.py --only)
-    print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds, only))))
+    if sys.argv[1] == "list-jobs":
+        rows = asyncio.run(measure_job_listing(sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:5])))
+        for name, value in rows:
+            print(f"{name:<56}{value}")
+    elif sys.argv[2:3] == ["--breaks"]:  # [a part of the attacks' names]
+        print(f"{'break attack':<34} {'status':>6} {'longest /healthz wait ms':>24} {'took s':>7}")
+        for name, status, longest, took in asyncio.run(breaks_once(sys.argv[1], "".join(sys.argv[3:4]))):
+            print(f"{name:<34} {status:>6} {longest * 1000:>24.1f} {took:>7.2f}")
+    else:
+        url, seconds = sys.argv[1], float(sys.argv[2])
+        only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # attack names (load.py --only)
+        print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds, only))))

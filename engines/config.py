@@ -43,6 +43,14 @@ class RuntimeSwitches:
     (prompts, width) bucket (off: every prefill eager)."""
     batched_admission: bool = True
     """CUDA: the rows admitted since the last tick start in one pass (off: one by one, as on CPU)."""
+    fused_predictor: str = "off"
+    """CUDA, with the step graphs: the code predictor's frame as fused Triton kernels
+    (engines/models/fused_predictor.py) inside the step's graph, ``persistent`` (one launch per
+    frame) or ``phased`` (one launch per dependent step); ``off``: the graphed generic loop. Off
+    until measured on a GPU."""
+    fused_talker: bool = False
+    """CUDA, with the step graphs: the talker's decode layers as fused Triton kernels, five launches
+    a layer (engines/models/fused_talker.py). Off until measured on a GPU."""
     static_step_on_cpu: bool = False
     """CPU: run the talker decode step through the static buckets CUDA graphs replay (eagerly), so
     tests see which buckets serving reaches and which a GPU would have captured after start."""
@@ -52,6 +60,10 @@ class RuntimeSwitches:
     vocoder_thread: bool = True
     """CPU (two threads or more): the codec decoder on a thread and cores of its own, decoding
     one piece while the talker's next tick runs (off: one after the other on the worker thread)."""
+
+    def __post_init__(self) -> None:
+        if self.fused_predictor not in ("off", "phased", "persistent"):
+            raise ValueError(f"fused_predictor must be off, phased or persistent, got {self.fused_predictor!r}")
 
     def compile_backend(self, part: str) -> str | None:
         """torch.compile backend for the modules under the CUDA graphs of ``part`` (``predictor``:

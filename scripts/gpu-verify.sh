@@ -29,7 +29,10 @@
 # Other steps: profile_talker (torch.profiler at 64 streams: top kernels, host gaps), dit_e2e (the DiT
 #   path served), talker_e2e_ctalk / talker_e2e_eager (served with the talker's layers compiled / the
 #   step eager), cp tick engine clone (component benchmarks; see docs/GPU.md),
-#   prefix_cache (time to first audio with the talker's prompt-prefix cache cold vs warm)
+#   prefix_cache (time to first audio with the talker's prompt-prefix cache cold vs warm),
+#   fused (the fused Triton kernels: their CUDA tests against the generic loop and the plain layers,
+#   the step timed beside the graphed path at 1/8/64/256 rows in rotating rounds with the floor
+#   (benchmarks/bench_fused.py), and the cost table with them, $OUT/costs-$SIZE-fused.json; after ckpt)
 #
 # Wheels the GPU host lacks travel in .whl/ (docs/GPU.md says how to download them):
 #   .whl/proj  the project's runtime and test packages missing from the host image
@@ -55,6 +58,7 @@ if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny siz
   COMPILE=0  # the compiled variants' plumbing runs; inductor on a 2-core CPU would take minutes
   PREFIX_ROUNDS=1 PEER_CHUNKS=${PEER_CHUNKS:-1} PEER_ROUNDS=1
   COST_GRID="--rows 1 2 4 --kv-blocks 1 2 --prompts 1 2 --widths 8 16 --decoder-rows 1 2 --frames 1 4 --repeats 2"
+  FUSED_BENCH="--rows 1 --kv-blocks 1 --rounds 1 --repeats 1"  # under Triton's interpreter: seconds per step
 else
   DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
   TALKER_BATCHES=${TALKER_BATCHES:-1 64} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=10
@@ -64,7 +68,10 @@ else
   COMPILE=${STREAMVOX_COMPILE:-1}
   PREFIX_ROUNDS=3 PEER_CHUNKS=${PEER_CHUNKS:-1 2 4 8} PEER_ROUNDS=3
   COST_GRID=${COST_GRID:-}
+  FUSED_BENCH=${FUSED_BENCH:-"--rows 1 8 64 256 --kv-blocks 1 64 --rounds 3 --repeats 5"}
 fi
+FUSED_MODE=${FUSED_MODE:-persistent}  # the fused predictor's launch in the fused cost table (or phased)
+FUSED_TESTS="tests/engines/models/test_fused_predictor.py tests/engines/models/test_fused_talker.py"
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 UTTERANCE_TOKENS=76  # the served utterances: 75 frames, 6 s (make_checkpoint's default, as in every recorded run)
 KERNEL_TEST=tests/engines/models/test_paged_attention.py
@@ -195,6 +202,21 @@ step() {
     prefix_cache)
       run_step prefix_cache 90 30 "$PY" benchmarks/bench_prefix_cache.py --size "$SIZE" --device "$DEVICE" \
         --dtype "$DTYPE" --rounds "$PREFIX_ROUNDS" ;;
+    fused)
+      # the kernels against the reference on this GPU (on a CPU dry run: collected and skipped; their
+      # interpreted tests run in the suite), then timed beside the graphed step, then the cost table
+      # shellcheck disable=SC2086
+      run_step fused_check 300 40 "$PY" -m pytest -q -p no:cacheprovider -rs -s --timeout 290 -m cuda $FUSED_TESTS
+      if [ "$DEVICE" = cuda ] && ! grep -q "END fused_check ok" "$LOG"; then
+        say "the fused kernels failed their CUDA tests: timed below all the same, their figures are not to be used"
+      fi
+      # shellcheck disable=SC2086
+      TRITON_INTERPRET=$([ "$DEVICE" = cuda ] && echo 0 || echo 1) STREAMVOX_COMPILE=$COMPILE run_step fused_bench 240 60 \
+        "$PY" benchmarks/bench_fused.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" $FUSED_BENCH
+      # shellcheck disable=SC2086
+      run_step fused_costs 150 40 "$PY" benchmarks/measure_costs.py --checkpoint "$CKPT" --device "$DEVICE" \
+        --size "$SIZE" --slots "$TALKER_SLOTS" --out "$OUT/costs-$SIZE-fused.json" --fused-predictor "$FUSED_MODE" \
+        --fused-talker $COST_GRID ;;
     *) say "unknown step $1" ;;
   esac
 }

@@ -98,14 +98,17 @@ def _session_options():
     return so
 
 
-def block_for(k: int, block: int = BLOCK) -> int:
+MIN_BLOCK = 16  # MatMulNBits' smallest block
+FP32_REASON = f"not a multiple of {MIN_BLOCK}, MatMulNBits' smallest block"
+
+
+def block_for(k: int, block: int = BLOCK) -> int | None:
     """The block size used for ``k`` input channels: ``block``, halved until it divides ``k``
-    (small test models); at least 16, MatMulNBits' smallest."""
-    while block > 16 and k % block:
+    (small test models); None when not even MatMulNBits' smallest block (16) divides ``k``: that
+    layer stays fp32 (``_Graph.nbits_matmul``)."""
+    while block > MIN_BLOCK and k % block:
         block //= 2
-    if k % block:
-        raise ValueError(f"{k} input channels are not a multiple of 16 (MatMulNBits' smallest block)")
-    return block
+    return None if k % block else block
 
 
 def pack_nbits(w: torch.Tensor, bits: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor]:
@@ -146,6 +149,7 @@ class _Graph:
         self.helper = helper
         self.name, self.width_in = name, width_in
         self.nodes, self.inits, self.weight_bytes, self.weight_elems = [], [], 0, 0
+        self.kept_fp32: list[tuple[int, int]] = []  # [N, K] of the matrices left in fp32 (block_for: None)
         self._n = 0
 
     def fresh(self, stem: str) -> str:
@@ -165,8 +169,16 @@ class _Graph:
         return outs
 
     def nbits_matmul(self, x: str, w: torch.Tensor, bits: int, block: int = BLOCK) -> str:
+        """x @ w.T with w [N, K] in ``bits``-bit blocks; a plain fp32 MatMul where no block divides
+        K (a checkpoint with odd widths degrades per matrix instead of refusing to load)."""
         n, k = w.shape
         block = block_for(k, block)
+        if block is None:
+            wt = w.detach().to("cpu", torch.float32).T.contiguous().numpy()
+            self.kept_fp32.append((n, k))
+            self.weight_bytes += wt.nbytes
+            self.weight_elems += n * k
+            return self.op("MatMul", [x, self.const("w", wt)])[0]
         packed, scales, zeros, _ = pack_nbits(w, bits, block)
         self.weight_bytes += packed.nbytes + scales.nbytes + zeros.nbytes
         self.weight_elems += n * k
@@ -261,7 +273,7 @@ class NBitsLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         g = _Graph(f"int{bits}_linear", self.in_features)
         self._graph = g.finish(g.nbits_matmul("X", linear.weight, bits, block), self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
         self.register_buffer("bias_", None if linear.bias is None else
                              linear.bias.detach().to("cpu", torch.float32).clone())
 
@@ -285,7 +297,7 @@ class NormQKV(nn.Module):
         self.in_features, self.out_features = projs[0].in_features, sum(self.sizes)
         g = _Graph(f"int{bits}_norm_qkv", self.in_features)
         self._graph = g.finish(g.op("Concat", g.norm_qkv("X", norm, attn, bits, block), axis=-1)[0], self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._graph(x).split(self.sizes, dim=-1)
@@ -301,7 +313,7 @@ class NormMLP(nn.Module):
         self.in_features, self.out_features = mlp.gate_proj.in_features, mlp.down_proj.out_features
         g = _Graph(f"int{bits}_norm_mlp", self.in_features)
         self._graph = g.finish(g.norm_mlp("X", norm, mlp, bits, block), self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
 
     def fuse(self) -> None:  # called by Talker.fuse_projections on every layer's MLP
         pass
@@ -323,5 +335,5 @@ def convert_layer(layer: nn.Module, bits: int, block: int = BLOCK) -> int:
     return 7
 
 
-__all__ = ["BITS", "BLOCK", "NBitsLinear", "NormMLP", "NormQKV", "available", "block_for", "convert_layer",
+__all__ = ["BITS", "BLOCK", "FP32_REASON", "MIN_BLOCK", "NBitsLinear", "NormMLP", "NormQKV", "available", "block_for", "convert_layer",
            "default_threads", "ensure_pool", "pack_nbits"]

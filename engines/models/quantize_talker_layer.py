@@ -62,6 +62,7 @@ class NBitsTalkerLayer(nn.Module):
         g.build({"X": ["b", "s", self.hidden], "cos": ["b", "s", hd], "sin": ["b", "s", hd]},
                 {"q": (rope(q, self.heads), dims["q"]), "k": (rope(k, self.n_kv), dims["k"]), "v": (v, dims["v"])})
         self._qkv, self.weight_bytes, self.weight_elems = g, g.weight_bytes, g.weight_elems
+        self.kept_fp32 = list(g.kept_fp32)
 
         from onnx import TensorProto
 
@@ -77,6 +78,7 @@ class NBitsTalkerLayer(nn.Module):
         self._attend = g
         self.weight_bytes += g.weight_bytes
         self.weight_elems += g.weight_elems
+        self.kept_fp32 += g.kept_fp32
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, S, D]; cos/sin prepared (``prepare_rope``: [B, 1, S, hd], sin's first half negated)

@@ -3,6 +3,8 @@ only place that reads it), with the meanings they had when the engine read them 
 
 from __future__ import annotations
 
+import pytest
+
 from engines.config import RuntimeSwitches
 from service.settings import from_args, runtime_switches
 
@@ -23,3 +25,14 @@ def test_the_environment_reads_as_before():
     assert default.batched_admission and not runtime_switches({"STREAMVOX_BATCHED_ADMISSION": "0"}).batched_admission
     assert from_args(None, {"STREAMVOX_STAGE_SYNC": "1"}).runtime == RuntimeSwitches(stage_sync=True)
 
+
+
+def test_the_fused_kernels_are_off_unless_switched_on():
+    default = runtime_switches({})
+    assert default.fused_predictor == "off" and not default.fused_talker
+    assert runtime_switches({"STREAMVOX_FUSED_PREDICTOR": "Persistent"}).fused_predictor == "persistent"
+    assert runtime_switches({"STREAMVOX_FUSED_PREDICTOR": "phased"}).fused_predictor == "phased"
+    assert runtime_switches({"STREAMVOX_FUSED_PREDICTOR": "0"}).fused_predictor == "off"
+    assert runtime_switches({"STREAMVOX_FUSED_TALKER": "1"}).fused_talker
+    with pytest.raises(ValueError, match="off, phased or persistent"):
+        runtime_switches({"STREAMVOX_FUSED_PREDICTOR": "yes"})

@@ -121,7 +121,7 @@ class HttpSpeech(ContextSocket):
             raise SessionClosed() from exc
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        data = self.encoder.encode(pcm)
+        data = await self.encoder.encode_async(pcm)  # mp3 / resampling off the loop
         if not self.RESPOND_AT_END:
             await self.send(self.start)
         if data:  # the resampler or the MP3 frame may hold the chunk's samples back
@@ -138,7 +138,7 @@ class HttpSpeech(ContextSocket):
     async def round_done(self, context: Context, label: object) -> None:
         if self.failure is None:
             await self.send(self.start)
-            tail = self.encoder.finish()
+            tail = await self.encoder.finish_async()
             if tail:
                 await self.send(self.write_audio, tail)
             await self.send(self.write_end)
