@@ -25,7 +25,7 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  of engine requests; every context must finish)
 * vendor_text  - a lone surrogate to the ElevenLabs HTTP routes (400, never a 500)
 * log_forging  - request paths carrying %0a / %0d and a fake log line (load.py counts forged lines)
-* vendor_answers - ElevenLabs' /with-timestamps at the largest answer the work limits allow (~160 MiB,
+* vendor_answers - ElevenLabs' /with-timestamps at the largest answer the limits allow (~310 MiB of JSON,
                  once held 4-5 times over in memory), and 40-sentence requests whose client leaves first
 * odd_numbers  - "²", other scripts' digits, 5,001 digits, signs, exponents in every numeric query
                  parameter, socket handshake and vendor JSON number (each a 4xx, never a 500)
@@ -543,7 +543,7 @@ async def vendor_text(http: aiohttp.ClientSession, url: str, deadline: float, re
 
 
 WITH_TIMESTAMPS = "/v1/text-to-speech/default/with-timestamps"
-LARGEST_ANSWER = "Hello there. " + '<break time="10s"/>' * 130  # ~1,300 s: what the default work limit allows
+LARGEST_ANSWER = "Hi. " + "<break time=10s>" * 255  # 2,550 s: the most audio 4,096 characters can ask for
 LEAVING_TEXT = " ".join(f"Sentence {i} is spoken only while the client is still there." for i in range(40))
 ODD_NUMBERS = ["\u00b2", "\u0662\u0664\u0660\u0660\u0660", "\uff12\uff14\uff10\uff10\uff10", "9" * 5001, " 24000",
                "+24000", "2.4e4", "nan", "24000.5", "", "24_000"]
@@ -566,8 +566,8 @@ def _upgrade(target: bytes) -> bytes:
 
 
 async def vendor_answers(url: str, deadline: float, report: AttackReport) -> None:
-    """ElevenLabs' convert_with_timestamps at the largest answer the work limits allow (pcm_48000,
-    ~160 MiB of JSON; it used to be held 4-5 times over), read and dropped; then 40 sentences whose
+    """ElevenLabs' convert_with_timestamps at the largest answer the limits allow (pcm_48000, ~310 MiB
+    of JSON; it used to be held 4-5 times over: +1.4 GB), read and dropped; then 40 sentences whose
     client leaves after 1 s, before any answer (their synthesis must stop: the soak's RSS and the
     engine's idleness after it show it did). A client that left counts as 499. From an address of
     its own (the heavy streamer holds 127.0.0.2's stream cap)."""

@@ -1,11 +1,12 @@
 """Peak server memory of the largest answer the work limits allow on ElevenLabs' HTTP routes.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_vendor_memory.py [--seconds 1300] [--format pcm_48000]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_vendor_memory.py [--seconds 2550] [--format pcm_48000]
 
 Starts ``streamvox serve`` (tiny preset, CPU, default limits) as a subprocess and sends each
-ElevenLabs route one request of ``--seconds`` of audio - ``Hello there.`` then 10 s break tags,
-the cheapest audio to make: the default ``--max-work-audio-frames`` (16,384 frames, 1,310 s)
-allows about 1,300 s of it - in the largest format it serves (``pcm_48000``, 96 kB/s). For each:
+ElevenLabs route one request of ``--seconds`` of audio - ``Hello there.`` then ``<break time=10s>``
+tags, the cheapest audio to make: 255 of them fill ``--max-input-chars`` (4,096), 2,550 s, under
+the default ``--max-work-audio-frames`` (49,152 frames, ~3,930 s), which pauses count against -
+in the largest format it serves (``pcm_48000``, 96 kB/s). For each:
 the server's RSS before, its peak while answering (VmHWM after resetting it with
 ``/proc/PID/clear_refs``) and the answer's size. The client reads the answer in 1 MiB pieces and
 keeps none of it.
@@ -56,7 +57,7 @@ async def run(args) -> None:
         server = Server.start("tiny", "cpu", data_dir)
         try:
             pid = server.proc.pid
-            text = "Hello there. " + '<break time="10s"/>' * round(args.seconds / 10)
+            text = "Hello there. " + "<break time=10s>" * round(args.seconds / 10)
             for route in ROUTES:  # warm: first requests build what every later one reuses
                 await measure(server.url, pid, route, "Warm up.", args.format)
             rows = [(route or "(convert)", *await measure(server.url, pid, route, text, args.format))
@@ -76,7 +77,7 @@ async def run(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=1300.0, help="audio per request (10 s break tags)")
+    parser.add_argument("--seconds", type=float, default=2550.0, help="audio per request (10 s break tags)")
     parser.add_argument("--format", default="pcm_48000", help="ElevenLabs output_format")
     asyncio.run(run(parser.parse_args()))
 
