@@ -515,6 +515,8 @@ async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, repor
                     await ws.send_json({"context_id": "r1", "cancel": True})
                     await ws.send_json(_cartesia("r1", "Okay.", False))
                     _count_outcome(report, "contexts reopened", await _until_done(ws, {"r1"}, 30))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("contexts", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("contexts", 599)
 
@@ -529,6 +531,8 @@ async def crowd(http: aiohttp.ClientSession, url: str, deadline: float, report: 
                 for name in names:
                     await ws.send_json(_cartesia(name, CROWD_TEXT, False))
                 _count_outcome(report, "crowd", await _until_done(ws, names, 120))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("crowd", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("crowd", 599)
 
@@ -870,6 +874,8 @@ async def breaks(http: aiohttp.ClientSession, url: str, deadline: float, report:
             return
         try:
             report.count(f"breaks {name}", await attack(http))
+        except aiohttp.WSServerHandshakeError as exc:  # a dialect's socket refused before the upgrade (429: the cap)
+            report.count(f"breaks {name}", exc.status)
         except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
             report.count(f"breaks {name}", 599)  # no answer: counted as a server failure
         await asyncio.sleep(0.1)
