@@ -25,6 +25,12 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  of engine requests; every context must finish)
 * vendor_text  - a lone surrogate to the ElevenLabs HTTP routes (400, never a 500)
 * log_forging  - request paths carrying %0a / %0d and a fake log line (load.py counts forged lines)
+* vendor_answers - ElevenLabs' /with-timestamps at the largest answer the limits allow (~310 MiB of JSON,
+                 once held 4-5 times over in memory), and 40-sentence requests whose client leaves first
+* odd_numbers  - "²", other scripts' digits, 5,001 digits, signs, exponents in every numeric query
+                 parameter, socket handshake and vendor JSON number (each a 4xx, never a 500)
+* bad_encoding - Content-Encoding gzip / deflate on bodies that are not, on every route that reads one
+* unknown_voices - socket handshakes naming a voice that does not exist (refused before the upgrade)
 * cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
                  cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
                  for tracebacks and its growth)
@@ -41,10 +47,10 @@ All along, a thread polls ``/healthz`` from 127.0.0.1 on a connection of its own
 longest wait for it is the longest stall of the event loop the attacks caused.
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
-slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
-report as one JSON line. ``python benchmarks/attacks.py URL --breaks [NAME]`` runs the break
-attacks (those whose name holds NAME) once each, one after the other, and prints each one's longest
-``/healthz`` wait (a table).
+slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS [NAME,...]`` prints
+its report as one JSON line (NAME: only these attacks, ``load.py --only``). ``python benchmarks/attacks.py
+URL --breaks [NAME]`` runs the break attacks (those whose name holds NAME) once each, one after the
+other, and prints each one's longest ``/healthz`` wait (a table).
 
 ``python benchmarks/attacks.py list-jobs URL PID [JOBS]`` measures one attack alone: the server's
 peak RSS during each ``GET /v1/jobs`` call (``/proc/PID``: VmHWM, reset before each call by
@@ -76,6 +82,7 @@ import aiohttp
 ATTACKER = "127.0.0.2"
 CAP_ATTACKER = "127.0.0.3"  # its own address: the per-address connection cap counts it alone
 TURNS_ATTACKER = "127.0.0.4"  # the barge-in turns: a client of their own, not queued behind the crowd's work
+ANSWERS_ATTACKER = "127.0.0.5"  # vendor_answers: its own per-address stream cap, not the heavy streamer's
 CAP_FLOOD_SOCKETS = 300  # past the default --max-connections-per-address (256)
 FORGED_LINE = b"2026-01-01%2000:00:00,000%20ERROR%20streamvox.server:%20FORGED%20by%20a%20client"
 FLOOD_FRAMES = 20_000
@@ -508,6 +515,8 @@ async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, repor
                     await ws.send_json({"context_id": "r1", "cancel": True})
                     await ws.send_json(_cartesia("r1", "Okay.", False))
                     _count_outcome(report, "contexts reopened", await _until_done(ws, {"r1"}, 30))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("contexts", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("contexts", 599)
 
@@ -522,6 +531,8 @@ async def crowd(http: aiohttp.ClientSession, url: str, deadline: float, report: 
                 for name in names:
                     await ws.send_json(_cartesia(name, CROWD_TEXT, False))
                 _count_outcome(report, "crowd", await _until_done(ws, names, 120))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("crowd", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("crowd", 599)
 
@@ -533,6 +544,134 @@ async def vendor_text(http: aiohttp.ClientSession, url: str, deadline: float, re
                 await r.read()
                 report.count("vendor_text", r.status)
         await asyncio.sleep(0.1)
+
+
+WITH_TIMESTAMPS = "/v1/text-to-speech/default/with-timestamps"
+LARGEST_ANSWER = "Hi. " + "<break time=10s>" * 255  # 2,550 s: the most audio 4,096 characters can ask for
+LEAVING_TEXT = " ".join(f"Sentence {i} is spoken only while the client is still there." for i in range(40))
+ODD_NUMBERS = ["\u00b2", "\u0662\u0664\u0660\u0660\u0660", "\uff12\uff14\uff10\uff10\uff10", "9" * 5001, " 24000",
+               "+24000", "2.4e4", "nan", "24000.5", "", "24_000"]
+NUMBER_QUERIES = ["/v1/speak?encoding=linear16&sample_rate={}", "/v1/speak?encoding=mp3&bit_rate={}", "/v1/speak?speed={}",
+                  WITH_TIMESTAMPS + "?output_format=pcm_{}", "/v1/jobs?limit={}", "/v1/audio/voices?limit={}"]
+NUMBER_HANDSHAKES = ["/v1/speak?sample_rate={}", "/v1/speak?speed={}",
+                     "/v1/text-to-speech/default/stream-input?inactivity_timeout={}",
+                     "/v1/text-to-speech/default/multi-stream-input?output_format=pcm_{}"]
+BODY_ROUTES = ["/v1/audio/speech", "/v1/jobs", "/v1/speak", "/tts/bytes", "/tts/sse", "/v1/text-to-speech/default",
+               "/v1/text-to-speech/default/stream", WITH_TIMESTAMPS, "/v1/text-to-speech/default/stream/with-timestamps",
+               "/v1/audio/voices"]
+UNKNOWN_VOICES = ["/v1/text-to-speech/nobody-here/stream-input", "/v1/text-to-speech/nobody-here/multi-stream-input",
+                  "/v1/speak?model=aura-2-nobody-here-en", "/v1/speak?model=nobody-here"]
+
+
+def _upgrade(target: bytes) -> bytes:
+    key = base64.b64encode(os.urandom(16))
+    return (b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n\r\n")
+
+
+async def vendor_answers(url: str, deadline: float, report: AttackReport) -> None:
+    """ElevenLabs' convert_with_timestamps at the largest answer the limits allow (pcm_48000, ~310 MiB
+    of JSON; it used to be held 4-5 times over: +1.4 GB), read and dropped; then 40 sentences whose
+    client leaves after 1 s, before any answer (their synthesis must stop: the soak's RSS and the
+    engine's idleness after it show it did). A client that left counts as 499. From an address of
+    its own (the heavy streamer holds 127.0.0.2's stream cap)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(ANSWERS_ATTACKER, 0))) as http:
+        await _vendor_answers(http, url, deadline, report)
+
+
+async def _vendor_answers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    while time.monotonic() < deadline:
+        try:
+            async with http.post(url + WITH_TIMESTAMPS + "?output_format=pcm_48000",
+                                 json={"text": LARGEST_ANSWER}) as r:
+                async for _ in r.content.iter_chunked(1 << 20):
+                    pass
+                report.count("vendor_answers largest", r.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        try:
+            async with asyncio.timeout(1.0):
+                async with http.post(url + WITH_TIMESTAMPS, json={"text": LEAVING_TEXT}) as r:
+                    await r.read()
+                    report.count("vendor_answers leaving (answered first)", r.status)
+        except asyncio.TimeoutError:
+            report.count("vendor_answers left", 499)
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.5)
+
+
+async def odd_numbers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """Numbers that are not: superscripts, other scripts' digits, 5,001 digits, signs, exponents, in every
+    numeric query parameter, socket handshake (raw bytes) and vendor JSON field; and whole floats."""
+    from urllib.parse import quote
+
+    for value in itertools.cycle(ODD_NUMBERS):
+        if time.monotonic() >= deadline:
+            return
+        quoted = quote(value, safe="")
+        for query in NUMBER_QUERIES:
+            method = http.get if "limit=" in query else http.post
+            try:
+                async with method(url + query.format(quoted), json={"text": "Hi."}) as r:
+                    await r.read()
+                    report.count("odd_numbers query", r.status)
+            except aiohttp.ClientError:
+                pass
+        for handshake in NUMBER_HANDSHAKES:
+            for raw in (quoted.encode(), value.encode()):
+                if not any(c in raw for c in b" \r\n"):
+                    await _raw_request(url, _upgrade(handshake.format("").encode() + raw), "odd_numbers handshake",
+                                       report)
+        for fmt in ({"container": "mp3", "sample_rate": 8000.0, "bit_rate": 64000},
+                    {"container": "raw", "encoding": "pcm_s16le", "sample_rate": value}):
+            body = {"transcript": "Hi.", "voice": "default", "output_format": fmt}
+            try:
+                async with http.post(url + "/tts/bytes", json=body) as r:
+                    await r.read()
+                    report.count("odd_numbers json", r.status)
+            except aiohttp.ClientError:
+                pass
+        await asyncio.sleep(0.1)
+
+
+async def bad_encoding(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """``Content-Encoding: gzip`` / ``deflate`` on bodies that are not, on every route that reads one."""
+    bodies = itertools.cycle([b'{"input": "Hi.", "text": "Hi."}', b"\x1f\x8b\x08\x00not really gzip",
+                              b"x\x9cnot really deflate"])
+    for encoding in itertools.cycle(["gzip", "deflate"]):
+        if time.monotonic() >= deadline:
+            return
+        for path in BODY_ROUTES:
+            kind = "multipart/form-data; boundary=x" if path == "/v1/audio/voices" else "application/json"
+            try:
+                async with http.post(url + path, data=next(bodies), headers={
+                        "Content-Type": kind, "Content-Encoding": encoding}) as r:
+                    await r.read()
+                    report.count("bad_encoding", r.status)
+            except aiohttp.ClientError:
+                pass
+        await asyncio.sleep(0.1)
+
+
+async def unknown_voices(url: str, deadline: float, report: AttackReport) -> None:
+    """Socket handshakes naming a voice that does not exist: refused before the upgrade (a 101 counts
+    as a failure)."""
+    for path in itertools.cycle(UNKNOWN_VOICES):
+        if time.monotonic() >= deadline:
+            return
+        before = report.statuses[("unknown_voices", 101)]
+        await _raw_request(url, _upgrade(path.encode()), "unknown_voices", report)
+        if report.statuses[("unknown_voices", 101)] > before:
+            report.count("unknown_voices upgraded for a voice that does not exist", 599)
+        await asyncio.sleep(0.05)
+
+
+def edge_attacks(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> list:
+    """The HTTP/WebSocket edges' reproductions: vendor answers and clients that leave, odd numbers, bad
+    content encodings, unknown voices."""
+    return [vendor_answers(url, deadline, report), odd_numbers(http, url, deadline, report),
+            bad_encoding(http, url, deadline, report), unknown_voices(url, deadline, report)]
 
 
 async def log_forging(url: str, deadline: float, report: AttackReport) -> None:
@@ -735,6 +874,8 @@ async def breaks(http: aiohttp.ClientSession, url: str, deadline: float, report:
             return
         try:
             report.count(f"breaks {name}", await attack(http))
+        except aiohttp.WSServerHandshakeError as exc:  # a dialect's socket refused before the upgrade (429: the cap)
+            report.count(f"breaks {name}", exc.status)
         except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
             report.count(f"breaks {name}", 599)  # no answer: counted as a server failure
         await asyncio.sleep(0.1)
@@ -756,21 +897,25 @@ async def breaks_once(url: str, only: str = "") -> list[tuple[str, int, float, f
     return rows
 
 
-async def run_attacks(url: str, deadline: float) -> AttackReport:
-    """Every attack until ``deadline``; then whatever is still in flight is dropped (a
-    hostile client simply goes away)."""
+async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -> AttackReport:
+    """Every attack (``only``: those of these names) until ``deadline``; then whatever is still in
+    flight is dropped (a hostile client simply goes away)."""
     report = AttackReport()
     connector = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         turns = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(TURNS_ATTACKER, 0), limit=0))
-        tasks = [asyncio.create_task(attack) for attack in (
+        attacks = (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
             log_forging(url, deadline, report), cap_flood(url, deadline, report), breaks(http, url, deadline, report),
-            job_listing(http, url, deadline, report))]
+            job_listing(http, url, deadline, report), *edge_attacks(http, url, deadline, report))
+        for attack in attacks:
+            if only is not None and attack.__name__ not in only:
+                attack.close()  # (a coroutine never started)
+        tasks = [asyncio.create_task(attack) for attack in attacks if only is None or attack.__name__ in only]
         with HealthProbe(url) as probe:
             done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         report.health_longest_s = probe.longest_s
@@ -812,4 +957,5 @@ if __name__ == "__main__":
             print(f"{name:<34} {status:>6} {longest * 1000:>24.1f} {took:>7.2f}")
     else:
         url, seconds = sys.argv[1], float(sys.argv[2])
-        print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds))))
+        only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # attack names (load.py --only)
+        print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds, only))))

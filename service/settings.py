@@ -89,6 +89,10 @@ def read_voice_aliases(path: str) -> dict[str, str | None]:
     if not isinstance(table, dict) or not all(isinstance(name, str) and name.strip() and (
             voice is None or isinstance(voice, str) and voice.strip()) for name, voice in table.items()):
         raise ValueError(f'{path}: expected one JSON object of "alias": "voice" (or null) entries')
+    names: dict[str, str] = {}
+    for name in table:  # requests name voices in any case: two such names would be one alias
+        if (other := names.setdefault(name.strip().lower(), name)) != name:
+            raise ValueError(f"{path}: {other!r} and {name!r} differ only in case (voices match in any case)")
     return table
 
 

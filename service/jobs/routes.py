@@ -34,10 +34,11 @@ from service.jobs.store.base import (
 )
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
+from service.synthesis.numbers import whole_number
 from service.synthesis.params import JobBody
 from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
-from service.voices.clones import job_voice_scope, saved_clone, scoped_clone
+from service.voices.clones import job_voice_scope, scoped_clone, voice_clone_of
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -85,7 +86,7 @@ async def create_job(request: web.Request) -> web.Response:
     if quota_mb and await store.stored_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"what the jobs keep uses its whole quota ({quota_mb:g} MB, "
                                             "--jobs-disk-quota-mb); download and delete old jobs or wait for retention")
-    clone = await saved_clone(request, body.voice) if state.engine.capabilities.voice_cloning else None
+    clone = await voice_clone_of(request, body.voice)  # the one voice resolver: a saved voice, or None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
@@ -122,10 +123,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise invalid_field("status", f"choose one of {', '.join(STATUSES)}")
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError:
-        raise invalid_field("limit", "must be an integer") from None
+    limit = whole_number(request.query.get("limit", "100"))
+    if limit is None:
+        raise invalid_field("limit", "must be an integer")
     if not 1 <= limit <= 1000:
         raise invalid_field("limit", "must be between 1 and 1000")
     owner, sees_all = _owner(request)

@@ -31,7 +31,7 @@ from service.synthesis.params import SynthesisParams, update_params
 from service.synthesis.plan import check_work
 from service.synthesis.schema import CloneFields, too_long
 from service.synthesis.submit import open_stream, prepare
-from service.voices.clones import clone_for, saved_clone
+from service.voices.clones import clone_for, voice_clone_of
 from service.ws.events import (
     CLOSE_OVERLOADED,
     AlignmentReady,
@@ -120,7 +120,7 @@ class SessionCore:
             if clone is not None:
                 voice_clone = await clone_for(self.request, params.voice, clone)
             elif changes.get("voice") is not None:
-                voice_clone = await saved_clone(self.request, params.voice)
+                voice_clone = await voice_clone_of(self.request, params.voice)
             else:
                 voice_clone = self.clone
         except ApiError as exc:
