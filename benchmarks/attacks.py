@@ -25,13 +25,38 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  of engine requests; every context must finish)
 * vendor_text  - a lone surrogate to the ElevenLabs HTTP routes (400, never a 500)
 * log_forging  - request paths carrying %0a / %0d and a fake log line (load.py counts forged lines)
+* vendor_answers - ElevenLabs' /with-timestamps at the largest answer the limits allow (~310 MiB of JSON,
+                 once held 4-5 times over in memory), and 40-sentence requests whose client leaves first
+* odd_numbers  - "²", other scripts' digits, 5,001 digits, signs, exponents in every numeric query
+                 parameter, socket handshake and vendor JSON number (each a 4xx, never a 500)
+* bad_encoding - Content-Encoding gzip / deflate on bodies that are not, on every route that reads one
+* unknown_voices - socket handshakes naming a voice that does not exist (refused before the upgrade)
 * cap_flood    - 300 connections at once from a third address (127.0.0.3), past the per-address
                  cap of 256: the refusals are 503s by design, counted apart (load.py checks the log
                  for tracebacks and its growth)
+* job_listing  - 30 jobs of 198,000 characters (Chinese: stored as JSON, 6 bytes a character), each
+                 cancelled at once, then ``GET /v1/jobs?limit=1000`` over them in a loop (a list reads
+                 summaries, not inputs: it once cost +126-162 MB of RSS per call over 150 such jobs;
+                 a server whose work limits refuse such a job answers 413 and lists fewer)
+* breaks       - ``<break time=1s`` and 4,000 spaces that never reach ``>`` (a backtracking pattern
+                 took tens of seconds over it) on every surface that takes text (400 / an error
+                 message), and 255 x ``<break time=10s>`` (42 min of silence in 4 KB) as mp3 from the
+                 ElevenLabs, Deepgram and OpenAI routes (200, read to the end)
+
+All along, a thread polls ``/healthz`` from 127.0.0.1 on a connection of its own: the report's
+longest wait for it is the longest stall of the event loop the attacks caused.
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
-slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS`` prints its
-report as one JSON line.
+slow the normal clients' event loop): ``python benchmarks/attacks.py URL SECONDS [NAME,...]`` prints
+its report as one JSON line (NAME: only these attacks, ``load.py --only``). ``python benchmarks/attacks.py
+URL --breaks [NAME]`` runs the break attacks (those whose name holds NAME) once each, one after the
+other, and prints each one's longest ``/healthz`` wait (a table).
+
+``python benchmarks/attacks.py list-jobs URL PID [JOBS]`` measures one attack alone: the server's
+peak RSS during each ``GET /v1/jobs`` call (``/proc/PID``: VmHWM, reset before each call by
+``clear_refs``, which needs the server's user or root) and the call's time, over JOBS (150)
+cancelled jobs of 198,000 characters (on a server with ``--job-workers 0``, which runs none of
+them meanwhile, and its work limits off, which would refuse such a job on the DiT).
 """
 
 from __future__ import annotations
@@ -47,6 +72,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 import wave
 from dataclasses import dataclass, field
@@ -56,6 +82,7 @@ import aiohttp
 ATTACKER = "127.0.0.2"
 CAP_ATTACKER = "127.0.0.3"  # its own address: the per-address connection cap counts it alone
 TURNS_ATTACKER = "127.0.0.4"  # the barge-in turns: a client of their own, not queued behind the crowd's work
+ANSWERS_ATTACKER = "127.0.0.5"  # vendor_answers: its own per-address stream cap, not the heavy streamer's
 CAP_FLOOD_SOCKETS = 300  # past the default --max-connections-per-address (256)
 FORGED_LINE = b"2026-01-01%2000:00:00,000%20ERROR%20streamvox.server:%20FORGED%20by%20a%20client"
 FLOOD_FRAMES = 20_000
@@ -80,6 +107,7 @@ class AttackReport:
     flood_outcomes: collections.Counter = field(default_factory=collections.Counter)
     silent_closed: int = 0
     refused_connections: int = 0  # cap_flood: 503 too_many_connections, the cap doing its job
+    health_longest_s: float = 0.0  # the longest /healthz wait while the attacks ran
 
     def count(self, attack: str, status: int) -> None:
         self.statuses[(attack, status)] += 1
@@ -95,7 +123,8 @@ class AttackReport:
         rows = [(f"attack {name}", ", ".join(parts)) for name, parts in sorted(by_attack.items())]
         rows += [(f"attack ws_flood: {outcome}", n) for outcome, n in sorted(self.flood_outcomes.items())]
         rows += [("attack silent sockets closed by the server", self.silent_closed),
-                 ("attack cap_flood connections refused (503 by design)", self.refused_connections)]
+                 ("attack cap_flood connections refused (503 by design)", self.refused_connections),
+                 ("longest /healthz wait under attack ms", f"{self.health_longest_s * 1000:.0f}")]
         return rows
 
 
@@ -486,6 +515,8 @@ async def contexts(http: aiohttp.ClientSession, url: str, deadline: float, repor
                     await ws.send_json({"context_id": "r1", "cancel": True})
                     await ws.send_json(_cartesia("r1", "Okay.", False))
                     _count_outcome(report, "contexts reopened", await _until_done(ws, {"r1"}, 30))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("contexts", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("contexts", 599)
 
@@ -500,6 +531,8 @@ async def crowd(http: aiohttp.ClientSession, url: str, deadline: float, report: 
                 for name in names:
                     await ws.send_json(_cartesia(name, CROWD_TEXT, False))
                 _count_outcome(report, "crowd", await _until_done(ws, names, 120))
+        except aiohttp.WSServerHandshakeError as exc:  # refused before the upgrade (the address's session cap: 429)
+            report.count("crowd", exc.status)
         except (aiohttp.ClientError, ConnectionError):
             report.count("crowd", 599)
 
@@ -511,6 +544,134 @@ async def vendor_text(http: aiohttp.ClientSession, url: str, deadline: float, re
                 await r.read()
                 report.count("vendor_text", r.status)
         await asyncio.sleep(0.1)
+
+
+WITH_TIMESTAMPS = "/v1/text-to-speech/default/with-timestamps"
+LARGEST_ANSWER = "Hi. " + "<break time=10s>" * 255  # 2,550 s: the most audio 4,096 characters can ask for
+LEAVING_TEXT = " ".join(f"Sentence {i} is spoken only while the client is still there." for i in range(40))
+ODD_NUMBERS = ["\u00b2", "\u0662\u0664\u0660\u0660\u0660", "\uff12\uff14\uff10\uff10\uff10", "9" * 5001, " 24000",
+               "+24000", "2.4e4", "nan", "24000.5", "", "24_000"]
+NUMBER_QUERIES = ["/v1/speak?encoding=linear16&sample_rate={}", "/v1/speak?encoding=mp3&bit_rate={}", "/v1/speak?speed={}",
+                  WITH_TIMESTAMPS + "?output_format=pcm_{}", "/v1/jobs?limit={}", "/v1/audio/voices?limit={}"]
+NUMBER_HANDSHAKES = ["/v1/speak?sample_rate={}", "/v1/speak?speed={}",
+                     "/v1/text-to-speech/default/stream-input?inactivity_timeout={}",
+                     "/v1/text-to-speech/default/multi-stream-input?output_format=pcm_{}"]
+BODY_ROUTES = ["/v1/audio/speech", "/v1/jobs", "/v1/speak", "/tts/bytes", "/tts/sse", "/v1/text-to-speech/default",
+               "/v1/text-to-speech/default/stream", WITH_TIMESTAMPS, "/v1/text-to-speech/default/stream/with-timestamps",
+               "/v1/audio/voices"]
+UNKNOWN_VOICES = ["/v1/text-to-speech/nobody-here/stream-input", "/v1/text-to-speech/nobody-here/multi-stream-input",
+                  "/v1/speak?model=aura-2-nobody-here-en", "/v1/speak?model=nobody-here"]
+
+
+def _upgrade(target: bytes) -> bytes:
+    key = base64.b64encode(os.urandom(16))
+    return (b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n\r\n")
+
+
+async def vendor_answers(url: str, deadline: float, report: AttackReport) -> None:
+    """ElevenLabs' convert_with_timestamps at the largest answer the limits allow (pcm_48000, ~310 MiB
+    of JSON; it used to be held 4-5 times over: +1.4 GB), read and dropped; then 40 sentences whose
+    client leaves after 1 s, before any answer (their synthesis must stop: the soak's RSS and the
+    engine's idleness after it show it did). A client that left counts as 499. From an address of
+    its own (the heavy streamer holds 127.0.0.2's stream cap)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(ANSWERS_ATTACKER, 0))) as http:
+        await _vendor_answers(http, url, deadline, report)
+
+
+async def _vendor_answers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    while time.monotonic() < deadline:
+        try:
+            async with http.post(url + WITH_TIMESTAMPS + "?output_format=pcm_48000",
+                                 json={"text": LARGEST_ANSWER}) as r:
+                async for _ in r.content.iter_chunked(1 << 20):
+                    pass
+                report.count("vendor_answers largest", r.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        try:
+            async with asyncio.timeout(1.0):
+                async with http.post(url + WITH_TIMESTAMPS, json={"text": LEAVING_TEXT}) as r:
+                    await r.read()
+                    report.count("vendor_answers leaving (answered first)", r.status)
+        except asyncio.TimeoutError:
+            report.count("vendor_answers left", 499)
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.5)
+
+
+async def odd_numbers(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """Numbers that are not: superscripts, other scripts' digits, 5,001 digits, signs, exponents, in every
+    numeric query parameter, socket handshake (raw bytes) and vendor JSON field; and whole floats."""
+    from urllib.parse import quote
+
+    for value in itertools.cycle(ODD_NUMBERS):
+        if time.monotonic() >= deadline:
+            return
+        quoted = quote(value, safe="")
+        for query in NUMBER_QUERIES:
+            method = http.get if "limit=" in query else http.post
+            try:
+                async with method(url + query.format(quoted), json={"text": "Hi."}) as r:
+                    await r.read()
+                    report.count("odd_numbers query", r.status)
+            except aiohttp.ClientError:
+                pass
+        for handshake in NUMBER_HANDSHAKES:
+            for raw in (quoted.encode(), value.encode()):
+                if not any(c in raw for c in b" \r\n"):
+                    await _raw_request(url, _upgrade(handshake.format("").encode() + raw), "odd_numbers handshake",
+                                       report)
+        for fmt in ({"container": "mp3", "sample_rate": 8000.0, "bit_rate": 64000},
+                    {"container": "raw", "encoding": "pcm_s16le", "sample_rate": value}):
+            body = {"transcript": "Hi.", "voice": "default", "output_format": fmt}
+            try:
+                async with http.post(url + "/tts/bytes", json=body) as r:
+                    await r.read()
+                    report.count("odd_numbers json", r.status)
+            except aiohttp.ClientError:
+                pass
+        await asyncio.sleep(0.1)
+
+
+async def bad_encoding(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    """``Content-Encoding: gzip`` / ``deflate`` on bodies that are not, on every route that reads one."""
+    bodies = itertools.cycle([b'{"input": "Hi.", "text": "Hi."}', b"\x1f\x8b\x08\x00not really gzip",
+                              b"x\x9cnot really deflate"])
+    for encoding in itertools.cycle(["gzip", "deflate"]):
+        if time.monotonic() >= deadline:
+            return
+        for path in BODY_ROUTES:
+            kind = "multipart/form-data; boundary=x" if path == "/v1/audio/voices" else "application/json"
+            try:
+                async with http.post(url + path, data=next(bodies), headers={
+                        "Content-Type": kind, "Content-Encoding": encoding}) as r:
+                    await r.read()
+                    report.count("bad_encoding", r.status)
+            except aiohttp.ClientError:
+                pass
+        await asyncio.sleep(0.1)
+
+
+async def unknown_voices(url: str, deadline: float, report: AttackReport) -> None:
+    """Socket handshakes naming a voice that does not exist: refused before the upgrade (a 101 counts
+    as a failure)."""
+    for path in itertools.cycle(UNKNOWN_VOICES):
+        if time.monotonic() >= deadline:
+            return
+        before = report.statuses[("unknown_voices", 101)]
+        await _raw_request(url, _upgrade(path.encode()), "unknown_voices", report)
+        if report.statuses[("unknown_voices", 101)] > before:
+            report.count("unknown_voices upgraded for a voice that does not exist", 599)
+        await asyncio.sleep(0.05)
+
+
+def edge_attacks(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> list:
+    """The HTTP/WebSocket edges' reproductions: vendor answers and clients that leave, odd numbers, bad
+    content encodings, unknown voices."""
+    return [vendor_answers(url, deadline, report), odd_numbers(http, url, deadline, report),
+            bad_encoding(http, url, deadline, report), unknown_voices(url, deadline, report)]
 
 
 async def log_forging(url: str, deadline: float, report: AttackReport) -> None:
@@ -544,21 +705,220 @@ async def cap_flood(url: str, deadline: float, report: AttackReport) -> None:
         await asyncio.sleep(2.0)
 
 
-async def run_attacks(url: str, deadline: float) -> AttackReport:
-    """Every attack until ``deadline``; then whatever is still in flight is dropped (a
-    hostile client simply goes away)."""
+LISTED_JOB_CHARS = 198_000  # under the default --max-job-chars (200,000)
+LIST_CALLS = 5
+
+
+async def cancelled_long_jobs(http: aiohttp.ClientSession, url: str, count: int, report: AttackReport) -> None:
+    """``count`` jobs of LISTED_JOB_CHARS characters, each cancelled as soon as it is made (so the
+    caps on unfinished jobs never refuse the next)."""
+    text = ("这是一本很长的书里的一章，没有人会去听它。" * (LISTED_JOB_CHARS // 20 + 1))[:LISTED_JOB_CHARS]
+    for i in range(count):
+        async with http.post(url + "/v1/jobs", json={"input": text, "seed": i}) as r:
+            report.count("job_listing", r.status)
+            job = await r.json() if r.status == 202 else None
+        if job is not None:
+            async with http.delete(f"{url}/v1/jobs/{job['id']}") as r:
+                await r.read()
+                report.count("job_listing", r.status)
+
+
+async def job_listing(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    await cancelled_long_jobs(http, url, 30, report)
+    while time.monotonic() < deadline:
+        async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+            await r.read()
+            report.count("job_listing", r.status)
+        await asyncio.sleep(0.5)
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as handle:
+        handle.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+async def measure_job_listing(url: str, pid: int, jobs: int = 150) -> list[tuple[str, str]]:
+    """The server's RSS and the time of LIST_CALLS list calls over ``jobs`` long cancelled jobs."""
+    report = AttackReport()
+    async with aiohttp.ClientSession() as http:
+        await cancelled_long_jobs(http, url, jobs, report)
+        assert report.server_errors == 0 and report.statuses[("job_listing", 202)] == jobs, report.statuses
+        before = _status_mb(pid, "VmRSS")
+        peaks, after, seconds = [], [], []
+        for _ in range(LIST_CALLS):
+            _reset_peak_rss(pid)
+            start = time.perf_counter()
+            async with http.get(url + "/v1/jobs", params={"limit": "1000"}) as r:
+                listed = (await r.json())["data"]
+            seconds.append(time.perf_counter() - start)
+            peaks.append(_status_mb(pid, "VmHWM"))
+            after.append(_status_mb(pid, "VmRSS"))
+    assert len(listed) >= jobs
+    return [("jobs listed (cancelled, 198,000 characters each)", f"{len(listed)}"),
+            ("server RSS before the first list MiB", f"{before:.0f}"),
+            (f"server peak RSS during each of {LIST_CALLS} lists MiB", ", ".join(f"{x:.0f}" for x in peaks)),
+            ("server RSS after each list MiB", ", ".join(f"{x:.0f}" for x in after)),
+            ("list call seconds (each)", ", ".join(f"{x:.3f}" for x in seconds))]
+
+
+class HealthProbe:
+    """``GET /healthz`` in a loop on a thread of its own (never behind the attackers' event loop),
+    from 127.0.0.1: the longest wait for an answer while it runs (``longest_s``)."""
+
+    def __init__(self, url: str, every_s: float = 0.01):
+        self.host, self.port = _host_port(url)
+        self.every_s = every_s
+        self.longest_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import http.client
+
+        connection = None
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                connection = connection or http.client.HTTPConnection(self.host, self.port, timeout=600)
+                connection.request("GET", "/healthz")
+                connection.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                connection = None  # (a refused connection is no stall: the next poll reconnects)
+                continue
+            finally:
+                self.longest_s = max(self.longest_s, time.monotonic() - start)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> "HealthProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(600)
+
+
+REDOS_BREAK = "Hello. <break time=1s" + " " * 4000 + "and on."  # never reaches ">" (and is no sentence's end)
+LONG_PAUSES = "<break time=10s>" * 255  # 2,550 s of silence in 4,080 characters
+_VOICE = {"mode": "id", "id": "default"}
+_RAW = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+
+
+def break_attacks(url: str) -> list[tuple[str, object]]:
+    """(name, coroutine function of an aiohttp session -> HTTP status) per break attack: an answer
+    of 400 (a socket's error message) for the ReDoS text, 200 read to the end for the pauses."""
+    ws = url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+
+    def post(path: str, body: dict):
+        async def attack(http: aiohttp.ClientSession) -> int:
+            async with http.post(url + path, json=body) as r:
+                async for _ in r.content.iter_chunked(1 << 16):  # 40 MB of mp3: read, not kept
+                    pass
+                return r.status
+        return attack
+
+    def socket(path: str, messages: list[dict], is_error):
+        async def attack(http: aiohttp.ClientSession) -> int:
+            async with http.ws_connect(ws + path, max_msg_size=0) as sock:
+                for message in messages:
+                    await sock.send_json(message)
+                async with asyncio.timeout(600):
+                    async for frame in sock:
+                        if frame.type != aiohttp.WSMsgType.TEXT:
+                            continue
+                        event = json.loads(frame.data)
+                        if is_error(event):  # a session refused at the door (the key's cap) is a 429 in effect
+                            code = str(event.get("code") or event.get("error_code") or event.get("error")
+                                       or event.get("err_code") or "").lower()
+                            return 429 if code in SESSION_REFUSALS else 400
+                        if event.get("type") in ("session.done", "done", "Flushed") or event.get("isFinal"):
+                            return 200
+            return 599  # the socket ended without an answer
+        return attack
+
+    cartesia = {"context_id": "b", "transcript": REDOS_BREAK, "continue": False, "voice": _VOICE,
+                "model_id": "sonic-2", "output_format": _RAW}
+    return [
+        ("redos speech", post("/v1/audio/speech", {"input": REDOS_BREAK})),
+        ("redos jobs", post("/v1/jobs", {"input": REDOS_BREAK})),
+        ("redos elevenlabs http", post("/v1/text-to-speech/default/stream", {"text": REDOS_BREAK})),
+        ("redos cartesia http", post("/tts/bytes", {**cartesia, "output_format": {**_RAW, "container": "wav"}})),
+        ("redos deepgram http", post("/v1/speak?model=default", {"text": REDOS_BREAK})),
+        ("redos /v1/stream", socket("/v1/stream", [{"type": "input.text", "text": REDOS_BREAK},
+                                                   {"type": "input.done"}], lambda e: e.get("type") == "error")),
+        ("redos omni socket", socket("/v1/audio/speech/stream", [
+            {"type": "session.config"}, {"type": "input.text", "text": REDOS_BREAK}, {"type": "input.done"}],
+            lambda e: e.get("type") == "error")),
+        ("redos elevenlabs socket", socket("/v1/text-to-speech/default/stream-input", [
+            {"text": " "}, {"text": REDOS_BREAK}, {"text": ""}], lambda e: "error" in e)),
+        ("redos cartesia socket", socket(CARTESIA, [cartesia], lambda e: e.get("type") == "error")),
+        ("redos deepgram socket", socket("/v1/speak?model=default", [{"type": "Speak", "text": REDOS_BREAK},
+                                                                     {"type": "Flush"}],
+                                         lambda e: e.get("type") == "Error")),
+        ("pauses elevenlabs mp3_44100_128", post("/v1/text-to-speech/default/stream", {"text": LONG_PAUSES})),
+        ("pauses deepgram mp3", post("/v1/speak?model=default&encoding=mp3", {"text": LONG_PAUSES})),
+        ("pauses openai mp3", post("/v1/audio/speech", {"input": LONG_PAUSES, "response_format": "mp3"})),
+    ]
+
+
+async def breaks(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
+    for name, attack in itertools.cycle(break_attacks(url)):
+        if time.monotonic() >= deadline:
+            return
+        try:
+            report.count(f"breaks {name}", await attack(http))
+        except aiohttp.WSServerHandshakeError as exc:  # a dialect's socket refused before the upgrade (429: the cap)
+            report.count(f"breaks {name}", exc.status)
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+            report.count(f"breaks {name}", 599)  # no answer: counted as a server failure
+        await asyncio.sleep(0.1)
+
+
+async def breaks_once(url: str, only: str = "") -> list[tuple[str, int, float, float]]:
+    """Each break attack (whose name holds ``only``) once, alone: (name, status, the longest
+    /healthz wait while it ran, the seconds it took)."""
+    rows = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as http:
+        for name, attack in break_attacks(url):
+            if only not in name:
+                continue
+            with HealthProbe(url) as probe:
+                start = time.monotonic()
+                status = await attack(http)
+                took = time.monotonic() - start
+            rows.append((name, status, probe.longest_s, took))
+    return rows
+
+
+async def run_attacks(url: str, deadline: float, only: set[str] | None = None) -> AttackReport:
+    """Every attack (``only``: those of these names) until ``deadline``; then whatever is still in
+    flight is dropped (a hostile client simply goes away)."""
     report = AttackReport()
     connector = aiohttp.TCPConnector(local_addr=(ATTACKER, 0), limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         turns = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(TURNS_ATTACKER, 0), limit=0))
-        tasks = [asyncio.create_task(attack) for attack in (
+        attacks = (
             ws_flood(url, deadline, report), silent(url, deadline, report), bad_bytes(http, url, deadline, report),
             heavy(http, url, deadline, report), over_work(http, url, deadline, report),
             costly(http, url, deadline, report), ref_audio(http, url, deadline, report),
             upload_flood(http, url, deadline, report), contexts(turns, url, deadline, report),
             crowd(http, url, deadline, report), vendor_text(http, url, deadline, report),
-            log_forging(url, deadline, report), cap_flood(url, deadline, report))]
-        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+            log_forging(url, deadline, report), cap_flood(url, deadline, report), breaks(http, url, deadline, report),
+            job_listing(http, url, deadline, report), *edge_attacks(http, url, deadline, report))
+        for attack in attacks:
+            if only is not None and attack.__name__ not in only:
+                attack.close()  # (a coroutine never started)
+        tasks = [asyncio.create_task(attack) for attack in attacks if only is None or attack.__name__ in only]
+        with HealthProbe(url) as probe:
+            done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        report.health_longest_s = probe.longest_s
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -572,18 +932,30 @@ async def run_attacks(url: str, deadline: float) -> AttackReport:
 def report_to_json(report: AttackReport) -> str:
     return json.dumps({"statuses": [[a, s, n] for (a, s), n in report.statuses.items()],
                        "flood_outcomes": dict(report.flood_outcomes), "silent_closed": report.silent_closed,
-                       "refused_connections": report.refused_connections})
+                       "refused_connections": report.refused_connections,
+                       "health_longest_s": report.health_longest_s})
 
 
 def report_from_json(line: str) -> AttackReport:
     data = json.loads(line)
     report = AttackReport(flood_outcomes=collections.Counter(data["flood_outcomes"]),
-                          silent_closed=data["silent_closed"], refused_connections=data["refused_connections"])
+                          silent_closed=data["silent_closed"], refused_connections=data["refused_connections"],
+                          health_longest_s=data.get("health_longest_s", 0.0))
     for attack, status, n in data["statuses"]:
         report.statuses[(attack, status)] = n
     return report
 
 
 if __name__ == "__main__":
-    url, seconds = sys.argv[1], float(sys.argv[2])
-    print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds))))
+    if sys.argv[1] == "list-jobs":
+        rows = asyncio.run(measure_job_listing(sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:5])))
+        for name, value in rows:
+            print(f"{name:<56}{value}")
+    elif sys.argv[2:3] == ["--breaks"]:  # [a part of the attacks' names]
+        print(f"{'break attack':<34} {'status':>6} {'longest /healthz wait ms':>24} {'took s':>7}")
+        for name, status, longest, took in asyncio.run(breaks_once(sys.argv[1], "".join(sys.argv[3:4]))):
+            print(f"{name:<34} {status:>6} {longest * 1000:>24.1f} {took:>7.2f}")
+    else:
+        url, seconds = sys.argv[1], float(sys.argv[2])
+        only = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # attack names (load.py --only)
+        print(report_to_json(asyncio.run(run_attacks(url, time.monotonic() + seconds, only))))

@@ -135,15 +135,16 @@ def peer_worker(args) -> None:
         req = json.loads(line)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        first, samples, rate = None, 0, 24000
+        first, samples, rate, chunks = None, 0, 24000, []
         for audio, rate, _timing in model.generate_custom_voice_streaming(
-                TEXT, speaker=speaker, language="English", chunk_size=req["chunk"],
+                req.get("text", TEXT), speaker=speaker, language="English", chunk_size=req["chunk"],
                 max_new_tokens=req["max_new_tokens"]):
             if first is None and len(audio):
                 first = time.perf_counter() - t0
             samples += len(audio)
+            chunks.append((time.perf_counter() - t0, len(audio)))  # when each chunk came (open-loop underruns)
         wall = time.perf_counter() - t0
-        reply({"ttfa_s": first, "wall_s": wall, "audio_s": samples / rate})
+        reply({"ttfa_s": first, "wall_s": wall, "audio_s": samples / rate, "chunks": chunks})
 
 
 class PeerProcess:
@@ -158,8 +159,8 @@ class PeerProcess:
                 return json.loads(line[len(REPLY):])
         return None  # the worker died: its stderr says why
 
-    def ask(self, chunk: int, max_new_tokens: int) -> dict:
-        self.proc.stdin.write(json.dumps({"chunk": chunk, "max_new_tokens": max_new_tokens}) + "\n")
+    def ask(self, chunk: int, max_new_tokens: int, text: str = TEXT) -> dict:
+        self.proc.stdin.write(json.dumps({"chunk": chunk, "max_new_tokens": max_new_tokens, "text": text}) + "\n")
         self.proc.stdin.flush()
         return self._read() or {"error": "the peer process exited"}
 

@@ -42,9 +42,15 @@ How (every number printed comes from this procedure):
   min is the least disturbed figure), ms per frame = step / B.
 * **Floor**: bytes one step must read (the weights of one frame: talker layers, norm, the
   valid codec-head rows, 15 code-predictor passes; plus every row's K/V over its positions)
-  / the best measured read bandwidth (``sum`` over a 512 MiB tensor, same threads); and the
-  compute floor 2 x B x weights / the best measured GEMM FLOP/s; the floor is the larger.
-  "x floor" = the variant's min / that floor.
+  / the read bandwidth measured in the coordinator's turn of each round (with the native
+  extension: its plain AVX-512 / AVX2 read of 1 GiB on one thread, what one core streams; else
+  a torch ``sum`` over 512 MiB); for fp32 variants also the compute floor 2 x B x weights / the
+  best measured GEMM FLOP/s; the floor is the larger. "x floor" = a turn's step / the floor of
+  the SAME round (min and median over rounds). torch's GEMV rate is printed for reference only:
+  it is one kernel's speed, not what memory delivers.
+* **Quantized modes** run their decode step in the native frame (engines/native) where it was
+  built; ``--ort-too`` adds each mode with its step on ONNX Runtime ("ours int8 ort"; with
+  ``--baseline-commit`` that commit's too).
 * **The codec decoder beside it** (``--codec``): every "ours" variant also holds the speech
   tokenizer's decoder at the size's codec sizes (the released ones for 0.6b / 1.7b,
   benchmarks/released/) and, in the same turn, decodes its B rows in streaming chunks of
@@ -136,14 +142,39 @@ def compile_backend(part: str) -> str | None:
         return older(part)
     return runtime_switches().compile_backend(part)
 
+def paged_attention() -> bool:
+    """The engine's paged-attention switch (STREAMVOX_PAGED_ATTENTION=0 turns it off: the settings read it)."""
+    from service.settings import runtime_switches
+
+    return runtime_switches().paged_attention
+
+
+_READ_BUFFER = None
+
+
 def read_bandwidth(device, nbytes: int = 512 << 20, reps: int = 5) -> float:
-    """Bytes/s of the fastest of ``reps`` full reads (a sum) of an ``nbytes`` tensor."""
+    """Bytes/s of the fastest of ``reps`` full reads of a buffer: on a CPU with the native extension
+    (engines/native) its plain AVX-512 / AVX2 read of 1 GiB on this thread, what one core streams
+    (the floor a weight-bound step is held to); else a torch ``sum`` over ``nbytes``."""
     import torch
 
     if device.type == "cuda":
         from bench_code_predictor import copy_bandwidth
 
         return copy_bandwidth(device)
+    from engines import native
+
+    if native.available():
+        global _READ_BUFFER
+        if _READ_BUFFER is None:  # written once (untouched pages would all read the zero page)
+            _READ_BUFFER = torch.ones(1 << 30, dtype=torch.uint8)
+        best = best_cpu = float("inf")
+        for _ in range(reps):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            native.lib.sv_read_bytes(_READ_BUFFER.data_ptr(), _READ_BUFFER.numel())
+            best, best_cpu = min(best, time.perf_counter() - t0), min(best_cpu, time.thread_time() - c0)
+        read_bandwidth.cpu = _READ_BUFFER.numel() / best_cpu  # on-core time: the step's CPU column's floor
+        return _READ_BUFFER.numel() / best
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     best = float("inf")
     for _ in range(reps):
@@ -355,7 +386,9 @@ def ours_worker(args) -> None:
     if mode not in (None, "bf16"):
         from engines.models.quantize import quantize_talker
 
-        quantize_talker(bundle.talker, bundle.predictor, mode, threads=torch.get_num_threads())  # ORT: --threads too
+        # ORT: --threads too; the native frame (engines/native) where built, unless this variant is the ORT one
+        native = False if args.variant == "ours-ort" else None
+        quantize_talker(bundle.talker, bundle.predictor, mode, threads=torch.get_num_threads(), native=native)
     predictor = bundle.predictor
     if device.type == "cuda" and args.variant == "ours":  # the code predictor's graphs, as the engine runs it
         from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
@@ -384,6 +417,8 @@ def ours_worker(args) -> None:
         # serve all but the first from memory, while the official rows are all prefilled.
         no_prefix = {"prefix_cache_fraction": 0.0} if "prefix_cache_fraction" in inspect.signature(
             TalkerSource.__init__).parameters else {}
+        if "paged_attention" in inspect.signature(TalkerSource.__init__).parameters:  # an older tree read the variable
+            no_prefix["paged_attention"] = paged_attention()
         source = TalkerSource.from_bundle(bundle, max_slots=b, max_seq_len=prompt_len + warm + steps + 16,
                                           kv_cache_gb=64.0, **no_prefix)
         source.predictor = predictor
@@ -636,6 +671,8 @@ def main() -> None:
     ap.add_argument("--baseline-commit", default=None, help="also time ours at this git revision")
     ap.add_argument("--quantize", nargs="*", default=[], choices=["int8", "int4", "int8-int4p", "bf16"],
                     help="also time ours with quantized weights (engines/models/quantize.py) and/or all in bf16")
+    ap.add_argument("--ort-too", action="store_true",
+                    help="also each --quantize mode with its decode step on ONNX Runtime (not the native frame)")
     ap.add_argument("--step-graphs", action="store_true", help="also ours with the whole step as CUDA graphs (on a CPU: its static-buffer path, eager)")
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
@@ -694,6 +731,9 @@ def main() -> None:
         specs.append(("ours+ctalk", me + ["--worker", str(REPO), "--variant", "ours+ctalk"], REPO))
     for mode in args.quantize:
         specs.append((f"ours {mode}", me + ["--worker", str(REPO), "--variant", "ours", "--quantize", mode], REPO))
+        if args.ort_too and mode != "bf16":  # the same mode with its decode step on ONNX Runtime
+            specs.append((f"ours {mode} ort", me + ["--worker", str(REPO), "--variant", "ours-ort", "--quantize", mode],
+                          REPO))
     if args.codec and args.codec_bf16:
         for mode in args.quantize or [None]:
             q = ["--quantize", mode] if mode else []
@@ -708,6 +748,9 @@ def main() -> None:
         for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
             specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
                                                       "--quantize", mode], old_tree))
+            if args.ort_too and mode != "bf16":
+                specs.append((f"ours@{rev} {mode} ort", me + ["--worker", str(old_tree), "--variant", "ours-ort",
+                                                              "--quantize", mode], old_tree))
     oracle = Path(args.oracle_python)
     if not args.no_official:
         if oracle.is_file():
@@ -757,6 +800,7 @@ def run_rounds(args, device, workers: list[Worker]) -> list[dict]:
                 if w is None:
                     dtype = getattr(torch, args.dtype)
                     turns.append(dict(variant="machine", batch=b, round=r, bandwidth=read_bandwidth(device),
+                                      cpu_bandwidth=getattr(read_bandwidth, "cpu", None),
                                       gemv=gemv_bandwidth(device, dtype), flops=gemm_flops(device, dtype)))
                     continue
                 got = w.ask(b, args.steps)
@@ -776,14 +820,18 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
     flops = max(t["flops"] for t in machine)
     gemv = max(t["gemv"] for t in machine)
     print(f"\nmachine: best read bandwidth {bw / 1e9:.1f} GB/s (median {statistics.median(t['bandwidth'] for t in machine) / 1e9:.1f}), "
-          f"best GEMV {gemv / 1e9:.1f} GB/s of weights, best GEMM {flops / 1e9:.1f} GFLOP/s ({args.dtype}, {args.threads or 'default'} threads); "
+          f"torch's fp32 GEMV {gemv / 1e9:.1f} GB/s of weights (a kernel's rate, for reference), best GEMM "
+          f"{flops / 1e9:.1f} GFLOP/s ({args.dtype}, {args.threads or 'default'} threads); "
           f"load average now {os.getloadavg()[0]:.2f}")
     print("decode = one step of B rows (code predictor + talker step + sampling); min / median over rounds of each "
-          "turn's median; ms/frame = min step / B; floor = max(bytes read / bandwidth, 2 x B x weights / GEMM FLOP/s); 'GEMV floor': the same with the "
-          "bandwidth torch's own matrix-vector product reaches")
-    cols = (f"{'variant':>14} | {'B':>3} | {'prefill ms min / med':>21} | {'step ms min / med':>19} | "
-            f"{'ms/frame':>9} | {'floor ms':>9} | {'x floor':>7} | {'GEMV floor':>10} | {'x GEMV fl':>9} | "
-            f"{'CPU ms/step':>11}")
+          "turn's median; ms/frame = min step / B; floor = max(bytes read / read bandwidth, 2 x B x weights / GEMM "
+          "FLOP/s (fp32 variants only)); 'x floor' = a turn's step / the floor from the bandwidth measured in the "
+          "same round (min / median over rounds); the GEMV rate is a kernel's, never a floor; with 1 thread, 'CPU x "
+          "floor': the step's thread CPU time over the floor from the read's own thread CPU time in the same round "
+          "(time on a core only: what a loaded machine's waits for a core leave out of both)")
+    cols = (f"{'variant':>18} | {'B':>3} | {'prefill ms min / med':>21} | {'step ms min / med':>19} | "
+            f"{'ms/frame':>9} | {'GB read':>7} | {'floor ms':>9} | {'x floor min / med':>17} | {'CPU ms/step':>11} | "
+            f"{'CPU x floor min / med':>21}")
     print(cols)
     print("-" * len(cols))
     for b in args.batches:
@@ -794,22 +842,28 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
                 continue
             # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads
             ref = mine[0] if "weight_bytes" in mine[0] else fp
-            floor_ms = gemv_ms = None
-            if ref:
-                bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
-                # compute floor from the fp32 GEMM rate: not a bound for int8 kernels, left out there
-                comp = 0.0 if "int8" in name or "int4" in name else 2 * b * ref["weight_elems"] / flops
-                floor_ms = max(bytes_read / bw, comp) * 1e3
-                gemv_ms = max(bytes_read / gemv, comp) * 1e3
             pre = [t["prefill_ms"] for t in mine]
             step = [t["step_med_ms"] for t in mine]
             best = min(step)
-            fl = (f"{floor_ms:9.4g} | {best / floor_ms:7.2f} | {gemv_ms:10.4g} | {best / gemv_ms:9.2f}" if floor_ms
-                  else f"{'-':>9} | {'-':>7} | {'-':>10} | {'-':>9}")
+            if ref:
+                bytes_read = ref["weight_bytes"] + ref["kv_bytes"]
+                # compute floor from the fp32 GEMM rate: not a bound for int8 / int4 kernels, left out there
+                comp = 0.0 if "int8" in name or "int4" in name else 2 * b * ref["weight_elems"] / flops
+                floor_ms = max(bytes_read / bw, comp) * 1e3
+                ratios = [t["step_med_ms"] / (max(bytes_read / m["bandwidth"], comp) * 1e3) for t in mine
+                          for m in machine if m["batch"] == b and m["round"] == t["round"]]
+                fl = (f"{bytes_read / 1e9:7.3f} | {floor_ms:9.4g} | {min(ratios):7.2f} / {statistics.median(ratios):7.2f}"
+                      if ratios else f"{bytes_read / 1e9:7.3f} | {floor_ms:9.4g} | {'-':>17}")
+            else:
+                fl = f"{'-':>7} | {'-':>9} | {'-':>17}"
             cpu = [t["step_cpu_ms"] for t in mine if "step_cpu_ms" in t]
             cpu_cell = f"{min(cpu):11.1f}" if cpu else f"{'-':>11}"
-            print(f"{name:>14} | {b:3d} | {min(pre):9.1f} / {statistics.median(pre):9.1f} | "
-                  f"{best:8.1f} / {statistics.median(step):8.1f} | {best / b:9.2f} | {fl} | {cpu_cell}")
+            cpu_ratios = [t["step_cpu_ms"] / (bytes_read / m["cpu_bandwidth"] * 1e3) for t in mine if ref and
+                          "step_cpu_ms" in t and comp == 0.0 for m in machine
+                          if m["batch"] == b and m["round"] == t["round"] and m.get("cpu_bandwidth")]
+            cpu_fl = (f"{min(cpu_ratios):9.2f} / {statistics.median(cpu_ratios):9.2f}" if cpu_ratios else f"{'-':>21}")
+            print(f"{name:>18} | {b:3d} | {min(pre):9.1f} / {statistics.median(pre):9.1f} | "
+                  f"{best:8.1f} / {statistics.median(step):8.1f} | {best / b:9.2f} | {fl} | {cpu_cell} | {cpu_fl}")
     print("\nratios within a round (other / ours; > 1 = ours faster), min .. median .. max over rounds:")
     for b in args.batches:
         for name in names[1:]:
@@ -824,16 +878,16 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
                     print(f"  B={b:3d} {what:>7} {name:>14} / ours: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "
                           f"{max(rs):.2f}")
     if args.codec:
-        report_whole_path(args, names, turns, flops, gemv)
+        report_whole_path(args, names, turns, flops, bw)
 
 
-def report_whole_path(args, names: list[str], turns: list[dict], flops: float, gemv: float) -> None:
+def report_whole_path(args, names: list[str], turns: list[dict], flops: float, bw: float) -> None:
     """Talker + codec decoder per frame of audio, next to their floors; codec agreement and ratios."""
     import torch
 
     frame_ms = 80.0  # 1920 samples at 24 kHz
     print(f"\nwhole path per frame (talker step / B + codec decoder in chunks of {args.codec_chunk} frames), "
-          f"min / median over rounds; RTF = total / {frame_ms:.0f} ms; floors: talker GEMV floor / B, codec "
+          f"min / median over rounds; RTF = total / {frame_ms:.0f} ms; floors: talker bytes / read bandwidth / B, codec "
           f"multiply-adds / best GEMM ({flops / 1e9:.1f} GFLOP/s, fp32)")
     cols = (f"{'variant':>24} | {'B':>3} | {'talker ms':>15} | {'codec ms':>15} | {'codec CPU':>9} | "
             f"{'total ms':>15} | {'RTF':>11} | {'floor t / c / total':>21} | {'floor RTF':>9}")
@@ -849,7 +903,7 @@ def report_whole_path(args, names: list[str], turns: list[dict], flops: float, g
             tot = [t["step_med_ms"] / b + t["codec_med_ms"] for t in mine]  # same turn: same load
             cpu = [t["codec_cpu_ms"] for t in mine if "codec_cpu_ms" in t]
             ref = mine[0]
-            talker_floor = (ref["weight_bytes"] + ref["kv_bytes"]) / gemv * 1e3 / b
+            talker_floor = (ref["weight_bytes"] + ref["kv_bytes"]) / bw * 1e3 / b
             codec_floor = ref["codec_flops"] / flops * 1e3
             floor = talker_floor + codec_floor
             cpu_cell = f"{min(cpu):9.1f}" if cpu else f"{'-':>9}"

@@ -90,7 +90,8 @@ class LoadReport:
 
 
 async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int | None = None,
-                   api_key: str | None = None, attacks: bool = False, settle_s: float = 10.0) -> LoadReport:
+                   api_key: str | None = None, attacks: bool = False, settle_s: float = 10.0,
+                   only: str | None = None) -> LoadReport:
     report = LoadReport()
     if pid:
         report.rss_start_mb, report.fds_start = process_rss_mb(pid), process_open_fds(pid)
@@ -138,7 +139,7 @@ async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int 
         try:  # a process of its own: the attackers must not slow this process's clients
             attackers = await asyncio.create_subprocess_exec(
                 sys.executable, str(Path(__file__).resolve().parent / "attacks.py"), url,
-                str(max(0.0, deadline - time.monotonic())), stdout=asyncio.subprocess.PIPE)
+                str(max(0.0, deadline - time.monotonic())), *([only] if only else []), stdout=asyncio.subprocess.PIPE)
             out, _ = await attackers.communicate()
             if attackers.returncode != 0:
                 raise RuntimeError(f"the attack process failed (exit {attackers.returncode})")
@@ -172,6 +173,7 @@ def main() -> int:
     parser.add_argument("--api-key")
     parser.add_argument("--attacks", action="store_true", help="run the hostile clients beside the load")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after the attacks before the last reading")
+    parser.add_argument("--only", help="with --attacks: only these attacks (attacks.py names, comma-separated)")
     args = parser.parse_args()
     server = None
     url, pid = args.url, args.pid
@@ -184,7 +186,7 @@ def main() -> int:
         asyncio.run(server.wait_ready())
     try:
         report = asyncio.run(run_load(url, args.sessions, args.jobs, args.seconds, pid, args.api_key,
-                                      args.attacks, args.settle))
+                                      args.attacks, args.settle, args.only))
     finally:
         if server:
             server.stop()

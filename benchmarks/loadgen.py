@@ -182,15 +182,17 @@ class Server:
 
     @classmethod
     def start(cls, preset: str, device: str, data_dir: str, extra: list[str] | None = None,
-              timeout_s: float = 300.0) -> "Server":
+              timeout_s: float = 300.0, cwd: Path | None = None) -> "Server":
+        """``cwd``: serve that checkout's code (another tree's, for a before / after); default this one."""
         cmd = [sys.executable, "-m", "clients.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                "--preset", preset, "--device", device, "--data-dir", data_dir, *(extra or [])]
         if not any(arg.startswith(("--model", "--checkpoint")) for arg in extra or []):
             # the preset is what is measured: without a model named, serve would load the default
             # Qwen3-TTS release (from the cache or the hub) instead
             cmd += ["--model", "random"]
+        env = None if cwd is None else {**os.environ, "PYTHONPATH": str(cwd)}
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                cwd=Path(__file__).resolve().parents[1])
+                                cwd=cwd or Path(__file__).resolve().parents[1], env=env)
         deadline = time.monotonic() + timeout_s
         log: list[str] = []
         assert proc.stderr is not None

@@ -43,6 +43,7 @@ from engines.build import build_engine  # noqa: E402
 from engines.config import RuntimeSwitches  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.pipelines.vocoder import VocalizeItem  # noqa: E402
+from service.settings import runtime_switches  # noqa: E402  (STREAMVOX_PAGED_ATTENTION=0: gpu-verify's fallback)
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -63,10 +64,9 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 class TalkerCosts:
     """Calls into a built talker engine's source and vocalizer, in the shapes the table lists."""
 
-    def __init__(self, engine):
-        self.engine = engine
-        self.source = engine.pipeline.source  # TalkerPipeline -> TalkerSource
-        self.vocalizer = engine.vocalizer
+    def __init__(self, source, vocalizer=None):
+        self.source = source  # a TalkerSource (an engine's: engine.pipeline.source)
+        self.vocalizer = vocalizer
         self.device = self.source.device
         self.cache = self.source.cache
         self.runner = self.source.step_runner or self.source._eager_step
@@ -191,6 +191,9 @@ def main() -> int:
     p.add_argument("--frames", type=int, nargs="+", default=[1, 2, 4, 8, 12, 15, 25])
     p.add_argument("--admit-rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--fused-predictor", default="off", choices=("off", "phased", "persistent"),
+                   help="the code predictor's frame as fused Triton kernels (CUDA; RuntimeSwitches.fused_predictor)")
+    p.add_argument("--fused-talker", action="store_true", help="the talker's decode layers fused (CUDA)")
     p.add_argument("--out", required=True, help="the JSON cost table to write")
     args = p.parse_args()
 
@@ -198,9 +201,11 @@ def main() -> int:
     t0 = time.perf_counter()
     engine = build_engine(device=args.device, checkpoint=args.checkpoint, max_slots=args.slots,
                           kv_cache_gb=args.kv_cache_gb, warmup=False,
-                          switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu"))
+                          switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu",
+                                                   fused_predictor=args.fused_predictor, fused_talker=args.fused_talker,
+                                                   paged_attention=runtime_switches().paged_attention))
     built = time.perf_counter() - t0
-    costs = TalkerCosts(engine)
+    costs = TalkerCosts(engine.pipeline.source, engine.vocalizer)
     step_runner = costs.source.step_runner
     decoder = costs.vocalizer.graphed_decoder
     with torch.no_grad():
@@ -232,6 +237,7 @@ def main() -> int:
     print("admit ms (rows started together): " + " ".join(f"{n}: {ms:.2f}" for n, ms in zip(admit_rows, admit)))
     print(f"codec_decode ms (rows x frames {args.frames}):")
     codec = grid(lambda r, f: costs.codec_decode(r, f, args.repeats), args.decoder_rows, args.frames, "rows")
+    prefill_runner = costs.source.prefill.runner
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip() or "unknown"
     table = {
@@ -246,9 +252,13 @@ def main() -> int:
         "admit": {"rows": admit_rows, "ms": admit},
         "start_s": start_s,
         "kv_in_place": not getattr(getattr(step_runner, "spec", None), "bucket_blocks", True),
+        # the prefill calls that replayed a graph (the rest ran eagerly, launch bound)
+        "prefill_graph_positions": prefill_runner.spec.max_positions if prefill_runner is not None else 0,
         "notes": ("measured: each call timed with the device synchronised around it, median of "
                   f"{args.repeats}; capture_ms = the start's capture time / graphs captured "
-                  f"({n_talker} talker-step keys, {n_decoder} decoder keys)"),
+                  f"({n_talker} talker-step keys, {n_decoder} decoder keys); fused kernels (CUDA only): "
+                  f"predictor {args.fused_predictor if device.type == 'cuda' else 'off'}, "
+                  f"talker {'on' if args.fused_talker and device.type == 'cuda' else 'off'}"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")

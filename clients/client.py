@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterable, AsyncIterator
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Iterator
 
 import aiohttp
 import numpy as np
@@ -24,6 +24,16 @@ import websockets
 from .address import parse_address
 
 SUBPROTOCOL = "streamvox"
+JOB_FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def poll_delays(first_s: float = 0.25, most_s: float = 2.0, growth: float = 1.5) -> Iterator[float]:
+    """The waits between polls of a job: short at first (a short job ends in a second), then
+    longer by ``growth`` each time, up to ``most_s`` (a long job is asked every ``most_s``)."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(most_s, delay * growth)
 
 
 class StreamvoxError(Exception):
@@ -233,13 +243,19 @@ class StreamvoxClient:
         async with response:
             return await response.read()
 
-    async def wait_job(self, job_id: str, poll_s: float = 0.2) -> dict:
-        """Poll until the job is finished (succeeded, failed or cancelled)."""
-        while True:
+    async def wait_job(self, job_id: str, on_progress: Callable[[dict], None] | None = None,
+                       poll_s: float = 0.25, max_poll_s: float = 2.0) -> dict:
+        """Poll until the job is finished (succeeded, failed or cancelled), backing off from
+        ``poll_s`` to ``max_poll_s`` between polls (:func:`poll_delays`); ``on_progress(job)``
+        sees each job object polled, the last one included."""
+        for delay in poll_delays(poll_s, max_poll_s):
             job = await self.get_job(job_id)
-            if job["status"] in ("succeeded", "failed", "cancelled"):
+            if on_progress is not None:
+                on_progress(job)
+            if job["status"] in JOB_FINISHED:
                 return job
-            await asyncio.sleep(poll_s)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: poll_delays never ends")
 
     # -- WebSocket -----------------------------------------------------------------
     def connect(self) -> "_SessionContext":

@@ -143,8 +143,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         from engines.export import apply_backend
 
         models = apply_backend(models, backend, artifacts_dir, dev)
-    log.info("built %s models (source %s, backend %s) in %.2fs", models.config.name, source, backend,
-             time.perf_counter() - t0)
+    built = f"the DiT, preset {config.name}" if source == "dit" else f"the {source} pipeline"  # a preset is a DiT notion
+    log.info("built %s (backend %s) in %.2fs", built, backend, time.perf_counter() - t0)
     loaded_aligner = None
     if aligner:
         from engines.pipelines.aligner import Aligner

@@ -41,8 +41,20 @@ class RuntimeSwitches:
     prefill_graphs: bool = True
     """CUDA, with the step graphs: the prompts' first prefill chunks through CUDA graphs per
     (prompts, width) bucket (off: every prefill eager)."""
+    paged_attention: bool = True
+    """CUDA: the talker's decode attention reads the paged KV pool in place (a Triton kernel,
+    engines/models/paged_attention.py; one step graph serves every length) (off: each row's blocks
+    gathered into a contiguous view, one graph per KV-block bucket)."""
     batched_admission: bool = True
     """CUDA: the rows admitted since the last tick start in one pass (off: one by one, as on CPU)."""
+    fused_predictor: str = "off"
+    """CUDA, with the step graphs: the code predictor's frame as fused Triton kernels
+    (engines/models/fused_predictor.py) inside the step's graph, ``persistent`` (one launch per
+    frame) or ``phased`` (one launch per dependent step); ``off``: the graphed generic loop. Off
+    until measured on a GPU."""
+    fused_talker: bool = False
+    """CUDA, with the step graphs: the talker's decode layers as fused Triton kernels, five launches
+    a layer (engines/models/fused_talker.py). Off until measured on a GPU."""
     static_step_on_cpu: bool = False
     """CPU: run the talker decode step through the static buckets CUDA graphs replay (eagerly), so
     tests see which buckets serving reaches and which a GPU would have captured after start."""
@@ -55,6 +67,10 @@ class RuntimeSwitches:
     codec_process: bool = True
     """CPU, with ``vocoder_thread``: that thread hands each piece to the decoder in a process of
     its own (engines/pipelines/vocoder_process.py), off the talker's GIL (off: it decodes in-process)."""
+
+    def __post_init__(self) -> None:
+        if self.fused_predictor not in ("off", "phased", "persistent"):
+            raise ValueError(f"fused_predictor must be off, phased or persistent, got {self.fused_predictor!r}")
 
     def compile_backend(self, part: str) -> str | None:
         """torch.compile backend for the modules under the CUDA graphs of ``part`` (``predictor``:

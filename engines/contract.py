@@ -348,6 +348,10 @@ class EngineCapabilities:
     max_new_tokens: int | None = None
     """The talker's default cap per request (it emits at most ``max_new_tokens - 1`` frames); None
     when the pipeline plans its frames from the text (the DiT)."""
+    sampling_defaults: Mapping[str, float | int | bool] | None = None
+    """What a request without sampling fields gets (the talker checkpoint's generation_config.json
+    for code 0): ``greedy``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``; None when
+    the pipeline does not sample (the DiT)."""
     instructions: bool = False
     """``instructions`` change the voice (a VoiceDesign release, a 1.7B CustomVoice)."""
     voice_cloning: bool = False

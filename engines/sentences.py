@@ -24,7 +24,8 @@ _CLOSERS = "\"'”’)]}»"
 _CJK_CLOSERS = "」』）”’"
 # Words that end with a period without ending the sentence (compared lowercased).
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st mt vs e.g i.e cf fig approx dept est inc ltd co gen col lt sgt capt rev".split()
+    "mr mrs ms dr prof sr jr st mt vs e.g i.e cf fig approx dept est inc ltd co gen col lt sgt capt rev etc al"
+    .split()
 )
 _WORD_BEFORE = re.compile(r"([A-Za-z]+(?:\.[A-Za-z]+)*)$")
 
@@ -44,7 +45,13 @@ def _is_abbreviation(text_before_period: str) -> bool:
 def _boundary_end(buffer: str, i: int) -> int | None:
     """If a sentence provably ends at the terminator run starting at ``buffer[i]``,
     the index just past it (closers included); None when it does not or cannot be
-    decided yet (the decision must not change when more text arrives)."""
+    decided yet (the decision must not change when more text arrives).
+
+    A Latin terminator is decided by the whitespace after it: ``"Hello there. "`` ends there
+    (what comes next cannot undo it), ``"3.14"`` and ``"Dr. Smith"`` / ``"e.g. this"`` (a known
+    abbreviation, an initial) never end. After an ellipsis or a closing quote or bracket the
+    next word decides (``"Wait... and then"``, ``'"Really?" she asked'`` go on when it is
+    lowercase), and a line break ends the sentence at once."""
     n = len(buffer)
     if buffer[i] in _CJK_TERMINATORS:
         j = i
@@ -61,20 +68,22 @@ def _boundary_end(buffer: str, i: int) -> int | None:
         j += 1
     while j < n and buffer[j] in _CLOSERS:
         j += 1
-    # Only whitespace followed by a visible character decides a Latin terminator.
     k = j
     while k < n and buffer[k].isspace():
         k += 1
-    if k == j or k == n:
-        return None  # "3." may become "3.5"; "etc. " may continue with "and"
+    if k == j:
+        return None  # no whitespace yet: "3." may become "3.5"
     if "\n" in buffer[j:k]:
         return j  # a line break after a terminator always ends the sentence
     run = buffer[i:j].rstrip(_CLOSERS)
     # (the word before the period is in the last few characters: never search the whole buffer)
     if run == "." and _is_abbreviation(buffer[max(0, i - 64):i]):
-        return None
-    if buffer[k].islower():
-        return None  # "e.g. this", "... and then": the sentence goes on
+        return None  # "Dr. Smith", "e.g. this": never an end
+    if ".." in run or "…" in run or run != buffer[i:j]:  # an ellipsis or a closer: the next word decides
+        if k == n:
+            return None
+        if buffer[k].islower():
+            return None  # "... and then", '"Really?" she asked': the sentence goes on
     return j
 
 

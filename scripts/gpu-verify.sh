@@ -26,10 +26,21 @@
 #   talker_bench   talker ms/frame at batch 1/64, eager step vs whole-step CUDA graphs (the default)
 #                  vs step graphs with the talker's layers compiled, and the memory floor
 #   tests          the CUDA tests (pytest -m cuda), with whatever time is left
+# openloop         first audio the way the peers measure it (benchmarks/bench_openloop.py): open-loop Poisson
+#                  arrivals at 1/5/10/20/40 requests/s over benchmarks/sentences/en.txt, length from the text,
+#                  WebSocket and HTTP clients: p50/p95/p99, streams within 50 ms of underrun, audio-s/s, the
+#                  rate where p95 crosses 100 ms; faster-qwen3-tts under the same arrivals at 1 request/s
+# openloop_virtual the same protocol on the virtual device of the table `costs` just wrote, on this host's CPU:
+#                  the virtual device beside the GPU, same run (needs $OUT/costs-$SIZE.json)
+#   The first-audio device step, one command (~6 min):
+#     QUICK_BUDGET_S=560 COST_GRID="..." bash scripts/gpu-verify.sh env ckpt kernel preflight openloop costs openloop_virtual
 # Other steps: profile_talker (torch.profiler at 64 streams: top kernels, host gaps), dit_e2e (the DiT
 #   path served), talker_e2e_ctalk / talker_e2e_eager (served with the talker's layers compiled / the
 #   step eager), cp tick engine clone (component benchmarks; see docs/GPU.md),
-#   prefix_cache (time to first audio with the talker's prompt-prefix cache cold vs warm)
+#   prefix_cache (time to first audio with the talker's prompt-prefix cache cold vs warm),
+#   fused (the fused Triton kernels: their CUDA tests against the generic loop and the plain layers,
+#   the step timed beside the graphed path at 1/8/64/256 rows in rotating rounds with the floor
+#   (benchmarks/bench_fused.py), and the cost table with them, $OUT/costs-$SIZE-fused.json; after ckpt)
 #
 # Wheels the GPU host lacks travel in .whl/ (docs/GPU.md says how to download them):
 #   .whl/proj  the project's runtime and test packages missing from the host image
@@ -55,6 +66,9 @@ if [ "${GPU_VERIFY_DRY:-0}" = "1" ]; then  # the same steps on a CPU at tiny siz
   COMPILE=0  # the compiled variants' plumbing runs; inductor on a 2-core CPU would take minutes
   PREFIX_ROUNDS=1 PEER_CHUNKS=${PEER_CHUNKS:-1} PEER_ROUNDS=1
   COST_GRID="--rows 1 2 4 --kv-blocks 1 2 --prompts 1 2 --widths 8 16 --decoder-rows 1 2 --frames 1 4 --repeats 2"
+  FUSED_BENCH="--rows 1 --kv-blocks 1 --rounds 1 --repeats 1"  # under Triton's interpreter: seconds per step
+  OPENLOOP_ARGS=${OPENLOOP_ARGS:---rates 1,2 --seconds 2 --min-requests 3 --max-frames 12}
+  OPENLOOP_VIRTUAL_ARGS="--rates 2 --seconds 1 --min-requests 2 --max-frames 4"  # the tiny CPU table's steps are slow
 else
   DEVICE=cuda DTYPE=bfloat16 SIZE=${SIZE:-0.6b} DIT_PRESET=base
   TALKER_BATCHES=${TALKER_BATCHES:-1 64} OFFICIAL_BATCHES=${OFFICIAL_BATCHES:-1} TALKER_TICKS=10
@@ -64,7 +78,12 @@ else
   COMPILE=${STREAMVOX_COMPILE:-1}
   PREFIX_ROUNDS=3 PEER_CHUNKS=${PEER_CHUNKS:-1 2 4 8} PEER_ROUNDS=3
   COST_GRID=${COST_GRID:-}
+  FUSED_BENCH=${FUSED_BENCH:-"--rows 1 8 64 256 --kv-blocks 1 64 --rounds 3 --repeats 5"}
+  OPENLOOP_ARGS=${OPENLOOP_ARGS:---rates 1,5,10,20,40 --seconds 20}
+  OPENLOOP_VIRTUAL_ARGS=$OPENLOOP_ARGS
 fi
+FUSED_MODE=${FUSED_MODE:-persistent}  # the fused predictor's launch in the fused cost table (or phased)
+FUSED_TESTS="tests/engines/models/test_fused_predictor.py tests/engines/models/test_fused_talker.py"
 CKPT=${CKPT_DIR:-/tmp/ckpt-$SIZE}
 UTTERANCE_TOKENS=76  # the served utterances: 75 frames, 6 s (make_checkpoint's default, as in every recorded run)
 KERNEL_TEST=tests/engines/models/test_paged_attention.py
@@ -164,6 +183,18 @@ step() {
         --chunks $PEER_CHUNKS --rounds "$PEER_ROUNDS" --peer-python "$PEER_PY" \
         --serve-arg=--max-slots="$TALKER_SLOTS" ;;
     talker_e2e) served_talker talker_e2e 200 "$TALKER_LEVELS" ;;
+    openloop)
+      # shellcheck disable=SC2086
+      run_step openloop 330 60 "$PY" benchmarks/bench_openloop.py --device "$DEVICE" --checkpoint "$CKPT" \
+        $OPENLOOP_ARGS --peer-python "$PEER_PY" --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS" ;;
+    openloop_virtual)
+      if [ -f "$OUT/costs-$SIZE.json" ]; then
+        # shellcheck disable=SC2086
+        run_step openloop_virtual 300 60 "$PY" benchmarks/bench_openloop.py --virtual-device "$OUT/costs-$SIZE.json" \
+          --checkpoint "$CKPT" $OPENLOOP_VIRTUAL_ARGS --serve-arg=--max-queue=1024 --serve-arg="--max-slots=$TALKER_SLOTS"
+      else
+        say "SKIP openloop_virtual: no $OUT/costs-$SIZE.json (run the costs step first)"
+      fi ;;
     talker_e2e_ctalk) STREAMVOX_COMPILE=$COMPILE STREAMVOX_COMPILE_TALKER=1 served_talker talker_e2e_ctalk 120 ;;
     talker_e2e_eager) STREAMVOX_TALKER_STEP_GRAPHS=0 served_talker talker_e2e_eager 120 ;;
     profile_talker)
@@ -195,6 +226,21 @@ step() {
     prefix_cache)
       run_step prefix_cache 90 30 "$PY" benchmarks/bench_prefix_cache.py --size "$SIZE" --device "$DEVICE" \
         --dtype "$DTYPE" --rounds "$PREFIX_ROUNDS" ;;
+    fused)
+      # the kernels against the reference on this GPU (on a CPU dry run: collected and skipped; their
+      # interpreted tests run in the suite), then timed beside the graphed step, then the cost table
+      # shellcheck disable=SC2086
+      run_step fused_check 300 40 "$PY" -m pytest -q -p no:cacheprovider -rs -s --timeout 290 -m cuda $FUSED_TESTS
+      if [ "$DEVICE" = cuda ] && ! grep -q "END fused_check ok" "$LOG"; then
+        say "the fused kernels failed their CUDA tests: timed below all the same, their figures are not to be used"
+      fi
+      # shellcheck disable=SC2086
+      TRITON_INTERPRET=$([ "$DEVICE" = cuda ] && echo 0 || echo 1) STREAMVOX_COMPILE=$COMPILE run_step fused_bench 240 60 \
+        "$PY" benchmarks/bench_fused.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" $FUSED_BENCH
+      # shellcheck disable=SC2086
+      run_step fused_costs 150 40 "$PY" benchmarks/measure_costs.py --checkpoint "$CKPT" --device "$DEVICE" \
+        --size "$SIZE" --slots "$TALKER_SLOTS" --out "$OUT/costs-$SIZE-fused.json" --fused-predictor "$FUSED_MODE" \
+        --fused-talker $COST_GRID ;;
     *) say "unknown step $1" ;;
   esac
 }

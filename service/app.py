@@ -111,6 +111,8 @@ async def models(request: web.Request) -> web.Response:
         # what the playground shows: the model's name and release, the fields it uses
         "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),
+        # what a request without sampling fields gets (the checkpoint's generation_config.json; null: the DiT)
+        "sampling_defaults": dict(caps.sampling_defaults) if caps.sampling_defaults is not None else None,
         # measured at start on CPU (a request alone, after the warm-up): wall seconds per audio second
         "expected_rtf": rtf, "speed": speed_note(rtf),
     }

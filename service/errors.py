@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from engines.contract import EngineError, EngineOverloaded, EngineUnavailable
 
@@ -70,6 +76,35 @@ HTTP_STATUS_CODES = {
     413: "body_too_large",
     415: "unsupported_media_type",
 }
+
+
+@asynccontextmanager
+async def reading_body(request: web.Request, timeout_s: float) -> AsyncIterator[None]:
+    """Around every read of a request body (JSON: service/http/body.py; multipart: the voice
+    upload): what the read may raise, as the client's error. Bytes that do not decode in the
+    body's ``Content-Encoding`` (a "gzip" body that is not gzip) are 400 ``invalid_body``; a body
+    that takes longer than ``timeout_s`` to arrive (trickled, or stopped half way) is 408; a
+    client that goes away mid-body is ``client_closed``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s",
+                       headers={"Connection": "close"}) from None
+    except RequestPayloadError as exc:  # aiohttp's decoder refused the bytes (its message names the encoding)
+        # The rest of the body can never be read: marked read, so that aiohttp does not read it after
+        # the answer ("lingering") and log the decoder's error again as an unhandled traceback.
+        request.content.feed_eof()
+        raise ApiError(400, "invalid_body", f"the request body could not be read: {_payload_problem(exc)}",
+                       headers={"Connection": "close"}) from None
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+        raise ApiError(499, "client_closed", f"the client went away mid-body ({type(exc).__name__})") from None
+
+
+def _payload_problem(exc: RequestPayloadError) -> str:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    message = " ".join(str(getattr(cause, "message", "") or cause).split())  # aiohttp's "400, message: ..." on one line
+    return message[:200] or "malformed payload"
 
 
 class StoreUnavailable(Exception):

@@ -89,6 +89,10 @@ def read_voice_aliases(path: str) -> dict[str, str | None]:
     if not isinstance(table, dict) or not all(isinstance(name, str) and name.strip() and (
             voice is None or isinstance(voice, str) and voice.strip()) for name, voice in table.items()):
         raise ValueError(f'{path}: expected one JSON object of "alias": "voice" (or null) entries')
+    names: dict[str, str] = {}
+    for name in table:  # requests name voices in any case: two such names would be one alias
+        if (other := names.setdefault(name.strip().lower(), name)) != name:
+            raise ValueError(f"{path}: {other!r} and {name!r} differ only in case (voices match in any case)")
     return table
 
 
@@ -210,14 +214,22 @@ class Settings(BaseSettings):
         ge=1)
     ws_max_pending_rounds: int = 64  # input.done / response.cancel not yet answered; beyond it the session closes
     ws_buffer_chunks: int = 8  # per-utterance chunk buffer before the engine is paused
-    # --- work limits: what one request (one WebSocket utterance) may cost, counted by the engine
-    # before any of it runs (engines Engine.planned_work; service.synthesis.plan.check_work);
-    # over one: 413 too_much_work. 0 = off.
-    max_work_audio_frames: int = option(  # 12.5 per second: ~22 min
-        16_384, "most codec frames (12.5 per second of audio, after speed) one request or utterance may plan; "
-        "more get 413 too_much_work (0 = no limit)", ge=0)
+    # --- work limits: what one request (one WebSocket text before a sentence end or flush) may cost
+    # as a whole, its text and its pauses, counted by the engine before any of it runs
+    # (engines Engine.planned_work; service.synthesis.plan.check_work); over one: 413 too_much_work. 0 = off.
+    # 12.5 per second: ~65 min. A 4,096-character request in any language the talker speaks fits (its
+    # utterances' frame budgets: ~14,000 in English, ~19,000 in German, ~30,000 in Chinese or Japanese);
+    # pauses count too, so no request gets more audio, silent or spoken, than such a text may plan.
+    max_work_audio_frames: int = option(
+        49_152, "most codec frames (12.5 per second of audio: speech after speed, and pauses) one request may plan "
+        "in all; more get 413 too_much_work (0 = no limit)", ge=0)
+    max_job_audio_frames: int = option(  # ~22 h; a WAV of it (3.8 GB) still fits a RIFF file's 4 GiB
+        1_000_000, "most codec frames one REST job may plan in all (its text, spoken as utterances that each keep to "
+        "the per-request limits, and its pauses); more get 413 too_much_work (0 = no limit)", ge=0)
     max_work_frame_steps: int = option(
-        60_000, "DiT: most planned frames x denoising steps one request or utterance may cost (0 = no limit)", ge=0)
+        60_000, "DiT: most planned frames x denoising steps one request may cost in all (0 = no limit)", ge=0)
+    max_job_frame_steps: int = option(  # --max-job-audio-frames at the default 8 steps
+        8_000_000, "DiT: most planned frames x denoising steps one REST job may cost in all (0 = no limit)", ge=0)
     max_work_talker_steps: int = option(  # an utterance's frame budget from its text (talker/budget.py)
         2_048, "talker: most decode steps one utterance may run (its text's frame budget, at most max_new_tokens "
         "- 1) (0 = no limit)", ge=0)
@@ -467,19 +479,26 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     benchmark switches). STREAMVOX_COMPILE=0 turns torch.compile off altogether;
     STREAMVOX_COMPILE_DIT=1 / STREAMVOX_COMPILE_TALKER=1 compile the DiT's blocks / the talker's
     layers; STREAMVOX_TALKER_STEP_GRAPHS=0 runs the talker step eager (its code predictor graphed);
-    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_BATCHED_ADMISSION=0 starts
-    admitted rows one by one;
+    STREAMVOX_PREFILL_GRAPHS=0 prefills every prompt eagerly; STREAMVOX_PAGED_ATTENTION=0 gathers the
+    KV blocks for decode attention instead of the kernel reading them in place;
+    STREAMVOX_BATCHED_ADMISSION=0 starts admitted rows one by one; STREAMVOX_FUSED_PREDICTOR=persistent|phased
+    and STREAMVOX_FUSED_TALKER=1 run the code predictor's frame / the talker's decode layers as fused Triton
+    kernels (CUDA);
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
     STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too;
     STREAMVOX_CODEC_PROCESS=0 decodes on the vocoder thread itself, not in a process of its own."""
     env = os.environ if env is None else env
+    fused = env.get("STREAMVOX_FUSED_PREDICTOR", "off").lower()
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
                            compile_dit=env.get("STREAMVOX_COMPILE_DIT", "0") == "1",
                            compile_talker=env.get("STREAMVOX_COMPILE_TALKER", "0") == "1",
                            talker_step_graphs=env.get("STREAMVOX_TALKER_STEP_GRAPHS", "1") != "0",
                            prefill_graphs=env.get("STREAMVOX_PREFILL_GRAPHS", "1") != "0",
+                           paged_attention=env.get("STREAMVOX_PAGED_ATTENTION", "1") != "0",
                            batched_admission=env.get("STREAMVOX_BATCHED_ADMISSION", "1") != "0",
+                           fused_predictor="off" if fused in ("", "0") else fused,
+                           fused_talker=env.get("STREAMVOX_FUSED_TALKER", "0") == "1",
                            static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1",
                            vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0",

@@ -155,13 +155,13 @@ async def pipecat(kind: str, base: str, key: str, voice: str | None) -> dict:
     if kind == "pipecat-elevenlabs":
         from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 
-        tts = ElevenLabsTTSService(api_key=key, voice_id=voice or "default", url=base.replace("http", "ws", 1),
-                                   sample_rate=24000)
+        tts = ElevenLabsTTSService(api_key=key, url=base.replace("http", "ws", 1), sample_rate=24000,
+                                   settings=ElevenLabsTTSService.Settings(voice=voice or "default"))
     elif kind == "pipecat-cartesia":
         from pipecat.services.cartesia.tts import CartesiaTTSService
 
-        tts = CartesiaTTSService(api_key=key, voice_id=voice or "default",
-                                 url=base.replace("http", "ws", 1) + "/tts/websocket", sample_rate=24000)
+        tts = CartesiaTTSService(api_key=key, url=base.replace("http", "ws", 1) + "/tts/websocket", sample_rate=24000,
+                                 settings=CartesiaTTSService.Settings(voice=voice or "default"))
     elif kind == "pipecat-deepgram":  # no voice given: its default, aura-2-helena-en
         from pipecat.services.deepgram.tts import DeepgramTTSService
 

@@ -162,8 +162,10 @@ def test_every_flag_a_doc_names_exists():
     """A ``--flag`` named beside ``serve`` or in docs/API.md is one of serve's (or of another command)."""
     from clients.cli import build_parser
 
-    commands = build_parser()._subparsers._group_actions[0].choices
-    known = {flag for command in commands.values() for action in command._actions for flag in action.option_strings}
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    known = {flag for command in (parser, *commands.values()) for action in command._actions
+             for flag in action.option_strings}
     api = (REPO / "docs" / "API.md").read_text()
     named = set(re.findall(r"`(--[a-z][a-z0-9-]+)`", api))
     assert not named - known, f"docs/API.md names flags no command has: {sorted(named - known)}"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from .errors import fail
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         manifest = build_engines(args.onnx, args.out, graphs, args.workspace_gb)
     except BackendError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     for name, g in manifest.graphs.items():
         print(f"  {g.engine}: profile " + ", ".join(f"{a} {r.min}/{r.opt}/{r.max}" for a, r in g.profile.items()))
     print(f"TensorRT {manifest.tensorrt.get('version')} engines written to {args.out}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .errors import fail
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from clients.commands.model_option import add_model_option
@@ -30,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def missing_extra(args: argparse.Namespace) -> list[str]:
-    """The packages of the ``onnx`` extra this export needs and the environment lacks."""
+def missing_packages(args: argparse.Namespace) -> list[str]:
+    """The packages this export needs and the environment lacks: onnx (and onnxruntime for
+    --verify) come with streamvox, onnxscript (--exporter dynamo) with the ``onnx`` extra."""
     import importlib
 
     needed = ["onnx"] + (["onnxscript"] if args.exporter == "dynamo" else []) + (["onnxruntime"] if args.verify else [])
@@ -48,11 +51,12 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    missing = missing_extra(args)
-    if missing:
-        print(f"streamvox export: needs the `onnx` extra ({', '.join(missing)} not installed): "
-              "pip install -e '.[onnx]'", file=sys.stderr)
-        return 2
+    missing = missing_packages(args)
+    if missing == ["onnxscript"]:
+        return fail(args.command, "--exporter dynamo needs onnxscript, the `onnx` extra: pip install -e '.[onnx]'")
+    if missing:  # dependencies of streamvox itself: a broken installation
+        return fail(args.command, f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing, "
+                                  "a dependency of streamvox: reinstall it (pip install -e .)")
 
     import torch
 
@@ -68,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             checkpoint = str(resolve_model(args.model))  # a hub id is fetched into the cache first
         except ModelUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return fail(args.command, exc)
     config = get_preset(args.preset)
     models = load_models(Path(checkpoint) if checkpoint else None, config, args.seed)
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
@@ -81,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
                                  profiles=default_profiles(models.config, args.max_full_frames),
                                  checkpoint=checkpoint, exporter=args.exporter)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     print(f"exported {', '.join(manifest.graphs)} ({manifest.preset}, {manifest.dtype}) to {args.out} "
           f"in {time.perf_counter() - t0:.1f}s")
     for name, g in manifest.graphs.items():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
+
+from .errors import fail
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,27 +31,21 @@ def run(args: argparse.Namespace) -> int:
 
     data_dir = Path(args.data_dir)
     if not (data_dir / "jobs.sqlite3").is_file() and not (data_dir / "voices").is_dir():
-        print(f"error: {data_dir} holds no job store (jobs.sqlite3) and no voices/", file=sys.stderr)
-        return 2
+        return fail(args.command, f"{data_dir} holds no job store (jobs.sqlite3) and no voices/")
     try:  # the serve flags' rules: a postgresql:// URL, no password on the command line
         settings = from_args(args, os.environ)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     if not settings.jobs_db:
-        print("error: no database: pass --jobs-db or set STREAMVOX_JOBS_DB", file=sys.stderr)
-        return 2
+        return fail(args.command, "no database: pass --jobs-db or set STREAMVOX_JOBS_DB")
     try:
         report = asyncio.run(copy_embedded_store(data_dir, settings.jobs_db, settings.jobs_db_password()))
     except UnreadableStore as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     except StoreUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(args.command, exc, 1)
     except Exception as exc:  # the directory is hostile input: one line, never a traceback
-        print(f"error: {type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr)
-        return 1
+        return fail(args.command, f"{type(exc).__name__}: {str(exc)[:500]}", 1)
     for line in report.skipped_lines():  # what was left behind, and why
         print(line)
     print(f"{data_dir} -> {redact_url(settings.jobs_db)}: {report.summary()}")

@@ -7,6 +7,8 @@ import asyncio
 import os
 import sys
 
+from .errors import CommandError, fail
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -25,7 +27,9 @@ def register(subparsers) -> None:
     parser.add_argument("--stdin", action="store_true",
                         help="stream stdin as it arrives (`llm ... | streamvox say --stdin`): on a talker "
                              "server speech starts while the text is still being written")
-    parser.add_argument("--out", default="say.wav", help="output WAV file (default say.wav)")
+    parser.add_argument("--out", default="say.wav",
+                        help="output audio file, its format from the extension: .wav, .flac, .mp3, .ogg or .opus "
+                             "(Ogg Opus), .aac, .pcm (raw 16-bit, 24 kHz mono) (default say.wav)")
     parser.add_argument("--voice", default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -50,8 +54,7 @@ def call_server(args: argparse.Namespace, action):
     try:
         address = parse_address(args.url)
     except AddressError as exc:
-        print(f"streamvox {args.command}: --url {exc}", file=sys.stderr)
-        return 2, None
+        return fail(args.command, f"--url {exc}"), None
 
     async def go():
         async with StreamvoxClient(address.http, api_key=args.api_key) as client:
@@ -61,26 +64,27 @@ def call_server(args: argparse.Namespace, action):
     try:
         return 0, asyncio.run(go())
     except CommandError as exc:
-        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
-        return exc.code, None
+        return fail(args.command, exc, exc.code), None
     except StreamvoxError as exc:
-        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+        return fail(args.command, key_refused(args) if exc.code == "unauthorized" else exc, 1), None
+    except BrokenPipeError:  # our stdout's reader went away (`| head`): not the server's fault
+        raise
     except OSError as exc:
-        print(f"streamvox {args.command}: cannot reach {where}: {connection_problem(exc)}", file=sys.stderr)
+        return fail(args.command, f"cannot reach {where}: {connection_problem(exc)}", 1), None
     except websockets.InvalidStatus as exc:  # e.g. 404: a path prefix the server is not mounted at
-        print(f"streamvox {args.command}: {where} refused the WebSocket: HTTP {exc.response.status_code} "
-              f"(is it a streamvox server, at that path?)", file=sys.stderr)
+        if exc.response.status_code == 401:
+            return fail(args.command, key_refused(args), 1), None
+        return fail(args.command, f"{where} refused the WebSocket: HTTP {exc.response.status_code} "
+                                  f"(is it a streamvox server, at that path?)", 1), None
     except (websockets.WebSocketException, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        print(f"streamvox {args.command}: talking to {where} failed: {exc or type(exc).__name__}", file=sys.stderr)
-    return 1, None
+        return fail(args.command, f"talking to {where} failed: {exc or type(exc).__name__}", 1), None
 
 
-class CommandError(Exception):
-    """An action's own failure: one line for stderr and the exit code."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+def key_refused(args: argparse.Namespace) -> str:
+    """A 401 in words that name where the key comes from."""
+    if not args.api_key:
+        return "the server needs an API key: pass --api-key KEY or set STREAMVOX_API_KEY"
+    return "the server refused the API key (unauthorized): check --api-key or STREAMVOX_API_KEY"
 
 
 def connection_problem(exc: OSError) -> str:
@@ -125,13 +129,11 @@ def run(args: argparse.Namespace) -> int:
     if args.stdin:
         return run_stdin(args)
     if args.text is None:
-        print("streamvox say: give the text, '-' (all of stdin) or --stdin (stream stdin)", file=sys.stderr)
-        return 2
+        return fail(args.command, "give the text, '-' (all of stdin) or --stdin (stream stdin)")
 
     text = sys.stdin.read() if args.text == "-" else args.text
     if not text.strip():
-        print(f"streamvox say: {NO_TEXT}", file=sys.stderr)
-        return 2
+        return fail(args.command, NO_TEXT)
     out = checked_output(args)
     if out is None:
         return 2
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     code, result = call_server(args, action)
     if code:
         return code
-    if not write_wav(args, out, result.pcm, result.sample_rate):
+    if not write_output(args, out, result.pcm):
         return 1
     ttfa = f"{result.time_to_first_audio_s * 1000:.0f} ms" if result.time_to_first_audio_s is not None else "n/a"
     print(f"wrote {args.out}: {result.audio_seconds:.2f} s audio in {len(result.utterances)} utterance(s); "
@@ -155,25 +157,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def checked_output(args: argparse.Namespace):
-    """``--out`` ready to be written (its folder made), else None after one line on stderr."""
-    from clients.commands.output_file import OutputError, output_file
+    """``--out`` ready to be written in the format its extension names (its folder made), else
+    None after one line on stderr."""
+    from clients.commands.output_file import OutputError, audio_file
 
     try:
-        return output_file(args.out)
+        return audio_file(args.out)
     except OutputError as exc:
-        print(f"streamvox {args.command}: {exc}", file=sys.stderr)
+        fail(args.command, exc)
         return None
 
 
-def write_wav(args: argparse.Namespace, out, pcm, sample_rate: int) -> bool:
-    """The WAV file; False after one line on stderr when it cannot be written (disk full...)."""
-    import soundfile as sf
+def write_output(args: argparse.Namespace, out, pcm) -> bool:
+    """The audio file; False after one line on stderr when it cannot be written (disk full...)."""
+    from clients.commands.output_file import OutputError, write_audio
 
     try:
-        sf.write(out, pcm, sample_rate, subtype="PCM_16")
+        write_audio(out, pcm)
         return True
-    except (OSError, sf.LibsndfileError) as exc:
-        print(f"streamvox {args.command}: --out {args.out}: {exc}", file=sys.stderr)
+    except OutputError as exc:
+        fail(args.command, exc)
         return False
 
 
@@ -238,7 +241,7 @@ def run_stdin(args: argparse.Namespace) -> int:
     if code:
         return code
     samples = np.frombuffer(pcm, dtype="<i2")
-    if not write_wav(args, out, samples, 24000):
+    if not write_output(args, out, samples):
         return 1
     lag = f"{(first_audio[0] - first_text[0]) * 1000:.0f} ms" if first_text and first_audio else "n/a"
     print(f"wrote {args.out}: {samples.size / 24000:.2f} s audio; first audio {lag} after the first text")

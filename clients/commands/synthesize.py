@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("synthesize", help="synthesize text to an audio file in-process (no server)")
     p.add_argument("--text", required=True, help="text to speak ('-' reads standard input)")
-    p.add_argument("--out", required=True, help="output file (.wav or .flac)")
+    p.add_argument("--out", required=True,
+                   help="output audio file, its format from the extension: .wav, .flac, .mp3, .ogg or .opus "
+                        "(Ogg Opus), .aac, .pcm (raw 16-bit, 24 kHz mono)")
     p.add_argument("--preset", choices=("tiny", "small", "base"), default=None,
                    help="model size (default: small on CPU, base on CUDA)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -39,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--x-vector-only", action="store_true", help="clone from the speaker embedding only (no --ref-text)")
     p.add_argument("--instructions", default=None, help="VoiceDesign: the voice described in words; "
                                                         "1.7B CustomVoice: how to speak")
-    p.add_argument("--format", choices=("wav", "flac"), default=None,
-                   help="file format (default: from the --out extension, else wav)")
+    p.add_argument("--format", choices=("wav", "flac", "mp3", "opus", "aac", "pcm"), default=None,
+                   help="file format, for an --out name without an audio extension (default: from the extension)")
     p.add_argument("--max-input-chars", type=int, default=4096,
                    help="longest text accepted, as the server's --max-input-chars (default 4096; 0 = no limit)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -79,7 +81,6 @@ def _clone(engine, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-    import soundfile as sf
 
     from engines.build import build_engine
     from engines.contract import (
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from engines.export.base import BackendError
     from service.synthesis.schema import FieldError, SynthesisParams, too_long, validate
 
-    from .output_file import OutputError, output_file
+    from .errors import fail
+    from .output_file import OutputError, audio_file, write_audio
     from .say import rtf_words
 
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -103,19 +105,15 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             raise FieldError("text", "must be a non-empty string")
     except FieldError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     if args.max_input_chars and len(text) > args.max_input_chars:  # the server's limit and message
-        print(f"error: {too_long('text', len(text), args.max_input_chars)} (--max-input-chars)", file=sys.stderr)
-        return 2
-    try:  # every file path checked before any model loads
-        out = output_file(args.out)
+        return fail(args.command, f"{too_long('text', len(text), args.max_input_chars)} (--max-input-chars)")
+    try:  # every file path (and --out's format) checked before any model loads
+        out = audio_file(args.out, fmt=args.format)
         if args.ref_audio is not None and not os.path.isfile(args.ref_audio):
             raise OutputError(f"--ref-audio {args.ref_audio}: no such file")
     except OutputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    fmt = args.format or ("flac" if args.out.lower().endswith(".flac") else "wav")
+        return fail(args.command, exc)
     from clients.commands.model_option import show_hub_logs
     from engines.checkpoints.hub import ModelUnavailable, resolve
     from service.settings import runtime_switches
@@ -124,16 +122,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         served = resolve(args.model)  # may download; unnamed: the default model, else random weights
     except ModelUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     try:
         engine = build_engine(preset=args.preset, device=args.device, seed=0,
                               checkpoint=str(served.path) if served.path else None,
                               warmup=False, source=args.source, backend=args.backend,
                               artifacts_dir=args.artifacts_dir, switches=runtime_switches())
     except (ValueError, FileNotFoundError, EngineError, BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     info = engine.info
     random_note = ", ".join(info.random_components) if info.random_components else "none"
     print(f"streamvox {info.preset} on {info.device}; components with RANDOM weights: {random_note}",
@@ -143,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
         clone = _clone(engine, args)
     except (OSError, ValueError) as exc:
         engine.stop()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     from service.synthesis.tempo import tempo_for
 
     tempo = tempo_for(engine, params.speed)  # the talker's speed: its audio is time-stretched (pitch kept)
@@ -169,21 +164,18 @@ def run(args: argparse.Namespace) -> int:
         engine.submit(request, deliver)
         done.wait()
     except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(args.command, exc)
     finally:
         engine.stop()
     if show:
         sys.stderr.write("\n")
     if state.get("error"):
-        print(f"error: synthesis failed: {state['error']}", file=sys.stderr)
-        return 1
+        return fail(args.command, f"synthesis failed: {state['error']}", 1)
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     try:
-        sf.write(out, audio, info.sample_rate, format=fmt.upper(), subtype="PCM_16")
-    except (OSError, sf.LibsndfileError) as exc:
-        print(f"error: --out {args.out}: {exc}", file=sys.stderr)
-        return 1
+        write_audio(out, audio)
+    except OutputError as exc:
+        return fail(args.command, exc, 1)
     seconds = len(audio) / info.sample_rate
     wall = time.monotonic() - started
     frames = len(audio) // SAMPLES_PER_FRAME

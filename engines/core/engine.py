@@ -164,8 +164,8 @@ class Engine:
         if self._warmup:
             self._warm_up()
         self._ready.set()
-        log.info("engine ready: preset=%s device=%s random=%s", self.info.preset, self.device,
-                 ",".join(self.info.random_components) or "none")
+        served = f"dit preset={self.info.preset}" if self.info.source == "dit" else self.info.source  # presets are the DiT's
+        log.info("engine ready: %s device=%s random=%s", served, self.device, ",".join(self.info.random_components) or "none")
 
     def stop(self, timeout: float = 10.0) -> None:
         self._ready.clear()

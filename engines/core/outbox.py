@@ -87,10 +87,17 @@ class Outbox:
         event.record()
         self._boxes.append(_Box(host, event, sized))
 
-    def take(self, wait: bool = False) -> Iterator[tuple[Any, np.ndarray]]:
-        """(entry, pcm) for every piece whose copy has completed, in order; ``wait``: all of them.
-        Beyond ``max_in_flight`` outstanding pieces the oldest is waited for."""
-        while self._boxes and (wait or len(self._boxes) > self.max_in_flight or self._boxes[0].ready()):
+    def take(self, wait: bool = False, urgent: Callable[[Any], bool] | None = None) -> Iterator[tuple[Any, np.ndarray]]:
+        """(entry, pcm) for every piece whose copy has completed, in order; ``wait``: all of them;
+        ``urgent``: also every piece up to the last one holding an entry it picks (a first chunk),
+        waited for. Beyond ``max_in_flight`` outstanding pieces the oldest is waited for."""
+        wait_for = 0
+        if urgent is not None:
+            wait_for = max((i + 1 for i, box in enumerate(self._boxes) if any(urgent(e) for e, _ in box.entries)),
+                           default=0)
+        while self._boxes and (wait or wait_for > 0 or len(self._boxes) > self.max_in_flight
+                               or self._boxes[0].ready()):
+            wait_for -= 1
             box = self._boxes.popleft()
             for (entry, _), pcm in zip(box.entries, box.wait()):
                 yield entry, pcm

@@ -36,6 +36,20 @@ and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder hav
   prompts prefill oldest first, each as much as the budget has left (a long prompt takes
   several steps), so an arriving request never stalls the streams already speaking. The
   pipeline reports what its prompts have left and prefills what the plan says.
+* First audio fast: a stream's first chunk is one frame (``LEAD_SCHEDULE[0]``; a request's own
+  ``initial_codec_chunk_frames`` wins), whatever the load, so its first audio is one prefill and
+  one step away; it goes to the vocoder the step it is made (its deadline, the submission, is
+  the earliest there is) and the worker delivers it as soon as its PCM lands (worker.py).
+* Chunk sizes by buffered lead: while steps take under half real time, each later chunk is the
+  largest of ``LEAD_SCHEDULE`` (1, 2, 4, 8, 12 frames) that the stream's lead - the audio its
+  listener holds beyond now - covers while it is made, vocoded and delivered ((n +
+  CHUNK_OVERHEAD_STEPS) steps of the measured period), and never longer than all the audio before
+  it (the pipeline's ``flush_frames``). A stream with a short lead gets short chunks (no underrun);
+  one far ahead gets long ones (fewer decoder calls). On a loaded device a stream's chunks grow so
+  only up to the pipeline's first-chunk size (4 frames on the talker) and then stay there: few chunk
+  lengths, few decoder calls, and its one-frame start is bridged without a gap.
+  The step period counts only back-to-back steps: a turn without a step (the engine idle
+  between requests) starts the measure again, so an idle gap never looks like a slow device.
 * Vocoder: one bounded piece per step, taken by earliest playback deadline - the moment a
   listener runs out of audio - so a burst of finished chunks from many streams never holds
   up the next generation step by more than one piece. The bound is ``vocoder_frames`` code
@@ -56,9 +70,15 @@ from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
 from engines.pipelines.base import Capacity, Produced, StepPlan
 
 FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
-# A chunk of n frames buys n x 80 ms of playback, in which the next chunk of n frames must be
-# generated (n steps) plus about this many steps more for its vocoding, delivery and jitter.
+# A chunk of n frames takes n steps to make plus about this many more for its vocoding, delivery
+# and jitter: a stream may wait for n frames only while its listener's lead covers that.
 CHUNK_OVERHEAD_STEPS = 1.5
+# Chunk sizes a stream grows through as its lead allows (frames; nari-qwen3-tts's ``ttfa`` profile):
+# the first is the first chunk's, the last the talker's longest (its ``chunk_frames``).
+LEAD_SCHEDULE = (1, 2, 4, 8, 12)
+# On a loaded device a stream's chunks grow by its lead from one frame to the pipeline's first-chunk
+# size over its first this-many such chunks' worth of frames, then stay there (few chunk lengths).
+RAMP_CHUNKS = 2
 DEFAULT_PREFILL_TOKEN_BUDGET = 512  # prompt positions prefilled per step (the service's --prefill-token-budget)
 # On a GPU a prefill call is launch bound: on the H200 (benchmarks/costs/h200-0.6b.json) 16 prompts
 # of 256 positions cost what one of 16 does (27-29 ms), so a burst of arrivals prefills in one call.
@@ -138,7 +158,8 @@ class VocoderWork:
 class Scheduler:
     def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
                  keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0,
-                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET):
+                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+                 clock: Callable[[], float] = time.monotonic):
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
         if prefill_token_budget < 1:
@@ -152,6 +173,7 @@ class Scheduler:
         self.newcomer_slots = min(newcomer_slots, max_slots // 4)
         self.ahead_seconds = ahead_seconds
         self.prefill_token_budget = prefill_token_budget  # prompt positions one step may prefill in all
+        self.clock = clock  # the time deadlines and leads are read on (the worker stamps first audio with it)
         self._rate = 0.0  # frames produced per generation step, moving average
         self.step_period = 0.0  # seconds between generation steps while busy, moving average
         self._last_step: float | None = None
@@ -210,25 +232,22 @@ class Scheduler:
     def observe(self, frames_produced: int, now: float | None = None) -> None:
         """One generation step produced this many frames (``now``: when, for the step period)."""
         self._rate += 0.1 * (frames_produced - self._rate)
-        now = time.monotonic() if now is None else now
-        if self._last_step is not None and now - self._last_step < 1.0:  # a gap after idling is no step
+        now = self.clock() if now is None else now
+        if self._last_step is not None and now - self._last_step < 1.0:  # (a stalled host is no step either)
             self.step_period += 0.2 * (now - self._last_step - self.step_period)
         self._last_step = now
 
-    def sustainable_chunk(self, largest: int) -> int:
-        """The smallest chunk (a power of two, at most ``largest``) whose playback covers making the
-        next one as long: n x 80 ms >= (n + CHUNK_OVERHEAD_STEPS) x the step period. 1 frame on an
-        idle GPU, 2 at ~35 ms steps, 16 at ~72 ms; ``largest`` when steps are not faster than
-        real time."""
-        n, period = 1, self.step_period
-        while n < largest and n * FRAME_SECONDS < (n + CHUNK_OVERHEAD_STEPS) * period:
-            n *= 2
-        return min(n, largest)
+    def no_step(self) -> None:
+        """A loop turn ran no generation step (nothing in a slot): the next step's interval would
+        measure the idle gap, not the device, so the step period's measure starts again there."""
+        self._last_step = None
 
     @property
     def room_to_grow(self) -> bool:
-        """Steps under half real time: chunks may double (each as long as all the audio before
-        it is generated while that audio plays); above it doubling chunks fall behind."""
+        """Steps under half real time: the device has room. Above it (a loaded device) chunks stay
+        the pipeline's first-chunk size: small chunks by a short lead would multiply the codec calls
+        (one call per chunk length, ~4 ms each on an H100 whatever its rows) and the load with them,
+        and equal chunks of many streams spread the vocoder's work evenly over the steps."""
         return self.step_period <= FRAME_SECONDS / 2
 
     @property
@@ -273,7 +292,7 @@ class Scheduler:
             return []
         waiting = [s for s in states if not s.handle.paused and wants_slot(s.request_id)]
         if waiting and self._first_audio_pending(states):
-            now = time.monotonic()
+            now = self.clock()
             waiting = [s for s in waiting if not self._far_ahead(s, now)]
         if not waiting:
             return []
@@ -343,20 +362,32 @@ class Scheduler:
         gathered = sum(p.num_frames for p in state.pending)
         return state.status is RequestStatus.VOCALIZING or gathered >= self.flush_size(state, flush_frames)
 
-    def flush_size(self, state: RequestState, flush_frames: Callable[[int], int]) -> int:
-        """Frames to gather before the next vocoder piece, by load (the step period):
+    def flush_size(self, state: RequestState, flush_frames: Callable[[int], int], now: float | None = None) -> int:
+        """Frames to gather before the request's next vocoder piece (this module's docstring):
         * the first audio: the request's own ``initial_codec_chunk_frames`` when it set one, else
-          the pipeline's first chunk cut to the sustainable chunk (1-2 frames on a GPU with room:
-          first audio one or two steps in);
-        * then, with room to grow, the pipeline's chunks (``flush_need``: each as long as all the
-          audio before it); without, the pipeline's first-chunk size: doubling chunks would fall
-          behind, and equal short chunks of many streams spread the vocoder's work evenly over
-          the steps (long ones of streams that started together all fall due in one step)."""
+          one frame (first audio one step after the prompt, at any load);
+        * then, while the device has room (``room_to_grow``), the largest of ``LEAD_SCHEDULE`` that
+          the stream's lead covers while the chunk is made and delivered, no longer than the
+          pipeline's next chunk (``flush_need``: as long as all the audio before it; a live
+          utterance's first-chunk size while its text arrives); on a loaded device the same up to
+          the pipeline's first-chunk size while a stream ramps up, then that size for every stream
+          alike."""
         if state.frames_done == 0:
             first = state.request.initial_codec_chunk_frames
-            return first if first is not None else self.sustainable_chunk(flush_frames(0))
-        need = flush_need(state, flush_frames)
-        return need if self.room_to_grow else min(need, flush_frames(0))
+            return first if first is not None else LEAD_SCHEDULE[0]
+        largest = flush_need(state, flush_frames)
+        if not self.room_to_grow:  # a loaded device: the pipeline's first-chunk size, once a stream has ramped up
+            uniform = flush_frames(0)
+            if state.frames_done >= RAMP_CHUNKS * uniform:
+                return min(largest, uniform)
+            largest = min(largest, uniform)  # its one-frame start grows to it by its lead
+        lead = self.playback_deadline(state) - (self.clock() if now is None else now)
+        size = LEAD_SCHEDULE[0]
+        for n in LEAD_SCHEDULE[1:]:
+            if n > largest or lead < (n + CHUNK_OVERHEAD_STEPS) * self.step_period:
+                break
+            size = n
+        return size
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
@@ -364,7 +395,7 @@ class Scheduler:
         A request's prefix reaches at least its flush size; the piece's first one always goes."""
         ready = [s for s in states if self.ready(s, flush_frames)]
         if ready and self._first_audio_pending(states):
-            now = time.monotonic()
+            now = self.clock()
             ready = [s for s in ready if not self._far_ahead(s, now)]
         ready.sort(key=lambda s: (s.request.priority != Priority.REALTIME, self.playback_deadline(s)))
         bound = self.piece_frames

@@ -37,6 +37,7 @@ import torch
 from engines.contract import (
     Deliver,
     EngineOverloaded,
+    Priority,
     RequestHandle,
     SynthesisRequest,
     TickReport,
@@ -69,6 +70,23 @@ STAGES = ("deliver", "plan", "admit", "tick", "vocalize", "align")  # worker loo
 # Vocoder pieces handed to the vocoder thread and not yet collected, at most: the talker runs ahead
 # of a slower decoder by this much, no more (the frames wait as codes, not PCM).
 PIECES_IN_FLIGHT = 2
+
+
+# A realtime stream's first chunks, delivered as soon as their PCM lands (worker ``_deliver``): its
+# listener holds one frame of audio after the first, and little more until these have played.
+EARLY_CHUNKS = 4
+
+
+def first_chunk(entry) -> bool:
+    """An outbox entry that is a realtime request's first audio (delivered first, worker ``_deliver``)."""
+    active = entry[0]
+    return active.delivered == 0 and active.request.priority == Priority.REALTIME
+
+
+def early_chunk(entry) -> bool:
+    """One of a realtime request's first ``EARLY_CHUNKS`` chunks: its lead is still short."""
+    active = entry[0]
+    return active.delivered < EARLY_CHUNKS and active.request.priority == Priority.REALTIME
 
 
 class Worker:
@@ -238,8 +256,9 @@ class Worker:
     def step(self) -> bool:
         """One loop iteration; False when there was nothing to do (the loop then sleeps)."""
         generating = self.pipeline.active_slots > 0
-        with self._stage("deliver"):
-            self._deliver(wait=not generating and not self._vocoder_ready())
+        with self._stage("deliver"):  # with room, a first chunk is waited for before this turn's launches
+            self._deliver(wait=not generating and not self._vocoder_ready(),
+                          urgent=first_chunk if self.scheduler.room_to_grow else None)
         self._drop_cancelled()  # before admission: a cancelled request leaves its slot and decoder first
         with self._stage("plan"):
             self._admit_new()
@@ -253,6 +272,10 @@ class Worker:
                 rows, frames = self._generate()
             except Exception as exc:  # e.g. CUDA out of memory in the batched forward
                 self._fail_tick(exc)
+            with self._stage("deliver"):  # and a stream's early chunks here, while the step just queued runs
+                self._deliver(urgent=early_chunk)
+        else:
+            self.scheduler.no_step()
         with self._stage("vocalize"):
             vocoded = self._vocode()
         with self._stage("align"):
@@ -492,7 +515,7 @@ class Worker:
         """A decoded piece: its PCM into the outbox, then its failed requests end (ending one
         collects the later pieces, whose PCM must follow this one's)."""
         entries, pcm, failed = [], [], []
-        now = time.monotonic()
+        now = self.scheduler.clock()
         for (w, item, frames_done), result in zip(work, results):
             active = w.state
             if self.scheduler.requests.get(active.request_id) is not active:
@@ -509,14 +532,21 @@ class Worker:
         for active, exc in failed:
             self._finish(active, error=f"vocalizer failed: {exc}")
 
-    def _deliver(self, wait: bool = False) -> None:
+    def _deliver(self, wait: bool = False, urgent: Callable[[tuple], bool] | None = None) -> None:
         """Deliver, in order, the PCM whose device-to-host copy has completed; ``wait``: all of it.
 
         While the copy of step k's audio is in flight the loop already queues step k+1, so the
-        host never waits on the device in steady state."""
+        host never waits on the device in steady state. ``urgent`` (an entry test): also wait for
+        the pieces up to the last one holding such an entry (a stream's first or early chunks) -
+        delivered when its copy lands, not after the next step. Where (measured on the virtual device, H100 table, benchmarks/
+        RESULTS.md): at the top of a turn, before its launches, the device idles while the host
+        admits and launches, but new arrivals then prefill on an idle device (first audio p50
+        102-106 ms at 20 req/s, against 124-135 right after the next step is queued and 144-146
+        for neither); under load those gaps cost throughput, so there the wait comes after the
+        step is queued (``step``)."""
         if wait:
             self._collect_vocoded(wait=True)
-        for (active, final, text, frames_done), pcm in self._outbox.take(wait):
+        for (active, final, text, frames_done), pcm in self._outbox.take(wait, urgent):
             if self.scheduler.requests.get(active.request_id) is not active:
                 continue  # cancelled or failed while its audio was on the way
             if self.aligning is not None and self.aligning.keep(active, pcm) and final:

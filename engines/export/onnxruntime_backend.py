@@ -23,7 +23,8 @@ def _ort():
     try:
         import onnxruntime
     except ImportError as exc:
-        raise BackendUnavailable("--backend onnxruntime needs onnxruntime: pip install 'streamvox[onnx]'") from exc
+        raise BackendUnavailable("--backend onnxruntime needs onnxruntime, a dependency of streamvox that is "
+                                 "missing here: reinstall it (pip install -e .)") from exc
     return onnxruntime
 
 

@@ -167,6 +167,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(1, 2).reshape(b, s, h * hd)
 
 
+class ScaledDotProduct(nn.Module):
+    """:func:`attend` with its scale, as a module: the attention core a model hands its K/V views
+    (engines/models/kv_access.py), which a quantizer may swap (quantize_nbits.OrtAttention)."""
+
+    def __init__(self, scale: float | None = None):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return attend(q, k, v, mask, self.scale)
+
+
 class Attention(nn.Module):
     """Projections around :func:`attend` (``q_proj/k_proj/v_proj/o_proj``). Grouped-query
     when ``num_kv_heads`` < ``num_heads``; cross-attention when ``kv_dim`` is set (keys and
@@ -189,7 +201,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(kv_dim or dim, self.n_kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(kv_dim or dim, self.n_kv * head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=bias)
-        self.qkv_proj: nn.Module | None = None  # x -> (q, k, v) in one call, set by a quantizer
+        # (x, cos, sin) -> normed and rotated (q, k, v) [B, S, heads * hd] in one call, set by a
+        # quantizer (engines/models/quantize_nbits.py NormQKV): a module swapped in, not a branch per caller
+        self.qkv_proj: nn.Module | None = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)  # per head
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
@@ -204,9 +218,11 @@ class Attention(nn.Module):
         # view with the inputs' own sizes (not unflatten): the TorchScript ONNX exporter then
         # keeps the time axis of v (and of the carried K/V windows sliced from it) dynamic.
         (b, s), n = x.shape[:2], src.shape[1]
-        if self.qkv_proj is not None and memory is None:  # one module for all three (engines/models/quantize_nbits.py)
-            q, k, v = self.qkv_proj(x)
-        elif self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
+        if self.qkv_proj is not None and memory is None:  # norms, projections and RoPE in the module's one call
+            q, k, v = self.qkv_proj(x, cos, sin)
+            return (q.view(b, s, self.n_heads, -1).transpose(1, 2), k.view(b, s, self.n_kv, -1).transpose(1, 2),
+                    v.view(b, s, self.n_kv, -1).transpose(1, 2))
+        if self.qkv_weight is not None and memory is None and b * s <= self.fused_rows:  # ``fuse_qkv``: one GEMM
             q, k, v = F.linear(x, self.qkv_weight).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(src), self.v_proj(src)
@@ -267,7 +283,8 @@ class DecoderLayer(nn.Module):
     LayerScaled when ``layer_scale`` is set (the codec decoder's). ``cfg`` carries the
     Qwen3 keys (hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
     head_dim, rms_norm_eps). Models with a KV cache call ``qkv`` then ``finish`` around
-    their own cache writes; ``forward`` is the cache-free layer."""
+    their own cache writes (the talker: ``after_attention`` around a K/V access object,
+    engines/models/kv_access.py); ``forward`` is the cache-free layer."""
 
     def __init__(self, cfg, *, qk_norm: bool = True, bias: bool = False, layer_scale: float | None = None):
         super().__init__()

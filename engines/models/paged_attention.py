@@ -15,8 +15,6 @@ computes the same thing with a gather (also the oracle the tests hold the kernel
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 try:  # Triton ships with CUDA builds of torch; the CPU build may lack it
@@ -28,11 +26,16 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 
 def kernel_available(device: torch.device) -> bool:
     """Whether :func:`paged_decode_attention` runs the Triton kernel for tensors on ``device``:
-    on CUDA with Triton installed (``STREAMVOX_PAGED_ATTENTION=0`` turns it off), or anywhere
-    under Triton's interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
-    if triton is None or os.environ.get("STREAMVOX_PAGED_ATTENTION", "1") == "0":
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    on CUDA with Triton installed, or anywhere under Triton's interpreter (the CPU tests). Whether
+    the engine uses it is the caller's switch (``RuntimeSwitches.paged_attention``)."""
+    return triton is not None and (device.type == "cuda" or triton_interprets())
+
+
+def triton_interprets() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter: asked of Triton (the kind of kernel it
+    built when this module was imported, which TRITON_INTERPRET=1 decides), so nothing here reads
+    the environment (service/settings.py is the one reader)."""
+    return _INTERPRETED
 
 
 def reference_decode_attention(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, table: torch.Tensor,
@@ -94,6 +97,9 @@ if triton is not None:
         tl.store(out_ptr + (row * KVH * GROUP + heads[:, None]) * HD + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
+# Whether Triton built the kernel for its CPU interpreter (``triton_interprets``)
+_INTERPRETED = triton is not None and type(_paged_decode_kernel).__name__ == "InterpretedFunction"
+
 
 def paged_decode_attention(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, table: torch.Tensor,
                            lengths: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
@@ -113,4 +119,4 @@ def paged_decode_attention(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.
     return out.reshape(b, h * hd)
 
 
-__all__ = ["kernel_available", "paged_decode_attention", "reference_decode_attention"]
+__all__ = ["kernel_available", "paged_decode_attention", "reference_decode_attention", "triton_interprets"]

@@ -27,6 +27,7 @@ import math
 import torch
 
 from engines.devices import upload
+from engines.models.paged_attention import kernel_available
 
 
 def write_pool(pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
@@ -56,13 +57,16 @@ class KVPoolExhausted(RuntimeError):
 
 class PagedKVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int, rows: int,
-                 max_positions: int, device, dtype: torch.dtype):
+                 max_positions: int, device, dtype: torch.dtype, read_in_place: bool = True):
         if num_blocks < 2:
             raise ValueError(f"a paged KV cache needs at least 2 blocks (one is the null block), got {num_blocks}")
         if block_size <= 0 or rows <= 0 or max_positions <= 0:
             raise ValueError("block_size, rows and max_positions must be > 0")
         self.block_size = block_size
         self.num_blocks = num_blocks
+        # one-position attention reads the pool in place where the kernel runs (engines/models/paged_attention.py);
+        # False (RuntimeSwitches.paged_attention off): every read gathers the row's blocks
+        self.reads_in_place = read_in_place and kernel_available(torch.device(device))
         self.max_blocks_per_row = math.ceil(max_positions / block_size)
         slots = num_blocks * block_size
         # flat [slots, KVH, hd]: a write is one index_copy_, a read one gather
@@ -82,13 +86,13 @@ class PagedKVCache:
 
     @classmethod
     def for_budget(cls, layers: int, kv_heads: int, head_dim: int, budget_bytes: float, block_size: int, rows: int,
-                   max_positions: int, device, dtype: torch.dtype) -> "PagedKVCache":
+                   max_positions: int, device, dtype: torch.dtype, read_in_place: bool = True) -> "PagedKVCache":
         """As many blocks as ``budget_bytes`` holds (K and V of every layer), never more than
         every row at ``max_positions`` could use (plus the null block)."""
         per_block = 2 * layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         useful = rows * math.ceil(max_positions / block_size) + 1
         return cls(layers, kv_heads, head_dim, max(2, min(useful, int(budget_bytes // per_block))), block_size, rows,
-                   max_positions, device, dtype)
+                   max_positions, device, dtype, read_in_place)
 
     # ---------------------------------------------------------------- host: ownership
 

@@ -13,13 +13,18 @@ and everything outside the decoder stay fp32.
 * With onnxruntime installed (a dependency of the package), every mode runs on ONNX Runtime's
   ``MatMulNBits`` (engines/models/quantize_nbits.py): weights in blocks of 128 input channels
   with a scale and zero point each, int8 activations. A CPU step is dispatch-bound as well as
-  weight-bound, so the small ops go inside the ORT graphs too: the code predictor's layers run
-  as ONE call per pass (engines/models/quantize_predictor.py: norms, RoPE, attention over its
-  own K/V cache), each talker layer as two (engines/models/quantize_talker_layer.py: RoPE and
-  attention inside, the paged K/V cache written and read by torch between them).
-  ``fused=False`` keeps three calls per layer around torch's RoPE and attention
-  (quantize_nbits.convert_layer), as do predictors whose head size ORT's attention refuses.
-* Without it, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
+  weight-bound, so the small ops go inside the ORT graphs too. Each talker layer's modules are
+  swapped for three calls (quantize_nbits.convert_layer: norms, q/k/v and RoPE; o_proj; the MLP)
+  and its one forward runs on them, the K/V cache written and read by torch between them, and
+  the talker's attention core is ORT's (``OrtAttention``, faster on prompts than torch's SDPA).
+  The code predictor's layers run as ONE call per pass (engines/models/quantize_predictor.py:
+  norms, RoPE, attention over its own K/V cache). ``fused=False`` keeps torch's attention in the
+  talker and the predictor's layers as three calls each, as predictors whose head size ORT's
+  attention refuses do.
+* Where the native extension was built (engines/native/, engines/models/quantize_native.py), the
+  decode step runs as ONE native call a frame on the same packed weights (``talker.native_frame``,
+  ``native=``); prefill and top-p rows stay on the ORT graphs above.
+* Without onnxruntime, int8 falls back to one ``Int8Linear`` per layer: PyTorch's x86 int8 kernel
   (``quantized::linear_dynamic``, FBGEMM / oneDNN with VNNI where the CPU has it), weights
   symmetric per output channel (scale = max |w| / 127 of each row), each call quantising its
   input rows to 8 bits (per tensor) and accumulating in int32. The weight-only kernel
@@ -33,10 +38,14 @@ agreement with fp32, its KL divergence and the waveform SNR, and the rule that p
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from engines.cpu_features import has_vnni
+
+log = logging.getLogger("streamvox.quantize")
 
 # mode -> (bits of the talker's decoder layers, bits of the code predictor's layers, heads and input
 # projection). ``int8-int4p``: the talker (which picks code 0) in int8, the predictor (15 passes a
@@ -121,15 +130,17 @@ def _ort_bits(mode: str) -> tuple[int, int] | None:
 
 
 def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads: int | None = None,
-                    fused: bool = True) -> int:
+                    fused: bool = True, native: bool | None = None) -> int:
     """In place: the decoder layers' linear layers of both models (and the predictor's heads
     and input projection) -> int8 or int4 weights (``MODE_BITS``: the talker's and the predictor's
     bits). -> the number of layers converted.
     ``threads``: ONNX Runtime's pool (None: half of torch's threads, quantize_nbits.default_threads;
     the pool is made once per process). ``fused`` (on ONNX Runtime): the predictor's layers as one
-    call per pass (engines/models/quantize_predictor.py) and each talker layer as two calls with
-    attention inside (quantize_talker_layer.py), instead of three calls per layer around torch's
-    attention (quantize_nbits.convert_layer)."""
+    call per pass (engines/models/quantize_predictor.py) instead of three calls per layer
+    (quantize_nbits.convert_layer, as the talker's layers always are), and the talker's attention
+    on ORT's kernel (quantize_nbits.OrtAttention) instead of torch's. ``native`` (None: where it can run): also the
+    native frame (engines/models/quantize_native.py, ``talker.native_frame``), which runs each
+    decode step in one call; prefill and the code predictor's own ``predict`` stay on ONNX Runtime."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     for model in (talker, predictor):
@@ -143,26 +154,23 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     talker_layers, predictor_layers = list(talker.model.layers), list(predictor.model.layers)
     bits = _ort_bits(mode)
     if bits:
-        from engines.models.quantize_nbits import NBitsLinear, convert_layer, ensure_pool
+        from engines.models.quantize_nbits import NBitsLinear, OrtAttention, convert_layer, ensure_pool
         from engines.models.quantize_predictor import NBitsPredictorLayers
 
         talker_bits, predictor_bits = bits
         ensure_pool(threads)
+        if fused and native is not False:
+            _attach_native(talker, predictor, talker_bits, predictor_bits, required=bool(native))
         n = 0
         if fused and NBitsPredictorLayers.supports(predictor.cfg):
             predictor.fused_layers = NBitsPredictorLayers(predictor, predictor_bits)
             n += 7 * len(predictor_layers)
             predictor.model.layers = nn.ModuleList()  # inside fused_layers now
             predictor_layers = []
-        if fused:
-            from engines.models.quantize_talker_layer import NBitsTalkerLayer, strip_layer
-
-            for layer in talker_layers:
-                layer.nbits = NBitsTalkerLayer(layer, talker_bits)
-                strip_layer(layer)
-                n += 7
-            talker_layers = []
-        # what is left: each decoder layer as three ORT calls with its norms inside (quantize_nbits.py)
+        if fused:  # the talker's attention over its K/V on ORT's kernel (one session serves every layer)
+            attn = talker_layers[0].self_attn
+            talker.attention_core = OrtAttention(attn.n_heads, attn.n_kv, attn.head_dim, talker.attention_core.scale)
+        # each decoder layer as three ORT calls with its norms and RoPE inside (quantize_nbits.py)
         n += sum(convert_layer(layer, talker_bits) for layer in talker_layers)
         n += sum(convert_layer(layer, predictor_bits) for layer in predictor_layers)
 
@@ -175,7 +183,37 @@ def quantize_talker(talker: nn.Module, predictor: nn.Module, mode: str, threads:
     if isinstance(predictor.small_to_mtp_projection, nn.Linear):
         predictor.small_to_mtp_projection = make(predictor.small_to_mtp_projection)
         n += 1
+    kept = kept_fp32(talker, predictor)
+    if kept:  # degrade per matrix rather than refuse the checkpoint (docs/QUANTIZATION.md, "Odd widths")
+        from engines.models.quantize_nbits import FP32_REASON
+
+        widths = ", ".join(map(str, sorted({k for _, k in kept})))
+        log.warning("--quantize %s: %d of the talker's and code predictor's weight matrices stay fp32: their input "
+                    "widths (%s) are %s", mode, len(kept), widths, FP32_REASON)
     return n
 
 
-__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "quantize_talker", "resolve_quantize"]
+def _attach_native(talker: nn.Module, predictor: nn.Module, talker_bits: int, predictor_bits: int,
+                   required: bool) -> None:
+    """``talker.native_frame`` from the fp32 layers (before they are converted), where it can run."""
+    from engines.models.quantize_native import NativeFrame
+
+    why_not = NativeFrame.supports(talker, predictor)
+    if why_not is None:
+        talker.native_frame = NativeFrame(talker, predictor, talker_bits, predictor_bits)
+        from engines import native
+
+        log.info("talker decode step: one native call a frame (%s kernels)", native.get_isa())
+    elif required:
+        raise ValueError(f"the native frame cannot run: {why_not}")
+    else:
+        log.info("talker decode step on ONNX Runtime: %s", why_not)
+
+
+def kept_fp32(talker: nn.Module, predictor: nn.Module) -> list[tuple[int, int]]:
+    """[N, K] of every weight matrix a quantized talker / predictor keeps in fp32 (no block of
+    MatMulNBits divides its input width)."""
+    return [shape for model in (talker, predictor) for m in model.modules() for shape in getattr(m, "kept_fp32", ())]
+
+
+__all__ = ["CPU_DEFAULT", "MODE_BITS", "QUANTIZE_MODES", "Int8Linear", "kept_fp32", "quantize_talker", "resolve_quantize"]

@@ -17,15 +17,21 @@ kernel at ``BLOCK`` 128 and its int8 as fast; torch's own int4 kernels
 (``_weight_int4pack_mm_for_cpu``, ``_dyn_quant_matmul_4bit``) were 3-100x slower than int8.
 
 A step at these sizes is also dispatch-bound (~75 small torch ops per decoder layer), so a
-decoder layer runs as three ORT calls around torch's attention:
-* ``NormQKV``: input RMSNorm -> one q/k/v matmul -> per-head q/k RMSNorm;
+decoder layer's modules are swapped for three ORT calls (``convert_layer``), and the layer's own
+forward runs on them (gpt-fast swaps ``nn.Linear`` for its quantized linear the same way):
+* ``NormQKV`` (``Attention.qkv_proj``): input RMSNorm -> one q/k/v matmul -> per-head q/k RMSNorm
+  -> RoPE on q and k (the tables ``layers.prepare_rope`` gives: x * cos + roll(x, hd/2) * sin, as
+  ``apply_rope`` computes it);
 * ``o_proj``: an ``NBitsLinear``;
-* ``NormMLP``: post-attention RMSNorm -> one gate/up matmul -> SiLU(gate) * up -> down.
-Each call binds the torch input and a fresh torch output by pointer (no copies, ~5 us).
-(quantize_talker's default goes further, with RoPE and attention inside the graphs too:
-engines/models/quantize_predictor.py, quantize_talker_layer.py; both build on ``_Graph`` here.)
-Every session shares one ORT thread pool (``ensure_pool``: half of torch's intra-op threads
-unless the caller says), with no spinning workers (they would take torch's cores between calls).
+* ``NormMLP`` (the layer's ``mlp``): post-attention RMSNorm -> one gate/up matmul -> SiLU(gate) * up
+  -> down.
+Attention between them is the model's: the K/V cache written and read by torch, over torch's SDPA or
+``OrtAttention`` (ORT's CPU kernel, ~2x faster on prompts) where quantize_talker swaps it in. Each
+call binds the torch inputs and fresh torch outputs by pointer (no copies, ~5 us). (The code
+predictor's layers go further, one call per pass: engines/models/quantize_predictor.py, on
+``_Graph`` here.) Every session shares one ORT thread pool (``ensure_pool``: half of torch's
+intra-op threads unless the caller says), with no spinning workers (they would take torch's cores
+between calls).
 """
 
 from __future__ import annotations
@@ -98,14 +104,17 @@ def _session_options():
     return so
 
 
-def block_for(k: int, block: int = BLOCK) -> int:
+MIN_BLOCK = 16  # MatMulNBits' smallest block
+FP32_REASON = f"not a multiple of {MIN_BLOCK}, MatMulNBits' smallest block"
+
+
+def block_for(k: int, block: int = BLOCK) -> int | None:
     """The block size used for ``k`` input channels: ``block``, halved until it divides ``k``
-    (small test models); at least 16, MatMulNBits' smallest."""
-    while block > 16 and k % block:
+    (small test models); None when not even MatMulNBits' smallest block (16) divides ``k``: that
+    layer stays fp32 (``_Graph.nbits_matmul``)."""
+    while block > MIN_BLOCK and k % block:
         block //= 2
-    if k % block:
-        raise ValueError(f"{k} input channels are not a multiple of 16 (MatMulNBits' smallest block)")
-    return block
+    return None if k % block else block
 
 
 def pack_nbits(w: torch.Tensor, bits: int, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.Tensor]:
@@ -146,6 +155,7 @@ class _Graph:
         self.helper = helper
         self.name, self.width_in = name, width_in
         self.nodes, self.inits, self.weight_bytes, self.weight_elems = [], [], 0, 0
+        self.kept_fp32: list[tuple[int, int]] = []  # [N, K] of the matrices left in fp32 (block_for: None)
         self._n = 0
 
     def fresh(self, stem: str) -> str:
@@ -165,8 +175,16 @@ class _Graph:
         return outs
 
     def nbits_matmul(self, x: str, w: torch.Tensor, bits: int, block: int = BLOCK) -> str:
+        """x @ w.T with w [N, K] in ``bits``-bit blocks; a plain fp32 MatMul where no block divides
+        K (a checkpoint with odd widths degrades per matrix instead of refusing to load)."""
         n, k = w.shape
         block = block_for(k, block)
+        if block is None:
+            wt = w.detach().to("cpu", torch.float32).T.contiguous().numpy()
+            self.kept_fp32.append((n, k))
+            self.weight_bytes += wt.nbytes
+            self.weight_elems += n * k
+            return self.op("MatMul", [x, self.const("w", wt)])[0]
         packed, scales, zeros, _ = pack_nbits(w, bits, block)
         self.weight_bytes += packed.nbytes + scales.nbytes + zeros.nbytes
         self.weight_elems += n * k
@@ -199,6 +217,17 @@ class _Graph:
         if attn.q_norm is not None:
             q, k = self.rms_norm(q, attn.q_norm, attn.n_heads, lead), self.rms_norm(k, attn.k_norm, attn.n_kv, lead)
         return [q, k, v]
+
+    def rope(self, x: str, heads: int, head_dim: int, cos: str, sin: str) -> str:
+        """x [B, S, heads * hd] rotated by prepared tables ``cos`` / ``sin`` [B or 1, S, 1, hd] (sin's
+        first half negated): x * cos + roll(x, hd/2) * sin per head, as ``layers.apply_rope``."""
+        i64 = lambda *v: self.const("i", np.array(v, np.int64))  # noqa: E731
+        half = head_dim // 2
+        x = self.op("Reshape", [x, i64(0, 0, heads, head_dim)])[0]
+        lo, hi = self.op("Split", [x, i64(half, half)], n_out=2, axis=-1)
+        rolled = self.op("Concat", [hi, lo], axis=-1)[0]
+        y = self.op("Add", [self.op("Mul", [x, cos])[0], self.op("Mul", [rolled, sin])[0]])[0]
+        return self.op("Reshape", [y, i64(0, 0, heads * head_dim)])[0]
 
     def norm_mlp(self, x: str, norm: nn.Module, mlp: nn.Module, bits: int, block: int = BLOCK) -> str:
         """RMSNorm(x) -> down(SiLU(gate) * up), gate and up one matmul."""
@@ -261,7 +290,7 @@ class NBitsLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         g = _Graph(f"int{bits}_linear", self.in_features)
         self._graph = g.finish(g.nbits_matmul("X", linear.weight, bits, block), self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
         self.register_buffer("bias_", None if linear.bias is None else
                              linear.bias.detach().to("cpu", torch.float32).clone())
 
@@ -274,21 +303,90 @@ class NBitsLinear(nn.Module):
         return y if self.bias_ is None else y + self.bias_
 
 
+def _bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
+    """A contiguous fp32 (or bool) CPU tensor bound to a session's input or output by pointer."""
+    dtype = np.bool_ if t.dtype == torch.bool else np.float32
+    (binding.bind_output if output else binding.bind_input)(name, "cpu", 0, dtype, list(t.shape), t.data_ptr())
+
+
 class NormQKV(nn.Module):
-    """The attention's input side in one call: RMSNorm(x) -> [q; k; v] (one matmul) -> q and k
-    RMSNormed per head; -> q, k, v [..., H * hd] / [..., KVH * hd] (views of one output)."""
+    """The attention's input side in one call (``Attention.qkv_proj``): RMSNorm(x) -> [q; k; v] (one
+    matmul) -> q and k RMSNormed per head -> q and k rotated; -> q, k, v [B, S, H * hd] / [B, S, KVH * hd]."""
 
     def __init__(self, norm: nn.Module, attn: nn.Module, bits: int, block: int = BLOCK):
         super().__init__()
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.sizes = [p.out_features for p in projs]
+        self.heads, self.n_kv, hd = attn.n_heads, attn.n_kv, attn.head_dim
         self.in_features, self.out_features = projs[0].in_features, sum(self.sizes)
         g = _Graph(f"int{bits}_norm_qkv", self.in_features)
-        self._graph = g.finish(g.op("Concat", g.norm_qkv("X", norm, attn, bits, block), axis=-1)[0], self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        q, k, v = g.norm_qkv("X", norm, attn, bits, block, lead=2)
+        cos, sin = (g.op("Unsqueeze", [t, g.const("i", np.array([2], np.int64))])[0] for t in ("cos", "sin"))
+        q, k = g.rope(q, self.heads, hd, cos, sin), g.rope(k, self.n_kv, hd, cos, sin)
+        self.dims = {"q": self.heads * hd, "k": self.n_kv * hd, "v": self.n_kv * hd}
+        g.build({"X": ["b", "s", self.in_features], "cos": ["r", "s", hd], "sin": ["r", "s", hd]},
+                {name: (t, ["b", "s", self.dims[name]]) for name, t in zip("qkv", (q, k, v))})
+        self._graph = g
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._graph(x).split(self.sizes, dim=-1)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, S, D]; cos/sin [B or 1, 1, S, hd] prepared (``prepare_rope``), or [B, S, hd] plain."""
+        from engines.models.layers import prepare_rope
+
+        b, s, _ = x.shape
+        if cos.dim() == 3:
+            cos, sin = prepare_rope(cos, sin)
+        inputs = {"X": x, "cos": cos.reshape(cos.shape[0], s, -1), "sin": sin.reshape(sin.shape[0], s, -1)}
+        inputs = {name: t if t.dtype == torch.float32 and t.is_contiguous() else t.float().contiguous()
+                  for name, t in inputs.items()}  # alive until the run (bound by pointer)
+        outputs = {name: torch.empty(b, s, width) for name, width in self.dims.items()}
+        binding = self._graph.binding
+        for name, t in inputs.items():
+            _bind(binding, name, t)
+        for name, t in outputs.items():
+            _bind(binding, name, t, output=True)
+        self._graph.session.run_with_iobinding(binding)
+        return outputs["q"], outputs["k"], outputs["v"]
+
+
+ATTENTION_OPSET = 23  # the ONNX Attention operator with kv_num_heads
+
+
+class OrtAttention(nn.Module):
+    """The attention core on ONNX Runtime's ``Attention`` operator (grouped-query heads), in place of
+    ``layers.ScaledDotProduct`` (torch's SDPA) where quantize_talker swaps it in: ORT's CPU kernel
+    attends a prompt in about half the time (one core, 0.6B sizes: a 512-position chunk 13 vs 24 ms a
+    layer, 65 positions 0.27 vs 0.57 ms; one decode position about the same). The same sums in
+    another order: rounding-level differences from SDPA."""
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        from onnx import TensorProto
+
+        self.scale = scale
+        g = _Graph("attention", heads * head_dim)
+        a = g.op("Attention", ["q", "keys", "values", "mask"], q_num_heads=heads, kv_num_heads=kv_heads,
+                 scale=float(scale))[0]
+        g.build({"q": ["b", "s", heads * head_dim], "keys": ["b", "l", kv_heads * head_dim],
+                 "values": ["b", "l", kv_heads * head_dim], "mask": (TensorProto.BOOL, ["b", 1, "s", "l"])},
+                {"Y": (a, ["b", "s", heads * head_dim])}, opset=ATTENTION_OPSET)
+        self._graph = g
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [B, H, S, hd], k/v [B, KVH, L, hd], mask [B, 1, S, L] bool (True = attend) -> [B, S, H * hd]."""
+        b, h, s, hd = q.shape
+        length = k.shape[2]
+        # heads back to the last axis: views of what NormQKV and the paged gather hand over (no copy)
+        inputs = {"q": q.transpose(1, 2).reshape(b, s, h * hd), "keys": k.transpose(1, 2).reshape(b, length, -1),
+                  "values": v.transpose(1, 2).reshape(b, length, -1), "mask": mask}
+        inputs = {name: t.contiguous() for name, t in inputs.items()}  # alive until the run (bound by pointer)
+        y = torch.empty(b, s, h * hd)
+        binding = self._graph.binding
+        for name, t in inputs.items():
+            _bind(binding, name, t)
+        _bind(binding, "Y", y, output=True)
+        self._graph.session.run_with_iobinding(binding)
+        return y
 
 
 class NormMLP(nn.Module):
@@ -301,7 +399,7 @@ class NormMLP(nn.Module):
         self.in_features, self.out_features = mlp.gate_proj.in_features, mlp.down_proj.out_features
         g = _Graph(f"int{bits}_norm_mlp", self.in_features)
         self._graph = g.finish(g.norm_mlp("X", norm, mlp, bits, block), self.out_features)
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
 
     def fuse(self) -> None:  # called by Talker.fuse_projections on every layer's MLP
         pass
@@ -311,17 +409,18 @@ class NormMLP(nn.Module):
 
 
 def convert_layer(layer: nn.Module, bits: int, block: int = BLOCK) -> int:
-    """A Qwen3 ``DecoderLayer`` (engines/models/layers.py) in place: its norms and projections
-    into the three calls of the module docstring. -> linear layers replaced (7)."""
+    """A Qwen3 ``DecoderLayer`` (engines/models/layers.py) in place: its norms, projections and
+    RoPE swapped for the three calls of the module docstring (its forward unchanged). -> linear
+    layers replaced (7)."""
     attn = layer.self_attn
     attn.qkv_proj = NormQKV(layer.input_layernorm, attn, bits, block)
     attn.q_proj = attn.k_proj = attn.v_proj = None
-    attn.q_norm = attn.k_norm = None  # inside qkv_proj
+    attn.q_norm = attn.k_norm = None  # inside qkv_proj, as RoPE is
     attn.o_proj = NBitsLinear(attn.o_proj, bits, block)
     layer.mlp = NormMLP(layer.post_attention_layernorm, layer.mlp, bits, block)
     layer.input_layernorm = layer.post_attention_layernorm = nn.Identity()  # inside the calls
     return 7
 
 
-__all__ = ["BITS", "BLOCK", "NBitsLinear", "NormMLP", "NormQKV", "available", "block_for", "convert_layer",
-           "default_threads", "ensure_pool", "pack_nbits"]
+__all__ = ["BITS", "BLOCK", "FP32_REASON", "MIN_BLOCK", "NBitsLinear", "NormMLP", "NormQKV", "OrtAttention", "available",
+           "block_for", "convert_layer", "default_threads", "ensure_pool", "pack_nbits"]

@@ -78,7 +78,7 @@ class NBitsPredictorLayers(nn.Module):
         outputs["H"] = (g.rms_norm(last, predictor.model.norm), ["b", self.hidden])  # [B, D]
         g.build(inputs, outputs)
         self._session = g.session
-        self.weight_bytes, self.weight_elems = g.weight_bytes, g.weight_elems
+        self.weight_bytes, self.weight_elems, self.kept_fp32 = g.weight_bytes, g.weight_elems, g.kept_fp32
         self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._bindings: dict[tuple[int, int, int], object] = {}
 

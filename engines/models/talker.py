@@ -17,6 +17,9 @@ numerically the 1-D RoPE, but we compute it the official way.
 ``forward`` runs any number of rows and positions over a static KV cache
 [rows, KVH, L, hd]: each row writes its K/V at its own positions and attends to
 cache slots <= its position; only the last position goes through the final norm.
+``forward_paged`` does the same over the paged pool (engines/models/paged_kv.py). Both run the
+one layer forward; what differs is the K/V access object each layer is handed
+(engines/models/kv_access.py).
 """
 
 from __future__ import annotations
@@ -29,17 +32,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.models.configs import Qwen3LayerConfig
+from engines.models.kv_access import DenseKV, GatheredKV, InPlaceKV, KVAccess
 from engines.models.layers import (
     DecoderLayer,
     RMSNorm,
+    ScaledDotProduct,
     choose_fused_rows,
     compile_block_call,
     mrope_cos_sin,
     prepare_rope,
     rope_inv_freq,
 )
-from engines.models.paged_attention import kernel_available, paged_decode_attention
-from engines.models.paged_kv import PagedKVCache, gather_pool, write_pool
+from engines.models.paged_kv import PagedKVCache
 
 
 @dataclass(frozen=True)
@@ -88,65 +92,18 @@ class ResizeMLP(nn.Module):
 
 
 class TalkerLayer(DecoderLayer):
-    """The Qwen3 layer; K/V written into the cache at per-row positions."""
+    """The Qwen3 layer, one forward whatever holds its K/V: ``kv`` (engines/models/kv_access.py)
+    writes the new K/V where they live and attends over the row's. A quantized talker runs the same
+    forward on the modules quantize_talker swapped in (engines/models/quantize.py)."""
 
-    def __init__(self, cfg, **kwargs):
-        super().__init__(cfg, **kwargs)
-        self.nbits: nn.Module | None = None  # quantized on CPU: the whole layer as two ORT calls (quantize_talker)
-
-    def forward(self, x, cos, sin, mask, cache: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor,
-                positions: torch.Tensor):
-        """x [B, S, D]; cache k/v [B, KVH, L, hd]; rows [B, 1] / positions [B, S] index the
-        slots written; mask [B, 1, S, L] (True = attend)."""
-        if self.nbits is not None:  # quantized: two ORT calls (engines/models/quantize_talker_layer.py)
-            b, s = x.shape[:2]
-            q, k, v = self.nbits.qkv(x, *prepare_rope(cos, sin))
-            cache_k, cache_v = cache
-            cache_k[rows, :, positions] = k.view(b, s, self.self_attn.n_kv, -1)
-            cache_v[rows, :, positions] = v.view(b, s, self.self_attn.n_kv, -1)
-            keys, values = (c.transpose(1, 2).reshape(b, c.shape[2], -1) for c in cache)
-            return self.nbits.attend_mlp(x, q, keys, values, mask)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVAccess) -> torch.Tensor:
+        """x [B, S, D]; cos/sin prepared (``prepare_rope``: [B, 1, S, hd]) -> [B, S, D]."""
         q, k, v = self.qkv(x, cos, sin)
-        cache_k, cache_v = cache
-        cache_k[rows, :, positions] = k.transpose(1, 2)  # [B, S, KVH, hd] into slots (b, :, pos)
-        cache_v[rows, :, positions] = v.transpose(1, 2)
-        return self.finish(x, q, cache_k, cache_v, mask)
-
-    def forward_paged(self, x, cos, sin, mask, pool_k: torch.Tensor, pool_v: torch.Tensor,
-                      write_slots: torch.Tensor, read_slots: torch.Tensor):
-        """x [B, S, D]; K/V written into this layer's flat pools (engines/models/paged_kv.py) at
-        ``write_slots`` [B, S], attention over ``read_slots`` [B, L]."""
-        if self.nbits is not None:  # quantized: two ORT calls (engines/models/quantize_talker_layer.py)
-            q, k, v = self.nbits.qkv(x, cos, sin)
-            flat = write_slots.reshape(-1)
-            pool_k.index_put_((flat,), k.view(flat.shape[0], *pool_k.shape[1:]))
-            pool_v.index_put_((flat,), v.view(flat.shape[0], *pool_v.shape[1:]))
-            b, n = read_slots.shape
-            keys, values = (pool.index_select(0, read_slots.reshape(-1)).view(b, n, -1) for pool in (pool_k, pool_v))
-            return self.nbits.attend_mlp(x, q, keys, values, mask)
-        q, k, v = self.qkv(x, cos, sin)
-        write_pool(pool_k, pool_v, write_slots, k, v)
-        return self.finish(x, q, *gather_pool(pool_k, pool_v, read_slots), mask)
-
-    def forward_paged_decode(self, x, cos, sin, pool_k: torch.Tensor, pool_v: torch.Tensor,
-                             write_slots: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
-                             block_size: int):
-        """One position per row (x [B, 1, D]): K/V written at ``write_slots`` [B, 1], attention
-        read from the pool in place over each row's ``table`` [B, max_blocks] up to ``lengths`` [B]
-        (engines/models/paged_attention.py): no gathered copy, no host-known block count."""
-        q, k, v = self.qkv(x, cos, sin)
-        write_pool(pool_k, pool_v, write_slots, k, v)
-        a = paged_decode_attention(q[:, :, 0], pool_k, pool_v, table, lengths, self.self_attn.scale, block_size)
-        return self.after_attention(x, self.self_attn.o_proj(a[:, None]))
+        return self.after_attention(x, self.self_attn.o_proj(kv.attend(q, k, v)))
 
 
-def _call_paged_layer(layer: TalkerLayer, x, cos, sin, mask, pool_k, pool_v, write_slots, read_slots):
-    return layer.forward_paged(x, cos, sin, mask, pool_k, pool_v, write_slots, read_slots)
-
-
-def _call_paged_decode_layer(layer: TalkerLayer, x, cos, sin, pool_k, pool_v, write_slots, table, lengths,
-                             block_size: int):
-    return layer.forward_paged_decode(x, cos, sin, pool_k, pool_v, write_slots, table, lengths, block_size)
+def _call_layer(layer: TalkerLayer, x, cos, sin, kv: KVAccess):
+    return layer(x, cos, sin, kv)
 
 
 class TalkerModel(nn.Module):
@@ -185,21 +142,27 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
         self.register_buffer("valid_ids", torch.tensor(cfg.valid_code0_ids(), dtype=torch.long), persistent=False)
-        self.layer_step = None  # compile_layers(): the paged layer call through torch.compile
-        self.decode_layer_step = None  # and the one-position call that reads the pool in place
+        # the attention over contiguous K/V that DenseKV and GatheredKV run (a quantizer may swap it)
+        self.attention_core: nn.Module = ScaledDotProduct(cfg.head_dim ** -0.5)
+        self.layer_step = None  # compile_layers(): the layer call through torch.compile
+        # a layer call that runs a decode step's layers as fused kernels over the pool read in place
+        # (engines/models/fused_talker.py; opt-in on CUDA): it takes the InPlaceKV the layer would
+        self.fused_decode_step = None
 
     def compile_layers(self, backend: str = "inductor") -> None:
-        """Run :meth:`forward_paged`'s layers through ``torch.compile``: fused norms, RoPE and
-        activations, so a step (and a prefill chunk) launches a fraction of the kernels; eager,
-        the 28-layer forward is launch bound (~23 ms on an H200 at any batch). One compiled
-        function serves every layer, batch and length (dynamic shapes)."""
-        self.layer_step = compile_block_call(_call_paged_layer, backend)
-        self.decode_layer_step = compile_block_call(_call_paged_decode_layer, backend)
+        """Run the layers through ``torch.compile``: fused norms, RoPE and activations, so a step
+        (and a prefill chunk) launches a fraction of the kernels; eager, the 28-layer forward is
+        launch bound (~23 ms on an H200 at any batch). One compiled function serves every layer,
+        batch and length (dynamic shapes), a graph per kind of K/V access."""
+        self.layer_step = compile_block_call(_call_layer, backend)
 
-    def reads_pool_in_place(self, device: torch.device) -> bool:
-        """Whether a one-position :meth:`forward_paged` reads K/V from the pool in place (the
-        paged-attention kernel), so its cost and its CUDA graph do not depend on ``n_blocks``."""
-        return kernel_available(torch.device(device))
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[KVAccess]) -> torch.Tensor:
+        step = self.layer_step or _call_layer
+        if self.fused_decode_step is not None and kvs and isinstance(kvs[0], InPlaceKV):
+            step = self.fused_decode_step
+        for layer, kv in zip(self.model.layers, kvs):
+            x = step(layer, x, cos, sin, kv)
+        return x
 
     # ---------------------------------------------------------------- embeddings
 
@@ -232,15 +195,14 @@ class Talker(nn.Module):
         ``attend_len`` (host-known, > every position) bounds the cache slots read."""
         b, s, _ = x.shape
         length = attend_len or cache.max_len
-        cos, sin = mrope_cos_sin(self.inv_freq, positions[None].expand(3, b, s), self.cfg.mrope_section,
-                                 self.cfg.mrope_interleaved, x.dtype)
+        cos, sin = prepare_rope(*mrope_cos_sin(self.inv_freq, positions[None].expand(3, b, s), self.cfg.mrope_section,
+                                               self.cfg.mrope_interleaved, x.dtype))
         rows = torch.arange(b, device=x.device)[:, None]  # into the row-sliced cache views
         slots = torch.arange(length, device=x.device)
         mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]
-        for i, layer in enumerate(self.model.layers):
-            kv = (cache.k[i][row0:row0 + b, :, :length], cache.v[i][row0:row0 + b, :, :length])
-            x = layer(x, cos, sin, mask, kv, rows, positions)
-        return self.model.norm(x[:, -1])
+        kvs = [DenseKV(k[row0:row0 + b, :, :length], v[row0:row0 + b, :, :length], rows, positions, mask,
+                       self.attention_core) for k, v in zip(cache.k, cache.v)]
+        return self.model.norm(self._layers(x, cos, sin, kvs)[:, -1])
 
     def fuse_projections(self, measure: bool | None = None) -> None:
         """At load: each layer's q/k/v and gate/up weights as one matrix each (one GEMM instead of
@@ -280,27 +242,26 @@ class Talker(nn.Module):
         Attention reads the rows' first ``n_blocks`` blocks (host-known, covering every
         position) masked to slots <= the query's position; ``write_slots`` (default: the
         positions' own slots) lets padding write into the null block. ``rope`` is
-        :meth:`rope_table`'s (cos, sin). One position per row where :meth:`reads_pool_in_place`:
+        :meth:`rope_table`'s (cos, sin). One position per row where the cache ``reads_in_place``:
         attention reads each row's own blocks in place and ``n_blocks`` is not used."""
         b, s, _ = x.shape
         cos, sin = prepare_rope(rope[0][positions], rope[1][positions])  # [B, 1, S, hd], once for every layer
         if write_slots is None:
             write_slots = cache.slots(rows, positions)
-        if s == 1 and self.reads_pool_in_place(x.device):
+        if s == 1 and cache.reads_in_place:
             table = cache.table[rows]  # [B, max_blocks]
             # a row that owns no block (a padding row: its table is the null block) attends to one
             # position only, so padding never walks a long table
             lengths = torch.where(table[:, 0] != 0, positions[:, 0] + 1, 1)
-            step = self.decode_layer_step or _call_paged_decode_layer
-            for i, layer in enumerate(self.model.layers):
-                x = step(layer, x, cos, sin, cache.k[i], cache.v[i], write_slots, table, lengths, cache.block_size)
-            return self.model.norm(x[:, -1])
-        read_slots = cache.read_slots(rows, n_blocks)
-        slot_pos = torch.arange(read_slots.shape[1], device=x.device)
-        mask = (slot_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]
-        step = self.layer_step or _call_paged_layer
-        for i, layer in enumerate(self.model.layers):
-            x = step(layer, x, cos, sin, mask, cache.k[i], cache.v[i], write_slots, read_slots)
+            kvs = [InPlaceKV(k, v, write_slots, table, lengths, cache.block_size, self.attention_core.scale)
+                   for k, v in zip(cache.k, cache.v)]
+        else:
+            read_slots = cache.read_slots(rows, n_blocks)
+            slot_pos = torch.arange(read_slots.shape[1], device=x.device)
+            mask = (slot_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, S, L]
+            kvs = [GatheredKV(k, v, write_slots, read_slots, mask, self.attention_core)
+                   for k, v in zip(cache.k, cache.v)]
+        x = self._layers(x, cos, sin, kvs)
         if last is None:
             return self.model.norm(x[:, -1])
         return self.model.norm(x[torch.arange(b, device=x.device), last])

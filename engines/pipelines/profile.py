@@ -19,6 +19,7 @@ import torch
 
 from engines.config import RuntimeSwitches
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
+from engines.pipelines.voice_aliases import voice_key
 
 if TYPE_CHECKING:
     from engines.checkpoints.qwen3_voice import VoiceFeatures
@@ -68,12 +69,12 @@ class Profile:
         instructions): a name is kept (a saved voice the service resolved into the clone)."""
         if not self.capabilities.preset_voices:
             return (name or "default").strip() or "default"
-        key = (name or "default").strip().lower()
+        key = voice_key(name or "default")
         for canonical in self.voices:
-            if key == canonical.lower():
+            if key == voice_key(canonical):
                 return canonical
         for alias, voice in self.voice_aliases.items():  # (a few dozen; vendor ids keep their case)
-            if key == alias.lower():
+            if key == voice_key(alias):
                 return voice
         valid = ", ".join(sorted(set(self.voices) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")

@@ -39,20 +39,34 @@ VENDOR_VOICE_ALIASES: dict[str, str] = {
 }
 
 
+def voice_key(name: str) -> str:
+    """How a voice name is matched: any case, surrounding spaces dropped (the one normalisation of
+    requests, :meth:`engines.pipelines.profile.Profile.resolve_voice`, and of alias tables)."""
+    return name.strip().lower()
+
+
 def extend_aliases(aliases: Mapping[str, str], voices: tuple[str, ...],
                    extra: Mapping[str, str | None]) -> dict[str, str]:
     """``aliases`` plus ``extra`` (name -> a voice or alias of the model; None drops the name),
-    each target resolved to one of ``voices``; ValueError naming an alias whose target is neither."""
-    canonical = {v.lower(): v for v in voices}
-    resolved = dict(aliases)
-    lookup = {k.lower(): v for k, v in aliases.items()}
+    each target resolved to one of ``voices``. Names match in any case, as requests name voices
+    (:meth:`engines.pipelines.profile.Profile.resolve_voice`), so an ``extra`` name replaces the
+    alias it matches whatever its case ("Nova" re-points "nova"; of two that differ only in case
+    the later wins). ValueError naming an alias whose target is neither a voice nor an alias, or
+    one that is a voice's own name (the voice would always win)."""
+    canonical = {voice_key(v): v for v in voices}
+    resolved = {voice_key(name): (name, voice) for name, voice in aliases.items()}  # keyed as requests match
+    lookup = {voice_key(k): v for k, v in aliases.items()}
     for name, target in extra.items():
+        key, name = voice_key(name), name.strip()
+        if key in canonical:
+            raise ValueError(f"voice alias {name!r} is the name of the voice {canonical[key]!r}; the voice would "
+                             "always win")
         if target is None:
-            resolved.pop(name, None)
+            resolved.pop(key, None)
             continue
-        voice = canonical.get(target.lower()) or lookup.get(target.lower())
+        voice = canonical.get(voice_key(target)) or lookup.get(voice_key(target))
         if voice is None:
             raise ValueError(f"voice alias {name!r}: {target!r} is not a voice of this model "
                              f"(voices: {', '.join(voices)}; aliases: {', '.join(sorted(aliases))})")
-        resolved[name] = voice
-    return resolved
+        resolved[key] = (name, voice)
+    return dict(resolved.values())

@@ -101,6 +101,9 @@ class CostTable(_Frozen):
     # the measured decode step read each row's KV length on the device (the paged-attention kernel):
     # one graph per rows bucket, its cost linear in the blocks read; else KV-block buckets (gather)
     kv_in_place: bool = False
+    # the prefill measured through CUDA graphs for calls of at most this many padded positions
+    # (engines/runtime/graphed_prefill.py: prompts all starting at 0, in its buckets); 0: all eager
+    prefill_graph_positions: int = Field(0, ge=0)
     admit: AdmitCosts | None = None  # None: the table predates the admission measurement
     notes: str = ""
 

@@ -5,8 +5,10 @@ host side is the real source's own (engines/pipelines/talker/batch.py); this mod
 device work and keeps the KV pool's block counts.
 
 One tick, as the real source runs it (source.py's docstring):
- 0. the planned prefill chunks, one padded call (eager: the host is busy launching it); prompts
-    that complete decode in the same tick;
+ 0. the planned prefill chunks, one padded call: a graph replay queued on the stream where the
+    table measured the prefill through graphs and the call fits a graphed bucket (every prompt from
+    position 0, engines/runtime/graphed_prefill.py), else eager (the host is busy launching it);
+    prompts that complete decode in the same tick;
  1-3. one decode step of the rows that step, replayed from the graph of its (rows bucket,
     KV-blocks bucket, sampling mode) - captured first if this is the bucket's first use;
  4. the host reads the ids of the previous step (and of this tick's prefill): it waits until the
@@ -29,6 +31,7 @@ from engines.pipelines.talker.batch import UtteranceBatch
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
 from engines.pipelines.talker.rows import TalkerFrames, Utterance
 from engines.runtime.cuda_graphs import smallest_bucket
+from engines.runtime.graphed_prefill import PROMPT_BUCKETS, WIDTH_BUCKETS
 from engines.runtime.graphed_talker import kv_bucket, row_buckets, start_keys
 from engines.virtual.clock import DeviceClock, DeviceEvent
 from engines.virtual.costs import CostTable
@@ -41,6 +44,12 @@ BLOCK_SIZE = 16  # positions per KV block (engines/pipelines/talker/source.py DE
 # source starts the rows admitted since the last tick together, with the launches of one
 # request: priced at one request's where the cost table has no ``admit`` entry (an estimate).
 ADMIT_MS = 1.6
+
+
+def prefill_bucket(prompts: int, width: int, max_positions: int) -> tuple[int, int] | None:
+    """The graphed prefill bucket of a call (GraphedPrefill's buckets up to ``max_positions``), or None."""
+    p, w = smallest_bucket(PROMPT_BUCKETS, prompts), smallest_bucket(WIDTH_BUCKETS, width)
+    return None if p is None or w is None or p * w > max_positions else (p, w)
 
 
 class BlockLedger:
@@ -120,7 +129,11 @@ class VirtualTalkerSource(UtteranceBatch):
         work = list(zip(self._prefill_queue, takes))
         if not work:
             return
-        done = self.clock.eager(self.table.prefill_ms(len(work), max(take for _, take in work)))
+        width = max(take for _, take in work)
+        cost = self.table.prefill_ms(len(work), width)
+        graphed = (all(u.prefilled == 0 for u, _ in work)
+                   and prefill_bucket(len(work), width, self.table.prefill_graph_positions) is not None)
+        done = self.clock.graphed(cost) if graphed else self.clock.eager(cost)
         completed = []
         for u, take in work:
             u.prefilled += take

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from service.db.schema import SCHEMA_VERSION, pending
+from service.db.schema import SCHEMA_VERSION, log_migration, pending
 from service.db.urls import redact_url
 from service.errors import StoreUnavailable
 
@@ -89,7 +89,7 @@ class Database:
                 if step.postgresql:
                     await conn.execute(step.postgresql)
                 await conn.execute("INSERT INTO streamvox_schema (version) VALUES ($1)", step.version)
-                log.info("database: schema migrated to v%d", step.version)
+        log_migration("database", version)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -13,7 +13,10 @@ says IF NOT EXISTS, and service/db/sqlite.py skips an ADD COLUMN such a database
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger("streamvox.db")
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,32 @@ CREATE TABLE IF NOT EXISTS job_segments (
     PRIMARY KEY (job_id, idx)
 );
 """),
+    # Listing reads summaries, never a job's input: its response format gets a column (rows from
+    # before keep NULL, and the list reads their params instead). Progress over the whole plan:
+    # when the running attempt expects to end (``eta_at``, seconds since the epoch), and each kept
+    # segment's codec frames. Segments from now on are int16 PCM (``s16``: half of float32, and the
+    # samples the job's file holds); those kept before stay float32 (``f32``) until used.
+    Migration(5, postgresql="""
+ALTER TABLE jobs ADD COLUMN response_format text;
+ALTER TABLE jobs ADD COLUMN eta_at double precision;
+ALTER TABLE job_segments ADD COLUMN frames integer NOT NULL DEFAULT 0;
+ALTER TABLE job_segments ADD COLUMN encoding text NOT NULL DEFAULT 'f32';
+""", sqlite="""
+ALTER TABLE jobs ADD COLUMN response_format TEXT;
+ALTER TABLE jobs ADD COLUMN eta_at REAL;
+ALTER TABLE job_segments ADD COLUMN frames INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE job_segments ADD COLUMN encoding TEXT NOT NULL DEFAULT 'f32';
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def log_migration(store: str, before: int) -> None:
+    """One line when a store's schema changed (not one per step): made new, or from which version."""
+    if before == 0:
+        log.info("%s: created at schema v%d", store, SCHEMA_VERSION)
+    elif before < SCHEMA_VERSION:
+        log.info("%s: schema migrated from v%d to v%d", store, before, SCHEMA_VERSION)
 
 
 def pending(version: int) -> list[Migration]:

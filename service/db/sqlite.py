@@ -10,13 +10,10 @@ step from the first, and an ``ADD COLUMN`` of a column it has is skipped (SQLite
 
 from __future__ import annotations
 
-import logging
 import re
 import sqlite3
 
-from service.db.schema import pending
-
-log = logging.getLogger("streamvox.db")
+from service.db.schema import log_migration, pending
 
 _ADD_COLUMN = re.compile(r"\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)", re.I)
 
@@ -52,9 +49,9 @@ def migrate(db: sqlite3.Connection) -> int:
                     continue  # a database from before versions gained this column already
                 db.execute(statement)
             db.execute("INSERT INTO streamvox_schema (version) VALUES (?)", (step.version,))
-            log.info("job store: schema migrated to v%d", step.version)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    log_migration("job store", version)
     return version

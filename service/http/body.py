@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 
-import aiohttp
 from aiohttp import web
 
-from service.errors import ApiError
+from service.errors import ApiError, reading_body
 from service.state import STATE_KEY
 from service.synthesis.schema import JsonError, parse_json
 
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request body, within ``timeout_s`` (a client trickling its body, or stopping
-    half way, gets 408); a client that goes away mid-body is ``client_closed``."""
-    try:
-        return await asyncio.wait_for(request.read(), timeout=timeout_s)
-    except asyncio.TimeoutError:
-        raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s",
-                       headers={"Connection": "close"}) from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
-        raise ApiError(499, "client_closed", f"the client went away mid-body ({type(exc).__name__})") from None
+    half way, gets 408); bytes that are not what its ``Content-Encoding`` says are 400; a client
+    that goes away mid-body is ``client_closed`` (:func:`service.errors.reading_body`)."""
+    async with reading_body(request, timeout_s):
+        return await request.read()
 
 
 def decode_text(body: bytes, charset: str | None) -> str:

@@ -4,15 +4,18 @@ that repeats (the same message, numbers aside) is written a few times, then coun
 written, until its window passes.
 
 ``escape_controls`` is for a log call that writes a client's value; :class:`SafeFormatter`
-applies it to every message the server logs (whatever a future call forgets), and
-:class:`RepeatFilter` bounds repeated warnings and errors. ``configure`` installs both on the
-process's log handler (service/server.py)."""
+applies it to every message the server logs (whatever a future call forgets),
+:class:`ClientErrorFilter` writes a request aiohttp could not parse (the client's fault, answered
+400) as one line, not the parser's traceback, and :class:`RepeatFilter` bounds repeated warnings
+and errors. ``configure`` installs them on the process's log handler (service/server.py)."""
 
 from __future__ import annotations
 
 import logging
 import re
 import time
+
+from aiohttp.http_exceptions import BadHttpMessage
 
 # C0 controls, DEL, C1 controls, the Unicode line and paragraph separators (a log viewer may
 # break lines there), and lone surrogates (a stream encoding UTF-8 would fail on them).
@@ -38,6 +41,21 @@ class SafeFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_controls(record.message)
         return super().formatMessage(record)
+
+
+class ClientErrorFilter(logging.Filter):
+    """aiohttp logs a request it could not parse (bytes that are not allowed in a request line, a
+    malformed header: it answers 400) at ERROR with the parser's traceback. That is the client's
+    doing, not the server's: one INFO line saying what was wrong, as a client that goes away is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if record.name == "aiohttp.server" and isinstance(error, BadHttpMessage):
+            record.msg = f"{record.getMessage()}: a malformed request, answered {error.code}: {' '.join(str(error.message).split())}"
+            record.args = ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
 
 
 class RepeatFilter(logging.Filter):
@@ -76,7 +94,8 @@ class RepeatFilter(logging.Filter):
 
 def configure(handler: logging.Handler, fmt: str) -> None:
     handler.setFormatter(SafeFormatter(fmt))
+    handler.addFilter(ClientErrorFilter())  # (first: what it makes INFO is no repeated error)
     handler.addFilter(RepeatFilter())
 
 
-__all__ = ["RepeatFilter", "SafeFormatter", "configure", "escape_controls"]
+__all__ = ["ClientErrorFilter", "RepeatFilter", "SafeFormatter", "configure", "escape_controls"]

@@ -20,6 +20,7 @@ log = logging.getLogger("streamvox.http")
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
+ACCESS_LOG_DEBUG = web.RequestKey("access_log_debug", bool)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/playground"})  # the playground page holds no secret
 # WebSockets authenticate inside the socket so they can send an `error` message
 WS_PATHS = frozenset({"/v1/stream", "/v1/audio/speech/stream"})
@@ -144,12 +145,19 @@ async def error_middleware(request: web.Request, handler):
     return response
 
 
+def log_at_debug(request: web.Request) -> None:
+    """This request's access-log line at DEBUG, not INFO: a poll (a job's status, asked every
+    second or so while a client waits) is not news."""
+    request[ACCESS_LOG_DEBUG] = True
+
+
 @web.middleware
 async def access_log_middleware(request: web.Request, handler):
     """Our access log: path without the query string (it may hold ?token=KEY), plus the request id."""
     response = await handler(request)
-    log.info("%s %s -> %d (request %s)", request.method, escape_controls(request.path), response.status,
-             request.get(REQUEST_ID))  # the decoded path may hold "\n": never a line of its own
+    log.log(logging.DEBUG if request.get(ACCESS_LOG_DEBUG) else logging.INFO, "%s %s -> %d (request %s)",
+            request.method, escape_controls(request.path), response.status,
+            request.get(REQUEST_ID))  # the decoded path may hold "\n": never a line of its own
     return response
 
 

@@ -22,6 +22,8 @@ from service.access.auth import job_owner
 from service.access.limits import client_identity
 from service.errors import ApiError, StoreUnavailable, invalid_field
 from service.http.admission import read_work_request
+from service.http.middleware import log_at_debug
+from service.jobs.progress import planned_frames
 from service.jobs.runner import JobRunner
 from service.jobs.store.base import (
     FINISHED,
@@ -32,10 +34,11 @@ from service.jobs.store.base import (
 )
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
+from service.synthesis.numbers import whole_number
 from service.synthesis.params import JobBody
 from service.synthesis.plan import off_loop
 from service.synthesis.submit import prepare
-from service.voices.clones import job_voice_scope, saved_clone, scoped_clone
+from service.voices.clones import job_voice_scope, scoped_clone, voice_clone_of
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -76,26 +79,28 @@ def job_body_bytes(settings) -> int:
 
 async def create_job(request: web.Request) -> web.Response:
     settings = request.app[STATE_KEY].settings
-    state, body, parts = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
-                                                 max_chars=settings.max_job_chars)
+    state, body, plan = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
+                                                max_chars=settings.max_job_chars, job=True)
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
-    if quota_mb and await store.audio_bytes() >= quota_mb * 1024 * 1024:
-        raise ApiError(507, "storage_full", f"job audio uses its whole quota ({quota_mb:g} MB); "
-                                            "download and delete old jobs or wait for retention")
-    clone = await saved_clone(request, body.voice) if state.engine.capabilities.voice_cloning else None
+    if quota_mb and await store.stored_bytes() >= quota_mb * 1024 * 1024:
+        raise ApiError(507, "storage_full", f"what the jobs keep uses its whole quota ({quota_mb:g} MB, "
+                                            "--jobs-disk-quota-mb); download and delete old jobs or wait for retention")
+    clone = await voice_clone_of(request, body.voice)  # the one voice resolver: a saved voice, or None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
     # Checked now as it will run (and tokenized once: the runner here reuses the ids).
-    prepared = await off_loop(body.input, prepare, state.engine, "job", parts, body.params, Priority.BATCH, clone=clone)
+    prepared = await off_loop(body.input, prepare, state.engine, "job", plan, Priority.BATCH, clone=clone)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
     await _check_queue(state, store, owner)
-    job = await store.create(body.model_dump(exclude_none=True), owner=owner)
-    if prepared.request is not None:  # one utterance: its run here reuses its ids
-        _runner(request).remember(job.id, prepared.request)
+    planned = planned_frames(plan)  # progress from the first poll
+    job = await store.create(body.model_dump(exclude_none=True), owner=owner, frames_total=sum(planned),
+                             utterances_total=len(plan.parts))
+    if prepared.request is not None:  # one utterance: its run here reuses its plan (and ids)
+        _runner(request).remember(job.id, plan)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))
     return web.json_response(job.to_json(), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
@@ -118,18 +123,19 @@ async def list_jobs(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise invalid_field("status", f"choose one of {', '.join(STATUSES)}")
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError:
-        raise invalid_field("limit", "must be an integer") from None
+    limit = whole_number(request.query.get("limit", "100"))
+    if limit is None:
+        raise invalid_field("limit", "must be an integer")
     if not 1 <= limit <= 1000:
         raise invalid_field("limit", "must be between 1 and 1000")
     owner, sees_all = _owner(request)
-    jobs = await _store(request).list(status, limit, owner=owner, any_owner=sees_all)
+    log_at_debug(request)  # a client polling its jobs is not news
+    jobs = await _store(request).list(status, limit, owner=owner, any_owner=sees_all)  # summaries: no inputs read
     return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
 
 
 async def get_job(request: web.Request) -> web.Response:
+    log_at_debug(request)
     return web.json_response((await _job_or_404(request)).to_json())
 
 

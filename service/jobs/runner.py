@@ -8,12 +8,15 @@ every few seconds, for the leases of replicas that died. While a job runs:
 
 * its audio is encoded into a spool (service/synthesis/spool.py) and copied into the store in chunks as
   it grows (:class:`AudioUpload`), so any replica can serve the download once it succeeds;
-  ``--jobs-disk-quota-mb`` holds while it does (:class:`DiskQuota`): a job whose next chunk
-  would take the stored job audio past the quota fails (``storage_full``), its audio dropped;
+  ``--jobs-disk-quota-mb`` holds while it does (service/jobs/quota.py): a job whose next chunk
+  or kept segment would take what the jobs keep past the quota fails (``storage_full``), its
+  audio and segments dropped;
 * a claimed job whose stored record does not parse (``Job.corrupt``) is failed, not run; nothing
   a job holds stops the dispatcher;
-* its lease is renewed every third of ``--job-lease-seconds``, with its progress. A renewal
-  that finds the job cancelled (DELETE on any replica) or its lease gone stops the engine work;
+* its progress over the whole plan (service/jobs/progress.py) is recorded with each segment it
+  keeps and every ``PROGRESS_SECONDS`` with a renewal of its lease (at least every third of
+  ``--job-lease-seconds``). A renewal that finds the job cancelled (DELETE on any replica) or its
+  lease gone stops the engine work;
 * its completion is fenced by the lease token: it is recorded once, by the attempt that holds
   the lease, whatever happened to other attempts.
 
@@ -35,13 +38,15 @@ import uuid
 from collections import OrderedDict
 from typing import Awaitable, Callable
 
-from engines.contract import SAMPLE_RATE, Priority, SynthesisRequest, VoiceClone
+from engines.contract import SAMPLE_RATE, Priority, VoiceClone
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
+from service.jobs.progress import ProgressMeter, planned_frames
+from service.jobs.quota import DiskQuota, QuotaExceeded
 from service.jobs.segments import SegmentLog, plan_key
 from service.jobs.store.base import CANCELLED, LOST, Job, JobStore
 from service.state import AppState
 from service.synthesis.params import SynthesisParams
-from service.synthesis.plan import Utterance, check_work, off_loop
+from service.synthesis.plan import RequestPlan, check_work, off_loop
 from service.synthesis.schema import FieldError
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.spool import AudioSpool
@@ -54,7 +59,8 @@ STORE_RETRY_SECONDS = 1.0  # between tries while the store is unreachable
 MAX_POLL_SECONDS = 5.0  # the dispatcher looks for expired leases at least this often
 RETENTION_EVERY_SECONDS = 60.0
 UPLOAD_CHUNK_BYTES = 256 * 1024  # audio copied into the store in pieces of about this size
-PROMPT_IDS_KEPT = 256  # jobs validated here whose prompt ids wait for their run (remember)
+PLANS_KEPT = 256  # one-utterance jobs planned here whose plans wait for their run (remember)
+PROGRESS_SECONDS = 1.0  # a running job's progress is recorded this often (and as each segment ends)
 
 
 # A job that ran out of KV cache is queued again this many times (claims) before it fails: the
@@ -63,35 +69,6 @@ CAPACITY_ATTEMPTS = 5
 
 class LeaseLost(Exception):
     """This attempt no longer holds its job (cancelled, or taken over by another replica)."""
-
-
-class QuotaExceeded(Exception):
-    """Storing the next chunk would take the job audio past ``--jobs-disk-quota-mb``."""
-
-
-class DiskQuota:
-    """``--jobs-disk-quota-mb`` enforced as audio is stored, not only when a job is created.
-
-    Each chunk that grows a job's audio is checked against what the store holds now and stored
-    under one lock, so this replica's jobs never overshoot together; several replicas on one
-    database may overshoot by at most a chunk each. Rewrites of stored chunks (a WAV header at
-    the end) do not grow it and are not checked."""
-
-    def __init__(self, store: JobStore, quota_mb: float):
-        self.store = store
-        self.quota_mb = quota_mb
-        self.limit = int(quota_mb * 1024 * 1024)
-        self._lock = asyncio.Lock()
-
-    async def put(self, job_id: str, token: str, offset: int, data: bytes, grows: bool) -> bool:
-        if not self.limit or not grows:
-            return await self.store.put_audio(job_id, token, offset, data)
-        async with self._lock:
-            used = await self.store.audio_bytes()
-            if used + len(data) > self.limit:
-                raise QuotaExceeded(f"storage_full: job audio would exceed its quota ({self.quota_mb:g} MB, "
-                                    f"--jobs-disk-quota-mb; {used} bytes stored); this job's audio was dropped")
-            return await self.store.put_audio(job_id, token, offset, data)
 
 
 class AudioUpload:
@@ -134,7 +111,9 @@ class AudioUpload:
             await self._put(self.stored, await asyncio.to_thread(self._read, self.stored, length))
 
     async def _put(self, offset: int, data: bytes, replace: bool = False) -> None:
-        if not await self.quota.put(self.job_id, self.token, offset, data, grows=not replace):
+        # a rewrite of a stored chunk (a header at the end) grows nothing
+        if not await self.quota.admit(0 if replace else len(data),
+                                      lambda: self.store.put_audio(self.job_id, self.token, offset, data)):
             raise LeaseLost(self.job_id)
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if replace:
@@ -154,8 +133,9 @@ class JobRunner:
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # this replica, in leases
         self.lease_seconds = state.settings.job_lease_seconds
         self.poll_seconds = min(MAX_POLL_SECONDS, self.lease_seconds / 2)
+        self.progress_seconds = min(PROGRESS_SECONDS, self.lease_seconds / 3)
         self.running: dict[str, UtteranceSequence | None] = {}  # None: its segments were all kept already
-        self._prompt_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # job id -> ids (remember)
+        self._plans: OrderedDict[str, RequestPlan] = OrderedDict()  # job id -> its plan (remember)
         self.stopped: dict[str, str] = {}  # job id -> why its engine work was stopped (cancelled | lost)
         self.store_error: str | None = None  # set while the store is unreachable
         self._wake = asyncio.Event()
@@ -283,19 +263,21 @@ class JobRunner:
             # engine) must not collide with its cancelled predecessor still draining.
             attempt = f"job-{job.id}-{uuid.uuid4().hex[:8]}"
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
-            ids = self._prompt_ids.pop(job.id, None)  # posted here as one utterance: its ids, checked then
             text = job.params["input"]
-            parts = [Utterance(text, ids)] if ids is not None else await off_loop(
-                text, check_work, self.state.engine, text, params, self.state.settings)
+            plan = self._plans.pop(job.id, None) or await off_loop(  # (posted here as one utterance: planned then)
+                text, check_work, self.state.engine, text, params, self.state.settings, job_format=job.response_format)
+            parts = plan.parts
+            planned = planned_frames(plan)
             # the segments an earlier attempt finished of this same plan: it resumes after them
             kept = await self._until_stored(lambda: self.store.start_plan(job.id, token, plan_key(parts),
                                                                           len(parts)))
             stream = None
             if len(kept) < len(parts):
-                prepared = await off_loop(text, prepare, self.state.engine, attempt, parts[len(kept):], params,
+                prepared = await off_loop(text, prepare, self.state.engine, attempt, plan.after(len(kept)),
                                           Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
                                           timestamps=True)  # word times for captions, where an aligner is loaded
-                stream = open_sequence(self.state, prepared, high_water=1 << 30, after_part=bool(kept))
+                stream = open_sequence(self.state, prepared, high_water=1 << 30,
+                                       after=parts[len(kept) - 1] if kept else None)
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits
                 await self._until_stored(lambda: self.store.release(job.id, token))
@@ -315,27 +297,27 @@ class JobRunner:
             await self._until_stored(lambda: self.store.finish(job.id, token, "failed", error=error))
             return True
         self.running[job.id] = stream
-        task = asyncio.create_task(self._run(job, stream, parts, kept))
+        task = asyncio.create_task(self._run(job, stream, parts, kept, ProgressMeter(planned, kept)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    def remember(self, job_id: str, request: SynthesisRequest) -> None:
-        """The prompt ids of a job validated here (POST): its run here reuses them instead of
-        tokenizing its text again. A job run elsewhere (another replica, after a restart) is
-        tokenized there; the oldest ids beyond ``PROMPT_IDS_KEPT`` are dropped."""
-        if request.prompt_ids is None:
-            return
-        self._prompt_ids[job_id] = request.prompt_ids
-        while len(self._prompt_ids) > PROMPT_IDS_KEPT:
-            self._prompt_ids.popitem(last=False)
+    def remember(self, job_id: str, plan: RequestPlan) -> None:
+        """The plan of a one-utterance job checked here (POST): its run here reuses it (and its
+        ids) instead of planning its text again. A job run elsewhere (another replica, after a
+        restart) is planned there; the oldest plans beyond ``PLANS_KEPT`` are dropped."""
+        self._plans[job_id] = plan
+        while len(self._plans) > PLANS_KEPT:
+            self._plans.popitem(last=False)
 
     # -- one running job ------------------------------------------------------------------
-    async def _keep_lease(self, job: Job, stream: UtteranceSequence | None, progress: list[int]) -> None:
+    async def _keep_lease(self, job: Job, meter: ProgressMeter) -> None:
+        """Renew the lease with the job's progress every ``progress_seconds`` (a segment that ends
+        records it too, with the segment)."""
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            await asyncio.sleep(self.progress_seconds)
             try:
-                outcome = await self.store.renew(job.id, job.lease_token, self.lease_seconds, *progress)
+                outcome = await self.store.renew(job.id, job.lease_token, self.lease_seconds, meter.progress())
             except StoreUnavailable as exc:
                 self._store_down(exc)
                 continue
@@ -346,17 +328,18 @@ class JobRunner:
                 self._stop_work(job.id, outcome)
                 return
 
-    async def _run(self, job: Job, stream: UtteranceSequence | None, parts: list, kept: list) -> None:
+    async def _run(self, job: Job, stream: UtteranceSequence | None, parts: list, kept: list,
+                   meter: ProgressMeter) -> None:
         token = job.lease_token
         # Encoded as it arrives (service/synthesis/spool.py): the float32 signal is never held whole.
         spool = AudioSpool(job.response_format, self.state.settings.whole_file_memory_bytes)
         upload = AudioUpload(self.store, job.id, token, spool, self.quota)
-        segments = SegmentLog(self.store, job.id, token, parts, kept)
-        progress = [0, 0]
-        keeper = asyncio.create_task(self._keep_lease(job, stream, progress))
+        segments = SegmentLog(self.store, job.id, token, parts, kept, self.quota, job.response_format)
+        keeper = asyncio.create_task(self._keep_lease(job, meter))
 
         async def write(pcm) -> None:  # into the spool, copied into the store as it grows
             await asyncio.to_thread(spool.write, pcm)
+            meter.audio_samples = spool.samples
             if upload.pending() >= UPLOAD_CHUNK_BYTES:
                 try:
                     await upload.flush()
@@ -371,9 +354,12 @@ class JobRunner:
                 if chunk.pcm.size:
                     await write(chunk.pcm)
                     segments.add(chunk.pcm)
-                progress[:] = [chunk.frames_done, chunk.frames_total]
+                meter.update(chunk.frames_done, spool.samples)
                 if len(kept) + stream.parts_done > segments.done:  # a segment ended: kept for a resume
-                    if not await self._until_stored(lambda: segments.end_segment(stream.ended_part_alignment)):
+                    frames = meter.part_ended()
+                    progress = meter.progress()
+                    if not await self._until_stored(lambda: segments.end_segment(stream.ended_part_alignment,
+                                                                                 frames, progress)):
                         raise LeaseLost(job.id)
                 if chunk.is_final:
                     break
@@ -396,7 +382,7 @@ class JobRunner:
                 words = json.dumps(captions)
                 await self._until_stored(lambda: self.store.put_words(job.id, token, words))
             self.state.metrics.job_audio_stored.inc()
-            await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, *progress))
+            await self._until_stored(lambda: self.store.renew(job.id, token, self.lease_seconds, meter.progress()))
             if not await self._until_stored(lambda: self.store.finish(job.id, token, "succeeded", audio_size=size)):
                 # DELETE (or a takeover) won the race while the audio was stored
                 log.info("job %s was cancelled as it finished; audio discarded", job.id)

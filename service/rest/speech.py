@@ -56,14 +56,14 @@ def delivery(body: SpeechBody) -> str | None:
 
 
 async def create_speech(request: web.Request) -> web.StreamResponse:
-    state, body, parts = await read_work_request(request, SpeechBody)
+    state, body, plan = await read_work_request(request, SpeechBody)
     check_model(body.model, state.settings.checkpoint)
     clone = await voices.clone_for(request, body.voice, body)  # ref_audio or a saved voice -> x-vector (+ reference codes)
     text, fmt, stream_format = body.input, body.response_format, delivery(body)
     request_id = request[REQUEST_ID]
     priority = Priority.REALTIME if stream_format else Priority.BATCH
     identity = client_identity(request, state.api_keys)
-    prepared = prepare(state.engine, request_id, parts, body.params, priority, clone=clone, tenant=identity,
+    prepared = prepare(state.engine, request_id, plan, priority, clone=clone, tenant=identity,
                        timestamps=body.timestamps and stream_format == "sse")
     # a listener plays a streamed response as it comes: notice when it falls behind real time
     clock = PlaybackClock(state.engine.info.sample_rate) if stream_format is not None else None
@@ -173,7 +173,7 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
             if sse and stream.last_gap:  # (raw audio cannot carry it: /metrics counts it for every stream)
                 await response.write(_sse(behind_event(stream.last_gap, stream.clock.behind_s)))
             samples += chunk.pcm.size
-            await send(encoder.encode(chunk.pcm))
+            await send(await encoder.encode_async(chunk.pcm))  # mp3 / opus / aac off the loop
             if sse and chunk.truncated and not chunk.error:  # (raw audio: /metrics counts it)
                 await response.write(_sse(truncated_event(chunk.truncated)))
             if chunk.is_final:
@@ -184,7 +184,7 @@ async def _streamed(request: web.Request, work: _SpeechWork, fmt: str, stream_fo
                                        "overloaded" if is_capacity_error(chunk.error) else "synthesis_failed")
             await response.write(_sse({"type": "error", "error": {"code": code, "message": chunk.error}}))
         elif not chunk.error:
-            await send(await asyncio.to_thread(encoder.finish))
+            await send(await encoder.finish_async())
             if sse and chunk.alignment is not None:
                 await response.write(_sse({"type": "speech.audio.alignment", "text": chunk.alignment.text,
                                            "language": chunk.alignment.language,

@@ -10,10 +10,16 @@ int16 little-endian, ``wav`` streams with a header whose sizes say "unknown"
 flac (libsndfile, needs the whole signal) streams as it is generated. The same encoder writes
 the voice-agent dialects' raw encodings (``pcm_s16le``, ``pcm_f32le``, ``pcm_mulaw`` at the rate
 the client asked: service/ws/dialects/wire_audio.py).
+
+On the event loop, :meth:`StreamEncoder.encode_async` / :meth:`StreamEncoder.finish_async`: FFmpeg's
+encoders and soxr run on a thread (they release the GIL), so a long signal (minutes of pauses
+in mp3: 4 ms of lame per second of audio at 44.1 kHz) never holds the loop; raw PCM at 24 kHz,
+microseconds per chunk, stays inline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import struct
@@ -219,6 +225,22 @@ class StreamEncoder:
         if self._ffmpeg is not None:
             return self._ffmpeg.encode(pcm)
         return _RAW[self.fmt](pcm)
+
+    @property
+    def costly(self) -> bool:
+        """Its work is worth a thread: FFmpeg encoding, resampling or (at the end) FLAC."""
+        return self._ffmpeg is not None or self._resampler is not None or self.fmt == "flac"
+
+    async def encode_async(self, pcm: np.ndarray) -> bytes:
+        """:meth:`encode` from the event loop: on a thread when it is costly (one call at a time:
+        the caller awaits each before the next)."""
+        if self.costly and self.fmt != "flac" and np.size(pcm):
+            return await asyncio.to_thread(self.encode, pcm)
+        return self.encode(pcm)
+
+    async def finish_async(self) -> bytes:
+        """:meth:`finish` from the event loop (on a thread when it is costly)."""
+        return await asyncio.to_thread(self.finish) if self.costly else self.finish()
 
     def finish(self) -> bytes:
         if self.fmt == "flac":

@@ -1,6 +1,8 @@
-"""Long text planned as utterances, on every surface (speech, jobs, every socket).
+"""A request planned once, before any engine time, on every surface (speech, jobs, every socket).
 
-    parts = plan_text(engine, text, params, settings)    # -> [Utterance("First sentences.", ids), Pause(0.5), ...]
+    plan = check_work(engine, text, params, settings)   # a RequestPlan, checked against the work limits
+    plan.parts          # (Utterance("First sentences.", ids, start=0, frames=310), Pause(0.5), ...)
+    plan.audio_frames   # what the whole request plans: its utterances (after speed) and its pauses
 
 A talker speaks one utterance per engine request, each with a frame budget from its own text
 (engines/pipelines/talker/budget.py). Text whose budget is over ``--utterance-max-frames`` (or
@@ -11,52 +13,103 @@ settings and seed (service/synthesis/sequence.py plays them as one stream). Text
 left exactly as sent: the same request as before, the same audio. Long utterances drift in
 voice and prosody, and one that never ends can only waste its own budget.
 
-The DiT plans its own clauses from the whole text, so its text stays one part.
+The DiT plans its own clauses from the whole text, so its text stays one utterance unless one
+engine request could not take it (over the per-request work limits: a long job), when it is cut
+the same way into utterances that each fit.
 
-``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag) is a :class:`Pause`: that much
-silence between the utterances around it, on every pipeline. Other tags are text.
+``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag, read by service/synthesis/breaks.py)
+is a :class:`Pause`: that much silence between the utterances around it, on every pipeline.
+
+The limits hold for the whole plan (:func:`check_limits`): its text's frames and its pauses',
+after speed, under ``--max-work-audio-frames`` (a job: ``--max-job-audio-frames``), however the
+text is cut. Each utterance knows where its text starts in the request's text (``start``): its
+text is that text with only whitespace changed (stripped; runs joined by one space where long
+text was cut), so its word times map back onto the characters the client sent
+(service/synthesis/timestamps.py ``in_source``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import math
 from dataclasses import dataclass, replace
-from typing import Union
+from typing import Callable, Union
 
-from engines.contract import PlannedWork, SynthesisEngine
+from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME, PlannedWork, SynthesisEngine
 from engines.sentences import pack_sentences
 from service.errors import ApiError
-from service.synthesis.params import SynthesisParams, plan_request, planned_work
+from service.synthesis.breaks import BreakTags, Pause, break_tag, split_breaks  # noqa: F401 (re-exported)
+from service.synthesis.params import SynthesisParams, engine_params, plan_request, planned_work
 from service.synthesis.schema import FieldError, require_unicode
 
 
 UNCAPPED = 2**31 - 1  # max_new_tokens when a piece's budget is measured: its text's alone
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Silence between utterances (``<break time="500ms"/>``), in seconds."""
-
-    seconds: float
+WAV_MAX_DATA_BYTES = 2**32 - 1 - 36  # a RIFF file's sizes are 32-bit: what its data chunk can hold
 
 
 @dataclass(frozen=True)
 class Utterance:
     """One utterance of a planned text, with its text ids when they were counted (the engine's
-    ``with_prompt_ids``): it is served with them, not tokenized again."""
+    ``with_prompt_ids``): it is served with them, not tokenized again. ``start``: where its text
+    starts in the request's text; ``frames`` / ``model_steps``: the work its engine request
+    plans (the engine's count, before a service-side speed stretch)."""
 
     text: str
     prompt_ids: tuple[int, ...] | None = None
+    start: int = 0
+    frames: int = 0
+    model_steps: int = 0
 
 
 Part = Union[Utterance, Pause]
 
 
+@dataclass(frozen=True)
+class RequestPlan:
+    """A request's text as the parts it is spoken in, with what each costs: built once
+    (:func:`plan_text`), checked once (:func:`check_limits`), then what the rest of the path
+    reads (service/synthesis/submit.py makes the engine requests from it, sequence.py plays
+    them and places their word times in ``text``, a job keeps its parts as segments)."""
+
+    text: str  # as the client sent it
+    params: SynthesisParams  # as validated, the voice resolved
+    parts: tuple[Part, ...]
+    step_unit: str = ""  # the unit of ``model_steps`` ("talker steps", "DiT frame-steps"); "" with no utterance
+    stretch: float | None = None  # the speed the service stretches the audio by (None: the model honours it)
+
+    @property
+    def utterances(self) -> tuple[Utterance, ...]:
+        return tuple(part for part in self.parts if isinstance(part, Utterance))
+
+    @property
+    def speech_frames(self) -> int:
+        """The utterances' audio frames, after the service's stretch."""
+        frames = sum(u.frames for u in self.utterances)
+        return math.ceil(frames / self.stretch) if self.stretch else frames
+
+    @property
+    def pause_frames(self) -> int:
+        samples = sum(round(p.seconds * SAMPLE_RATE) for p in self.parts if isinstance(p, Pause))
+        return math.ceil(samples / SAMPLES_PER_FRAME)
+
+    @property
+    def audio_frames(self) -> int:
+        """Every frame of audio the request may make (12.5 a second): speech and silence."""
+        return self.speech_frames + self.pause_frames
+
+    @property
+    def model_steps(self) -> int:
+        return sum(u.model_steps for u in self.utterances)
+
+    def after(self, done: int) -> "RequestPlan":
+        """The plan without its first ``done`` parts (a job resumed after the segments it kept)."""
+        return replace(self, parts=self.parts[done:])
+
+
 def utterance_limit(engine: SynthesisEngine, params: SynthesisParams, settings) -> int:
-    """The text budget one planned utterance may have: ``--utterance-max-frames``, and not over the
-    per-utterance work limit (``--max-work-talker-steps``, 0 = none) unless ``max_new_tokens`` (the
-    request's, else the model's) already caps every utterance under it."""
+    """The text budget one planned talker utterance may have: ``--utterance-max-frames``, and not
+    over the per-utterance work limit (``--max-work-talker-steps``, 0 = none) unless
+    ``max_new_tokens`` (the request's, else the model's) already caps every utterance under it."""
     steps = settings.max_work_talker_steps
     max_new = params.max_new_tokens or engine.capabilities.max_new_tokens
     if not steps or (max_new is not None and max_new - 1 <= steps):
@@ -64,96 +117,108 @@ def utterance_limit(engine: SynthesisEngine, params: SynthesisParams, settings) 
     return min(settings.utterance_max_frames, steps)
 
 
-# ElevenLabs' and Cartesia's pause tag: <break time="500ms"/>, <break time='1.5s' />, <break time=2s/>
-BREAK_TAG = re.compile(r"""<break\s+time\s*=\s*(["']?)\s*(\d{1,6}(?:\.\d{1,3})?)\s*(ms|s)\s*\1\s*/?\s*>""", re.I)
-MAX_BREAK_SECONDS = 10.0  # one tag's silence at most (ElevenLabs allows 3 s)
+def utterance_fits(engine: SynthesisEngine, params: SynthesisParams, settings) -> Callable[[PlannedWork], bool]:
+    """Whether text whose own work (its text's, whatever ``max_new_tokens`` caps) is ``work`` is
+    spoken as one utterance. A model that decodes until it samples an end (a talker: the one with
+    a ``max_new_tokens``) drifts over long utterances: its own keep to :func:`utterance_limit`.
+    Any other model's keep to what one engine request may cost (the per-request work limits)."""
+    if engine.capabilities.max_new_tokens is not None:
+        limit = utterance_limit(engine, params, settings)
+        return lambda work: work.model_steps <= limit
+    frames, steps = settings.max_work_audio_frames, settings.max_work_frame_steps
+    return lambda work: (not frames or work.audio_frames <= frames) and (not steps or work.model_steps <= steps)
 
 
-def split_breaks(text: str) -> list[str | Pause]:
-    """``text`` cut at its break tags, each a :class:`Pause` (at most MAX_BREAK_SECONDS); any
-    other tag is text, read as written (as the vendors do)."""
-    out: list[str | Pause] = []
-    start = 0
-    for tag in BREAK_TAG.finditer(text):
-        out.append(text[start:tag.start()])
-        seconds = float(tag.group(2)) / (1000.0 if tag.group(3).lower() == "ms" else 1.0)
-        out.append(Pause(min(seconds, MAX_BREAK_SECONDS)))
-        start = tag.end()
-    out.append(text[start:])
-    return [piece for piece in out if isinstance(piece, Pause) or piece]
-
-
-def break_tag(pause: Pause) -> str:
-    """The tag that asks for ``pause``."""
-    return f'<break time="{round(pause.seconds * 1000)}ms"/>'
-
-
-class BreakTags:
-    """:func:`split_breaks` for text arriving in pieces (live text): a break tag cut between
-    pieces is held back until it is complete (or can no longer be one)."""
-
-    HOLD = 64  # characters of an unfinished "<break ..." held back at most
-
-    def __init__(self) -> None:
-        self.held = ""
-
-    def feed(self, text: str) -> list[str | Pause]:
-        pieces = split_breaks(self.held + text)
-        self.held = ""
-        if pieces and isinstance(pieces[-1], str):
-            last = pieces[-1]
-            i = last.rfind("<")
-            tail = last[i:] if i >= 0 else ""
-            if tail and ">" not in tail and len(tail) <= self.HOLD and \
-                    tail[:6].lower() == "<break"[:min(6, len(tail))]:
-                self.held = tail
-                pieces[-1] = last[:i]
-                if not pieces[-1]:
-                    pieces.pop()
-        return pieces
-
-    def take_rest(self) -> str:
-        """The held text (the text ended: it was no tag)."""
-        rest, self.held = self.held, ""
-        return rest
-
-
-def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> list[Part]:
+def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> RequestPlan:
     """``text`` as the parts it is spoken in, in order (see the module docstring): its break tags
-    are pauses, and on a talker the text between them is cut into utterances that fit."""
+    are pauses, and the text between them is cut into utterances that fit."""
+    planner = _UtterancePlanner(engine, params, settings)
     pieces = split_breaks(text)
     if not any(isinstance(piece, Pause) for piece in pieces):
-        return plan_utterances(engine, text, params, settings)
-    parts: list[Part] = []
+        parts: list[Part] = list(planner.utterances(text, 0))
+    else:
+        parts = []
+        for piece, at in zip(pieces, _piece_starts(text, pieces)):
+            if isinstance(piece, Pause):
+                parts.append(piece)
+            elif piece.strip():
+                parts += planner.utterances(piece.strip(), at + len(piece) - len(piece.lstrip()))
+    return RequestPlan(text, params, tuple(parts), planner.step_unit, engine_params(engine, params)[1])
+
+
+class _UtterancePlanner:
+    """Text (no breaks) as the utterances it is spoken in: as it is, or cut at sentence ends when
+    it does not fit one (:func:`utterance_fits`); each piece measured is tokenized once."""
+
+    def __init__(self, engine: SynthesisEngine, params: SynthesisParams, settings):
+        self.engine, self.params = engine, params
+        self.fits = utterance_fits(engine, params, settings)
+        # the text's own budget, whatever max_new_tokens caps each utterance at
+        self.template = replace(plan_request(engine, "", params), max_new_tokens=UNCAPPED)
+        self.counted: dict[str, tuple[tuple[int, ...] | None, PlannedWork]] = {}
+        self.step_unit = ""
+
+    def _own_work(self, piece: str) -> PlannedWork:
+        if piece not in self.counted:
+            ids = self.engine.with_prompt_ids(replace(self.template, text=piece)).prompt_ids
+            self.counted[piece] = ids, self.engine.planned_work(replace(self.template, text=piece, prompt_ids=ids))
+        return self.counted[piece][1]
+
+    def _piece_fits(self, piece: str) -> bool:
+        return self.fits(self._own_work(piece))
+
+    def utterances(self, text: str, start: int) -> list[Utterance]:
+        """``text``, which starts at ``start`` of the request's text, as utterances."""
+        if self._piece_fits(text):
+            pieces = [text]
+        else:  # (pack_sentences on a yes/no measure: 1 fits, 2 does not)
+            pieces = pack_sentences(text, 1, lambda piece: 1 if self._piece_fits(piece) else 2) or [text]
+        out = []
+        for piece, at in zip(pieces, _starts(text, pieces)):
+            ids = self.counted[piece][0] if piece in self.counted else None
+            work = planned_work(self.engine, piece, self.params, ids)  # capped by the request's max_new_tokens
+            self.step_unit = work.step_unit
+            out.append(Utterance(piece, ids, start + at, work.audio_frames, work.model_steps))
+        return out
+
+
+def _starts(text: str, pieces: list[str]) -> list[int]:
+    """Where each piece starts in ``text``: the pieces hold text's characters in order with only
+    whitespace changed (engines/sentences.py cuts, strips and joins with one space)."""
+    out, i, n = [], 0, len(text)
+    for piece in pieces:
+        if text.startswith(piece, i):  # as written (the usual case): no character by character walk
+            out.append(i)
+            i += len(piece)
+            continue
+        while i < n and text[i].isspace():
+            i += 1
+        out.append(i)
+        if text.startswith(piece, i):
+            i += len(piece)
+            continue
+        for ch in piece:
+            if not ch.isspace():
+                while i < n and text[i].isspace():
+                    i += 1
+                i += 1
+    return out
+
+
+def _piece_starts(text: str, pieces: list[str | Pause]) -> list[int]:
+    """Where each of :func:`split_breaks`' text pieces starts in ``text`` (0 for a pause): they
+    are its text as written, in order, each at the start or right after a tag's ``>``."""
+    out, cursor = [], 0
     for piece in pieces:
         if isinstance(piece, Pause):
-            parts.append(piece)
-        elif piece.strip():
-            parts += plan_utterances(engine, piece.strip(), params, settings)
-    return parts
-
-
-def plan_utterances(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> list[Utterance]:
-    """``text`` (no breaks) as the utterances it is spoken in: as it is, or on a talker cut at
-    sentence ends when its frame budget is over the utterance limit."""
-    if engine.capabilities.pipeline != "talker":
-        return [Utterance(text)]
-    limit = utterance_limit(engine, params, settings)
-    counted: dict[str, tuple[int, ...] | None] = {}  # each piece measured is tokenized once
-    # the text's own budget, whatever max_new_tokens caps each utterance at
-    template = replace(plan_request(engine, "", params), max_new_tokens=UNCAPPED)
-
-    def frames(piece: str) -> int:
-        if piece not in counted:
-            counted[piece] = engine.with_prompt_ids(replace(template, text=piece)).prompt_ids
-        return engine.planned_work(replace(template, text=piece, prompt_ids=counted[piece])).model_steps
-
-    pieces = [text] if frames(text) <= limit else pack_sentences(text, limit, frames) or [text]
-    return [Utterance(piece, counted.get(piece)) for piece in pieces]
-
-
-def speech_parts(parts: list[Part]) -> list[Utterance]:
-    return [part for part in parts if isinstance(part, Utterance)]
+            out.append(0)
+            continue
+        at = text.find(piece, cursor)
+        while at > 0 and text[at - 1] != ">":  # found inside a tag before it: further on
+            at = text.find(piece, at + 1)
+        out.append(max(at, cursor))
+        cursor = max(at, cursor) + len(piece)
+    return out
 
 
 INLINE_CHARS = 4096  # longer text (a long job) is planned and prepared on a thread: the loop never waits
@@ -166,42 +231,61 @@ async def off_loop(text: str, call, *args, **kwargs):
     return await asyncio.to_thread(call, *args, **kwargs)
 
 
-def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> list[Part]:
-    """The parts ``text`` is spoken in (:func:`plan_text`), each checked before any engine time:
-    ApiError(413, ``too_much_work``) naming the limit and its flag when one plans more vocoder
-    frames than ``max_work_audio_frames`` or more model steps than ``max_work_frame_steps`` (DiT)
-    / ``max_work_talker_steps`` (talker: per utterance); 0 = no limit. Text that is not valid
-    Unicode never reaches the engine (every route validated it already; this is the last gate, a
-    400 whatever the route)."""
+def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings,
+               job_format: str | None = None) -> RequestPlan:
+    """``text`` planned (:func:`plan_text`) and checked before any engine time
+    (:func:`check_limits`; ``job_format``: a job's, spoken into one file of that format). Text
+    that is not valid Unicode never reaches the engine (every route validated it already; this
+    is the last gate, a 400 whatever the route)."""
     try:
         require_unicode("text", text)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
-    parts = plan_text(engine, text, params, settings)
-    for part in speech_parts(parts):
-        check_limits(planned_work(engine, part.text, params, part.prompt_ids), settings)
-    return parts
+    plan = plan_text(engine, text, params, settings)
+    check_limits(plan, settings, job_format)
+    return plan
 
 
-def check_limits(work: PlannedWork, settings) -> None:
-    talker = work.step_unit == "talker steps"
-    frames_limit = settings.max_work_audio_frames
-    steps_limit = settings.max_work_talker_steps if talker else settings.max_work_frame_steps
-    if frames_limit and work.audio_frames > frames_limit:
-        how = "shorten the text or lower max_new_tokens" if talker else "shorten the input or raise speed"
+def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> None:
+    """ApiError(413, ``too_much_work``) naming the limit and its flag when the whole plan (every
+    utterance after speed, every pause) is over ``--max-work-audio-frames`` (a job:
+    ``--max-job-audio-frames``, and a WAV job what a WAV file holds); when the whole plan is over
+    ``--max-work-frame-steps`` (DiT; a job: ``--max-job-frame-steps``); when one utterance may
+    run more than ``--max-work-talker-steps`` (talker). 0 = no limit."""
+    job = job_format is not None
+    talker = plan.step_unit == "talker steps"
+    frames = plan.audio_frames
+    frames_limit, flag = ((settings.max_job_audio_frames, "--max-job-audio-frames") if job
+                          else (settings.max_work_audio_frames, "--max-work-audio-frames"))
+    if frames_limit and frames > frames_limit:
+        how = "lower max_new_tokens" if talker else "raise speed"
         raise ApiError(413, "too_much_work",
-                       f"this request plans {work.audio_frames} audio frames (12.5 per second of audio); the limit "
-                       f"is {frames_limit} (--max-work-audio-frames): {how}")
-    if steps_limit and work.model_steps > steps_limit:
-        if talker:
+                       f"this {'job' if job else 'request'} plans {frames} audio frames (12.5 per second of audio: "
+                       f"{plan.speech_frames} of speech after speed, {plan.pause_frames} of pauses); the limit is "
+                       f"{frames_limit} ({flag}): shorten the text or its pauses, or {how}"
+                       + ("" if job else "; a job (POST /v1/jobs) may plan up to --max-job-audio-frames"))
+    if job_format == "wav" and frames * SAMPLES_PER_FRAME * 2 > WAV_MAX_DATA_BYTES:
+        hours = WAV_MAX_DATA_BYTES / 2 / SAMPLE_RATE / 3600
+        raise ApiError(413, "too_much_work",
+                       f"this job plans {frames} audio frames ({frames / 12.5 / 3600:.1f} hours); a WAV file holds "
+                       f"at most {hours:.1f} hours at {SAMPLE_RATE} Hz: ask for response_format flac, or shorten it")
+    if talker:
+        steps_limit = settings.max_work_talker_steps
+        longest = max((u.model_steps for u in plan.utterances), default=0)
+        if steps_limit and longest > steps_limit:
             raise ApiError(413, "too_much_work",
-                           f"this utterance may run {work.model_steps} talker steps (its text's frame budget, at "
-                           f"most max_new_tokens - 1); the limit is {steps_limit} (--max-work-talker-steps): "
+                           f"this utterance may run {longest} talker steps (its text's frame budget, at most "
+                           f"max_new_tokens - 1); the limit is {steps_limit} (--max-work-talker-steps): "
                            "shorten the text or lower max_new_tokens")
+        return
+    steps_limit, flag = ((settings.max_job_frame_steps, "--max-job-frame-steps") if job
+                         else (settings.max_work_frame_steps, "--max-work-frame-steps"))
+    if steps_limit and plan.model_steps > steps_limit:
         raise ApiError(413, "too_much_work",
-                       f"this request plans {work.model_steps} DiT frame-steps (frames x steps); the limit is "
-                       f"{steps_limit} (--max-work-frame-steps): shorten the input, raise speed or lower steps")
+                       f"this {'job' if job else 'request'} plans {plan.model_steps} "
+                       f"{plan.step_unit or 'model steps'} (frames x steps); the limit is {steps_limit} ({flag}): "
+                       "shorten the input, raise speed or lower steps")
 
 
-__all__ = ["BreakTags", "Part", "Pause", "Utterance", "break_tag", "check_work", "off_loop", "plan_text",
-           "speech_parts", "split_breaks", "utterance_limit"]
+__all__ = ["BreakTags", "Part", "Pause", "RequestPlan", "Utterance", "break_tag", "check_limits", "check_work",
+           "off_loop", "plan_text", "split_breaks", "utterance_fits", "utterance_limit"]

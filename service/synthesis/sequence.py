@@ -1,6 +1,6 @@
 """A planned text's utterances (and pauses) played as one stream (service/synthesis/plan.py).
 
-    stream = UtteranceSequence(engine, parts, metrics, high_water=8, stretch=None).start()
+    stream = UtteranceSequence(engine, parts, metrics, high_water=8, stretch=None, plan=plan).start()
     chunk = await stream.next_chunk()       # as ChunkStream: in order, one final chunk at the end
 
 It has :class:`~service.synthesis.chunks.ChunkStream`'s interface, so every reader (speech,
@@ -12,10 +12,13 @@ sockets, jobs) plays long text as it plays one utterance:
   first of the next fade in from it (each utterance's codec decoder starts from its own state,
   so the waveforms would otherwise meet at an arbitrary step: a click); the audio held back for
   the fade-out is ~10 ms;
-* a :class:`~service.synthesis.plan.Pause` is that much silence, to the sample;
+* a :class:`~service.synthesis.breaks.Pause` is that much silence, to the sample, in pieces of
+  at most 1 s, each after a turn of the event loop (a long pause is never encoded and sent in
+  one go while other clients wait); speech after a pause starts from silence, so it does not
+  fade in;
 * chunk indices, ``frames_done`` and word times (``alignment``, offset by the audio before each
-  utterance, character spans by the text before it) run across the whole text; an utterance
-  the talker ended early carries ``truncated`` on the chunk that ends it.
+  utterance, character spans in the plan's text: the characters the client sent) run across the
+  whole text; an utterance the talker ended early carries ``truncated`` on the chunk that ends it.
 """
 
 from __future__ import annotations
@@ -37,19 +40,29 @@ from engines.contract import (
 )
 from service.metrics import Metrics
 from service.synthesis.chunks import ChunkStream, PlaybackClock
-from service.synthesis.plan import Pause
+from service.synthesis.breaks import Pause
+from service.synthesis.plan import RequestPlan
 from service.synthesis.tempo import TempoStretch
+from service.synthesis.timestamps import in_source
 
 SEAM_FADE_SAMPLES = 240  # 10 ms at 24 kHz
 PAUSE_CHUNK_SAMPLES = SAMPLE_RATE  # silence goes out in pieces of at most 1 s
 RESUBMIT_MAX_WAIT_S = 0.5  # the engine queue was full: how long to wait before asking again, at most
 
 
+def fade_in_after(previous: object | None) -> int:
+    """Samples of a part's start to fade in when it follows ``previous`` (None: nothing): only
+    after speech, whose decoder ended at an arbitrary step; after a pause it starts from silence."""
+    return SEAM_FADE_SAMPLES if previous is not None and not isinstance(previous, Pause) else 0
+
+
 class UtteranceSequence:
     def __init__(self, engine: SynthesisEngine, parts: list[SynthesisRequest | Pause], metrics: Metrics,
-                 high_water: int = 8, stretch: float | None = None, after_part: bool = False):
-        """``after_part``: these parts continue a plan whose earlier parts were played already (a
-        job resumed): the first one fades in, as it would have after them."""
+                 high_water: int = 8, stretch: float | None = None, after: object | None = None, *,
+                 plan: RequestPlan):
+        """``after``: the part these parts follow when a plan's earlier parts were played already
+        (a job resumed): the first one's seam is the one it would have had after it. ``plan``: the
+        plan the parts were made from, one for one: word times are placed in its text."""
         if not parts:
             raise ValueError("a sequence needs at least one part")
         self._engine = engine
@@ -72,13 +85,14 @@ class UtteranceSequence:
         self._part_start = 0  # the sample the current part starts at (its word times are offset by it)
         self._frames = 0  # frames of the parts done
         self._held = np.zeros(0, np.float32)  # the current part's last samples, held for its fade-out
-        self._fade_in = SEAM_FADE_SAMPLES if after_part else 0  # samples of this part's start still to fade in
+        self._fade_in = fade_in_after(after)  # samples of this part's start still to fade in
         self._pause_left: int | None = None  # samples of the current pause still to send
-        self._texts: list[str] = []  # spoken parts' texts, for the merged alignment
-        self._alignments: list[tuple[Alignment, float, int]] = []  # (alignment, offset ms, char offset)
+        self._plan = plan
+        self._alignments: list[tuple[Alignment, float]] = []  # (alignment in the plan's text, offset ms)
         self._aligned_all = True
         # The chunk just returned ended a part (``parts_done`` counts it): that part's own word times
-        # (from its start; None when it has none), for a reader that keeps parts apart (a job).
+        # (from its start, its characters in the plan's text; None when it has none), for a reader
+        # that keeps parts apart (a job).
         self.ended_part_alignment: Alignment | None = None
 
     # -- ChunkStream's interface ---------------------------------------------------------
@@ -132,6 +146,7 @@ class UtteranceSequence:
             if self._cancelled and self.part not in self._streams:
                 return self._end(error="cancelled")
             if isinstance(part, Pause):
+                await asyncio.sleep(0)  # one piece of silence per turn of the loop: its reader encodes it
                 return self._pause_chunk(part)
             stream = self._streams.get(self.part) or await self._submit_when_possible(self.part)
             if stream is None:  # the engine went away between parts
@@ -151,13 +166,12 @@ class UtteranceSequence:
             # the part ends here
             self._streams.pop(self.part, None)
             self._frames += chunk.frames_done
-            self._texts.append(part.text)
-            if chunk.alignment is not None:
-                char_offset = sum(len(t) + 1 for t in self._texts[:-1])
-                self._alignments.append((chunk.alignment, self._part_start * 1000.0 / SAMPLE_RATE, char_offset))
+            alignment = self._in_text(chunk.alignment)
+            if alignment is not None:
+                self._alignments.append((alignment, self._part_start * 1000.0 / SAMPLE_RATE))
             else:
                 self._aligned_all = False
-            self.ended_part_alignment = chunk.alignment
+            self.ended_part_alignment = alignment
             return self._advance(chunk, pcm)
 
     def cancel(self) -> None:
@@ -235,7 +249,7 @@ class UtteranceSequence:
         says so (with ``truncated``), or the final one after the last part."""
         self.parts_done += 1
         self.part += 1
-        self._fade_in = SEAM_FADE_SAMPLES
+        self._fade_in = fade_in_after(self.parts[self.part - 1])
         self._part_start = self._samples + pcm.size
         if self.part >= len(self.parts):
             return self._end(pcm=pcm, truncated=ended.truncated, timing=ended.timing)
@@ -252,7 +266,7 @@ class UtteranceSequence:
             return self._silence(n)
         self.parts_done += 1
         self.part += 1
-        self._fade_in = 0  # speech after silence starts from silence anyway
+        self._fade_in = fade_in_after(pause)
         self._part_start = self._samples + n
         if self.part >= len(self.parts):
             return self._end(pcm=np.zeros(n, np.float32))
@@ -305,10 +319,15 @@ class UtteranceSequence:
             return None
         first = self._alignments[0][0]
         words: list[WordTimestamp] = []
-        for alignment, offset_ms, chars in self._alignments:
-            for w in alignment.scaled(1.0, offset_ms).words:
-                words.append(replace(w, char_start=w.char_start + chars, char_end=w.char_end + chars))
-        return Alignment(" ".join(self._texts), first.language, samples * 1000.0 / SAMPLE_RATE, tuple(words))
+        for alignment, offset_ms in self._alignments:
+            words += alignment.scaled(1.0, offset_ms).words
+        return Alignment(first.text, first.language, samples * 1000.0 / SAMPLE_RATE, tuple(words))
+
+    def _in_text(self, alignment: Alignment | None) -> Alignment | None:
+        """The current part's word times with their character spans in the plan's text."""
+        if alignment is None:
+            return None
+        return in_source(alignment, self._plan.text, self._plan.parts[self.part].start)
 
 
-__all__ = ["SEAM_FADE_SAMPLES", "UtteranceSequence"]
+__all__ = ["SEAM_FADE_SAMPLES", "UtteranceSequence", "fade_in_after"]

@@ -1,7 +1,7 @@
 """The one submit recipe every entry point uses (speech, WebSocket sessions, jobs):
 
-    parts = check_work(engine, text, params, settings)       # plan.py: long text -> utterances, checked
-    prepared = prepare(engine, request_id, parts, params, priority, clone=..., tenant=...)
+    plan = check_work(engine, text, params, settings)        # plan.py: the whole request planned, checked
+    prepared = prepare(engine, request_id, plan, priority, clone=..., tenant=...)
     stream = open_stream(state, prepared, high_water=...)   # a started ChunkStream (or UtteranceSequence)
 
 ``prepare`` builds the engine request, decides who honours ``speed`` (the model, or the service
@@ -26,39 +26,45 @@ from engines.contract import (
 from service.errors import engine_error
 from service.state import AppState
 from service.synthesis.chunks import ChunkStream, PlaybackClock
-from service.synthesis.params import SynthesisParams, build_request, engine_params
-from service.synthesis.plan import Part, Pause, Utterance
+from service.synthesis.params import build_request, engine_params
+from service.synthesis.plan import Part, Pause, RequestPlan
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.tempo import TempoStretch
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """The validated engine requests of a text's parts (one per utterance, and its pauses:
-    service/synthesis/plan.py) and the speed the service stretches their audio by (None: none)."""
+    """The validated engine requests of a plan's parts (one per utterance, and its pauses:
+    service/synthesis/plan.py), one for one, with the plan."""
 
+    plan: RequestPlan
     parts: tuple[SynthesisRequest | Pause, ...]
-    stretch: float | None = None
+
+    @property
+    def stretch(self) -> float | None:
+        """The speed the service stretches the audio by (None: none)."""
+        return self.plan.stretch
 
     @property
     def request(self) -> SynthesisRequest | None:
-        """The engine request when the text is spoken as one utterance; None when it was planned
-        as several."""
-        return self.parts[0] if len(self.parts) == 1 and isinstance(self.parts[0], SynthesisRequest) else None
+        """The engine request when the text is spoken as one utterance, as sent; None when it was
+        planned as several (or pauses, or its text was trimmed: a sequence places its word times)."""
+        if len(self.parts) != 1 or not isinstance(self.parts[0], SynthesisRequest):
+            return None
+        return self.parts[0] if self.parts[0].text == self.plan.text else None
 
 
-def prepare(engine: SynthesisEngine, request_id: str, text: str | list[Part], params: SynthesisParams,
-            priority: Priority, clone: VoiceClone | None = None, tenant: str = "", text_feed: TextFeed | None = None,
-            prompt_ids: tuple[int, ...] | None = None, timestamps: bool = False) -> Prepared:
-    """The engine requests for validated ``params``, checked by the engine (ApiError(400) naming
-    the field) and tokenized once. ``text``: the text, or the parts :func:`~service.synthesis.plan.check_work`
-    planned it as (one request per utterance, ids ``request_id``, ``request_id.1``, ...; each served
-    with the ids it was planned on). ``prompt_ids``: the ids of ``text`` given as a string, when an
-    earlier ``prepare`` returned them (a job run where it was posted). A model that does not honour ``speed`` gets 1.0 and the service
-    stretches its audio instead (:mod:`service.synthesis.tempo`). ``timestamps``: word times
-    wanted (asked of the engine only where it has an aligner)."""
-    params, stretch = engine_params(engine, params)
-    parts = [Utterance(text, prompt_ids)] if isinstance(text, str) else list(text)
+def prepare(engine: SynthesisEngine, request_id: str, plan: RequestPlan, priority: Priority,
+            clone: VoiceClone | None = None, tenant: str = "", text_feed: TextFeed | None = None,
+            timestamps: bool = False) -> Prepared:
+    """The engine requests of ``plan`` (:func:`~service.synthesis.plan.check_work`: one request per
+    utterance, ids ``request_id``, ``request_id.1``, ...; each served with the ids it was planned
+    on), checked by the engine (ApiError(400) naming the field). A model that does not honour
+    ``speed`` gets 1.0 and the service stretches its audio instead (:mod:`service.synthesis.tempo`).
+    ``text_feed``: the one utterance's text arrives live. ``timestamps``: word times wanted (asked
+    of the engine only where it has an aligner)."""
+    params = engine_params(engine, plan.params)[0]
+    parts = plan.parts
     out: list[SynthesisRequest | Pause] = []
     spoken = 0
     for part in parts:
@@ -78,7 +84,7 @@ def prepare(engine: SynthesisEngine, request_id: str, text: str | list[Part], pa
         except EngineError as exc:
             raise engine_error(exc) from None
         spoken += 1
-    return Prepared(tuple(out), stretch)
+    return Prepared(plan, tuple(out))
 
 
 def open_stream(state: AppState, prepared: Prepared, high_water: int,
@@ -95,11 +101,11 @@ def open_stream(state: AppState, prepared: Prepared, high_water: int,
 
 
 def open_sequence(state: AppState, prepared: Prepared, high_water: int, clock: PlaybackClock | None = None,
-                  after_part: bool = False) -> UtteranceSequence:
+                  after: Part | None = None) -> UtteranceSequence:
     """Submit a prepared text as an :class:`UtteranceSequence` whatever its parts (a job keeps
-    each part's audio apart); ``after_part``: it continues a plan whose earlier parts were played."""
+    each part's audio apart); ``after``: the part it continues when a plan's earlier parts were played."""
     return _started(UtteranceSequence(state.engine, list(prepared.parts), state.metrics, high_water=high_water,
-                                      stretch=prepared.stretch, after_part=after_part), clock)
+                                      stretch=prepared.stretch, after=after, plan=prepared.plan), clock)
 
 
 def _started(stream, clock: PlaybackClock | None):

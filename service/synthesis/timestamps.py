@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
-from engines.contract import Alignment
+from engines.contract import Alignment, WordTimestamp
 from service.synthesis.schema import JsonError, Strict, parse_json
 
 CAPTION_FORMATS = ("json", "srt", "vtt")
@@ -42,6 +42,38 @@ def shift_words(words: list[dict], offset_ms: float, char_offset: int) -> list[d
     character spans by ``char_offset`` (a job's segments, service/jobs/segments.py)."""
     return [{**w, "start_ms": round(w["start_ms"] + offset_ms, 1), "end_ms": round(w["end_ms"] + offset_ms, 1),
              "char_start": w["char_start"] + char_offset, "char_end": w["char_end"] + char_offset} for w in words]
+
+
+def in_source(alignment: Alignment, source: str, start: int) -> Alignment:
+    """An utterance's word times with their character spans in ``source``, the text the client
+    sent, where the utterance's text starts at ``start`` (service/synthesis/plan.py: the same
+    characters with only whitespace changed, e.g. a blank line become one space): the
+    alignment's text is ``source``, and ``source[w.char_start:w.char_end]`` is each word."""
+    text = alignment.text
+    if source.startswith(text, start):  # as written: only moved
+        return Alignment(source, alignment.language, alignment.duration_ms, tuple(
+            WordTimestamp(w.text, w.start_ms, w.end_ms, w.char_start + start, w.char_end + start)
+            for w in alignment.words))
+    rank = [0] * (len(text) + 1)  # rank[j]: non-whitespace characters in text[:j]
+    for j, ch in enumerate(text):
+        rank[j + 1] = rank[j] + (not ch.isspace())
+    positions = []  # where the utterance's k-th non-whitespace character is in source
+    i = start
+    while len(positions) < rank[-1] and i < len(source):
+        if not source[i].isspace():
+            positions.append(i)
+        i += 1
+    last = len(positions) - 1
+
+    def at(k: int) -> int:
+        return positions[min(k, last)] if positions else start
+
+    words = []
+    for w in alignment.words:
+        first = at(rank[w.char_start])
+        end = at(rank[w.char_end] - 1) + 1 if rank[w.char_end] else start
+        words.append(WordTimestamp(w.text, w.start_ms, w.end_ms, first, max(first, end)))
+    return Alignment(source, alignment.language, alignment.duration_ms, tuple(words))
 
 
 class StoredWord(Strict):
@@ -144,5 +176,5 @@ def vtt(words: list[dict]) -> str:
     return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n" for a, b, text in cues(words))
 
 
-__all__ = ["CAPTION_FORMATS", "StoredWord", "TimestampsField", "cartesia_words", "char_times", "cues", "parse_words",
-           "shift_words", "srt", "vtt", "words_json"]
+__all__ = ["CAPTION_FORMATS", "StoredWord", "TimestampsField", "cartesia_words", "char_times", "cues", "in_source",
+           "parse_words", "shift_words", "srt", "vtt", "words_json"]

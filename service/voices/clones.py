@@ -11,7 +11,8 @@ job runner all ask here; the saved-voice routes (service/voices/routes.py) store
   ``--max-ref-audio-mb``.
 * :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
   ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
-  else a saved voice named by ``voice``. Features come from ``engine.voice_features`` (computed
+  else what :func:`find_voice` - the one voice resolver of every route and socket - finds for
+  ``voice``: a voice of the model, or a saved voice. Features come from ``engine.voice_features`` (computed
   once per content, off the event loop) or from the store.
 
 Saved voices belong to their key, as jobs do (:class:`VoiceScope`): with keys on, a key uses
@@ -128,13 +129,62 @@ async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> Vo
         if x_only:
             return VoiceClone(features.xvector, key=content_key(audio))
         return VoiceClone(features.xvector, features.codes, fields.ref_text, key=content_key(audio))
-    clone = await saved_clone(request, voice)
-    if clone is None:
-        if state.engine.capabilities.task_type == "Base" and voice.strip().lower() != "default":
-            raise ApiError(400, "invalid_field", f"voice: no saved voice named {voice[:64]!r}; upload one "
-                                                 "with POST /v1/audio/voices or send ref_audio")
-        return None
-    return VoiceClone(clone.xvector, key=clone.key) if x_only else clone
+    clone = await voice_clone_of(request, voice)  # None: a voice of the model (Base's "default": ref_audio follows)
+    return VoiceClone(clone.xvector, key=clone.key) if x_only and clone is not None else clone
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A voice the caller may name on the loaded release (:func:`find_voice`)."""
+
+    name: str  # the model's canonical name for it, or the saved voice's
+    clone: VoiceClone | None = None  # a saved voice's prompt
+    needs_reference: bool = False  # Base's own "default": it speaks only with the request's ref_audio
+
+
+async def find_voice(request: web.Request, name: str) -> Voice | None:
+    """The one voice resolver of every route and socket (the dialects' handshakes, speech bodies,
+    WebSocket ``session.config``, jobs): what ``name`` names for this caller on the loaded release,
+    else None.
+
+    * a release of preset voices (the DiT, CustomVoice): one of them or an alias, in any case;
+    * a release that clones (Base): a saved voice of the caller's (another key's is no voice), or
+      its own ``default``, which needs the request's reference audio;
+    * VoiceDesign: any name (the voice is the request's instructions; a name names nothing).
+
+    Raises StoreUnavailable while a shared store's database is down."""
+    engine = request.app[STATE_KEY].engine
+    capabilities = engine.capabilities
+    if capabilities.preset_voices:
+        try:
+            return Voice(engine.resolve_voice(name))
+        except InvalidRequest:
+            return None
+    if capabilities.voice_cloning:
+        clone = await saved_clone(request, name)
+        if clone is not None:
+            return Voice(name, clone)
+        own = name.strip().lower() in {voice.lower() for voice in capabilities.voices}
+        return Voice(engine.resolve_voice(name), needs_reference=True) if own else None
+    return Voice(engine.resolve_voice(name))
+
+
+async def voice_clone_of(request: web.Request, voice: str) -> VoiceClone | None:
+    """The saved voice's prompt that ``voice`` names (None: a voice of the model); ApiError(400)
+    for a name that is neither (:func:`find_voice`)."""
+    found = await find_voice(request, voice)
+    if found is None:
+        raise ApiError(400, "invalid_field", f"voice: {voice[:64]!r} is not a voice of this server; "
+                                             f"{voice_choices(request.app[STATE_KEY].engine)}")
+    return found.clone
+
+
+def voice_choices(engine: SynthesisEngine) -> str:
+    """What a client may name instead of a voice that does not exist, for error messages."""
+    capabilities = engine.capabilities
+    if capabilities.preset_voices:
+        return f"use one of {', '.join(capabilities.voices)} (or an alias: GET /v1/voices) or a saved voice"
+    return "use a saved voice (POST /v1/audio/voices uploads one)"
 
 
 async def saved_clone(request: web.Request, voice: str) -> VoiceClone | None:
@@ -158,5 +208,6 @@ async def scoped_clone(app: web.Application, voice: str, scope: VoiceScope) -> V
     return VoiceClone(saved.xvector, saved.codes, saved.ref_text, key=saved.audio_sha256)
 
 
-__all__ = ["VOICE_STORE_KEY", "VoiceScope", "audio_error", "clone_for", "content_key", "decode_base64_audio",
-           "features_of", "job_voice_scope", "saved_clone", "scoped_clone", "voice_scope"]
+__all__ = ["VOICE_STORE_KEY", "Voice", "VoiceScope", "audio_error", "clone_for", "content_key", "decode_base64_audio",
+           "features_of", "find_voice", "job_voice_scope", "saved_clone", "scoped_clone", "voice_choices",
+           "voice_clone_of", "voice_scope"]

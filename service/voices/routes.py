@@ -24,8 +24,9 @@ from aiohttp import web
 
 from engines.contract import SAMPLE_RATE
 from service.access.limits import client_identity
-from service.errors import ApiError, invalid_field
+from service.errors import ApiError, invalid_field, reading_body
 from service.state import STATE_KEY
+from service.synthesis.numbers import whole_number
 from service.voices.clones import VOICE_STORE_KEY, VoiceScope, audio_error, content_key, features_of, voice_scope
 from service.voices.decoder_pool import decode_reference
 from service.voices.store import NAME_RULE, SavedVoice, VoiceExists, VoiceLimitReached, VoiceStore, limit_message
@@ -38,8 +39,9 @@ TOO_MANY_VOICES_RETRY_SECONDS = 60  # a cap frees up only when voices are delete
 
 
 
-async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes | None]:
-    """The multipart fields (text) and the ``audio_sample`` file, bounded in size."""
+async def _form(request: web.Request, max_bytes: int, timeout_s: float) -> tuple[dict[str, str], bytes | None]:
+    """The multipart fields (text) and the ``audio_sample`` file, bounded in size, read as every
+    body is (:func:`service.errors.reading_body`: within ``timeout_s``, undecodable bytes a 400)."""
     fields: dict[str, str] = {}
     audio: bytes | None = None
     try:
@@ -47,25 +49,26 @@ async def _form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], b
     except (AssertionError, ValueError, KeyError):
         raise ApiError(400, "invalid_form", "send multipart/form-data with audio_sample and name") from None
     try:
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, aiohttp.BodyPartReader) or not part.name:
-                continue
-            limit = max_bytes if part.name == "audio_sample" else MAX_NAME_FIELD_BYTES
-            data = bytearray()
-            while chunk := await part.read_chunk(64 * 1024):
-                data += chunk
-                if len(data) > limit:
-                    if part.name == "audio_sample":
-                        raise audio_error("audio_sample", f"more than {max_bytes // (1 << 20)} MiB",
-                                   code="ref_audio_too_large", status=413)
-                    raise ApiError(400, "invalid_field", f"{part.name}: longer than {limit} bytes")
-            if part.name == "audio_sample":
-                audio = bytes(data)
-            else:
-                try:
-                    fields[part.name] = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise ApiError(400, "invalid_field", f"{part.name}: not UTF-8 text") from None
+        async with reading_body(request, timeout_s):
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, aiohttp.BodyPartReader) or not part.name:
+                    continue
+                limit = max_bytes if part.name == "audio_sample" else MAX_NAME_FIELD_BYTES
+                data = bytearray()
+                while chunk := await part.read_chunk(64 * 1024):
+                    data += chunk
+                    if len(data) > limit:
+                        if part.name == "audio_sample":
+                            raise audio_error("audio_sample", f"more than {max_bytes // (1 << 20)} MiB",
+                                              code="ref_audio_too_large", status=413)
+                        raise ApiError(400, "invalid_field", f"{part.name}: longer than {limit} bytes")
+                if part.name == "audio_sample":
+                    audio = bytes(data)
+                else:
+                    try:
+                        fields[part.name] = data.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise ApiError(400, "invalid_field", f"{part.name}: not UTF-8 text") from None
     except ValueError as exc:
         raise ApiError(400, "invalid_form", f"malformed multipart body ({exc})") from None
     return fields, audio
@@ -82,7 +85,7 @@ async def create_voice(request: web.Request) -> web.Response:
     await _check_voice_caps(store, scope, max_per_key, settings.max_voices)  # cheap: before decoding
     max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
     # Streamed multipart parts, each bounded by _form (the JSON body limit does not apply here).
-    fields, data = await _form(request, max_bytes)
+    fields, data = await _form(request, max_bytes, settings.http_body_seconds)
     name = fields.get("name", "").strip()
     if not store.valid_name(name):
         raise ApiError(400, "invalid_field", f"name: {NAME_RULE}")
@@ -124,10 +127,9 @@ async def _check_voice_caps(store: VoiceStore, scope: VoiceScope, max_per_key: i
 
 def _page_limit(request: web.Request, largest: int) -> int:
     raw = request.query.get("limit", str(min(DEFAULT_VOICE_PAGE, largest)))
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise invalid_field("limit", "must be an integer") from None
+    limit = whole_number(raw)
+    if limit is None:
+        raise invalid_field("limit", "must be an integer")
     if not 1 <= limit <= largest:
         raise invalid_field("limit", f"must be between 1 and {largest} (--max-voice-page)")
     return limit

@@ -31,7 +31,7 @@ from service.synthesis.params import SynthesisParams, update_params
 from service.synthesis.plan import check_work
 from service.synthesis.schema import CloneFields, too_long
 from service.synthesis.submit import open_stream, prepare
-from service.voices.clones import clone_for, saved_clone
+from service.voices.clones import clone_for, voice_clone_of
 from service.ws.events import (
     CLOSE_OVERLOADED,
     AlignmentReady,
@@ -120,7 +120,7 @@ class SessionCore:
             if clone is not None:
                 voice_clone = await clone_for(self.request, params.voice, clone)
             elif changes.get("voice") is not None:
-                voice_clone = await saved_clone(self.request, params.voice)
+                voice_clone = await voice_clone_of(self.request, params.voice)
             else:
                 voice_clone = self.clone
         except ApiError as exc:
@@ -148,13 +148,19 @@ class SessionCore:
                 "text_too_long", too_long("text", waiting + len(text), limit)
                 + ("; wait for audio.done before sending more" if waiting else "")))
             return
-        self._queue.add(text, live=self.live_mode)
+        try:
+            self._queue.add(text, live=self.live_mode)
+        except ApiError as exc:  # a malformed break tag in live text: this text is refused
+            await self.sink.session_error(SessionError(exc.code, exc.message))
 
     async def end_round(self) -> None:
         """Speak what is buffered; RoundDone follows its audio."""
         if await self._over_rounds_bound():
             return
-        self._queue.end_round()
+        try:
+            self._queue.end_round()
+        except ApiError as exc:  # the live text ended inside a break tag: the round still ends
+            await self.sink.session_error(SessionError(exc.code, exc.message))
 
     async def cancel(self) -> None:
         """Drop queued text and stop the utterance being spoken within one chunk; RoundDone
@@ -219,7 +225,7 @@ class SessionCore:
         if utterance.refused:
             return None
         try:
-            parts = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
+            plan = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
         except ApiError as exc:
             utterance.refused = True
             await self.sink.session_error(SessionError(exc.code, exc.message))
@@ -240,7 +246,7 @@ class SessionCore:
         self._submitted += 1
         request_id = f"{self.session_id}-{self._submitted}"  # ids for logs; no text is logged
         try:
-            prepared = prepare(self.state.engine, request_id, parts, self.params, Priority.REALTIME,
+            prepared = prepare(self.state.engine, request_id, plan, Priority.REALTIME,
                                clone=self.clone, tenant=identity,
                                text_feed=utterance.live.feed if utterance.live is not None else None,
                                timestamps=self.timestamps)

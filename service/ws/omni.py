@@ -99,7 +99,7 @@ class OmniSession(StreamSession):
 
     async def audio(self, event: Audio) -> None:
         if self.encoder is not None:
-            data = self.encoder.encode(event.pcm)
+            data = await self.encoder.encode_async(event.pcm)
             if data:
                 await self.send_bytes(data)
                 self.sent_bytes += len(data)
@@ -127,7 +127,7 @@ class OmniSession(StreamSession):
     async def flush_audio(self, failed: bool) -> None:
         """The end of a sentence: the resampler's tail, or the whole sentence as one file."""
         if self.encoder is not None:
-            data = self.encoder.finish()
+            data = await self.encoder.finish_async()
             self.encoder = None
         elif self.held and not failed:
             # A sentence may be minutes long (mp3 of 5 minutes takes seconds): encoded in a

@@ -3,7 +3,8 @@
 Sentence mode: text is cut at sentence ends (engines/sentences.py ``SentenceSplitter``, each
 character read once) and each sentence is one utterance. Live text (service/ws/live_input.py):
 an utterance opens at the first text and its feed takes every later delta at once; a break tag
-(service/synthesis/plan.py) ends it and is spoken as its own utterance, a pause.
+(service/synthesis/breaks.py) ends it and is spoken as its own utterance, a pause; a delta with a
+malformed tag is refused whole (ApiError(400) from :meth:`UtteranceQueue.add`).
 
     queue = UtteranceQueue(live_boundary_chars=200)
     queue.add("Hello there. How", live=False)   # queues "Hello there."
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from engines.sentences import SentenceSplitter
-from service.synthesis.plan import BreakTags, Pause, break_tag
+from service.errors import ApiError
+from service.synthesis.breaks import BreakTags, Pause, break_tag
 from service.ws.live_input import LiveInput, LiveUtterance
 
 
@@ -74,6 +76,7 @@ class UtteranceQueue:
 
     # -- text in -------------------------------------------------------------------------
     def add(self, text: str, live: bool) -> None:
+        """Queue ``text``; live text with a malformed break tag: ApiError(400), nothing of it queued."""
         if live:
             self._add_live(self._breaks.feed(text))
         else:
@@ -96,18 +99,25 @@ class UtteranceQueue:
         return self._live.finish() is not None
 
     def end_round(self) -> None:
-        """The client ended a round: what it holds is spoken, then the round's end."""
-        self._add_live([self._breaks.take_rest()])  # the start of a tag that never ended was text
+        """The client ended a round: what it holds is spoken, then the round's end; then
+        ApiError(400) when its live text ended inside a break tag (which is not spoken)."""
+        try:
+            held, error = self._breaks.take_rest(), None  # held text that could begin no tag is text
+        except ApiError as exc:
+            held, error = [], exc
+        self._add_live(held)
         self._live.finish()
         rest = self._sentences.take_rest().strip()
         items: list[Utterance | EndOfRound] = [Utterance(rest)] if rest else []
         self._enqueue(items + [EndOfRound()])
+        if error is not None:
+            raise error
 
     def cancel(self) -> None:
         """A cancel: queued text is dropped; the rounds it held end (answered first, in order,
         so every round's end is answered exactly once), and so does the cancel's own round."""
         self._sentences.take_rest()
-        self._breaks.take_rest()
+        self._breaks.drop()
         self._live.finish()
         self._cancelled_rounds += self._queued_rounds + 1
         self._clear()

@@ -1,30 +1,38 @@
-"""`streamvox export` without the `onnx` extra: one line naming the extra, no traceback."""
+"""`streamvox export` where a package it needs is missing: one line naming the package and how to
+get it (onnx comes with streamvox; onnxscript, for `--exporter dynamo`, with the `onnx` extra), no
+traceback, nothing written."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
-# Runs the real CLI with the onnx package hidden, as in an environment installed without the extra.
-WITHOUT_ONNX = """
+# Runs the real CLI with a package hidden, as in an environment installed without it.
+HIDING = """
 import importlib.abc, sys
-class HideOnnx(importlib.abc.MetaPathFinder):
+HIDDEN = sys.argv.pop(1)
+class Hide(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name == "onnx" or name.startswith("onnx."):
+        if name == HIDDEN or name.startswith(HIDDEN + "."):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, HideOnnx())
+sys.meta_path.insert(0, Hide())
 from clients.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_export_without_the_onnx_extra_names_it(tmp_path):
-    result = subprocess.run([sys.executable, "-c", WITHOUT_ONNX, "export", "--preset", "tiny", "--out", str(tmp_path / "onnx")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("hidden, extra_args, line", [
+    ("onnx", [], "streamvox export: onnx is missing, a dependency of streamvox: reinstall it (pip install -e .)"),
+    ("onnxscript", ["--exporter", "dynamo"],
+     "streamvox export: --exporter dynamo needs onnxscript, the `onnx` extra: pip install -e '.[onnx]'"),
+])
+def test_export_without_a_package_it_needs_names_it(hidden, extra_args, line, tmp_path):
+    result = subprocess.run([sys.executable, "-c", HIDING, hidden, "export", "--preset", "tiny", *extra_args,
+                             "--out", str(tmp_path / "onnx")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [
-        "streamvox export: needs the `onnx` extra (onnx not installed): pip install -e '.[onnx]'"]
+    assert result.stderr.strip().splitlines() == [line]
     assert not (tmp_path / "onnx").exists()

@@ -38,7 +38,7 @@ SourceMaker = Callable[..., tuple]
 def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[TalkerSource, tuple]:
     """The talker source on the device, with the runtime's graphs the device and switches ask for."""
     device, switches, slots = setup.device, setup.switches, setup.max_slots
-    source = TalkerSource.from_bundle(bundle, max_slots=slots, **options)
+    source = TalkerSource.from_bundle(bundle, max_slots=slots, paged_attention=switches.paged_attention, **options)
     source.batched_admission = source.batched_admission and switches.batched_admission
     backend = switches.compile_backend("talker")
     if backend:  # opt-in (compile_talker); compiled by the warm-up, before ready
@@ -49,6 +49,8 @@ def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[
         from engines.runtime.graphed_prefill import GraphedPrefill
         from engines.runtime.graphed_talker import GraphedTalkerStep
 
+        if device.type == "cuda":
+            use_fused_kernels(source, switches)
         source.step_runner = GraphedTalkerStep(source.step_spec(), compile_backend=switches.compile_backend("predictor"))
         # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
         if device.type == "cuda" and not switches.prefill_graphs:
@@ -65,6 +67,27 @@ def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[
             compile_backend=switches.compile_backend("predictor"))
         return source, (source.predictor,)
     return source, ()
+
+
+def sampling_defaults(bundle: TalkerBundle) -> dict[str, float | int | bool]:
+    """The checkpoint's sampling of code 0, in the request fields' names (what /v1/models shows)."""
+    gen = bundle.generation
+    return {"greedy": not gen.do_sample, "temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p,
+            "repetition_penalty": gen.repetition_penalty}
+
+
+def use_fused_kernels(source: TalkerSource, switches) -> None:
+    """The switches' fused Triton kernels inside the step's graphs (off by default until measured on
+    a GPU): the code predictor's frame (one launch per frame, or per dependent step) in place of the
+    generic loop, the talker's decode layers (five launches a layer, set after any compiled ones)."""
+    if switches.fused_talker:
+        from engines.models.fused_talker import FusedDecodeLayers
+
+        source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
+    if switches.fused_predictor != "off":
+        from engines.models.fused_predictor import FusedCodePredictor
+
+        source.predictor = FusedCodePredictor(source.predictor, mode=switches.fused_predictor)
 
 
 def build(setup: PipelineSetup, make_source: SourceMaker = real_source) -> Adapter:
@@ -107,7 +130,7 @@ class TalkerProfile(Profile):
             preset_voices=task == "CustomVoice", languages=tuple(source.languages()),
             honoured_fields=FIELDS | ({"instructions"} if instructions else set()) | ({"clone"} if cloning else set()),
             max_slots=max_slots, max_new_tokens=bundle.generation.max_new_tokens, instructions=instructions,
-            voice_cloning=cloning, live_text=True, random_components=())
+            voice_cloning=cloning, live_text=True, random_components=(), sampling_defaults=sampling_defaults(bundle))
 
     def validate(self, request: SynthesisRequest, complete: bool) -> None:
         """Base needs a reference, VoiceDesign instructions (in a ``complete`` request); only Base

@@ -34,6 +34,8 @@ class DecodeStep:
         self.valid_ids = talker.valid_ids.to(device)  # [n_valid] compact column -> codec id
         self.eos_col = int((self.valid_ids == cfg.codec_eos_token_id).nonzero()[0, 0])
         self._true = torch.ones((), dtype=torch.bool, device=device)  # the value the penalty-set update writes
+        # the quantized talker's frame in one native call on a CPU (engines/models/quantize_native.py)
+        self.native_frame = getattr(talker, "native_frame", None) if device.type == "cpu" else None
         rows = state.h.shape[0]
         self._host = [torch.zeros(rows, dtype=torch.int64, pin_memory=device.type == "cuda") for _ in range(2)]
         self._host_flip = 0
@@ -99,6 +101,8 @@ class DecodeStep:
         code0 = self.valid_ids[st.code0[idx]]  # [B]
         frame_idx = st.ntok[idx] - 1
         sub = self._sampling(idx, sub=True, frame=frame_idx, all_greedy=all_greedy, any_top_p=any_top_p)
+        if self.native_frame is not None and not any_top_p:  # steps 1-2 in one native call (top-p: below)
+            return self._native_step(idx, code0, frame_idx, sub, all_greedy)
         rest = self.predictor.predict(st.h[idx], self.talker.codec_part(code0), sub)
         codes = torch.cat([code0[:, None], rest], dim=1)  # [B, G]
         # 2. talker step at each row's own position, over the paged cache (the clamp only ever
@@ -111,6 +115,23 @@ class DecodeStep:
         # 3. code 0 of frame k+1.
         return codes, self.sample(h, idx, all_greedy=all_greedy, any_top_p=any_top_p)
 
+    def _native_step(self, idx: torch.Tensor, code0: torch.Tensor, frame_idx: torch.Tensor, sub: FrameSampling,
+                     all_greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-2 as one call of the native frame (the same sampling keys), step 3 as above."""
+        from engines.models.layers import prepare_rope
+        from engines.models.quantize_native import predictor_gumbel
+
+        st, frame = self.state, self.native_frame
+        gumbel = None if all_greedy else predictor_gumbel(sub, frame.groups, frame.vocab)
+        pos = st.pos[idx].clamp_max(self.max_seq_len - 1)
+        cos, sin = prepare_rope(self.rope[0][pos][:, None], self.rope[1][pos][:, None])  # [B, 1, 1, hd]
+        codes, h, _ = frame(st.h[idx], code0, sub, gumbel, self._text_inputs(idx, frame_idx),
+                            (cos.flatten(1), sin.flatten(1)), self.cache, self.cache.slots(idx, pos[:, None])[:, 0],
+                            self.cache.table[idx], pos + 1)
+        st.h.index_copy_(0, idx, h)
+        st.pos.index_copy_(0, idx, pos + 1)
+        return codes, self.sample(h, idx, all_greedy=all_greedy, any_top_p=False)
+
     def spec(self, max_rows: int, scratch_row: int) -> StepSpec:
         """What a GraphedTalkerStep captures: this step and its static sizes."""
         def before_capture(rows: int) -> None:
@@ -121,14 +142,14 @@ class DecodeStep:
 
         def uncompile() -> None:
             self.predictor.layer_step = None
-            self.talker.layer_step = self.talker.decode_layer_step = None
+            self.talker.layer_step = None
 
         return StepSpec(step=self, max_rows=max_rows, scratch_row=scratch_row,
                         max_blocks_per_row=self.cache.max_blocks_per_row, device=self.device,
                         buffers_version=lambda: self.state.version, before_capture=before_capture,
                         compile_layers=lambda backend: self.predictor.compile_layers(backend=backend),
                         compiled=compiled, uncompile=uncompile,
-                        bucket_blocks=not self.talker.reads_pool_in_place(self.device))
+                        bucket_blocks=not self.cache.reads_in_place)
 
 
 __all__ = ["DecodeStep"]

@@ -113,7 +113,7 @@ class TalkerSource(UtteranceBatch):
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_blocks: int | None = None,
-                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION):
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
         super().__init__(prompt, generation, talker.cfg.num_code_groups, max_slots, max_seq_len,
                          canonical_device(device))
         self.talker = talker.eval()
@@ -122,10 +122,11 @@ class TalkerSource(UtteranceBatch):
         n_valid = talker.valid_ids.numel()  # compact code-0 columns (codebook + EOS)
         kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
-            self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots + 1, max_seq_len, self.device, dtype)
-        else:
+            self.cache = PagedKVCache(*kv_shape, kv_blocks, block_size, max_slots + 1, max_seq_len, self.device, dtype,
+                                      paged_attention)
+        else:  # paged_attention: decode attention reads the pool in place where the kernel runs
             self.cache = PagedKVCache.for_budget(*kv_shape, kv_cache_bytes(kv_cache_gb, self.device), block_size,
-                                                 max_slots + 1, max_seq_len, self.device, dtype)
+                                                 max_slots + 1, max_seq_len, self.device, dtype, paged_attention)
         if not 0.0 <= prefix_cache_fraction <= 1.0:
             raise ValueError(f"prefix_cache_fraction must be in [0, 1], got {prefix_cache_fraction}")
         # Shared prompt prefixes' K/V, inside the pool (engines/models/prefix_cache.py); 0 = off.

@@ -20,6 +20,7 @@ import abc
 import json
 import math
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +36,42 @@ JOB_ID_RE = re.compile(r"[0-9a-f]{32}")  # always used with fullmatch: "$" would
 AUDIO_READ_CHUNKS = 16  # audio chunks fetched per round trip when a download is served
 
 
+# GET /v1/jobs reads these columns: a job's summary, never its input (``params``, up to
+# --max-job-chars) or its word times. A row from before ``response_format`` had a column has its
+# params read instead (``legacy_params``; such rows age out with retention).
+SUMMARY_COLUMNS = ("id", "status", "owner", "created_at", "started_at", "finished_at", "error", "frames_done",
+                   "frames_total", "utterances_done", "utterances_total", "audio_samples", "audio_size", "attempts",
+                   "response_format", "eta_at")
+SUMMARY_SELECT = ", ".join(SUMMARY_COLUMNS) + ", CASE WHEN response_format IS NULL THEN params END AS legacy_params"
+
+
+# SQL (either dialect) for an UPDATE of ``jobs``: the progress its kept segments hold. A job shows
+# it when it goes back to the queue and when an attempt takes it, before it speaks again: the part
+# an attempt was speaking when it stopped is spoken again.
+KEPT_PROGRESS = ("frames_done = (SELECT coalesce(sum(frames), 0) FROM job_segments WHERE job_id = jobs.id), "
+                 "audio_samples = (SELECT coalesce(sum(samples), 0) FROM job_segments WHERE job_id = jobs.id), "
+                 "utterances_done = (SELECT count(*) FROM job_segments WHERE job_id = jobs.id)")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running job's progress over its whole plan (service/jobs/progress.py measures it)."""
+
+    frames_done: int  # codec frames spoken, by every attempt (kept segments and this attempt's)
+    frames_total: int  # the whole job's frames: spoken ones, and the plan's estimate of the rest
+    utterances_done: int  # segments (utterances and pauses) finished
+    utterances_total: int  # segments in its plan
+    audio_samples: int  # audio made so far (24 kHz)
+    eta_at: float | None = None  # when this attempt expects to end, at its pace so far (Unix seconds)
+
+
 @dataclass
 class Job:
     id: str
     status: str
-    params: dict
+    params: dict  # the request as stored; {} in a listing (a summary: service/jobs/store/base.py SUMMARY_COLUMNS)
     created_at: float
-    started_at: float | None = None
+    started_at: float | None = None  # when its first attempt started (kept across attempts)
     finished_at: float | None = None
     error: str | None = None
     frames_done: int = 0
@@ -54,19 +84,37 @@ class Job:
     lease_token: str | None = None  # this attempt's fence
     corrupt: str | None = None  # why the stored record cannot be used (see job_from_record); never run
     utterances_done: int = 0  # segments of its plan finished and kept (a restart resumes after them)
-    utterances_total: int = 0  # segments its text is spoken in (utterances and pauses; 0: not planned yet)
-    audio_samples: int = 0  # samples of the finished segments
+    utterances_total: int = 0  # segments its text is spoken in (utterances and pauses), planned at submit
+    audio_samples: int = 0  # samples of audio made so far
+    response_format: str = "wav"
+    eta_at: float | None = None  # when the running attempt expects to end (Unix seconds)
 
-    @property
-    def response_format(self) -> str:
-        return self.params.get("response_format", "wav")
+    def percent(self) -> float:
+        """How much of the job is done: its frames (its utterances when it plans none), 0-100;
+        100 only once it has succeeded (a part that runs past its plan's estimate is not done)."""
+        if self.status == "succeeded":
+            return 100.0
+        done, total = ((self.frames_done, self.frames_total) if self.frames_total
+                       else (self.utterances_done, self.utterances_total))
+        return round(min(99.9, 100.0 * done / total), 1) if total else 0.0
 
-    def to_json(self) -> dict:
+    def seconds_left(self, now: float) -> float | None:
+        """The running attempt's estimate of the time to its end; None when it has none yet."""
+        if self.status == "succeeded":
+            return 0.0
+        if self.status != "running" or self.eta_at is None:
+            return None
+        return round(max(0.0, self.eta_at - now), 1)
+
+    def to_json(self, now: float | None = None) -> dict:
+        now = time.time() if now is None else now
         body = {
             "id": self.id, "status": "failed" if self.corrupt else self.status,
             "progress": {"frames_done": self.frames_done, "frames_total": self.frames_total,
                          "utterances_done": self.utterances_done, "utterances_total": self.utterances_total,
-                         "audio_seconds": round(self.audio_samples / SAMPLE_RATE, 3)},
+                         "audio_seconds": round(self.audio_samples / SAMPLE_RATE, 3),
+                         "percent": self.percent(), "seconds_left": self.seconds_left(now)},
+            "attempt": self.attempts,
             "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
             "response_format": self.response_format,
         }
@@ -92,11 +140,26 @@ def _number(value: Any, kind: type, default=None):
     return kind(value)
 
 
+def _params(text: Any) -> dict:
+    params = json.loads(text)
+    if not isinstance(params, dict):
+        raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
+    return params
+
+
+def _response_format(value: Any) -> str:
+    if value not in CONTENT_TYPES:
+        raise ValueError(f"response_format {str(value)[:32]!r} is not one of {', '.join(CONTENT_TYPES)}")
+    return value
+
+
 def job_from_record(row, taken_over: bool = False) -> Job:
-    """A stored row (SQLite or PostgreSQL) -> Job. Never raises on what a row holds: a record
-    that does not parse (params not a JSON object, a response_format outside the fixed set, a
-    status or number of the wrong kind) comes back with ``corrupt`` saying why; the API shows it
-    as failed and the runner fails it instead of running it."""
+    """A stored row (SQLite or PostgreSQL) -> Job: a whole record, or a summary (the
+    SUMMARY_SELECT columns: no params). Never raises on what a row holds: a record that does not
+    parse (params not a JSON object, a response_format outside the fixed set, a status or number
+    of the wrong kind) comes back with ``corrupt`` saying why; the API shows it as failed and the
+    runner fails it instead of running it. (A summary checks the columns it has: params it does
+    not read cannot be found corrupt there.)"""
     names = set(row.keys())
 
     def field(name):
@@ -122,13 +185,15 @@ def job_from_record(row, taken_over: bool = False) -> Job:
         job.utterances_done = _number(field("utterances_done"), int, 0)
         job.utterances_total = _number(field("utterances_total"), int, 0)
         job.audio_samples = _number(field("audio_samples"), int, 0)
-        params = json.loads(field("params"))
-        if not isinstance(params, dict):
-            raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
-        if params.get("response_format", "wav") not in CONTENT_TYPES:
-            raise ValueError(f"response_format {str(params.get('response_format'))[:32]!r} is not one of "
-                             f"{', '.join(CONTENT_TYPES)}")
-        job.params = params
+        job.eta_at = _number(field("eta_at"), float)
+        if "params" in names:  # a whole record
+            job.params = _params(field("params"))
+            stored = job.params.get("response_format", "wav")
+        elif field("legacy_params") is not None:  # a summary of a row from before the column
+            stored = _params(field("legacy_params")).get("response_format", "wav")
+        else:
+            stored = field("response_format") or "wav"
+        job.response_format = _response_format(stored)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         job.corrupt = str(exc)[:200] or type(exc).__name__
     if not isinstance(job.status, str) or job.status not in STATUSES:
@@ -152,16 +217,22 @@ class Segment:
     index: int
     samples: int
     words: str | None = None  # JSON: its word times from its own start (words_json), when aligned
+    frames: int = 0  # codec frames it took (0 for a pause, and for a segment kept before they were counted)
+
+
+# A kept segment's PCM as segments were kept before they were int16 (``job_segments.encoding``;
+# the int16 ones: service/jobs/segments.py).
+SEGMENT_F32 = "f32"
 
 
 def kept_in_order(rows) -> list[Segment]:
-    """Stored segment rows (idx, samples, words; by idx) -> the run of them from the first: a
-    job resumes after the last segment before any gap."""
+    """Stored segment rows (idx, samples, words, frames; by idx) -> the run of them from the
+    first: a job resumes after the last segment before any gap."""
     kept: list[Segment] = []
     for row in rows:
         if row["idx"] != len(kept):
             break
-        kept.append(Segment(int(row["idx"]), int(row["samples"]), row["words"]))
+        kept.append(Segment(int(row["idx"]), int(row["samples"]), row["words"], int(row["frames"])))
     return kept
 
 
@@ -215,7 +286,9 @@ class JobStore(abc.ABC):
 
     # -- records ----------------------------------------------------------------------
     @abc.abstractmethod
-    async def create(self, params: dict, owner: str | None = None) -> Job: ...
+    async def create(self, params: dict, owner: str | None = None, frames_total: int = 0,
+                     utterances_total: int = 0) -> Job:
+        """A queued job; ``frames_total`` / ``utterances_total``: its plan (progress from the first poll)."""
 
     @abc.abstractmethod
     async def get(self, job_id: str) -> Job | None: ...
@@ -223,7 +296,8 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     async def list(self, status: str | None = None, limit: int = 100, owner: str | None = None,
                    any_owner: bool = True) -> list[Job]:
-        """Newest first; with ``any_owner=False`` only the jobs of ``owner``."""
+        """Summaries (SUMMARY_COLUMNS: no params, no word times), newest first; with
+        ``any_owner=False`` only the jobs of ``owner``."""
 
     @abc.abstractmethod
     async def unfinished(self, owner: str | None = None, any_owner: bool = True) -> int:
@@ -237,12 +311,12 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     async def claim(self, worker: str, limit: int, lease_seconds: float) -> list[Job]:
         """Take up to ``limit`` jobs, oldest first, that are queued or whose lease expired:
-        each becomes ``running`` under a new lease (``job.lease_token``), its old audio gone."""
+        each becomes ``running`` under a new lease (``job.lease_token``), its old audio gone; its
+        first attempt's ``started_at`` and its kept segments stay."""
 
     @abc.abstractmethod
-    async def renew(self, job_id: str, token: str, lease_seconds: float, frames_done: int,
-                    frames_total: int) -> str:
-        """Extend the lease and record progress: RENEWED, CANCELLED or LOST."""
+    async def renew(self, job_id: str, token: str, lease_seconds: float, progress: Progress | None = None) -> str:
+        """Extend the lease and record ``progress`` (when given): RENEWED, CANCELLED or LOST."""
 
     @abc.abstractmethod
     async def put_audio(self, job_id: str, token: str, offset: int, data: bytes) -> bool:
@@ -260,17 +334,20 @@ class JobStore(abc.ABC):
     async def start_plan(self, job_id: str, token: str, plan: str, total: int) -> list[Segment]:
         """The attempt holding ``token`` speaks the job as ``total`` segments of plan ``plan`` (a
         digest of them): -> the segments an earlier attempt finished of that same plan, in order
-        from the first (it resumes after them); those of another plan are dropped."""
+        from the first (it resumes after them); those of another plan are dropped. Progress
+        (frames and utterances done, audio) becomes theirs."""
 
     @abc.abstractmethod
-    async def put_segment(self, job_id: str, token: str, index: int, samples: int, pcm: bytes,
-                          words: str | None) -> bool:
-        """Keep finished segment ``index`` (float32 PCM, its word times); False when the lease is
-        no longer ours. Progress (utterances done, audio seconds) follows."""
+    async def put_segment(self, job_id: str, token: str, index: int, samples: int, frames: int, pcm: bytes,
+                          words: str | None, encoding: str, progress: Progress | None = None) -> bool:
+        """Keep finished segment ``index`` (its PCM as ``encoding`` says: service/jobs/segments.py;
+        the codec frames it took; its word times); False when the lease is no longer ours. The
+        job's progress moves with it, in the same write: ``progress``, or (None) what its kept
+        segments hold (KEPT_PROGRESS)."""
 
     @abc.abstractmethod
-    async def read_segment(self, job_id: str, index: int) -> bytes | None:
-        """A kept segment's PCM (float32, little endian); None when it is not kept."""
+    async def read_segment(self, job_id: str, index: int) -> tuple[bytes, str] | None:
+        """A kept segment's PCM and its encoding; None when it is not kept."""
 
     async def put_words(self, job_id: str, token: str, words: str) -> bool:
         """Store the word timestamps (JSON text) of the running attempt holding ``token``;
@@ -301,7 +378,12 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     async def audio_bytes(self) -> int:
-        """Bytes of job audio stored (for the disk quota)."""
+        """Bytes of job audio stored (finished and growing)."""
+
+    @abc.abstractmethod
+    async def stored_bytes(self) -> int:
+        """Bytes of everything the jobs keep (``--jobs-disk-quota-mb``): their audio, kept
+        segments and records (SQLite: the database and its WAL; PostgreSQL: the stored values)."""
 
     @abc.abstractmethod
     def read_audio(self, job: Job) -> AsyncIterator[bytes]:

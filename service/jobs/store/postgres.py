@@ -30,11 +30,14 @@ from service.jobs.store.base import (
     AUDIO_READ_CHUNKS,
     CANCELLED,
     FINISHED,
+    KEPT_PROGRESS,
     LOST,
     RENEWED,
+    SUMMARY_SELECT,
     Clock,
     Job,
     JobStore,
+    Progress,
     Segment,
     job_from_record,
     kept_in_order,
@@ -146,10 +149,13 @@ class PostgresJobStore(JobStore):
         self._notify("queued")
 
     # -- records ----------------------------------------------------------------------
-    async def create(self, params: dict, owner: str | None = None) -> Job:
+    async def create(self, params: dict, owner: str | None = None, frames_total: int = 0,
+                     utterances_total: int = 0) -> Job:
         async with self.connection() as conn, conn.transaction():
-            row = await conn.fetchrow(f"INSERT INTO jobs (id, status, params, owner, created_at) "
-                                      f"VALUES ($1, 'queued', $2, $3, {_NOW}) RETURNING *", new_job_id(), json.dumps(params), owner)
+            row = await conn.fetchrow(f"INSERT INTO jobs (id, status, params, owner, created_at, response_format, "
+                                      f"frames_total, utterances_total) VALUES ($1, 'queued', $2, $3, {_NOW}, $4, $5, $6) "
+                                      "RETURNING *", new_job_id(), json.dumps(params), owner,
+                                      params.get("response_format", "wav"), frames_total, utterances_total)
             await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
         return _job(row)
 
@@ -169,7 +175,8 @@ class PostgresJobStore(JobStore):
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         args.append(limit)
         async with self.connection() as conn:
-            rows = await conn.fetch(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ${len(args)}", *args)
+            rows = await conn.fetch(f"SELECT {SUMMARY_SELECT} FROM jobs {clause}ORDER BY created_at DESC "
+                                    f"LIMIT ${len(args)}", *args)
         return [_job(row) for row in rows]
 
     async def unfinished(self, owner=None, any_owner=True) -> int:
@@ -193,7 +200,8 @@ class PostgresJobStore(JobStore):
                 "WITH picked AS (SELECT id, status AS was FROM jobs WHERE status = 'queued' "
                 f"    OR (status = 'running' AND lease_expires < {_lease_now(4)}) "
                 "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED) "
-                f"UPDATE jobs SET status = 'running', started_at = {_NOW}, error = NULL, frames_done = 0, "
+                f"UPDATE jobs SET status = 'running', started_at = coalesce(started_at, {_NOW}), error = NULL, eta_at = NULL, "
+                f"    {KEPT_PROGRESS}, "
                 "    attempts = attempts + 1, lease_owner = $1, lease_token = md5(gen_random_uuid()::text), "
                 f"    lease_expires = {_lease_now(4)} + make_interval(secs => $3) "
                 "FROM picked WHERE jobs.id = picked.id RETURNING jobs.*, picked.was = 'running' AS taken_over",
@@ -202,12 +210,19 @@ class PostgresJobStore(JobStore):
                 await conn.execute("DELETE FROM job_audio WHERE job_id = ANY($1::text[])", [row["id"] for row in rows])
         return sorted((_job(row) for row in rows), key=lambda job: job.created_at)
 
-    async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
+    async def renew(self, job_id, token, lease_seconds, progress: Progress | None = None) -> str:
+        p = progress
         async with self.connection() as conn:
+            # a NULL progress keeps each column as it is (coalesce); eta_at only moves with a progress
             renewed = await conn.fetchval(
-                f"UPDATE jobs SET lease_expires = {_lease_now(6)} + make_interval(secs => $3), frames_done = $4, "
-                "frames_total = $5 WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true",
-                job_id, token, float(lease_seconds), frames_done, frames_total, self._lease_time())
+                f"UPDATE jobs SET lease_expires = {_lease_now(4)} + make_interval(secs => $3), "
+                "frames_done = coalesce($5, frames_done), frames_total = coalesce($6, frames_total), "
+                "utterances_done = coalesce($7, utterances_done), utterances_total = coalesce($8, utterances_total), "
+                "audio_samples = coalesce($9, audio_samples), eta_at = CASE WHEN $5::integer IS NULL THEN eta_at "
+                "ELSE $10 END WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true",
+                job_id, token, float(lease_seconds), self._lease_time(), *(
+                    (None,) * 6 if p is None else (p.frames_done, p.frames_total, p.utterances_done,
+                                                   p.utterances_total, p.audio_samples, p.eta_at)))
             if renewed:
                 return RENEWED
             status = await conn.fetchval("SELECT status FROM jobs WHERE id = $1", job_id)
@@ -229,7 +244,7 @@ class PostgresJobStore(JobStore):
         async with self.connection() as conn, conn.transaction():
             done = await conn.fetchval(
                 f"UPDATE jobs SET status = $3, finished_at = {_NOW}, error = $4, audio_size = $5, "
-                "lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
+                "lease_expires = NULL, eta_at = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
                 "RETURNING true", job_id, token, status, _text(error), audio_size)
             if done and status != "succeeded":
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
@@ -246,31 +261,40 @@ class PostgresJobStore(JobStore):
                 return []
             if key["plan_key"] != plan:
                 await conn.execute("DELETE FROM job_segments WHERE job_id = $1", job_id)
-            kept = kept_in_order(await conn.fetch("SELECT idx, samples, words FROM job_segments WHERE job_id = $1 "
-                                                  "ORDER BY idx", job_id))
+            kept = kept_in_order(await conn.fetch("SELECT idx, samples, words, frames FROM job_segments "
+                                                  "WHERE job_id = $1 ORDER BY idx", job_id))
             await conn.execute("DELETE FROM job_segments WHERE job_id = $1 AND idx >= $2", job_id, len(kept))
             await conn.execute("UPDATE jobs SET plan_key = $2, utterances_total = $3, utterances_done = $4, "
-                               "audio_samples = $5 WHERE id = $1", job_id, plan, total, len(kept),
-                               sum(s.samples for s in kept))
+                               "audio_samples = $5, frames_done = $6 WHERE id = $1", job_id, plan, total, len(kept),
+                               sum(s.samples for s in kept), sum(s.frames for s in kept))
         return kept
 
-    async def put_segment(self, job_id, token, index, samples, pcm, words) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding, progress=None) -> bool:
         async with self.connection() as conn, conn.transaction():
             held = await conn.fetchval("SELECT true FROM jobs WHERE id = $1 AND lease_token = $2 "
                                        "AND status = 'running' FOR UPDATE", job_id, token)
             if not held:
                 return False
-            await conn.execute("INSERT INTO job_segments (job_id, idx, samples, pcm, words) VALUES ($1, $2, $3, $4, $5) "
-                               "ON CONFLICT (job_id, idx) DO UPDATE SET samples = EXCLUDED.samples, pcm = EXCLUDED.pcm, "
-                               "words = EXCLUDED.words", job_id, index, samples, pcm, _text(words))
-            await conn.execute("UPDATE jobs SET utterances_done = $2, audio_samples = (SELECT coalesce(sum(samples), 0) "
-                               "FROM job_segments WHERE job_id = $1) WHERE id = $1", job_id, index + 1)
+            await conn.execute("INSERT INTO job_segments (job_id, idx, samples, frames, pcm, words, encoding) "
+                               "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id, idx) DO UPDATE SET "
+                               "samples = EXCLUDED.samples, frames = EXCLUDED.frames, pcm = EXCLUDED.pcm, "
+                               "words = EXCLUDED.words, encoding = EXCLUDED.encoding",
+                               job_id, index, samples, frames, pcm, _text(words), encoding)
+            if progress is None:
+                await conn.execute(f"UPDATE jobs SET {KEPT_PROGRESS} WHERE id = $1", job_id)
+            else:
+                p = progress
+                await conn.execute("UPDATE jobs SET frames_done = $2, frames_total = $3, utterances_done = $4, "
+                                   "utterances_total = $5, audio_samples = $6, eta_at = $7 WHERE id = $1", job_id,
+                                   p.frames_done, p.frames_total, p.utterances_done, p.utterances_total,
+                                   p.audio_samples, p.eta_at)
         return True
 
-    async def read_segment(self, job_id, index) -> bytes | None:
+    async def read_segment(self, job_id, index) -> tuple[bytes, str] | None:
         async with self.connection() as conn:
-            data = await conn.fetchval("SELECT pcm FROM job_segments WHERE job_id = $1 AND idx = $2", job_id, index)
-        return bytes(data) if data is not None else None
+            row = await conn.fetchrow("SELECT pcm, encoding FROM job_segments WHERE job_id = $1 AND idx = $2",
+                                      job_id, index)
+        return (bytes(row["pcm"]), row["encoding"]) if row is not None else None
 
     async def put_words(self, job_id, token, words) -> bool:
         async with self.connection() as conn:
@@ -284,9 +308,9 @@ class PostgresJobStore(JobStore):
     async def release(self, job_id, token) -> bool:
         async with self.connection() as conn, conn.transaction():
             released = await conn.fetchval(
-                "UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0, lease_owner = NULL, "
-                "lease_token = NULL, lease_expires = NULL WHERE id = $1 AND lease_token = $2 AND status = 'running' "
-                "RETURNING true", job_id, token)
+                "UPDATE jobs SET status = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires = NULL, "
+                f"eta_at = NULL, {KEPT_PROGRESS} "  # it keeps its first start
+                "WHERE id = $1 AND lease_token = $2 AND status = 'running' RETURNING true", job_id, token)
             if released:
                 await conn.execute("DELETE FROM job_audio WHERE job_id = $1", job_id)
                 await conn.execute("SELECT pg_notify($1, 'queued')", CHANNEL)
@@ -312,14 +336,14 @@ class PostgresJobStore(JobStore):
         async with self.connection() as conn, conn.transaction():
             added = await conn.fetchval(
                 "INSERT INTO jobs (id, status, params, owner, created_at, started_at, finished_at, error, frames_done, "
-                "frames_total, audio_size, attempts, utterances_total, utterances_done, audio_samples, words) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) "
+                "frames_total, audio_size, attempts, utterances_total, utterances_done, audio_samples, words, "
+                "response_format) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) "
                 "ON CONFLICT (id) DO NOTHING RETURNING true", job.id, status, json.dumps(job.params), job.owner, job.created_at,
                 None if status == "queued" else job.started_at, job.finished_at, _text(job.error),
                 0 if status == "queued" else job.frames_done, job.frames_total, job.audio_size, job.attempts,
                 job.utterances_total, 0 if status == "queued" else job.utterances_done,
                 0 if status == "queued" else job.audio_samples,  # a queued job's segments stay behind: it starts over
-                _text(words) if status == "succeeded" else None)
+                _text(words) if status == "succeeded" else None, job.response_format)
             if not added:
                 return False
             position = 0
@@ -343,6 +367,13 @@ class PostgresJobStore(JobStore):
     async def audio_bytes(self) -> int:
         async with self.connection() as conn:  # octet_length reads a TOASTed value's size, not the value
             return await conn.fetchval("SELECT coalesce(sum(octet_length(data)), 0) FROM job_audio")
+
+    async def stored_bytes(self) -> int:
+        async with self.connection() as conn:  # the values the jobs keep: audio, segments, inputs, word times
+            return await conn.fetchval(
+                "SELECT (SELECT coalesce(sum(octet_length(data)), 0) FROM job_audio) "
+                "+ (SELECT coalesce(sum(octet_length(pcm)), 0) FROM job_segments) "
+                "+ (SELECT coalesce(sum(octet_length(params) + coalesce(octet_length(words), 0)), 0) FROM jobs)")
 
     async def read_audio(self, job: Job) -> AsyncIterator[bytes]:
         position = 0

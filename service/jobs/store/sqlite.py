@@ -6,6 +6,11 @@ one thread only. An attempt's audio grows in ``audio/.<id>.<token>.part`` and is
 renamed to ``audio/<id>.<ext>`` when the attempt's completion is recorded, so a crash never
 leaves a half-written file under a finished job. Jobs found ``running`` at start-up were
 interrupted (crash, ``kill -9``, shutdown) and go back to ``queued``.
+
+The space a job keeps while it runs (kept segments in the database, its growing audio) is
+given back when it ends: the database is in incremental auto-vacuum mode, so the pages its
+segments freed are returned to the disk (``PRAGMA incremental_vacuum``), and the WAL is
+checkpointed and truncated (``_reclaim``); a database made before is converted once, at start-up.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -24,11 +30,14 @@ from service.db.sqlite import migrate
 from service.jobs.store.base import (
     CANCELLED,
     FINISHED,
+    KEPT_PROGRESS,
     LOST,
     RENEWED,
+    SUMMARY_SELECT,
     Clock,
     Job,
     JobStore,
+    Progress,
     Segment,
     job_from_record,
     kept_in_order,
@@ -36,7 +45,11 @@ from service.jobs.store.base import (
     new_lease_token,
 )
 
+log = logging.getLogger("streamvox.jobs")
+
 READ_BLOCK = 256 * 1024
+DB_NAME = "jobs.sqlite3"
+AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 
 class SqliteJobStore(JobStore):
     kind = "sqlite"
@@ -59,12 +72,18 @@ class SqliteJobStore(JobStore):
 
     def _open(self) -> None:
         self.audio_dir.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.data_dir / "jobs.sqlite3", isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.data_dir / DB_NAME, isolation_level=None, check_same_thread=False)
         db.row_factory = sqlite3.Row
+        db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # a new database: set before its first table
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         try:
             migrate(db)  # service/db/schema.py: the versions both stores share
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] != AUTO_VACUUM_INCREMENTAL:
+                # made before: the mode takes one VACUUM (which also returns the pages it kept free)
+                log.info("job store: %s converted to incremental auto-vacuum (one VACUUM)", DB_NAME)
+                db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except BaseException:
             db.close()
             raise
@@ -86,10 +105,21 @@ class SqliteJobStore(JobStore):
     def _execute(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, args)
 
-    async def create(self, params: dict, owner: str | None = None) -> Job:
-        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time(), owner=owner)
-        await self._call(self._execute, "INSERT INTO jobs (id, status, params, created_at, owner) VALUES (?, ?, ?, ?, ?)",
-                         (job.id, job.status, json.dumps(params), job.created_at, owner))
+    def _reclaim(self) -> None:
+        """Give the space deleted rows held back to the disk: the free pages (incremental
+        auto-vacuum; executescript steps the pragma to its end, execute would free one page) and
+        the WAL (checkpointed, then truncated to nothing)."""
+        self._db.executescript("PRAGMA incremental_vacuum; PRAGMA wal_checkpoint(TRUNCATE);")
+
+    async def create(self, params: dict, owner: str | None = None, frames_total: int = 0,
+                     utterances_total: int = 0) -> Job:
+        job = Job(id=new_job_id(), status="queued", params=params, created_at=time.time(), owner=owner,
+                  response_format=params.get("response_format", "wav"), frames_total=frames_total,
+                  utterances_total=utterances_total)
+        await self._call(self._execute, "INSERT INTO jobs (id, status, params, created_at, owner, response_format, "
+                                        "frames_total, utterances_total) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (job.id, job.status, json.dumps(params), job.created_at, owner, job.response_format,
+                          frames_total, utterances_total))
         self._notify("queued")
         return job
 
@@ -111,7 +141,8 @@ class SqliteJobStore(JobStore):
 
         def rows():
             return [self._job(row) for row in
-                    self._execute(f"SELECT * FROM jobs {clause}ORDER BY created_at DESC LIMIT ?", (*args, limit))]
+                    self._execute(f"SELECT {SUMMARY_SELECT} FROM jobs {clause}ORDER BY created_at DESC LIMIT ?",
+                                  (*args, limit))]
         return await self._call(rows)
 
     async def unfinished(self, owner=None, any_owner=True) -> int:
@@ -136,8 +167,9 @@ class SqliteJobStore(JobStore):
             for row in rows:
                 token = new_lease_token()
                 cursor = self._execute(
-                    "UPDATE jobs SET status = 'running', started_at = ?, error = NULL, frames_done = 0, "
-                    "attempts = attempts + 1, lease_owner = ?, lease_token = ?, lease_expires = ? "
+                    "UPDATE jobs SET status = 'running', started_at = coalesce(started_at, ?), error = NULL, "
+                    f"eta_at = NULL, {KEPT_PROGRESS}, attempts = attempts + 1, lease_owner = ?, lease_token = ?, "
+                    "lease_expires = ? "
                     "WHERE id = ? AND (status = 'queued' OR (status = 'running' AND lease_expires < ?))",
                     (time.time(), worker, token, now + lease_seconds, row["id"], now))
                 if cursor.rowcount == 1:
@@ -148,16 +180,27 @@ class SqliteJobStore(JobStore):
             return claimed
         return await self._call(claim)
 
-    async def renew(self, job_id, token, lease_seconds, frames_done, frames_total) -> str:
+    async def renew(self, job_id, token, lease_seconds, progress: Progress | None = None) -> str:
         def renew():
-            cursor = self._execute("UPDATE jobs SET lease_expires = ?, frames_done = ?, frames_total = ? "
-                                   "WHERE id = ? AND lease_token = ? AND status = 'running'",
-                                   (self.lease_clock() + lease_seconds, frames_done, frames_total, job_id, token))
+            expires = self.lease_clock() + lease_seconds
+            if progress is None:
+                cursor = self._execute("UPDATE jobs SET lease_expires = ? WHERE id = ? AND lease_token = ? "
+                                       "AND status = 'running'", (expires, job_id, token))
+            else:
+                cursor = self._execute(f"UPDATE jobs SET lease_expires = ?, {self._PROGRESS} "
+                                       "WHERE id = ? AND lease_token = ? AND status = 'running'",
+                                       (expires, *self._progress(progress), job_id, token))
             if cursor.rowcount == 1:
                 return RENEWED
             row = self._execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
             return CANCELLED if row is not None and row["status"] == "cancelled" else LOST
         return await self._call(renew)
+
+    _PROGRESS = "frames_done = ?, frames_total = ?, utterances_done = ?, utterances_total = ?, audio_samples = ?, eta_at = ?"
+
+    @staticmethod
+    def _progress(p: Progress) -> tuple:
+        return p.frames_done, p.frames_total, p.utterances_done, p.utterances_total, p.audio_samples, p.eta_at
 
     def _holds(self, job_id: str, token: str) -> bool:
         row = self._execute("SELECT 1 FROM jobs WHERE id = ? AND lease_token = ? AND status = 'running'",
@@ -207,11 +250,12 @@ class SqliteJobStore(JobStore):
             else:
                 self._remove_part(job_id, token)
             cursor = self._execute("UPDATE jobs SET status = ?, finished_at = ?, error = ?, audio_file = ?, "
-                                   "audio_size = ?, lease_expires = NULL "
+                                   "audio_size = ?, lease_expires = NULL, eta_at = NULL "
                                    "WHERE id = ? AND lease_token = ? AND status = 'running'",
                                    (status, time.time(), error, name, audio_size, job_id, token))
-            if cursor.rowcount == 1:  # the kept segments served their purpose
+            if cursor.rowcount == 1:  # the kept segments served their purpose: their space goes back
                 self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
+                self._reclaim()
             return cursor.rowcount == 1
         return await self._call(finish)
 
@@ -224,29 +268,34 @@ class SqliteJobStore(JobStore):
                 return []
             if row["plan_key"] != plan:
                 self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
-            kept = kept_in_order(self._execute("SELECT idx, samples, words FROM job_segments WHERE job_id = ? "
+            kept = kept_in_order(self._execute("SELECT idx, samples, words, frames FROM job_segments WHERE job_id = ? "
                                                "ORDER BY idx", (job_id,)).fetchall())
             self._execute("DELETE FROM job_segments WHERE job_id = ? AND idx >= ?", (job_id, len(kept)))
-            self._execute("UPDATE jobs SET plan_key = ?, utterances_total = ?, utterances_done = ?, audio_samples = ? "
-                          "WHERE id = ?", (plan, total, len(kept), sum(s.samples for s in kept), job_id))
+            self._execute("UPDATE jobs SET plan_key = ?, utterances_total = ?, utterances_done = ?, audio_samples = ?, "
+                          "frames_done = ? WHERE id = ?", (plan, total, len(kept), sum(s.samples for s in kept),
+                                                           sum(s.frames for s in kept), job_id))
             return kept
         return await self._call(start)
 
-    async def put_segment(self, job_id, token, index, samples, pcm, words) -> bool:
+    async def put_segment(self, job_id, token, index, samples, frames, pcm, words, encoding, progress=None) -> bool:
         def put():
             if not self._holds(job_id, token):
                 return False
-            self._execute("INSERT OR REPLACE INTO job_segments (job_id, idx, samples, pcm, words) VALUES (?, ?, ?, ?, ?)",
-                          (job_id, index, samples, pcm, words))
-            self._execute("UPDATE jobs SET utterances_done = ?, audio_samples = (SELECT coalesce(sum(samples), 0) "
-                          "FROM job_segments WHERE job_id = ?) WHERE id = ?", (index + 1, job_id, job_id))
+            self._execute("INSERT OR REPLACE INTO job_segments (job_id, idx, samples, frames, pcm, words, encoding) "
+                          "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, index, samples, frames, pcm, words, encoding))
+            if progress is None:
+                self._execute(f"UPDATE jobs SET {KEPT_PROGRESS} WHERE id = ?", (job_id,))
+            else:
+                self._execute(f"UPDATE jobs SET {self._PROGRESS} WHERE id = ?", (*self._progress(progress), job_id))
+            # into the database file at once: the WAL never holds a second copy of the segments
+            self._execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return True
         return await self._call(put)
 
-    async def read_segment(self, job_id, index) -> bytes | None:
-        row = await self._call(lambda: self._execute("SELECT pcm FROM job_segments WHERE job_id = ? AND idx = ?",
-                                                     (job_id, index)).fetchone())
-        return bytes(row["pcm"]) if row is not None else None
+    async def read_segment(self, job_id, index) -> tuple[bytes, str] | None:
+        row = await self._call(lambda: self._execute("SELECT pcm, encoding FROM job_segments WHERE job_id = ? AND "
+                                                     "idx = ?", (job_id, index)).fetchone())
+        return (bytes(row["pcm"]), row["encoding"]) if row is not None else None
 
     async def put_words(self, job_id, token, words) -> bool:
         cursor = await self._call(self._execute, "UPDATE jobs SET words = ? WHERE id = ? AND lease_token = ? "
@@ -257,11 +306,13 @@ class SqliteJobStore(JobStore):
         row = await self._call(lambda: self._execute("SELECT words FROM jobs WHERE id = ?", (job_id,)).fetchone())
         return row["words"] if row is not None else None
 
+    # A job given back to the queue keeps its first start and shows what its kept segments hold.
+    _REQUEUE = f"status = 'queued', lease_owner = NULL, lease_token = NULL, lease_expires = NULL, eta_at = NULL, {KEPT_PROGRESS}"
+
     async def release(self, job_id, token) -> bool:
         def release():
             self._remove_part(job_id, token)
-            cursor = self._execute("UPDATE jobs SET status = 'queued', started_at = NULL, frames_done = 0, "
-                                   "lease_owner = NULL, lease_token = NULL, lease_expires = NULL "
+            cursor = self._execute(f"UPDATE jobs SET {self._REQUEUE} "
                                    "WHERE id = ? AND lease_token = ? AND status = 'running'", (job_id, token))
             return cursor.rowcount == 1
         released = await self._call(release)
@@ -277,6 +328,7 @@ class SqliteJobStore(JobStore):
             if cursor.rowcount == 1:
                 self._remove_parts(job_id)
                 self._execute("DELETE FROM job_segments WHERE job_id = ?", (job_id,))
+                self._reclaim()
             return cursor.rowcount == 1
         cancelled = await self._call(cancel)
         if cancelled:
@@ -284,9 +336,7 @@ class SqliteJobStore(JobStore):
         return cancelled
 
     async def requeue_interrupted(self) -> int:
-        cursor = await self._call(self._execute, "UPDATE jobs SET status = 'queued', started_at = NULL, "
-                                  "frames_done = 0, lease_owner = NULL, lease_token = NULL, lease_expires = NULL "
-                                  "WHERE status = 'running'")
+        cursor = await self._call(self._execute, f"UPDATE jobs SET {self._REQUEUE} WHERE status = 'running'")
         await self._call(lambda: [p.unlink(missing_ok=True) for p in self.audio_dir.glob(".*.part")])
         return cursor.rowcount
 
@@ -300,12 +350,24 @@ class SqliteJobStore(JobStore):
                     (self.audio_dir / row["audio_file"]).unlink(missing_ok=True)
                 self._execute("DELETE FROM jobs WHERE id = ?", (row["id"],))
                 self._execute("DELETE FROM job_segments WHERE job_id = ?", (row["id"],))
+            if rows:
+                self._reclaim()
             return len(rows)
         return await self._call(delete)
 
+    def _audio_bytes(self) -> int:
+        return sum(entry.stat().st_size for entry in os.scandir(self.audio_dir) if entry.is_file())
+
     async def audio_bytes(self) -> int:
+        return await self._call(self._audio_bytes)
+
+    async def stored_bytes(self) -> int:
         def size():
-            return sum(entry.stat().st_size for entry in os.scandir(self.audio_dir) if entry.is_file())
+            database = 0
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    database += (self.data_dir / (DB_NAME + suffix)).stat().st_size
+            return database + self._audio_bytes()
         return await self._call(size)
 
     def audio_path(self, job: Job) -> Path | None:

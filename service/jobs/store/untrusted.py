@@ -101,13 +101,14 @@ class StoredJob(BaseModel):
         params = json.loads(self.params)
         if not isinstance(params, dict):
             raise ValueError(f"params are a JSON {type(params).__name__}, not an object")
-        StoredParams.model_validate(params)
+        checked = StoredParams.model_validate(params)
         words = json.dumps(parse_words(self.words)) if self.words is not None else None
         return ImportedJob(id=self.id, status=self.status, params=params, created_at=self.created_at,
                            started_at=self.started_at, finished_at=self.finished_at, error=self.error,
                            frames_done=self.frames_done, frames_total=self.frames_total, owner=self.owner,
                            audio_size=self.audio_size, attempts=self.attempts, utterances_total=self.utterances_total,
-                           utterances_done=self.utterances_done, audio_samples=self.audio_samples, words=words)
+                           utterances_done=self.utterances_done, audio_samples=self.audio_samples,
+                           response_format=checked.response_format, words=words)
 
 
 class StoredVoiceMeta(BaseModel):

@@ -30,9 +30,10 @@ import uuid
 from aiohttp import web
 
 from service.access.auth import bearer_key
+from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 from service.ws.handshake import serve
@@ -50,11 +51,12 @@ def output_format(value: object) -> tuple[str, int]:
         raise BadRequest("output_format: must be an object {container, encoding, sample_rate}")
     if value.get("container", "raw") != "raw":
         raise BadRequest("output_format.container: only \"raw\" is served on the WebSocket")
-    encoding, rate = value.get("encoding"), value.get("sample_rate")
+    encoding, rate = value.get("encoding"), json_whole_number(value.get("sample_rate"))
     if encoding not in ENCODINGS:
         raise BadRequest(f"output_format.encoding: choose one of {', '.join(ENCODINGS)}")
-    if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_RATE <= rate <= MAX_RATE:
-        raise BadRequest(f"output_format.sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
+    if rate is None or not MIN_RATE <= rate <= MAX_RATE:
+        raise BadRequest(f"output_format.sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}, "
+                         f"got {shown(value.get('sample_rate'))}")
     return encoding, rate
 
 
@@ -112,8 +114,7 @@ class CartesiaSocket(EncodedAudioSocket):
             encoding, rate = output_format(message.get("output_format"))
             voice = voice_id(message.get("voice"))
             if not await known_voice(self.request, voice):
-                raise BadRequest(f"voice.id {voice[:64]!r} is not a voice of this server; use one of "
-                                 f"{voice_list(self.request)} or a saved voice")
+                raise BadRequest(unknown_voice(self.request, "voice.id", voice))
             if len(self.contexts) >= self.MAX_CONTEXTS:
                 raise BadRequest(f"at most {self.MAX_CONTEXTS} contexts may be active on one connection")
             context = self.open_context(context_id)

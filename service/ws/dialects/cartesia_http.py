@@ -26,9 +26,10 @@ from aiohttp import web
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
 from service.state import REQUEST_ID
+from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.dialects.cartesia import BadRequest, CartesiaSocket, output_format, voice_id
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
 from service.ws.dialects.wire_audio import CONTENT_TYPES
 
@@ -49,11 +50,14 @@ API = ForeignApi("Cartesia", (PREFIX,), CartesiaSocket.api_key, "X-API-Key heade
 def http_format(value: object) -> tuple[str, int, int | None, bool]:
     """``output_format`` of an HTTP request: (encoding, sample rate, mp3 bit rate, WAV header)."""
     if isinstance(value, dict) and value.get("container") == "mp3":
-        rate, bit_rate = value.get("sample_rate"), value.get("bit_rate")
-        if rate not in MP3_RATES or isinstance(rate, bool):
-            raise BadRequest(f"output_format.sample_rate: mp3 takes {', '.join(map(str, MP3_RATES))}")
-        if bit_rate not in MP3_BIT_RATES or isinstance(bit_rate, bool):
-            raise BadRequest(f"output_format.bit_rate: mp3 takes {', '.join(map(str, MP3_BIT_RATES))}")
+        # JSON numbers, whole (8000.0 is 8000: an encoder takes ints only)
+        rate, bit_rate = json_whole_number(value.get("sample_rate")), json_whole_number(value.get("bit_rate"))
+        if rate not in MP3_RATES:
+            raise BadRequest(f"output_format.sample_rate: mp3 takes {', '.join(map(str, MP3_RATES))}, "
+                             f"got {shown(value.get('sample_rate'))}")
+        if bit_rate not in MP3_BIT_RATES:
+            raise BadRequest(f"output_format.bit_rate: mp3 takes {', '.join(map(str, MP3_BIT_RATES))}, "
+                             f"got {shown(value.get('bit_rate'))}")
         return "mp3", rate, bit_rate, False
     wav = isinstance(value, dict) and value.get("container") == "wav"
     encoding, rate = output_format({**value, "container": "raw"} if wav else value)
@@ -72,8 +76,7 @@ class CartesiaBytes(HttpSpeech):
             voice = body.get("voice")
             voice = voice if isinstance(voice, str) and voice else voice_id(voice)  # an id, or {"mode": "id", "id"}
             if not await known_voice(self.request, voice):
-                raise BadRequest(f"voice.id {voice[:64]!r} is not a voice of this server; use one of "
-                                 f"{voice_list(self.request)} or a saved voice")
+                raise BadRequest(unknown_voice(self.request, "voice.id", voice))
             if body.get("add_timestamps") is not None and not isinstance(body["add_timestamps"], bool):
                 raise BadRequest("add_timestamps: must be true or false")
         except BadRequest as exc:

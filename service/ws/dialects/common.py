@@ -4,27 +4,25 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engines.contract import InvalidRequest
 from service.errors import ApiError, StoreUnavailable
 from service.state import STATE_KEY
-from service.voices.clones import saved_clone
+from service.voices.clones import find_voice, voice_choices
 
 
 async def known_voice(request: web.Request, name: str) -> bool:
-    """Whether ``name`` is one of the served model's voices (or an alias) or a saved voice.
-    Raises ApiError(503) while the saved voices' database is down."""
-    state = request.app[STATE_KEY]
+    """Whether ``name`` is a voice a dialect's request can speak in (the one resolver,
+    :func:`service.voices.clones.find_voice`): one of the served model's voices or aliases, or a
+    saved voice of the caller's; not a Base checkpoint's ``default``, which needs reference audio
+    that no dialect sends. Checked before a socket upgrades. Raises ApiError(503) while the saved
+    voices' database is down."""
     try:
-        state.engine.resolve_voice(name)
-        return True
-    except InvalidRequest:
-        pass
-    try:
-        return await saved_clone(request, name) is not None
+        found = await find_voice(request, name)
     except StoreUnavailable:
         raise ApiError(503, "database_unavailable", "saved voices are unreachable now; retry, "
                                                     "or use one of the model's voices") from None
+    return found is not None and not found.needs_reference
 
 
-def voice_list(request: web.Request) -> str:
-    return ", ".join(request.app[STATE_KEY].engine.info.voices)
+def unknown_voice(request: web.Request, field: str, name: str) -> str:
+    """The message of a dialect's refusal of ``name`` (its ``field``), saying what to name instead."""
+    return f"{field} {name[:64]!r} is not a voice of this server; {voice_choices(request.app[STATE_KEY].engine)}"

@@ -24,8 +24,9 @@ import re
 from aiohttp import WSCloseCode, web
 
 from service.errors import ApiError
+from service.synthesis.numbers import decimal_number, shown, whole_number
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 from service.ws.handshake import serve
@@ -51,25 +52,34 @@ def query_speed(query) -> float | None:
     """The ``speed`` query parameter (0.7-1.5; None when absent); ApiError(400) otherwise."""
     if "speed" not in query:
         return None
-    try:
-        speed = float(query["speed"])
-    except ValueError:
-        speed = float("nan")
-    if not MIN_SPEED <= speed <= MAX_SPEED:
-        raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}")
+    speed = decimal_number(query["speed"])
+    if speed is None or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise ApiError(400, "invalid_query_parameter", f"speed: a number from {MIN_SPEED} to {MAX_SPEED}, "
+                                                       f"got {shown(query['speed'])}")
     return speed
+
+
+def query_rate(query, name: str, default: int, low: int, high: int) -> int:
+    """The whole number ``query[name]`` (``default`` when absent; a float's text such as ``24000.0``,
+    as Deepgram's SDK writes numbers, is taken) within ``low``-``high``; ApiError(400) otherwise."""
+    value = whole_number(query[name]) if name in query else default
+    if value is None or not low <= value <= high:
+        span = f"{low}" if low == high else f"from {low} to {high}"
+        raise ApiError(400, "invalid_query_parameter", f"{name}: a whole number {span}, got {shown(query.get(name))}")
+    return value
 
 
 async def deepgram_voice(request: web.Request, model: str) -> str:
     """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
-    is one), a saved voice, or ``aura-<voice>-<lang>`` of one; ApiError(400) otherwise."""
+    is one), a saved voice, or ``aura-<voice>-<lang>`` / ``aura-2-<voice>-<lang>`` of either (as
+    Deepgram names its models; on a Base checkpoint the voice is a saved one); ApiError(400)
+    otherwise."""
     if await known_voice(request, model):
         return model
     match = _AURA.match(model)
     if match and await known_voice(request, match.group(1)):
         return match.group(1)
-    raise ApiError(400, "invalid_query_parameter", f"model {model[:64]!r}: not a voice of this server; use one of "
-                                                   f"{voice_list(request)} (or aura-<voice>-en) or a saved voice")
+    raise ApiError(400, "invalid_query_parameter", unknown_voice(request, "model", model) + " (also as aura-<voice>-en)")
 
 
 class DeepgramSocket(EncodedAudioSocket):
@@ -100,10 +110,8 @@ class DeepgramSocket(EncodedAudioSocket):
         encoding = query.get("encoding", "linear16")
         if encoding not in ENCODINGS:
             raise ApiError(400, "unsupported_encoding", f"encoding: choose one of {', '.join(ENCODINGS)}")
-        rate = query.get("sample_rate", str(DEFAULT_RATES[encoding]))
-        if not rate.isdigit() or not MIN_RATE <= int(rate) <= MAX_RATE:
-            raise ApiError(400, "invalid_query_parameter", f"sample_rate: a whole number from {MIN_RATE} to {MAX_RATE}")
-        self.encoding, self.rate = ENCODINGS[encoding], int(rate)
+        rate = query_rate(query, "sample_rate", DEFAULT_RATES[encoding], MIN_RATE, MAX_RATE)
+        self.encoding, self.rate = ENCODINGS[encoding], rate
         self.speed = query_speed(query)
         self.model = query.get("model", "default")
         self.voice = await self.voice_for(self.model)

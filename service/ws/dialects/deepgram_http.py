@@ -18,7 +18,8 @@ from aiohttp import web
 
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
-from service.ws.dialects.deepgram import deepgram_key, deepgram_voice, query_speed
+from service.synthesis.numbers import shown, whole_number
+from service.ws.dialects.deepgram import deepgram_key, deepgram_voice, query_rate, query_speed
 from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
 from service.ws.dialects.wire_audio import CONTENT_TYPES, MAX_RATE, MIN_RATE
 
@@ -40,18 +41,6 @@ def bad_query(message: str) -> ApiError:
     return ApiError(400, "invalid_query_parameter", message)
 
 
-def whole_number(name: str, value: str) -> int:
-    if not value.isdigit():  # Deepgram's SDK sends floats' text for numbers: 24000.0
-        try:
-            number = float(value)
-        except ValueError:
-            raise bad_query(f"{name}: a whole number, got {value[:20]!r}") from None
-        if not number.is_integer():
-            raise bad_query(f"{name}: a whole number, got {value[:20]!r}")
-        return int(number)
-    return int(value)
-
-
 class DeepgramSpeak(HttpSpeech):
     ENDPOINT = PREFIX
 
@@ -62,18 +51,16 @@ class DeepgramSpeak(HttpSpeech):
         encoding = query.get("encoding", "mp3")
         if encoding not in ENCODINGS:
             raise ApiError(400, "unsupported_encoding", f"encoding: choose one of {', '.join(ENCODINGS)}")
-        low, high = RATES[encoding]
-        rate = whole_number("sample_rate", query["sample_rate"]) if "sample_rate" in query else DEFAULT_RATES[encoding]
-        if not low <= rate <= high:
-            raise bad_query(f"sample_rate: {encoding} takes {low}" + (f"-{high}" if high != low else ""))
+        rate = query_rate(query, "sample_rate", DEFAULT_RATES[encoding], *RATES[encoding])
         container = query.get("container", "none" if encoding == "mp3" else "wav")
         if container not in (("none",) if encoding == "mp3" else ("wav", "none")):
             raise bad_query(f"container: {encoding} takes " + ("none" if encoding == "mp3" else "wav or none"))
         bit_rate = None
         if encoding == "mp3":
-            bit_rate = whole_number("bit_rate", query["bit_rate"]) if "bit_rate" in query else 48000
+            bit_rate = whole_number(query.get("bit_rate", "48000"))
             if bit_rate not in MP3_BIT_RATES:
-                raise bad_query(f"bit_rate: mp3 takes {' or '.join(map(str, MP3_BIT_RATES))}")
+                raise bad_query(f"bit_rate: mp3 takes {' or '.join(map(str, MP3_BIT_RATES))}, "
+                                f"got {shown(query['bit_rate'])}")
         elif "bit_rate" in query:
             raise bad_query(f"bit_rate: only for mp3, not {encoding}")
         speed = query_speed(query)

@@ -38,9 +38,10 @@ from aiohttp import WSCloseCode, web
 
 from service.access.auth import bearer_key
 from service.errors import ApiError
+from service.synthesis.numbers import shown, whole_number
 from service.synthesis.timestamps import char_times
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, voice_list
+from service.ws.dialects.common import known_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.handshake import serve
 
@@ -50,7 +51,7 @@ MP3_KBPS = (32, 48, 64, 96, 128, 192)  # ElevenLabs' mp3 bit rates; MPEG-2 rates
 DEFAULT_FORMAT = "mp3_44100_128"
 MAX_INACTIVITY_S = 180
 POLICY = 1008  # ElevenLabs puts the close code it would use in its error messages
-_FORMAT = re.compile(r"^(pcm|mp3|ulaw)_(\d{4,5})(?:_(\d{2,3}))?$")
+_FORMAT = re.compile(r"(pcm|mp3|ulaw)_([0-9]{4,5})(?:_([0-9]{2,3}))?")  # ASCII digits: \d takes "٢٤٠٠٠"
 DEFAULT_CONTEXT = ""
 
 
@@ -65,7 +66,7 @@ class OutputFormat(NamedTuple):
 def parse_output_format(name: str) -> OutputFormat:
     """``pcm_24000`` -> (``pcm_s16le``, 24000), ``mp3_44100_128`` -> (``mp3``, 44100, 128000);
     ApiError(400) for a format not served."""
-    match = _FORMAT.match(name)
+    match = _FORMAT.fullmatch(name)
     if match:
         kind, rate, kbps = match.group(1), int(match.group(2)), match.group(3)
         if kind == "pcm" and rate in PCM_RATES and kbps is None:
@@ -114,13 +115,13 @@ class ElevenLabsSocket(EncodedAudioSocket):
         self.output_format = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
         timeout = self.request.query.get("inactivity_timeout")
         if timeout is not None:
-            if not timeout.isdigit() or not 1 <= int(timeout) <= MAX_INACTIVITY_S:
-                raise ApiError(400, "invalid_inactivity_timeout",
-                               f"inactivity_timeout: a whole number of seconds from 1 to {MAX_INACTIVITY_S}")
-            self.idle_timeout_s = float(timeout)
+            seconds = whole_number(timeout)
+            if seconds is None or not 1 <= seconds <= MAX_INACTIVITY_S:
+                raise ApiError(400, "invalid_inactivity_timeout", f"inactivity_timeout: a whole number of seconds "
+                                                                  f"from 1 to {MAX_INACTIVITY_S}, got {shown(timeout)}")
+            self.idle_timeout_s = float(seconds)
         if not await known_voice(self.request, self.voice):
-            raise ApiError(400, "voice_not_found", f"voice_id {self.voice[:64]!r} is not a voice of this server; "
-                                                   f"use one of {voice_list(self.request)} or a saved voice")
+            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", self.voice))
 
     # -- client messages -----------------------------------------------------------
     async def on_message(self, message: dict) -> None:

@@ -28,14 +28,14 @@ class EncodedAudioSocket(ContextSocket):
         context.extra["encoder"] = StreamEncoder(*self.wire_format(context))
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        data = context.extra["encoder"].encode(pcm)
+        data = await context.extra["encoder"].encode_async(pcm)  # mp3 / resampling off the loop
         if data:  # the resampler or the MP3 frame may hold the chunk's samples back
             await self.send_encoded(context, data)
 
     async def utterance_done(self, context: Context, cancelled: bool, failed: bool) -> None:
         encoder = context.extra.pop("encoder", None)
         if encoder is not None and not cancelled:
-            tail = encoder.finish()
+            tail = await encoder.finish_async()
             if tail:
                 await self.send_encoded(context, tail)
         if failed:

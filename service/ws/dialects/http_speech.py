@@ -43,6 +43,7 @@ from service.ws.dialects.wire_audio import wav_header
 ERROR_STATUS = {"too_much_work": 413, "overloaded": 429, "unavailable": 503, "shutting_down": 503,
                 "database_unavailable": 503, "synthesis_failed": 500}
 CONTEXT = "http"
+CLIENT_CHECK_S = 0.2  # how often a request looks for its client (a write would notice only at its next audio)
 
 
 @dataclass
@@ -96,6 +97,9 @@ class HttpSpeech(ContextSocket):
     async def write_failure(self, code: str, message: str) -> None:
         """The request failed after its first audio (raw audio cannot say so: it just ends)."""
 
+    def release(self) -> None:
+        """The request ended, however it did: free what the dialect holds for it."""
+
     # -- the context's events ------------------------------------------------------------
     async def start(self) -> None:
         """The status line and headers, then the WAV header: at the first audio."""
@@ -117,7 +121,7 @@ class HttpSpeech(ContextSocket):
             raise SessionClosed() from exc
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
-        data = self.encoder.encode(pcm)
+        data = await self.encoder.encode_async(pcm)  # mp3 / resampling off the loop
         if not self.RESPOND_AT_END:
             await self.send(self.start)
         if data:  # the resampler or the MP3 frame may hold the chunk's samples back
@@ -134,7 +138,7 @@ class HttpSpeech(ContextSocket):
     async def round_done(self, context: Context, label: object) -> None:
         if self.failure is None:
             await self.send(self.start)
-            tail = self.encoder.finish()
+            tail = await self.encoder.finish_async()
             if tail:
                 await self.send(self.write_audio, tail)
             await self.send(self.write_end)
@@ -165,10 +169,28 @@ class HttpSpeech(ContextSocket):
         await self.context_error(None, code, message)
 
     # -- the request ---------------------------------------------------------------------
+    async def watch_client(self) -> None:
+        """A client that goes away ends its request at once, its engine work cancelled: also one
+        that is sent nothing until the end (one JSON answer), or before its first audio."""
+        while not self.finished.is_set():
+            transport = self.request.transport
+            if transport is None or transport.is_closing():
+                self.outcome = "client_closed"
+                self.close_contexts()
+                return
+            await asyncio.sleep(CLIENT_CHECK_S)
+
     async def speak(self, speech: Speech) -> web.StreamResponse:
         """Speak ``speech`` as one round of one context; the response once it has all been sent."""
         self.speech = speech
         self.encoder = StreamEncoder(speech.encoding, speech.rate, speech.bit_rate)
+        watcher = asyncio.create_task(self.watch_client())
+        try:
+            return await self._speak_text(speech)
+        finally:
+            watcher.cancel()
+
+    async def _speak_text(self, speech: Speech) -> web.StreamResponse:
         context = self.open_context(CONTEXT)
         await context.configure(speech.voice, speed=speech.speed, timestamps=speech.timestamps)
         if self.failure is None:
@@ -212,6 +234,7 @@ async def serve_http(request: web.Request, dialect: type[HttpSpeech]) -> web.Str
     finally:
         state.streams.discard(speech)
         speech.close_contexts()
+        speech.release()
         speakers = [c.speaker for c in speech.contexts.values() if c.speaker is not None]
         await asyncio.gather(*speakers, return_exceptions=True)
         state.limits.close_stream(identity)

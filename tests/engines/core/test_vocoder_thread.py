@@ -39,9 +39,10 @@ def talker(vocoder_thread: bool, threads: int, **kw):
 
 
 def steady_steps(scheduler, period: float = 0.01) -> None:
-    """The scheduler sees one step every ``period`` seconds whatever the machine's load: chunk sizes
-    follow the measured step period, and the comparisons below need the same chunks both ways
-    (a busy CI machine would otherwise give the two engines different ones)."""
+    """The scheduler sees one step every ``period`` seconds whatever the machine's load, on a clock
+    that moves only with the steps: chunk sizes follow the step period and each stream's lead, and
+    the comparisons below need the same chunks both ways (a busy CI machine would otherwise give the
+    two engines different ones)."""
     observe, clock = scheduler.observe, [0.0]
 
     def at_steady_pace(frames_produced: int, now: float | None = None) -> None:
@@ -49,6 +50,8 @@ def steady_steps(scheduler, period: float = 0.01) -> None:
         observe(frames_produced, clock[0])
 
     scheduler.observe = at_steady_pace
+    scheduler.no_step = lambda: None  # (idle turns are no gap on this clock)
+    scheduler.clock = lambda: clock[0]
 
 
 def pcm_of(result) -> np.ndarray:

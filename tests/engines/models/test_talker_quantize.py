@@ -66,7 +66,7 @@ def test_int4_packing_round_trips_and_keeps_zero_exact():
     assert torch.equal(again.reshape(8, 256), dequant)
     step = torch.from_numpy(scales).reshape(8, 2).repeat_interleave(128, 1)
     assert torch.all((dequant - w).abs() <= step / 2 + 1e-6)  # rounding to the nearest of 16 levels
-    assert block_for(1024) == 128 and block_for(96) == 32 and block_for(32) == 32
+    assert block_for(1024) == 128 and block_for(96) == 32 and block_for(32) == 32 and block_for(40) is None
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -138,18 +138,22 @@ def test_fused_predictor_computes_what_the_per_layer_calls_compute(mode):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_fused_talker_layers_compute_what_the_per_layer_calls_compute(mode):
-    """Each talker layer as two ORT calls (RoPE and attention inside) against the three calls around
-    torch's RoPE and SDPA: the same packed weights, rounding-level differences, over a prompt and then
-    steps on the paged cache of the served source, and on the dense cache of the reference loop. At
+def test_ort_attention_computes_what_torch_attention_computes(mode):
+    """The talker's attention on ORT's kernel (OrtAttention, swapped in for torch's SDPA) against torch's:
+    the same swapped-in layer modules and packed weights, rounding-level differences, over a prompt and
+    then steps on the paged cache of the served source, and on the dense cache of the reference loop. At
     this tiny width (blocks of 32 inputs) one activation moved to the next int8 level moves the
     hidden state by up to ~5e-3 of its norm (measured); a RoPE sign error moves it by 0.1-1.4, so
     the bound is 3e-2."""
+    from engines.models.layers import ScaledDotProduct
+    from engines.models.quantize_nbits import OrtAttention
+
     per_layer = make_bundle(seed=4, max_new_tokens=6)
     fused = copy.deepcopy(per_layer)
     quantize_talker(per_layer.talker, per_layer.predictor, mode, fused=False)
     quantize_talker(fused.talker, fused.predictor, mode)
-    assert fused.talker.model.layers[0].nbits is not None and per_layer.talker.model.layers[0].nbits is None
+    assert isinstance(fused.talker.attention_core, OrtAttention)
+    assert isinstance(per_layer.talker.attention_core, ScaledDotProduct)
     hidden = {}
     for name, bundle in (("per_layer", per_layer), ("fused", fused)):
         source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=64)
@@ -240,3 +244,66 @@ def test_without_onnxruntime_int8_runs_torch_kernels_and_int4_is_refused(monkeyp
         with pytest.raises(ValueError, match="needs onnxruntime"):
             quantize_talker(*(lambda b: (b.talker, b.predictor))(make_bundle(seed=1)), mode)
     assert resolve_quantize("auto", torch.device("cpu"), torch.float32, talker=True) in ("int8", CPU_DEFAULT)
+
+
+def odd_width_checkpoint(directory, intermediate: int = 40):
+    """The cv_ident fixture with both MLPs ``intermediate`` wide (fresh fan-in scaled weights): the
+    down projections then take 40 input channels, which no MatMulNBits block (16 or more) divides."""
+    import json
+    import math
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.oracle import talker_fixtures as fx
+
+    shutil.copytree(fx.checkpoint_dir("cv_ident"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    for part in (config["talker_config"], config["talker_config"]["code_predictor_config"]):
+        part["intermediate_size"] = intermediate
+    (directory / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(directory / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for key, value in list(weights.items()):
+        if ".mlp." in key and key.startswith("talker."):
+            rows, cols = value.shape
+            shape = (rows, intermediate) if key.endswith("down_proj.weight") else (intermediate, cols)
+            weights[key] = (torch.randn(shape, generator=g) / math.sqrt(shape[1])).to(value.dtype)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.mark.parametrize("asked", ["auto", "int8", "int4"])
+def test_odd_widths_stay_fp32_per_matrix_and_say_so_once(asked, tmp_path, caplog):
+    """A checkpoint whose MLP width (40) no MatMulNBits block divides starts: its down projections
+    stay fp32, every other matrix is quantized, and one warning says how many and why (it used to
+    refuse to load: "40 input channels are not a multiple of 16")."""
+    from engines.build import build_engine
+
+    directory = odd_width_checkpoint(tmp_path / "odd")
+    with caplog.at_level("WARNING", logger="streamvox.quantize"):
+        engine = build_engine(device="cpu", checkpoint=str(directory), warmup=False, quantize=asked)
+    assert engine.info.quantize == (CPU_DEFAULT if asked == "auto" else asked)
+    lines = [r.getMessage() for r in caplog.records if r.name == "streamvox.quantize"]
+    layers = 2 + 2  # the fixture's talker and predictor layers: one down projection each
+    assert len(lines) == 1 and f"{layers} of the talker's and code predictor's weight matrices stay fp32" in lines[0]
+    assert "input widths (40) are not a multiple of 16" in lines[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_odd_width_layers_compute_in_fp32_and_the_source_runs(fused):
+    """The matrices left in fp32 are exactly the odd-width ones, and a quantized source over them
+    generates the reference loop's greedy codes."""
+    from engines.models.quantize import kept_fp32
+
+    bundle = make_bundle(seed=1, max_new_tokens=8, hidden=64, intermediate=40, predictor_hidden=64,
+                         predictor_intermediate=40, predictor_head_dim=16)
+    quantize_talker(bundle.talker, bundle.predictor, "int8", fused=fused)
+    assert kept_fp32(bundle.talker, bundle.predictor) == [(64, 40)] * 4
+    want = bundle.generate_codes("Hello world.", "Ryan", greedy=True)
+    source = TalkerSource.from_bundle(bundle, max_slots=1, max_seq_len=128)
+    source.admit(SynthesisRequest(id="a", text="Hello world.", voice="Ryan", temperature=0))
+    frames = []
+    while source.active_slots:
+        frames += [f.codes for f in step(source)]
+    assert torch.equal(torch.cat(frames), want)

@@ -72,6 +72,20 @@ def test_byte_tokenizer_bad_input():
         ("End.\nNext", ["End."], "\nNext"),
         ("Really?! Yes", ["Really?!"], " Yes"),
         ("", [], ""),
+        # decided by the whitespace after the terminator: spoken before more text arrives
+        ("Hello there. ", ["Hello there."], " "),
+        ("Hello there.\n", ["Hello there."], "\n"),
+        ("Done! Now? ", ["Done!", "Now?"], " "),
+        ("Pi is 3. ", ["Pi is 3."], " "),
+        ("Pi is 3.14 ", [], "Pi is 3.14 "),
+        ("I met Dr. ", [], "I met Dr. "),  # an abbreviation never ends one
+        ("Use tools, e.g. ", [], "Use tools, e.g. "),
+        ("Books etc. are here. ", ["Books etc. are here."], " "),
+        ("Plan B. ", [], "Plan B. "),  # (an initial: a missed end only makes an utterance longer)
+        ("Wait... ", [], "Wait... "),  # after an ellipsis or a closer the next word decides
+        ("Wait... and then. ", ["Wait... and then."], " "),
+        ('He said "hi." ', [], 'He said "hi." '),
+        ('"Really?" she asked. ', ['"Really?" she asked.'], " "),
     ],
 )
 def test_split_sentences_examples(buffer, sentences, rest):

@@ -141,3 +141,32 @@ def test_with_an_eos_length_every_utterance_ends_there(table_path):
     finally:
         engine.stop()
     assert sum(samples) == 10 * SAMPLES_PER_FRAME
+
+
+@pytest.mark.parametrize("graph_positions", [0, 1024])
+def test_a_graphed_prefill_is_queued_on_the_stream_an_eager_one_holds_the_host(graph_positions):
+    """Where the table measured the prefill through CUDA graphs (run 7's H100), a prefill call that
+    fits a graphed bucket is a replay queued on the stream behind the work in flight, and the host
+    is free meanwhile; an eager call (past the buckets, or a table without them) is launch bound: the
+    host is busy launching it, overlapping the stream's backlog. Either way the new row is
+    prefilled and its first frame made in the same tick."""
+    from engines.pipelines.base import StepPlan
+    from engines.virtual.device import VirtualDevice
+    from engines.virtual.talker import ADMIT_MS
+
+    now = [0.0]
+    clock = DeviceClock(now=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    table = CostTable.model_validate({**TABLE, "prefill_graph_positions": graph_positions})
+    device = VirtualDevice(table, clock)
+    source = device.talker_source(device.talker_bundle(PROMPT_SIDE), max_slots=2)
+    source.graphs.capture_all()  # as the engine does at start
+    source.admit(SynthesisRequest(id="a", text="Hello there.", voice="vivian"))
+    width = source.capacity().prefill_waiting[0]
+    prefill_ms, backlog_ms = table.prefill_ms(1, width), 50.0
+    clock.graphed(backlog_ms)  # another stream's step still running
+    frames = source.tick(StepPlan(prefill=(width,)))
+    assert [f.request_id for f in frames] == ["a"]
+    prefill_end = backlog_ms + prefill_ms if graph_positions else max(backlog_ms, ADMIT_MS + prefill_ms)
+    assert now[0] == pytest.approx(prefill_end / 1e3)  # the host read the prefill's ids when it ended
+    step_ms = table.decode_step_ms(1, source.cache.row_blocks(0))
+    assert clock.free_at == pytest.approx((prefill_end + step_ms) / 1e3)  # the first frame's step behind it

@@ -62,17 +62,22 @@ async def test_concurrent_sessions_per_key(engine, tmp_path):
 
 @pytest.mark.parametrize("jobs_db", ["sqlite", "postgresql"])
 async def test_job_disk_quota_and_retention(engine, tmp_path, request, jobs_db):
-    """The quota counts job audio where it is stored (files, or the database's chunks): a server
-    restarted with a quota below what finished jobs hold refuses new jobs until retention frees it."""
+    """The quota counts what the jobs keep where it is stored (audio files and the database, or the
+    database's chunks and records): a server restarted with a quota below what a finished job holds
+    refuses new jobs until retention frees it."""
     shared = {"jobs_db": request.getfixturevalue("pg_url")} if jobs_db == "postgresql" else {}
     live = await start_server(engine, tmp_path / "data", **shared)
     try:
         async with StreamvoxClient(live.url) as client:
             job = await client.wait_job((await client.submit_job("Fills the quota."))["id"])
             assert job["status"] == "succeeded"
+            audio = len(await client.fetch_audio(job["id"]))
+        kept = await live.state.jobs.store.stored_bytes()
     finally:
         await live.stop()
-    live = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=0.001, job_ttl_hours=0.5 / 3600, **shared)
+    quota_mb = (kept - audio // 2) / 2**20  # under what is kept, over what is kept without the audio
+    live = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=quota_mb, job_ttl_hours=0.5 / 3600,
+                              **shared)
     try:
         async with StreamvoxClient(live.url) as client:
             async with aiohttp.ClientSession() as http:

@@ -63,6 +63,22 @@ async def test_a_path_with_line_breaks_leaves_one_log_line(served):
     assert "\\n" in lines[0] and "\\r" in lines[0] and lines[0].split(" ", 2)[2].startswith("INFO streamvox.http:")
 
 
+async def test_a_request_line_aiohttp_cannot_parse_is_one_line_not_a_traceback(served):
+    """Raw UTF-8 in a request line ("²" where a number goes, as a careless client writes it) or a
+    header name with a space: aiohttp answers 400 and logged the parser's traceback at ERROR, every
+    time (five a minute past the repeat filter); now it is one INFO line each, naming the problem."""
+    heads = [b"GET /v1/speak?sample_rate=\xc2\xb2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+             b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\nConnection: close\r\n\r\n"]
+    before = len(served.log)
+    for head in heads * 3:
+        assert (await raw_request(served, head)).split(b" ", 2)[1] == b"400"  # (aiohttp's own answer, HTTP/1.0)
+    await logged_through(served, "after-malformed")
+    logged = served.log[before:]
+    assert "Traceback" not in logged and "ERROR" not in logged, logged[-2000:]
+    lines = [line for line in logged.splitlines() if "a malformed request, answered 400" in line]
+    assert len(lines) == 6 and all(" INFO aiohttp.server: " in line for line in lines), lines
+
+
 async def test_connections_past_the_cap_are_refused_cleanly_and_briefly(served):
     held = [await asyncio.open_connection(*address(served)) for _ in range(CAP)]
     before = len(served.log.encode())

@@ -1,6 +1,9 @@
 """The browser playground (GET /), driven in a real headless Chromium (Debian's package,
 through Playwright) against a real server: it loads cleanly, streams and schedules audio,
-shows time to first audio, stops, and explains a wrong API key."""
+shows time to first audio and the text being spoken (live text too), stops while buffered
+audio still plays, fills the sampling fields with the model's defaults, and tells a missing
+API key from a refused one. Screenshots go to test-artifacts/ (git-ignored), each taken in the
+state the test asserts."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ CHROMIUM = Path("/usr/bin/chromium")  # apt-get install chromium (scripts/dev-se
 ARTIFACTS = REPO / "test-artifacts"  # git-ignored: the screenshot a person can look at
 TWO_SENTENCES = "Hello from the playground. This is the second sentence."
 LONG = " ".join(f"Sentence number {i} keeps the engine busy for a while." for i in range(40))
+SIX_SENTENCES = " ".join(f"This is sentence number {i} of a short reading." for i in range(6))
 CHROMIUM_ARGS = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
                  "--use-fake-device-for-media-stream"]
 
@@ -65,6 +69,9 @@ async def test_speak_streams_plays_and_stops(server, browser):
     await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
     played = await page.evaluate("window.playground")
     assert played["receivedSamples"] == played["scheduledSamples"] > 4800  # every sample received went to the worklet
+    # "Done." once everything was played, not when the last audio arrived; Stop is over then
+    assert played["playedSamples"] == played["scheduledSamples"] and not played["playing"]
+    assert not await page.is_enabled("#stop")
     ttfa = await page.text_content("#ttfa")
     assert re.fullmatch(r"\d+", ttfa) and 0 < int(ttfa) < 120_000, ttfa
     assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))  # wall s per audio s
@@ -74,7 +81,6 @@ async def test_speak_streams_plays_and_stops(server, browser):
     assert await page.evaluate("""() => { const r = window.playground.rtf;
         return document.querySelector('#rtf').value === r.toFixed(2) && document.querySelector('#speedup').value
           === (r <= 1 ? (1 / r).toFixed(1) + '× faster' : r.toFixed(1) + '× slower') + ' than real time'; }""")
-    await page.wait_for_function("window.playground.playedSamples > 0", timeout=30_000)  # the worklet played audio
     assert await page.is_enabled("#download")
     async with page.expect_download() as download_info:
         await page.click("#download")
@@ -103,15 +109,79 @@ async def test_speak_streams_plays_and_stops(server, browser):
     assert problems == []
 
 
-async def test_wrong_api_key_shows_a_clear_message(engine, tmp_path, browser):
+async def hold_playback(page) -> None:
+    """Audio that is generated faster than it plays, made certain: the page's audio clock stands
+    still (its AudioContext suspended, and kept so when the page resumes it at Speak) while
+    generation goes on, so whatever arrives stays buffered until the test lets it play."""
+    await page.evaluate("""async () => { const ctx = window.playground.ctx;
+        ctx.resume = async () => {}; await ctx.suspend(); }""")
+
+
+async def release_playback(page) -> None:
+    await page.evaluate("async () => { const ctx = window.playground.ctx; delete ctx.resume; await ctx.resume(); }")
+
+
+async def test_stop_works_until_the_buffered_audio_has_played(server, browser):
+    """Generation ends while seconds of audio are still to play: Stop (and Escape) stays
+    usable, the status says audio is still playing, and the text being spoken is shown."""
+    page, problems = await open_page(browser, server.url + "/")
+    await page.wait_for_function("window.playground.model !== null")
+    await page.fill("#text", "Hello.")  # the first Speak makes the page's AudioContext
+    await page.click("#speak")
+    await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
+    await hold_playback(page)
+
+    await page.fill("#text", SIX_SENTENCES)
+    await page.click("#speak")
+    await page.wait_for_function("document.querySelector('#status').textContent.startsWith('All audio received')",
+                                 timeout=120_000)
+    state = await page.evaluate("window.playground")
+    assert not state["speaking"] and state["playing"] and state["scheduledSamples"] > state["playedSamples"]
+    assert await page.is_enabled("#stop") and await page.is_enabled("#speak") and await page.is_enabled("#download")
+    assert "Stop or Escape ends it" in await page.text_content("#status")
+    assert await visible(page, "#spoken")
+    first = await page.text_content("#spoken-text")
+    assert first == "This is sentence number 0 of a short reading."  # what plays now: the first sentence
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "playground-stop-during-playback.png"), full_page=True)
+
+    await page.keyboard.press("Escape")
+    assert await page.text_content("#status") == "Stopped."
+    assert not await page.is_enabled("#stop") and not await visible(page, "#spoken")
+    await release_playback(page)
+    await page.wait_for_function("window.playground.ctx.state === 'running'")
+    await page.wait_for_timeout(200)  # the worklet runs again: nothing of the stopped round is left to play
+    assert await page.evaluate("window.playground.playedSamples") == 0
+    assert await page.text_content("#status") == "Stopped."
+
+    # the same with the Stop button, and after it a new round plays to its end
+    await hold_playback(page)
+    await page.click("#speak")
+    await page.wait_for_function("document.querySelector('#status').textContent.startsWith('All audio received')",
+                                 timeout=120_000)
+    await page.click("#stop")
+    assert await page.text_content("#status") == "Stopped." and not await page.is_enabled("#stop")
+    await release_playback(page)
+    await page.fill("#text", "Hello.")
+    await page.click("#speak")
+    await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
+    assert problems == []
+
+
+async def test_a_missing_key_and_a_wrong_key_are_told_apart(engine, tmp_path, browser):
     live = await start_server(engine, tmp_path / "data", api_keys=("right-key",))
     try:
         page, _ = await open_page(browser, live.url + "/playground")
-        await page.fill("#apikey", "wrong-key")
         await page.fill("#text", TWO_SENTENCES)
+        await page.click("#speak")  # no key typed: the server needs one, none was refused
+        await page.wait_for_function("!document.querySelector('#speak').disabled && window.playground.errors.length")
+        messages = await page.evaluate("window.playground.errors")
+        assert messages and all("needs an API key" in m and "refused" not in m for m in messages), messages
+
+        await page.fill("#apikey", "wrong-key")
         await page.click("#speak")
-        await page.wait_for_function("document.querySelector('#status').classList.contains('error')")
-        assert "API key was refused" in await page.text_content("#status")
+        await page.wait_for_function("document.querySelector('#status').textContent.includes('refused')")
+        assert "The API key was refused" in await page.text_content("#status")
         assert await page.evaluate("window.playground.receivedSamples") == 0
 
         await page.fill("#apikey", "right-key")
@@ -152,6 +222,7 @@ async def test_voice_upload_on_a_cloning_checkpoint_then_speak_with_it(tmp_path,
         assert await page.input_value("#voice") == "erin"
         text = "Hello in a saved voice."
         await page.fill("#text", text)
+        await page.check("#greedy")  # the checkpoint samples by default (its generation_config.json)
         await page.click("#speak")
         await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
         heard = np.array(await page.evaluate("window.playground.chunks.flatMap((c) => Array.from(c))"),
@@ -192,13 +263,22 @@ async def test_random_weights_banner_and_the_dit_fields_on_the_default_model(ser
     assert problems == []
 
 
-async def test_a_talker_checkpoint_shows_its_own_speakers_and_sampling(tmp_path, browser):
+# a generation_config.json unlike the official defaults (0.9 / 50 / 1.0), so the page can only show it by reading it
+GENERATION_CONFIG = {"do_sample": True, "top_k": 7, "top_p": 0.8, "temperature": 0.55, "repetition_penalty": 1.3,
+                     "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
+                     "subtalker_temperature": 0.9, "max_new_tokens": 28}
+
+
+async def test_a_talker_checkpoint_shows_its_speakers_its_sampling_and_the_live_text_spoken(tmp_path, browser):
     import json
+    import shutil
 
     from engines.build import build_engine
     from tests.oracle import talker_fixtures as fx
 
-    checkpoint = fx.checkpoint_dir("cv_proj")  # missing fixtures: fail under CI=true, else skip
+    checkpoint = tmp_path / "cv_proj"  # missing fixtures: fail under CI=true, else skip
+    shutil.copytree(fx.checkpoint_dir("cv_proj"), checkpoint)
+    (checkpoint / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
     speakers = json.loads((checkpoint / "config.json").read_text())["talker_config"]["spk_id"]
     engine = build_engine(preset="tiny", device="cpu", checkpoint=str(checkpoint), talker_slots=2)
     engine.start()
@@ -217,13 +297,32 @@ async def test_a_talker_checkpoint_shows_its_own_speakers_and_sampling(tmp_path,
         assert not await visible(page, "#steps") and not await visible(page, "#clone")
         instructions = engine.capabilities.instructions
         assert await visible(page, "#instructions") == instructions
+        # the sampling fields hold the checkpoint's generation_config.json, as /v1/models serves it
+        model = await page.evaluate("window.playground.model")
+        assert model["sampling_defaults"] == {"greedy": False, "temperature": 0.55, "top_k": 7, "top_p": 0.8,
+                                              "repetition_penalty": 1.3}
+        assert not await page.is_checked("#greedy")
+        assert [await page.input_value(f"#{name}") for name in ("temperature", "top_k", "top_p")] == ["0.55", "7", "0.8"]
 
+        text = "Hello from a checkpoint speaker."
         await page.select_option("#voice", sorted(speakers)[-1])
-        await page.fill("#text", "Hello from a checkpoint speaker.")
+        await page.fill("#text", text)
         await page.click("#speak")
         await page.wait_for_function("document.querySelector('#status').textContent === 'Done.'", timeout=120_000)
         assert await page.evaluate("window.playground.receivedSamples") > 0
         assert re.fullmatch(r"\d+\.\d\d", await page.text_content("#rtf"))
+        assert await page.evaluate("window.playground.utterances[0].live")  # live text: audio.start had no text
+
+        # the text being spoken is shown in live mode too (its audio.start carries none)
+        await hold_playback(page)
+        await page.click("#speak")
+        await page.wait_for_function("document.querySelector('#status').textContent.startsWith('All audio received')",
+                                     timeout=120_000)
+        assert await visible(page, "#spoken") and await page.text_content("#spoken-text") == text
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "playground-live-text-spoken.png"), full_page=True)
+        await page.keyboard.press("Escape")
+        assert await page.text_content("#status") == "Stopped." and not await visible(page, "#spoken")
         assert problems == []
     finally:
         await live.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import aiohttp
 import pytest
@@ -100,6 +101,75 @@ async def test_bad_bodies_get_4xx_json(live):
             assert r.status == 200
         assert await metric_value(url(live, ""), "streamvox_requests_total",
                                   '{endpoint="/v1/audio/speech",outcome="internal_error"}') == 0
+
+
+# Every route that reads a body, with a body of its kind and its error shape's keys
+BODY_ROUTES = [
+    (SPEECH, {"input": "Hi."}, {"error"}),
+    ("/v1/jobs", {"input": "Hi."}, {"error"}),
+    ("/v1/speak", {"text": "Hi."}, {"err_code", "err_msg", "request_id"}),
+    ("/tts/bytes", {"transcript": "Hi.", "voice": "default"}, {"error", "title", "message", "error_code",
+                                                                "status_code", "request_id"}),
+    ("/tts/sse", {"transcript": "Hi.", "voice": "default"}, {"error", "title", "message", "error_code",
+                                                              "status_code", "request_id"}),
+    ("/v1/text-to-speech/default", {"text": "Hi."}, {"detail"}),
+    ("/v1/text-to-speech/default/stream", {"text": "Hi."}, {"detail"}),
+    ("/v1/text-to-speech/default/with-timestamps", {"text": "Hi."}, {"detail"}),
+    ("/v1/text-to-speech/default/stream/with-timestamps", {"text": "Hi."}, {"detail"}),
+]
+
+
+async def test_a_body_that_is_not_its_content_encoding_is_400_on_every_route(live, caplog):
+    """``Content-Encoding: gzip`` / ``deflate`` on bytes that are not: 400 ``invalid_body`` in the
+    route's shape (the JSON routes, the vendors' and the multipart voice upload), never a 500, and
+    no traceback in the log (aiohttp read the rest of such a body after the answer and logged its
+    decoder's error as unhandled); a body that really is gzip is read as before."""
+    import gzip
+    import zlib
+
+    bogus = [b'{"input": "Hi."}', b"\x1f\x8b\x08\x00garbage after a gzip magic", b"x\x9c garbage after a zlib header"]
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        for path, body, shape in BODY_ROUTES:
+            for encoding in ("gzip", "deflate"):
+                for data in bogus:
+                    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+                    async with http.post(url(live, path), data=data, headers=headers) as r:
+                        payload = await r.json(content_type=None)
+                        assert r.status == 400 and set(payload) == shape, (path, encoding, r.status, payload)
+                        assert "invalid_body" in json.dumps(payload).lower() and encoding in json.dumps(payload), payload
+        for encoding in ("gzip", "deflate"):
+            form = aiohttp.FormData()
+            form.add_field("name", "someone")
+            form.add_field("audio_sample", b"RIFF....WAVE", filename="ref.wav", content_type="audio/wav")
+            writer = form()
+            raw = b"".join([chunk async for chunk in _multipart_bytes(writer)])
+            async with http.post(url(live, "/v1/audio/voices"), data=raw,
+                                 headers={"Content-Type": writer.content_type, "Content-Encoding": encoding}) as r:
+                payload = await r.json()
+                assert (r.status, payload["error"]["code"]) == (400, "invalid_body"), payload
+        for encoding, pack in (("gzip", gzip.compress), ("deflate", zlib.compress)):  # the real thing still works
+            async with http.post(url(live, SPEECH), data=pack(b'{"input": "Hi.", "response_format": "wav"}'),
+                                 headers={"Content-Type": "application/json", "Content-Encoding": encoding}) as r:
+                assert r.status == 200 and (await r.read())[:4] == b"RIFF"
+    for path in [SPEECH, "/v1/jobs", "/v1/audio/voices"] + [p for p, _, _ in BODY_ROUTES[2:]]:
+        assert await metric_value(url(live, ""), "streamvox_requests_total",
+                                  f'{{endpoint="{path}",outcome="internal_error"}}') == 0, path
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], \
+        [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def _multipart_bytes(writer):
+    class Sink:
+        def __init__(self):
+            self.parts = []
+
+        async def write(self, data):
+            self.parts.append(bytes(data))
+
+    sink = Sink()
+    await writer.write(sink)
+    for part in sink.parts:
+        yield part
 
 
 async def raw_request(live, data: bytes, timeout_s: float = 5.0) -> bytes:

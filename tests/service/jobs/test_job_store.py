@@ -16,7 +16,7 @@ import pytest
 
 from conftest import wait_until
 from service.errors import StoreUnavailable
-from service.jobs.store.base import CANCELLED, LOST, RENEWED
+from service.jobs.store.base import CANCELLED, LOST, RENEWED, Progress
 from service.db.schema import SCHEMA_VERSION
 from service.jobs.store.postgres import PostgresJobStore
 from service.jobs.store.sqlite import SqliteJobStore
@@ -97,7 +97,7 @@ async def test_audio_is_stored_in_chunks_and_completion_is_fenced(store):
     assert await store.put_audio(job.id, token, 0, b"HEAD" + b"a" * 6)
     assert await store.put_audio(job.id, token, 10, b"b" * 10)
     assert await store.put_audio(job.id, token, 0, b"head" + b"a" * 6)  # a rewrite of the first chunk
-    assert await store.renew(job.id, token, LEASE, 5, 10) == RENEWED
+    assert await store.renew(job.id, token, LEASE, Progress(5, 10, 0, 1, 0)) == RENEWED
     assert not await store.finish(job.id, "not-the-token", "succeeded", audio_size=20)
     assert await store.finish(job.id, token, "succeeded", audio_size=20)
     assert not await store.finish(job.id, token, "succeeded", audio_size=20)  # once
@@ -121,7 +121,7 @@ async def test_an_expired_lease_is_taken_over_and_the_old_attempt_is_fenced_out(
     assert (new.id, new.attempts, new.lease_owner) == (job.id, 2, "b") and new.lease_token != old.lease_token
     assert new.taken_over and not old.taken_over
     # the first attempt wakes up: every write it tries is refused
-    assert await store.renew(job.id, old.lease_token, LEASE, 1, 1) == LOST
+    assert await store.renew(job.id, old.lease_token, LEASE) == LOST
     assert not await store.put_audio(job.id, old.lease_token, 0, b"zz")
     assert not await store.finish(job.id, old.lease_token, "succeeded", audio_size=2)
     assert not await store.release(job.id, old.lease_token)
@@ -135,13 +135,13 @@ async def test_a_renewal_extends_the_lease_from_the_renewal(store):
     job = await store.create({"input": "x"})
     [held] = await store.claim("a", 1, LEASE)
     store.clock.advance(LEASE - 1)
-    assert await store.renew(job.id, held.lease_token, LEASE, 1, 2) == RENEWED
+    assert await store.renew(job.id, held.lease_token, LEASE, Progress(1, 2, 0, 1, 0)) == RENEWED
     store.clock.advance(LEASE - 1)  # past the first expiry, inside the renewed one
     assert await store.claim("b", 1, LEASE) == []
     store.clock.advance(2)
     [taken] = await store.claim("b", 1, LEASE)
     assert taken.taken_over and (taken.frames_done, taken.frames_total) == (0, 2)
-    assert await store.renew(job.id, held.lease_token, LEASE, 1, 2) == LOST
+    assert await store.renew(job.id, held.lease_token, LEASE) == LOST
 
 
 async def test_cancel_reaches_the_runner_and_the_renewal(store):
@@ -154,7 +154,7 @@ async def test_cancel_reaches_the_runner_and_the_renewal(store):
     assert await store.cancel(running.id)
     assert not await store.cancel(running.id)  # already ended
     await wait_until(lambda: ("cancelled", running.id) in store.events)
-    assert await store.renew(running.id, claimed.lease_token, LEASE, 1, 2) == CANCELLED
+    assert await store.renew(running.id, claimed.lease_token, LEASE) == CANCELLED
     assert not await store.put_audio(running.id, claimed.lease_token, 0, b"x")
     assert not await store.finish(running.id, claimed.lease_token, "succeeded", audio_size=1)
     assert (await store.get(running.id)).status == "cancelled"
@@ -184,6 +184,81 @@ async def test_failures_and_retention(store):
     assert await store.delete_finished_before(time.time() + 1) == 2
     assert await store.get(kept.id) is None and await store.get(bad.id) is None
     assert await store.audio_bytes() == 0
+
+
+async def test_a_listing_reads_summaries_not_the_inputs(store):
+    """GET /v1/jobs over many long jobs: the store's list reads a summary of each (no params, no
+    word times), so what it allocates does not grow with the inputs. (Before, every listed job's
+    whole input was read and parsed: 150 jobs of 198k characters took 126-162 MB per call.)"""
+    import tracemalloc
+
+    text = "Long job input. " * 12_500  # 200,000 characters each
+    made = [await store.create({"input": text + str(i), "response_format": "flac" if i == 3 else "wav"},
+                               frames_total=2000 + i, utterances_total=40) for i in range(24)]
+    tracemalloc.start()
+    try:
+        listed = await store.list(limit=100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(text) * 2, peak  # the inputs are 4.8 MB; one would be 200 KB
+    assert [job.id for job in listed] == [job.id for job in reversed(made)]
+    assert all(job.params == {} for job in listed)  # a summary holds no input
+    for job in listed:  # and says what a whole record says
+        whole = await store.get(job.id)
+        assert job.to_json(now=1.0) == whole.to_json(now=1.0)
+    assert [job.response_format for job in listed if job.response_format != "wav"] == ["flac"]
+
+
+async def test_progress_is_planned_at_submit_and_kept_across_attempts(store):
+    """Frames and utterances planned when the job is made; the first start kept when an attempt
+    gives the job back and another resumes it, which starts from what its kept segments hold."""
+    job = await store.create({"input": "x"}, frames_total=300, utterances_total=3)
+    progress = (await store.get(job.id)).to_json()["progress"]
+    assert (progress["frames_total"], progress["utterances_total"], progress["percent"]) == (300, 3, 0.0)
+    [first] = await store.claim("a", 1, LEASE)
+    assert first.attempts == 1 and first.started_at is not None
+    assert await store.start_plan(job.id, first.lease_token, "plan", 3) == []
+    assert await store.put_segment(job.id, first.lease_token, 0, 48_000, 25, b"\0\0" * 48_000, None, "s16")
+    assert await store.renew(job.id, first.lease_token, LEASE, Progress(40, 90, 1, 3, 60_000, eta_at=time.time() + 9))
+    running = await store.get(job.id)
+    assert (running.frames_done, running.frames_total, running.utterances_done, running.audio_samples) == \
+        (40, 90, 1, 60_000)
+    assert 0 < running.to_json()["progress"]["seconds_left"] <= 9 and running.to_json()["progress"]["percent"] == 44.4
+    assert [j.frames_done for j in await store.list()] == [40]
+    assert await store.release(job.id, first.lease_token)  # a restart: the part being spoken is lost
+    queued = await store.get(job.id)
+    assert (queued.status, queued.started_at, queued.attempts) == ("queued", first.started_at, 1)
+    assert (queued.frames_done, queued.utterances_done, queued.audio_samples) == (25, 1, 48_000)
+    assert queued.to_json()["progress"]["seconds_left"] is None
+    store.clock.advance(5)
+    [second] = await store.claim("b", 1, LEASE)
+    assert (second.attempts, second.started_at, second.frames_done) == (2, first.started_at, 25)
+    [kept] = await store.start_plan(job.id, second.lease_token, "plan", 3)
+    assert (kept.index, kept.samples, kept.frames) == (0, 48_000, 25)
+    assert await store.read_segment(job.id, 0) == (b"\0\0" * 48_000, "s16")
+    assert (await store.get(job.id)).to_json()["attempt"] == 2
+
+
+async def test_what_a_job_keeps_is_counted_and_given_back_when_it_ends(store, tmp_path):
+    """``stored_bytes`` (the quota's measure) counts a running job's kept segments; when the job
+    fails they are dropped and their space goes back: SQLite's file and WAL shrink to what they
+    were (incremental vacuum, WAL truncated), PostgreSQL stores none of them."""
+    idle = await store.stored_bytes()
+    job = await store.create({"input": "x"})
+    [claimed] = await store.claim("a", 1, LEASE)
+    await store.start_plan(job.id, claimed.lease_token, "plan", 8)
+    segment = 24_000 * 10 * 2  # 10 s of int16
+    for index in range(6):
+        assert await store.put_segment(job.id, claimed.lease_token, index, segment // 2, 125,
+                                       bytes([index]) * segment, None, "s16")
+    assert await store.put_audio(job.id, claimed.lease_token, 0, b"a" * 100_000)
+    assert await store.stored_bytes() >= idle + 6 * segment + 100_000
+    assert await store.finish(job.id, claimed.lease_token, "failed", error="storage_full: test")
+    assert await store.stored_bytes() <= idle + 64 * 1024
+    if store.kind == "sqlite":
+        on_disk = sum(path.stat().st_size for path in (tmp_path / "data").rglob("*") if path.is_file())
+        assert on_disk <= idle + 64 * 1024, on_disk
 
 
 # -- PostgreSQL only --------------------------------------------------------------------

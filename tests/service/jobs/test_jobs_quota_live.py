@@ -59,3 +59,33 @@ async def test_the_quota_holds_while_long_jobs_write(engine, store_settings, tmp
             assert after["status"] == "succeeded"  # the runner goes on within what is left
     finally:
         await server.stop()
+
+
+async def test_kept_segments_count_against_the_quota(engine, store_settings, tmp_path):
+    """A job keeps its audio and, while it runs, its finished segments (to resume after them):
+    both count. A job whose audio alone fits the quota but whose audio and segment together do
+    not fails with ``storage_full`` (before, segments were not counted: float32, twice the audio,
+    beside it); what it kept is given back, and the next job runs."""
+    probe = await start_server(engine, tmp_path / "probe")
+    try:
+        async with StreamvoxClient(probe.url) as client:
+            alone = await client.wait_job((await client.submit_job(LONG, seed=7))["id"])
+            audio = len(await client.fetch_audio(alone["id"]))
+    finally:
+        await probe.stop()
+    quota_mb = 1.5 * audio / 2**20  # the audio fits; the audio and its segment (as much again) do not
+    server = await start_server(engine, tmp_path / "data", jobs_disk_quota_mb=quota_mb, **store_settings)
+    store = server.state.jobs.store
+    try:
+        async with StreamvoxClient(server.url) as client:
+            job = await client.wait_job((await client.submit_job(LONG, seed=7))["id"])
+            assert job["status"] == "failed" and job["error"].startswith("storage_full"), job
+            assert "--jobs-disk-quota-mb" in job["error"]
+            assert await store.stored_bytes() <= 1.5 * audio
+            if store.kind == "sqlite":
+                on_disk = sum(p.stat().st_size for p in (tmp_path / "data").rglob("*") if p.is_file())
+                assert on_disk <= 1.5 * audio, on_disk
+            after = await client.wait_job((await client.submit_job("A short one.", seed=1))["id"])
+            assert after["status"] == "succeeded", after
+    finally:
+        await server.stop()

@@ -60,6 +60,14 @@ def _versions(path) -> list[int]:
         db.close()
 
 
+def _auto_vacuum(path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA auto_vacuum").fetchone()[0]
+    finally:
+        db.close()
+
+
 async def _open_and_close(store) -> None:
     await store.open()
     await store.close()
@@ -84,16 +92,19 @@ async def test_an_unversioned_sqlite_database_upgrades_with_its_rows(release, tm
         job = await store.get(OLD_ID)
         assert (job.status, job.params["input"], job.response_format, job.error) == ("failed", "kept", "flac", "x")
         assert job.corrupt is None
+        [listed] = await store.list()  # a summary: a row from before the format's column reads it from params
+        assert listed.to_json() == job.to_json() and listed.response_format == "flac"
         new = await store.create({"input": "new"}, owner="k")  # every column the code writes exists
         [claimed] = await store.claim("r", 1, 30.0)
         assert claimed.id == new.id
         assert await store.put_words(new.id, claimed.lease_token, "[]")
         assert await store.start_plan(new.id, claimed.lease_token, "plan", 2) == []
-        assert await store.put_segment(new.id, claimed.lease_token, 0, 4, b"\0" * 16, None)
+        assert await store.put_segment(new.id, claimed.lease_token, 0, 4, 1, b"\0" * 8, None, "s16")
     finally:
         await store.close()
     assert _sqlite_shape(data / "jobs.sqlite3") == _sqlite_shape(fresh / "jobs.sqlite3")
     assert _versions(data / "jobs.sqlite3") == [step.version for step in MIGRATIONS]
+    assert _auto_vacuum(data / "jobs.sqlite3") == _auto_vacuum(fresh / "jobs.sqlite3") == 2  # INCREMENTAL
 
     await _open_and_close(SqliteJobStore(data))  # a second start: nothing to do
     assert _versions(data / "jobs.sqlite3") == [step.version for step in MIGRATIONS]
@@ -168,6 +179,7 @@ async def test_a_postgresql_database_at_v1_upgrades_with_its_rows(postgres):
         try:
             job = await store.get(OLD_ID)
             assert (job.status, job.params, job.utterances_total) == ("succeeded", {"input": "kept"}, 0)
+            assert [listed.to_json(now=0) for listed in await store.list()] == [job.to_json(now=0)]
             assert b"".join([block async for block in store.read_audio(job)]) == b"abc"
         finally:
             await store.close()
@@ -183,3 +195,4 @@ async def test_a_postgresql_database_at_v1_upgrades_with_its_rows(postgres):
                 await fresh_conn.close()
         finally:
             await conn.close()
+

@@ -297,23 +297,24 @@ async def test_a_job_id_with_a_trailing_newline_is_refused(server):
 # -- item 7 (jobs): cost-based admission ------------------------------------------------------
 
 async def test_a_job_over_the_work_limit_is_refused_before_any_engine_time(server):
-    """4,096 emoji pass the character limit but plan ~4x the frames of 4,096 letters;
-    speed 0.25 with steps 64 multiplies the work 32 times again."""
-    heavy = [{"input": "\U0001F600" * 4096},
-             {"input": "A sentence of moderate length. " * 40, "speed": 0.25, "steps": 64}]
+    """A job's own limits (the whole job's): 200,000 emoji pass the character limit but plan
+    ~4x the frames of as many letters, and speed 0.25 multiplies them by 4 again; steps 64
+    multiply the DiT's work by 8 over the default."""
+    heavy = [({"input": "\U0001F600" * 200_000, "speed": 0.25}, "--max-job-audio-frames"),
+             ({"input": "A sentence of moderate length. " * 6000, "speed": 0.25, "steps": 64}, "--max-job-frame-steps")]
     async with aiohttp.ClientSession() as http:
-        for body in heavy:
+        for body, flag in heavy:
             async with http.post(server.url + "/v1/jobs", json=body) as response:
                 assert response.status == 413, body.keys()
                 error = (await response.json())["error"]
-                assert error["code"] == "too_much_work" and "60000" in error["message"]
+                assert error["code"] == "too_much_work" and flag in error["message"], error
         async with http.get(server.url + "/v1/jobs") as response:
             assert (await response.json())["data"] == []
     assert server.state.engine.stats().active_requests == 0
 
 
 async def test_the_work_limit_is_configurable_and_counts_speed_and_steps(engine, tmp_path):
-    live = await start_server(engine, tmp_path / "data", max_work_frame_steps=1000)
+    live = await start_server(engine, tmp_path / "data", max_job_frame_steps=1000)
     text = "x" * 100  # 90 planned frames
     try:
         async with aiohttp.ClientSession() as http:

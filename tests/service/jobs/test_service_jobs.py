@@ -111,3 +111,37 @@ async def test_jobs_persist_and_interrupted_ones_are_requeued(engine, tmp_path):
             assert_audio(await client.fetch_audio(interrupted["id"]), redone["progress"]["frames_total"])
     finally:
         await second.stop()
+
+
+async def test_a_dit_jobs_progress_moves_inside_its_one_utterance(server):
+    """The DiT speaks a job as one utterance: its progress still moves while it runs (frames, the
+    audio made so far, a percentage, the time left), from a plan the first answer already has, and
+    the list shows what a poll shows. (Before: 0/0 frames for the first seconds, then ``utterances
+    0/1`` and ``audio_seconds 0.0`` until it ended.)"""
+    from testsupport.long_text import long_text
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server.url + "/v1/jobs", json={"input": long_text(2000), "seed": 3}) as response:
+            posted = await response.json()
+        assert posted["progress"]["utterances_total"] == 1 and posted["progress"]["frames_total"] > 0
+        polls: list[dict] = []
+
+        async def finished() -> bool:
+            async with http.get(f"{server.url}/v1/jobs/{posted['id']}") as response:
+                polls.append(await response.json())
+            return polls[-1]["status"] in ("succeeded", "failed", "cancelled")
+
+        await wait_until(finished, timeout_s=300, every_s=0.05)
+        job = polls[-1]
+        assert job["status"] == "succeeded", job
+        final = job["progress"]
+        running = [poll["progress"] for poll in polls if poll["status"] == "running"]
+        moving = [p for p in running if 0 < p["frames_done"] < final["frames_done"]]
+        assert len({p["frames_done"] for p in moving}) >= 2, running
+        assert all(0 < p["audio_seconds"] <= final["audio_seconds"] and 0 < p["percent"] < 100 for p in moving), moving
+        assert [p["frames_done"] for p in running] == sorted(p["frames_done"] for p in running)
+        assert any(p["seconds_left"] is not None for p in moving)
+        assert (final["frames_done"], final["percent"], final["seconds_left"]) == (final["frames_total"], 100.0, 0.0)
+        async with http.get(server.url + "/v1/jobs") as response:
+            [listed] = [j for j in (await response.json())["data"] if j["id"] == job["id"]]
+        assert listed == job

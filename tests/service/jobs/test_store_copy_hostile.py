@@ -102,7 +102,7 @@ async def test_a_store_that_is_not_one_is_refused_in_one_line(tmp_path, pg_url):
     data_dir.mkdir()
     (data_dir / "jobs.sqlite3").write_bytes(os.urandom(4096))
     code, out, err = await migrate(data_dir, pg_url)
-    assert code == 2 and "Traceback" not in err and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and "Traceback" not in err and err.startswith("streamvox migrate-store:") and len(err.strip().splitlines()) == 1, err
     (data_dir / "jobs.sqlite3").unlink()
     (data_dir / "jobs.sqlite3").symlink_to("/etc/hostname")
     code, out, err = await migrate(data_dir, pg_url)

@@ -54,13 +54,13 @@ async def next_json(ws, timeout: float = 30.0) -> dict:
             return json.loads(message)
 
 
-async def http_refusals(url: str, body: dict) -> list[tuple[int, dict]]:
+async def http_refusals(url: str, body: dict, job: bool = True) -> list[tuple[int, dict]]:
     """(status, error) of the body as streamed speech (fast to answer 200 if it were accepted),
-    whole-file speech and a job."""
+    whole-file speech and (``job``) a job."""
     out = []
     async with aiohttp.ClientSession() as http:
         for path, extra in (("/v1/audio/speech", {"response_format": "pcm", "stream_format": "audio"}),
-                            ("/v1/audio/speech", {"response_format": "wav"}), ("/v1/jobs", {})):
+                            ("/v1/audio/speech", {"response_format": "wav"}), ("/v1/jobs", {}))[:3 if job else 2]:
             async with http.post(url + path, json={**body, **extra}) as response:
                 out.append((response.status, (await response.json(content_type=None) or {}).get("error")
                             if response.status != 200 else None))
@@ -96,11 +96,13 @@ def assert_ws_refused(events: list[dict], flag: str) -> None:
 async def test_emoji_at_quarter_speed_and_one_step_is_refused_everywhere_before_any_engine_time(engine, tmp_path):
     """4,096 emoji are 16,384 UTF-8 bytes: ~14,700 planned frames at speed 1, ~59,000 at 0.25.
     One denoising step keeps the frame-steps under their limit, but the vocoder still decodes
-    every frame: the frame limit refuses it, on all four entry points."""
+    every frame: the frame limit refuses it, on the three speech entry points. (A job may plan
+    more: --max-job-audio-frames, test_jobs_have_their_own_limit_over_the_whole_job.)"""
     live = await start_server(engine, tmp_path / "data", job_workers=0)
     try:
         with Submissions(engine) as submitted:
-            assert_refused(await http_refusals(live.url, EMOJI_ATTACK), "audio frames", "--max-work-audio-frames")
+            assert_refused(await http_refusals(live.url, EMOJI_ATTACK, job=False), "audio frames",
+                           "--max-work-audio-frames")
             config = {"speed": 0.25, "steps": 1}
             assert_ws_refused(await ws_refusal(live.ws_url, config, EMOJI_ATTACK["input"][:4000]),
                               "--max-work-audio-frames")
@@ -108,10 +110,12 @@ async def test_emoji_at_quarter_speed_and_one_step_is_refused_everywhere_before_
                                            EMOJI_ATTACK["input"][:4000], omni=True)
             assert_ws_refused(omni_events, "--max-work-audio-frames")
             assert submitted.texts == []
-            # The same text at speed 1 plans ~14,700 frames: under the default limit (a job, queued only).
+            # The same text at speed 1 plans ~14,700 frames: under the default limit (a job, queued only);
+            # at 0.25 a job takes it, as utterances that each fit one request.
             async with aiohttp.ClientSession() as http:
-                async with http.post(live.url + "/v1/jobs", json={"input": EMOJI_ATTACK["input"], "steps": 1}) as r:
-                    assert r.status == 202, await r.text()
+                for job in ({"input": EMOJI_ATTACK["input"], "steps": 1}, EMOJI_ATTACK):
+                    async with http.post(live.url + "/v1/jobs", json=job) as r:
+                        assert r.status == 202, await r.text()
     finally:
         await live.stop()
 
@@ -122,11 +126,12 @@ async def test_the_frame_and_frame_step_limits_are_separate_and_configurable(eng
     text = "x" * 100  # 90 planned frames at speed 1
     try:
         async with aiohttp.ClientSession() as http:
-            for extra, expected, flag in (({"steps": 4}, 202, None), ({"steps": 5}, 413, "--max-work-frame-steps"),
+            for extra, expected, flag in (({"steps": 4}, 200, None), ({"steps": 5}, 413, "--max-work-frame-steps"),
                                           ({"speed": 0.5, "steps": 1}, 413, "--max-work-audio-frames"),
-                                          ({"speed": 2.0, "steps": 8}, 202, None)):
-                async with http.post(live.url + "/v1/jobs", json={"input": text, **extra}) as response:
-                    body = await response.json()
+                                          ({"speed": 2.0, "steps": 8}, 200, None)):
+                async with http.post(live.url + "/v1/audio/speech",
+                                     json={"input": text, "response_format": "pcm", **extra}) as response:
+                    body = await response.json() if response.status != 200 else await response.read()
                 assert response.status == expected, (extra, body)
                 if flag:
                     assert body["error"]["code"] == "too_much_work" and flag in body["error"]["message"]

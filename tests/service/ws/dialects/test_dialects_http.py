@@ -7,6 +7,7 @@ test_dialects_http_sdks.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import websockets
-from conftest import start_server
+from conftest import metric_value, start_server, wait_until
 
 TEXT = "Hello there. How are you today? Fine, thanks. The weather is mild, and the trains run on time."
 KEY = "vendor-key"
@@ -208,5 +209,84 @@ async def test_a_failure_after_the_first_audio_is_an_sse_error_event(engine, tmp
                           if line.startswith("data: ")]
         assert events[-1]["type"] == "error" and events[-1]["error_code"] == "shutting_down", events[-1]
         assert events[-1]["status_code"] == 503 and "done" not in [e["type"] for e in events]
+    finally:
+        await live.stop()
+
+
+LEAVING_TEXT = " ".join(f"Sentence number {i} is spoken only if the client is still there." for i in range(40))
+LEAVING_ROUTES = [  # (path, body): the routes that answer at the end, and ones that stream, for contrast
+    ("/v1/text-to-speech/default/with-timestamps?output_format=pcm_24000", {"text": LEAVING_TEXT}),
+    ("/v1/text-to-speech/default/stream/with-timestamps?output_format=pcm_24000", {"text": LEAVING_TEXT}),
+    ("/v1/text-to-speech/default?output_format=pcm_24000", {"text": LEAVING_TEXT}),
+    ("/v1/speak?encoding=linear16", {"text": LEAVING_TEXT}),
+]
+
+
+@pytest.mark.parametrize("path,body", LEAVING_ROUTES, ids=[p.split("?")[0] for p, _ in LEAVING_ROUTES])
+async def test_a_client_that_leaves_stops_its_synthesis_on_every_route(server, path, body):
+    """A client that goes away after its first sentence was synthesized: the rest of its 40
+    sentences are never synthesized, also on ElevenLabs' /with-timestamps, which writes nothing
+    until its one JSON answer is complete (it used to speak all 40 to nobody); the route counts
+    the request client_closed. Sentences are counted as the engine requests that produced audio
+    (time to first audio observations), so a slow machine cannot make this pass or fail."""
+    async def sentences_spoken() -> float:
+        return await metric_value(server.url, "streamvox_time_to_first_audio_seconds_count")
+
+    before = await sentences_spoken()
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    await writer.drain()
+
+    async def started() -> bool:
+        return await sentences_spoken() > before
+
+    await wait_until(started, timeout_s=120)
+    writer.close()  # the client leaves without reading a byte
+    label = path.split("?")[0].replace("/default", "/{voice_id}")  # (the metrics' label: the route's pattern)
+
+    async def ended() -> bool:  # the handler is done (and the engine idle): its outcome was counted
+        return (await metric_value(server.url, "streamvox_requests_total",
+                                   f'{{endpoint="{label}",outcome="client_closed"}}') == 1
+                and server.state.engine.stats().active_requests == 0)
+
+    await wait_until(ended, timeout_s=300)
+    spoken = await sentences_spoken() - before
+    assert spoken <= 10, f"{spoken:.0f} of 40 sentences were synthesized for a client that had gone"
+
+
+async def test_convert_with_timestamps_holds_its_audio_once_in_a_spool(engine, tmp_path):
+    """ElevenLabs' /with-timestamps answers one JSON object at the end: its audio waits in a spool
+    (here 1 MiB of memory, then a temporary file) and goes out as base64 in blocks. Python's
+    allocations while it is answered stay under half of its audio (they were 4-5 times the audio:
+    the audio, a copy, its base64, the JSON text and its bytes), and the answer is the audio of the
+    streamed route, byte for byte."""
+    import tracemalloc
+
+    text = "Hello there. " + '<break time="10s"/>' * 30  # five minutes: 28.8 MB of PCM at 48 kHz
+    live = await start_server(engine, tmp_path / "data", whole_file_memory_bytes=1 << 20)
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"{live.url}/v1/text-to-speech/default"
+            async with http.post(f"{base}/stream/with-timestamps?output_format=pcm_48000", json={"text": text}) as r:
+                assert r.status == 200
+                streamed = b"".join([base64.b64decode(json.loads(line)["audio_base64"])
+                                     for line in (await r.read()).splitlines()])
+            tracemalloc.start()
+            try:
+                async with http.post(f"{base}/with-timestamps?output_format=pcm_48000", json={"text": text}) as r:
+                    assert r.status == 200 and r.headers["Content-Type"].startswith("application/json")
+                    with open(tmp_path / "answer.json", "wb") as out:  # (not in this process's memory)
+                        async for chunk in r.content.iter_chunked(1 << 16):
+                            out.write(chunk)
+                    _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+        answer = json.loads((tmp_path / "answer.json").read_bytes())
+        audio = base64.b64decode(answer["audio_base64"])
+        assert set(answer) == {"audio_base64", "alignment", "normalized_alignment"} and answer["alignment"] is None
+        assert len(audio) > 28_000_000 and audio == streamed
+        assert peak < len(audio) / 2, f"{peak / 1e6:.0f} MB allocated at the peak for {len(audio) / 1e6:.0f} MB of audio"
     finally:
         await live.stop()
