@@ -40,8 +40,8 @@ def chunkings(frames: int) -> dict[str, list[int]]:
             break
         doubling.append(min(size, frames - sum(doubling)))
         n = sum(doubling) + 1
-    return {"4-frame chunks (served on CPU)": equal(4), "doubling 1, 1, 2, 4, 8, 12 (a faster machine)": doubling,
-            "4, 4, 8, 12 (served with room to grow)": [4, 4, 8, 12, 12, 8],
+    return {"1 x 8, then 4 (served on this CPU)": [1] * 8 + equal(4)[2:],
+            "1, 1, 2, 4, 8, 12 (served with room to grow)": doubling, "4-frame chunks": equal(4),
             "1-frame chunks": equal(1), "3-frame chunks": equal(3), "random 1-9": cuts, "one call": [frames]}
 
 

@@ -55,7 +55,7 @@ from engines.core.scheduler import (
 )
 from engines.cpu_features import ThreadPlan
 from engines.pipelines.base import Pipeline
-from engines.pipelines.vocoder import VocalizeItem, Vocalizer
+from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
 
@@ -117,7 +117,8 @@ class Worker:
         self.voice_index = voice_index
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
-                                   prefill_token_budget=prefill_token_budget)
+                                   prefill_token_budget=prefill_token_budget,
+                                   align_frames=WINDOW_FRAMES if getattr(vocalizer, "windowed", False) else 1)  # (test fakes: none)
         # CPU (``threads``): the codec decoder on a thread and cores of its own beside the talker
         # (executor.py); the worker thread keeps the talker's threads (set when it starts, _run)
         self._talker_threads, vocoder_threads = (threads.talker, threads.codec) if threads is not None else (0, 0)

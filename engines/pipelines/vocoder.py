@@ -8,8 +8,9 @@ In a reduced precision (bf16: the CPU default, ``--codec-precision auto``) every
 result to 8 significant bits, and the kernels a chunk's shapes select round differently: the
 same codes cut into other chunks came out hundreds of LSB apart, so a stream's audio followed
 the load. There the decoder runs on **fixed windows** (``windowed``): each stream is decoded
-alone, one window of ``WINDOW_FRAMES`` at a time, windows at fixed decoder positions (frames
-0-3, 4-7, ...), on one thread; a chunk
+alone, one window at a time, windows at fixed frames of the stream (1, 1 and 2 frames, then
+``WINDOW_FRAMES`` each: a stream's first chunks are that small, and the scheduler ends longer
+chunks on window ends), on one thread; a chunk
 that ends inside a window decodes the whole window, its missing frames padded, and returns only
 its own frames' samples; the stream's state stays at the window's start until the window is
 complete, when it is decoded again and its remaining samples returned. The decoder is causal,
@@ -58,10 +59,13 @@ class VocalizeResult:
     pcm: torch.Tensor  # [T * 1920] float32 (on the model device)
 
 
-# Fixed windows (reduced precision). At the released sizes, 1 thread, bf16: 25 ms of CPU per frame
-# in windows of 4, 23 in one long call, 49 for a frame alone. A CPU's first chunk is 4 frames unless
-# steps are under ~35 ms (scheduler.sustainable_chunk), and its chunks stay at 4 or double from
-# there: they end on window ends and decode no padding (benchmarks/bench_codec_windows.py).
+# Fixed windows (reduced precision): the sizes of a stream's first windows, then every window's.
+# At the released sizes, 1 thread, bf16: 25 ms of CPU per frame in windows of 4, 23 in one long
+# call, 49 for a frame alone. A stream's first chunk is one frame and its next ones grow from there
+# (core/scheduler.py), which these windows follow; the scheduler ends chunks of WINDOW_FRAMES or
+# more on window ends (its ``align_frames``), so they decode no padding
+# (benchmarks/bench_codec_windows.py).
+WINDOW_RAMP = (1, 1, 2)
 WINDOW_FRAMES = 4
 WINDOW_THREADS = 1  # a kernel's rounding may follow its thread count (oneDNN splits some reductions)
 
@@ -72,12 +76,24 @@ def rounds_per_chunk_shape(dtype: torch.dtype) -> bool:
     return dtype not in (torch.float32, torch.float64)
 
 
+def window_frames(position: int) -> int:
+    """Frames of the window that starts at a stream's frame ``position`` (a window start)."""
+    start = 0
+    for size in WINDOW_RAMP:
+        if position == start:
+            return size
+        start += size
+    return WINDOW_FRAMES
+
+
 @dataclass
 class _Stream:
     state: DecoderState | None  # decoder state, batch 1 (None: it lives in the graphed decoder's pool)
     next_frame: int  # frame_offset the stream's next item must have
-    # Fixed windows: ``state`` is at the start of the open window; ``partial`` holds the open
-    # window's frames already returned ([n, G], n < WINDOW_FRAMES).
+    # Fixed windows: ``state`` is at the start of the open window, ``position`` frames into the
+    # stream (priming not counted); ``partial`` holds the open window's frames already returned
+    # ([n, G], n < its size).
+    position: int = 0
     partial: torch.Tensor | None = None
 
 
@@ -127,6 +143,13 @@ class Vocalizer:
         cloning's reference codes, which the official decode puts before the generated ones
         (its streaming state needs every reference frame). The stream's frames then count from 0."""
         if codes.shape[0] == 0:
+            return
+        if self.windowed:  # windows of a fixed size, the rest as one exact call: the stream's windows start after them
+            with _threads(WINDOW_THREADS):
+                state = self.decoder.init_state(1, self.device, self.dtype)
+                for window in codes.to(self.device).split(WINDOW_FRAMES):
+                    _, state = self.decoder.decode_step(window.T[None], state)
+            self._streams[stream_id] = _Stream(state, 0)
             return
         self.vocalize([VocalizeItem(stream_id, codes.to(self.device), frame_offset=0)])
         self._streams[stream_id].next_frame = 0
@@ -226,8 +249,9 @@ class Vocalizer:
         """``codes`` [T, G] decoded after ``stream``: (their PCM [T * 1920] float32, the stream after them)."""
         done = 0 if stream.partial is None else stream.partial.shape[0]  # frames of the open window returned
         frames = codes if not done else torch.cat([stream.partial, codes])
-        state, start, pieces, partial, size = stream.state, 0, [], None, WINDOW_FRAMES
+        state, position, start, pieces, partial = stream.state, stream.position, 0, [], None
         while start < frames.shape[0]:
+            size = window_frames(position)
             window = frames[start:start + size]
             n = window.shape[0]
             if n < size:  # padded: causal, so the padding reaches none of the n frames' samples
@@ -237,10 +261,10 @@ class Vocalizer:
             skip = max(done - start, 0)  # frames of this window returned by an earlier call
             pieces.append(wav[0, skip * self.samples_per_frame:n * self.samples_per_frame])
             if partial is None:
-                state = after
+                state, position = after, position + size
             start += size
         pcm = torch.cat(pieces).float() if pieces else torch.empty(0, device=self.device, dtype=torch.float32)
-        return pcm, _Stream(state, stream.next_frame + codes.shape[0], partial)
+        return pcm, _Stream(state, stream.next_frame + codes.shape[0], position, partial)
 
     def _decode_graphed(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
         """The same per-stream decode through the graphed decoder's state pool (it orders rounds itself

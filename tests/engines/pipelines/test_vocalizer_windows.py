@@ -15,7 +15,7 @@ from engines.build import resolve_codec_dtype
 from engines.config import get_preset
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.init import init_module_
-from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
+from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer, window_frames
 
 TINY = get_preset("tiny")
 G, V = TINY.num_code_groups, TINY.decoder.codebook_size
@@ -115,6 +115,10 @@ def test_a_failed_call_changes_no_stream():
     assert first.numel() == 3 * 1920
 
 
+def test_windows_follow_a_streams_first_chunks_then_a_fixed_size():
+    assert [window_frames(p) for p in (0, 1, 2, 4, 8, 12)] == [1, 1, 2, 4, 4, 4] and WINDOW_FRAMES == 4
+
+
 def test_chunks_that_end_on_window_ends_decode_each_window_once():
     voc, calls = vocalizer(), []
     decode_step = voc.decoder.decode_step
@@ -125,10 +129,10 @@ def test_chunks_that_end_on_window_ends_decode_each_window_once():
 
     voc.decoder.decode_step = counted
     try:
-        chunked(voc, "s", C, [WINDOW_FRAMES, 2 * WINDOW_FRAMES, WINDOW_FRAMES])
-        assert calls == [WINDOW_FRAMES] * 4
+        chunked(voc, "s", C, [1, 1, 2, 4, 8])  # a stream's chunks as the scheduler cuts them
+        assert calls == [1, 1, 2, 4, 4, 4]
         calls.clear()
-        chunked(voc, "u", C, [1, 2, 1])  # a window padded twice, then decoded whole
+        chunked(voc, "s", C, [1, 2, 1], offset=16)  # a window padded twice, then decoded whole
         assert calls == [WINDOW_FRAMES] * 3
     finally:
         del voc.decoder.decode_step
