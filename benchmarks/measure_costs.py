@@ -69,7 +69,7 @@ class TalkerCosts:
         self.vocalizer = vocalizer
         self.device = self.source.device
         self.cache = self.source.cache
-        self.runner = self.source.step_runner or self.source._eager_step
+        self.runner = self.source.step_runner or self.source.runner.eager_step
         self.hidden = self.source.talker.cfg.hidden_size
 
     def _hold_blocks(self, rows: int, blocks: int) -> bool:

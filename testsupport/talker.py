@@ -112,8 +112,22 @@ def step(source, scheduler=None):
     return source.tick(scheduler.step_plan(source.capacity()))
 
 
-def admissible(source) -> int:
-    """Rows the core scheduler would fill now from what the source reports."""
+def admissible(source, scheduler=None) -> int:
+    """Rows the core scheduler would fill now from what the source reports (and the prompts waiting
+    in ``scheduler``'s queue, if given)."""
     from engines.core.scheduler import Scheduler
 
-    return Scheduler.admissible(source.capacity())
+    scheduler = scheduler or Scheduler(max_slots=source.max_slots)
+    return scheduler.free_slots(source.capacity())
+
+
+def waiting_prompt(scheduler, positions: int, request_id: str = "waiting"):
+    """``scheduler`` with a request WAITING in its queue whose prompt takes ``positions`` positions
+    (the scheduler keeps KV blocks for it); -> the scheduler."""
+    from engines.contract import RequestHandle, SynthesisRequest
+    from engines.core.scheduler import RequestState
+    from engines.pipelines.base import Prepared
+
+    state = RequestState(handle=RequestHandle(SynthesisRequest(id=request_id, text="x")), deliver=print)
+    scheduler.add(state, Prepared(frames=1, prompt_positions=positions))
+    return scheduler

@@ -7,7 +7,9 @@ A request's life, as the worker (core/worker.py) moves it through its stages:
     WAITING -> PREFILLING -> RUNNING -> VOCALIZING -> [ALIGNING] -> FINISHED
          (any of them) -> CANCELLED | FAILED
 
-* WAITING: the pipeline prepared it; it waits for a slot (it counts in the queue depth).
+* WAITING: the pipeline prepared it (``Prepared``: its frames, prompt positions, live text); it
+  waits here for a slot (it counts in the queue depth). This is the only queue of waiting requests:
+  the pipeline keeps none and starts what ``slot_order`` picks.
 * PREFILLING: it holds a slot, no frame of it produced yet (the talker prefills its prompt).
 * RUNNING: the pipeline produces its frames (a DiT request between two chunks waits for a slot
   again, still running).
@@ -29,9 +31,12 @@ and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder hav
   time (they lose nothing: their listener is that far ahead). Their work waits for one
   first chunk only, so the newcomer's chunk runs on a device that is not busy with audio
   nobody needs yet - a client with many streams cannot multiply others' time to first audio.
+* Live text: a request whose text is still arriving (``Prepared.text``) waits until its gate is
+  ready (its first text unit committed, or its text complete) and is started only then.
 * KV blocks: a free row is admissible only while the pipeline's KV pool can give the longest
-  waiting prompt its blocks plus one block of growth, after one block of growth per row
-  already decoding (the others wait in the engine's queue; a free row that waits is counted).
+  waiting prompt (``Prepared.prompt_positions``, held here) its blocks plus one block of growth,
+  after one block of growth per row already decoding (the others wait in the engine's queue; a
+  free row that waits is counted).
 * Prefill tokens: at most ``prefill_token_budget`` prompt positions per step, in all; queued
   prompts prefill oldest first, each as much as the budget has left (a long prompt takes
   several steps), so an arriving request never stalls the streams already speaking. The
@@ -44,7 +49,7 @@ and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder hav
   largest of ``LEAD_SCHEDULE`` (1, 2, 4, 8, 12 frames) that the stream's lead - the audio its
   listener holds beyond now - covers while it is made, vocoded and delivered ((n +
   CHUNK_OVERHEAD_STEPS) steps of the measured period), and never longer than all the audio before
-  it (the pipeline's ``flush_frames``). A stream with a short lead gets short chunks (no underrun);
+  it nor the pipeline's longest chunk (``flush_frames``, from the pipeline's ``Chunking``). A stream with a short lead gets short chunks (no underrun);
   one far ahead gets long ones (fewer decoder calls). On a loaded device a stream's chunks grow so
   only up to the pipeline's first-chunk size (4 frames on the talker) and then stay there: few chunk
   lengths, few decoder calls, and its one-frame start is bridged without a gap.
@@ -67,7 +72,7 @@ from enum import Enum
 from typing import Any, Callable
 
 from engines.contract import Deliver, Priority, RequestHandle, SynthesisRequest
-from engines.pipelines.base import Capacity, Produced, StepPlan
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced, StepPlan
 
 FRAME_SECONDS = 0.08  # one code frame of audio (12.5 Hz codec)
 # A chunk of n frames takes n steps to make plus about this many more for its vocoding, delivery
@@ -130,6 +135,9 @@ class RequestState:
     truncated: str | None = None  # the pipeline cut it before its natural end: why (AudioChunk.truncated)
     pending: list[Produced] = field(default_factory=list)  # produced, not yet vocoded
     kept_audio: Any = None  # core/aligning.py KeptAudio: its audio, kept for word times (None: not asked)
+    prepared: Prepared | None = None  # what the pipeline prepared (set when it is WAITING)
+    units_started: int = 0  # slot units the pipeline was handed (Prepared.units in all)
+    holds_slot: bool = False  # a unit of it is in a slot now
 
     @property
     def request(self) -> SynthesisRequest:
@@ -139,8 +147,20 @@ class RequestState:
     def request_id(self) -> str:
         return self.handle.request_id
 
-    def in_slot(self, wants_slot: Callable[[str], bool]) -> bool:
-        return self.status.generating and not wants_slot(self.request_id)
+    @property
+    def text_arriving(self) -> bool:
+        """Its text is still arriving (a live utterance before its text is complete)."""
+        gate = self.prepared.text if self.prepared is not None else None
+        return gate is not None and not gate.done
+
+    def wants_slot(self) -> bool:
+        """It has a unit of work for a slot and none in one; a live utterance once its text lets it start."""
+        if self.holds_slot or self.prepared is None or self.units_started >= self.prepared.units:
+            return False
+        if self.status is RequestStatus.WAITING:
+            gate = self.prepared.text
+            return gate is None or gate.pull() or gate.ready
+        return self.status is RequestStatus.RUNNING  # the next unit of a request between two (the DiT's chunks)
 
 
 @dataclass(frozen=True)
@@ -159,9 +179,11 @@ class Scheduler:
     def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
                  keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0,
                  prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
-                 clock: Callable[[], float] = time.monotonic, align_frames: int = 1):
+                 clock: Callable[[], float] = time.monotonic, align_frames: int = 1,
+                 chunking: Chunking = Chunking()):
         """``align_frames``: chunks of at least this many frames end on a multiple of it (a codec
-        decoder on fixed windows of that size: engines/pipelines/vocoder.py; 1: anywhere)."""
+        decoder on fixed windows of that size: engines/pipelines/vocoder.py; 1: anywhere).
+        ``chunking``: the pipeline's chunk lengths (its first chunk on a loaded device, its longest)."""
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
         if prefill_token_budget < 1:
@@ -171,6 +193,7 @@ class Scheduler:
         self.vocoder_frames = vocoder_frames
         self.keep_up = keep_up
         self.align_frames = align_frames
+        self.chunking = chunking
         # Free slots a tenant already holding one may not take (kept for a newcomer); never
         # more than a quarter of the slots, so one tenant alone keeps most of the device.
         self.newcomer_slots = min(newcomer_slots, max_slots // 4)
@@ -187,13 +210,17 @@ class Scheduler:
     def in_flight(self) -> list[RequestState]:
         return list(self.requests.values())
 
-    def add(self, state: RequestState) -> None:
+    def add(self, state: RequestState, prepared: Prepared) -> None:
         """A prepared request: WAITING for a slot."""
         state.status = RequestStatus.WAITING
+        state.prepared = prepared
+        state.frames_total = prepared.frames
         self.requests[state.request_id] = state
 
     def started(self, state: RequestState) -> bool:
-        """It took a slot; True the first time (it leaves the queue: PREFILLING)."""
+        """A unit of it took a slot; True the first time (it leaves the queue: PREFILLING)."""
+        state.holds_slot = True
+        state.units_started += 1
         if state.status is not RequestStatus.WAITING:
             return False
         state.status = RequestStatus.PREFILLING
@@ -204,6 +231,8 @@ class Scheduler:
         """The pipeline produced frames of it: RUNNING, VOCALIZING after its last."""
         state.pending.append(p)
         state.truncated = state.truncated or p.truncated
+        if p.frees_slot:
+            state.holds_slot = False
         if p.is_last:
             state.status = RequestStatus.VOCALIZING
         elif state.status is RequestStatus.PREFILLING:
@@ -258,15 +287,26 @@ class Scheduler:
         """This step's bound on a vocoder piece, in code frames."""
         return max(self.vocoder_frames, math.ceil(self.keep_up * self._rate))
 
+    def waiting_blocks(self, capacity: Capacity) -> int:
+        """KV blocks the longest prompt waiting for a slot needs (0: none waits, or no KV pool)."""
+        longest = max((s.prepared.prompt_positions for s in self.requests.values()
+                       if s.status is RequestStatus.WAITING and s.prepared is not None), default=0)
+        return capacity.blocks_for(longest)
+
     @staticmethod
-    def admissible(capacity: Capacity) -> int:
+    def admissible(capacity: Capacity, waiting_blocks: int = 0) -> int:
         """Rows that may be filled now: the free rows, as many as the KV pool can give the
-        longest waiting prompt plus one block of growth each, after the decoding rows' growth."""
+        longest waiting prompt (``waiting_blocks``) plus one block of growth each, after the
+        decoding rows' growth."""
         rows = capacity.free_rows
-        if not rows or not capacity.waiting_blocks:
+        if not rows or not waiting_blocks:
             return rows
         spare = capacity.free_blocks - capacity.growth_blocks
-        return max(0, min(rows, spare // (capacity.waiting_blocks + 1)))
+        return max(0, min(rows, spare // (waiting_blocks + 1)))
+
+    def free_slots(self, capacity: Capacity) -> int:
+        """Slots the waiting requests may take now (the KV rule above)."""
+        return self.admissible(capacity, self.waiting_blocks(capacity))
 
     @staticmethod
     def prefill_tokens(waiting: tuple[int, ...], budget: int) -> tuple[int, ...]:
@@ -284,22 +324,22 @@ class Scheduler:
     def step_plan(self, capacity: Capacity) -> StepPlan:
         """This step's prefill positions per queued prompt (``prefill_token_budget`` in all), and
         whether a free row waits for blocks."""
-        kv_wait = bool(capacity.free_rows and capacity.waiting_blocks and not self.admissible(capacity))
+        waiting_blocks = self.waiting_blocks(capacity)
+        kv_wait = bool(capacity.free_rows and waiting_blocks and not self.admissible(capacity, waiting_blocks))
         return StepPlan(self.prefill_tokens(capacity.prefill_waiting, self.prefill_token_budget), kv_wait)
 
-    def slot_order(self, states: list[RequestState], free: int, wants_slot: Callable[[str], bool]
-                   ) -> list[RequestState]:
+    def slot_order(self, states: list[RequestState], free: int) -> list[RequestState]:
         """The waiting requests to start now, in order (at most ``free``), under the batch
         budget and the tenant rules in this module's docstring."""
         if free <= 0:
             return []
-        waiting = [s for s in states if not s.handle.paused and wants_slot(s.request_id)]
+        waiting = [s for s in states if not s.handle.paused and s.wants_slot()]
         if waiting and self._first_audio_pending(states):
             now = self.clock()
             waiting = [s for s in waiting if not self._far_ahead(s, now)]
         if not waiting:
             return []
-        in_slot = [s for s in states if s.in_slot(wants_slot)]
+        in_slot = [s for s in states if s.holds_slot]
         batch_busy = sum(1 for s in in_slot if s.request.priority == Priority.BATCH)
         held = Counter(s.request.tenant for s in in_slot)
         # FIFO within a class: the list is in admission order, and a stable sort keeps it.
@@ -358,14 +398,23 @@ class Scheduler:
             return state.handle.submitted_at
         return state.first_audio_at + state.frames_done * FRAME_SECONDS
 
-    def ready(self, state: RequestState, flush_frames: Callable[[int], int]) -> bool:
+    def ready(self, state: RequestState) -> bool:
         """The request has gathered enough frames to vocode (all of them once the pipeline is done with it)."""
         if state.handle.paused or not state.pending:
             return False  # back-pressure: hold the (small) codes, not the PCM
         gathered = sum(p.num_frames for p in state.pending)
-        return state.status is RequestStatus.VOCALIZING or gathered >= self.flush_size(state, flush_frames)
+        return state.status is RequestStatus.VOCALIZING or gathered >= self.flush_size(state)
 
-    def flush_size(self, state: RequestState, flush_frames: Callable[[int], int], now: float | None = None) -> int:
+    def flush_frames(self, frames_emitted: int) -> int:
+        """The pipeline's chunk after ``frames_emitted`` frames: its first-chunk size first, then as
+        long as all the audio before it, up to its longest (``Chunking``). A chunk is made while the
+        audio already handed over plays, which holds at any load under real time; a fixed long
+        second chunk after a short first one would underrun far sooner."""
+        if frames_emitted == 0:
+            return self.chunking.first_frames
+        return min(self.chunking.longest_frames, frames_emitted)
+
+    def flush_size(self, state: RequestState, now: float | None = None) -> int:
         """Frames to gather before the request's next vocoder piece (this module's docstring):
         * the first audio: the request's own ``initial_codec_chunk_frames`` when it set one, else
           one frame (first audio one step after the prompt, at any load);
@@ -375,6 +424,7 @@ class Scheduler:
           utterance's first-chunk size while its text arrives); on a loaded device the same up to
           the pipeline's first-chunk size while a stream ramps up, then that size for every stream
           alike."""
+        flush_frames = self.flush_frames
         if state.frames_done == 0:
             first = state.request.initial_codec_chunk_frames
             return first if first is not None else LEAD_SCHEDULE[0]
@@ -399,11 +449,11 @@ class Scheduler:
             size += -(state.frames_done + size) % self.align_frames
         return size
 
-    def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:
+    def vocoder_piece(self, states: list[RequestState]) -> list[VocoderWork]:
         """This step's bounded vocoder piece: ready requests by earliest playback deadline (realtime
         before batch), each a prefix of its gathered frames, at most ``piece_frames`` in all.
         A request's prefix reaches at least its flush size; the piece's first one always goes."""
-        ready = [s for s in states if self.ready(s, flush_frames)]
+        ready = [s for s in states if self.ready(s)]
         if ready and self._first_audio_pending(states):
             now = self.clock()
             ready = [s for s in ready if not self._far_ahead(s, now)]
@@ -412,7 +462,7 @@ class Scheduler:
         piece: list[VocoderWork] = []
         frames = 0
         for s in ready:
-            need, take, n = self.flush_size(s, flush_frames), [], 0
+            need, take, n = self.flush_size(s), [], 0
             for p in s.pending:
                 if n >= need and frames + n + p.num_frames > bound:
                     break

@@ -54,7 +54,7 @@ from engines.core.scheduler import (
     VocoderWork,
 )
 from engines.cpu_features import ThreadPlan
-from engines.pipelines.base import Pipeline
+from engines.pipelines.base import Pipeline, Prepared
 from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
@@ -117,7 +117,7 @@ class Worker:
         self.voice_index = voice_index
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
-                                   prefill_token_budget=prefill_token_budget,
+                                   prefill_token_budget=prefill_token_budget, chunking=pipeline.chunking,
                                    align_frames=WINDOW_FRAMES if getattr(vocalizer, "windowed", False) else 1)  # (test fakes: none)
         # CPU (``threads``): the codec decoder on a thread and cores of its own beside the talker
         # (executor.py); the worker thread keeps the talker's threads (set when it starts, _run)
@@ -297,7 +297,7 @@ class Worker:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give an out-of-memory the best chance on the next tick
         for active in self.scheduler.in_flight():
-            if active.in_slot(self.pipeline.wants_slot):
+            if active.holds_slot:
                 self._finish(active, error=f"engine_failure: {type(exc).__name__}: {exc}")
 
     def _fail_inbox(self, reason: str) -> None:
@@ -361,7 +361,7 @@ class Worker:
                 self.pipeline.drop(handle.request_id)
                 self._planning_failed(handle, deliver, result)
             else:
-                self._admitted(RequestState(handle=handle, deliver=deliver, frames_total=result))
+                self._admitted(RequestState(handle=handle, deliver=deliver), result)
 
     def _admit_one(self, handle: RequestHandle, deliver: Deliver) -> None:
         """Plan one request taken from the inbox; a planning error fails it alone."""
@@ -371,19 +371,18 @@ class Worker:
             return
         if not self._id_free(handle, deliver):
             return
-        active = RequestState(handle=handle, deliver=deliver)
         try:
             self._hook(handle.request_id, "plan")
-            active.frames_total = self.pipeline.prepare(handle.request, self.voice_index(handle.request.voice))
+            prepared = self.pipeline.prepare(handle.request, self.voice_index(handle.request.voice))
         except Exception as exc:
             self.pipeline.drop(handle.request_id)
             self._planning_failed(handle, deliver, exc)
             return
-        self._admitted(active)
+        self._admitted(RequestState(handle=handle, deliver=deliver), prepared)
 
-    def _admitted(self, state: RequestState) -> None:
+    def _admitted(self, state: RequestState, prepared: Prepared) -> None:
         """Prepared: WAITING for a slot (its audio kept for word times if it asked for them)."""
-        self.scheduler.add(state)
+        self.scheduler.add(state, prepared)
         if self.aligning is not None:
             self.aligning.track(state)
 
@@ -417,12 +416,11 @@ class Worker:
 
     def _fill_slots(self) -> None:
         for active in self.scheduler.slot_order(self.scheduler.in_flight(),
-                                                self.scheduler.admissible(self.pipeline.capacity()),
-                                                self.pipeline.wants_slot):
+                                                self.scheduler.free_slots(self.pipeline.capacity())):
             self._collect_vocoded(wait=True)  # starting may prime the stream's decoder (in-context cloning)
             try:
                 self._hook(active.request_id, "admit")
-                self.pipeline.start(active.request_id)
+                self.pipeline.start(active.request_id, active.prepared)
             except Exception as exc:
                 log.warning("request %s failed at slot admission: %s", active.request_id, exc)
                 self._finish(active, error=f"admission failed: {exc}")
@@ -457,7 +455,7 @@ class Worker:
                 log.exception("tick listener failed")
 
     def _vocoder_ready(self) -> bool:
-        return any(self.scheduler.ready(a, self.pipeline.flush_frames) for a in self.scheduler.requests.values())
+        return any(self.scheduler.ready(a) for a in self.scheduler.requests.values())
 
     def _vocode(self) -> bool:
         """One bounded vocoder piece (the scheduler picks it); its PCM goes into the outbox. With a
@@ -481,7 +479,7 @@ class Worker:
         over once it is (the scheduler sizes the next chunks by them, wherever this one decodes);
         a request whose fault hook fails, fails."""
         work: list[tuple[VocoderWork, VocalizeItem]] = []
-        for w in self.scheduler.vocoder_piece(self.scheduler.in_flight(), self.pipeline.flush_frames):
+        for w in self.scheduler.vocoder_piece(self.scheduler.in_flight()):
             active = w.state
             active.pending = active.pending[len(w.frames):]
             try:

@@ -98,15 +98,23 @@ class _Stream:
 
 
 class Vocalizer:
-    def __init__(self, decoder: CodecDecoder, device, dtype: torch.dtype = torch.float32,
+    def __init__(self, decoder: CodecDecoder | None, device, dtype: torch.dtype = torch.float32,
                  graphed_decoder: GraphedDecoder | None = None, windowed: bool | None = None):
         """``windowed``: decode on fixed windows (None: in a reduced precision, where chunk shapes
-        would change the PCM; the module's docstring)."""
+        would change the PCM; the module's docstring). ``decoder`` None: every chunk goes to
+        ``graphed_decoder`` (a virtual device's, engines/virtual/vocoder.py: its ``num_code_groups``,
+        ``codebook_size`` and ``samples_per_frame`` stand for the decoder's)."""
         self.device, self.dtype = canonical_device(device), dtype
         self.windowed = rounds_per_chunk_shape(dtype) if windowed is None else windowed
-        self.decoder = decoder.to(self.device, dtype).eval()
-        self.num_code_groups, self.codebook_size = decoder.cfg.num_quantizers, decoder.cfg.codebook_size
-        self.samples_per_frame = decoder.samples_per_frame
+        shape = decoder if decoder is not None else graphed_decoder
+        if shape is None:
+            raise ValueError("a vocalizer needs a decoder or a graphed decoder")
+        self.decoder = decoder.to(self.device, dtype).eval() if decoder is not None else None
+        if decoder is not None:
+            self.num_code_groups, self.codebook_size = decoder.cfg.num_quantizers, decoder.cfg.codebook_size
+        else:
+            self.num_code_groups, self.codebook_size = graphed_decoder.num_code_groups, graphed_decoder.codebook_size
+        self.samples_per_frame = shape.samples_per_frame
         self._streams: dict[str, _Stream] = {}
         self._graphed_decoder: GraphedDecoder | None = None
         self.graphed_decoder = graphed_decoder
@@ -273,8 +281,8 @@ class Vocalizer:
         for it, c in zip(items, codes):
             if c.shape[0]:
                 self._streams[it.stream_id] = _Stream(None, it.frame_offset + c.shape[0])
-        if not wavs:
-            return []
+        if not wavs or all(w.dtype == torch.float32 for w in wavs):
+            return list(wavs)  # (they alias no static buffer: graphed_decoder.py)
         # One cast for the whole call (not one kernel per stream); the pieces are views.
         return list(torch.cat(wavs).float().split([w.numel() for w in wavs]))
 

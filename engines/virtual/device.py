@@ -2,7 +2,7 @@
 
     device = VirtualDevice.load("benchmarks/costs/h200-0.6b.json")
     bundle = device.talker_bundle(checkpoint_dir)        # prompt side only: config and tokenizer files
-    source = device.talker_source(bundle, max_slots=64)  # engines/virtual/talker.py
+    source = device.talker_source(bundle, max_slots=64)  # the talker batch over engines/virtual/talker.py's runner
     vocalizer = device.vocalizer(model_config, max_streams=128)   # engines/virtual/vocoder.py
 
 The engine (engines/core/engine.py) takes its vocalizer from here, and its pipeline from
@@ -27,12 +27,14 @@ from engines.contract import SAMPLES_PER_FRAME
 from engines.models.configs import ModelConfig
 from engines.pipelines.profile import Adapter, PipelineSetup
 from engines.pipelines.talker import adapter as talker_adapter
+from engines.pipelines.talker.batch import UtteranceBatch
 from engines.pipelines.talker.prompt import PromptBuilder
 from engines.pipelines.talker.reference import TalkerBundle
+from engines.pipelines.vocoder import Vocalizer
 from engines.virtual.clock import DeviceClock
 from engines.virtual.costs import CostTable
-from engines.virtual.talker import BLOCK_SIZE, VirtualTalkerSource
-from engines.virtual.vocoder import VirtualCodecDecoder, VirtualVocalizer
+from engines.virtual.talker import BLOCK_SIZE, VirtualRunner, virtual_talker_source
+from engines.virtual.vocoder import VirtualCodecDecoder
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -43,7 +45,7 @@ class VirtualDevice:
     clock: DeviceClock = field(default_factory=DeviceClock)
     eos_frames: int | None = None  # frames after which every utterance samples EOS (None: never)
     path: str = ""
-    _source: VirtualTalkerSource | None = None
+    _runner: VirtualRunner | None = None
     _decoder: VirtualCodecDecoder | None = None
 
     @classmethod
@@ -77,8 +79,8 @@ class VirtualDevice:
 
     def talker_source(self, bundle: TalkerBundle, max_slots: int, max_seq_len: int = 4096,
                       kv_cache_gb: float | None = None, prefix_cache_fraction: float | None = None
-                      ) -> VirtualTalkerSource:
-        """The virtual talker. ``kv_cache_gb``: a pool of that size at the table's dtype (None: as many
+                      ) -> UtteranceBatch:
+        """The talker batch (the real one's host side) over the virtual runner. ``kv_cache_gb``: a pool of that size at the table's dtype (None: as many
         blocks as every row can use). ``prefix_cache_fraction`` is accepted and ignored: a prefix hit
         only narrows a prefill chunk, which the table prices by call, not by position."""
         cfg = talker_config(read_json(Path(bundle.path) / "config.json"), "config.json")
@@ -87,29 +89,32 @@ class VirtualDevice:
             block_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * BLOCK_SIZE
                            * DTYPE_BYTES.get(self.table.dtype, 2))
             kv_blocks = int(kv_cache_gb * 2**30 // block_bytes)
-        self._source = VirtualTalkerSource(bundle.prompt, bundle.generation, cfg.num_code_groups, self.table,
-                                           self.clock, max_slots=max_slots, max_seq_len=max_seq_len,
-                                           kv_blocks=kv_blocks, eos_frames=self.eos_frames)
-        return self._source
+        source = virtual_talker_source(bundle.prompt, bundle.generation, cfg, self.table, self.clock,
+                                       max_slots=max_slots, max_seq_len=max_seq_len, kv_blocks=kv_blocks,
+                                       eos_frames=self.eos_frames)
+        self._runner = source.runner
+        return source
 
     def build_pipeline(self, name: str, setup: PipelineSetup) -> Adapter:
         """The talker's adapter with this device's source in place of the real one."""
         if name != "talker":
             raise ValueError(f"a virtual device runs the talker pipeline, not {name!r}")
 
-        def make_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[VirtualTalkerSource, tuple]:
+        def make_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[UtteranceBatch, tuple]:
             source = self.talker_source(bundle, setup.max_slots, **options)
-            return source, (source.graphs,)  # captured at start as the real step graphs are
+            return source, (source.runner.graphs,)  # captured at start as the real step graphs are
         return talker_adapter.build(setup, make_source)
 
-    def vocalizer(self, model_cfg: ModelConfig, max_streams: int) -> VirtualVocalizer:
-        self._decoder = VirtualCodecDecoder(self.table, self.clock, model_cfg.stream, max_streams, SAMPLES_PER_FRAME)
-        return VirtualVocalizer(self._decoder, model_cfg.decoder.num_quantizers, model_cfg.decoder.codebook_size)
+    def vocalizer(self, model_cfg: ModelConfig, max_streams: int) -> Vocalizer:
+        """The real vocalizer over the virtual codec decoder (the graphed path, as on the GPU it stands for)."""
+        self._decoder = VirtualCodecDecoder(self.table, self.clock, model_cfg.stream, max_streams, SAMPLES_PER_FRAME,
+                                            model_cfg.decoder.num_quantizers, model_cfg.decoder.codebook_size)
+        return Vocalizer(None, "cpu", graphed_decoder=self._decoder)
 
     def stats(self) -> dict[str, float]:
         """Captures after start (talker step, codec decoder), device busy seconds, host wait seconds."""
         out = {"busy_s": self.clock.busy_s, "host_waited_s": self.clock.waited_s}
-        for name, part in (("talker_step", self._source), ("codec_decoder", self._decoder)):
+        for name, part in (("talker_step", self._runner), ("codec_decoder", self._decoder)):
             if part is not None:
                 out[f"{name}_captures_after_start"] = part.graphs.late_captures
         return out

@@ -1,23 +1,24 @@
-"""The talker on the virtual device: what :class:`~engines.pipelines.talker.source.TalkerSource`
-does on the host (rows, KV blocks, chunked prefill as the StepPlan says, live text, utterance
-ends), with its device work replaced by the cost table's times on a :class:`DeviceClock`. The
-host side is the real source's own (engines/pipelines/talker/batch.py); this module prices its
-device work and keeps the KV pool's block counts.
+"""The talker on the virtual device: a runner (engines/pipelines/talker/batch.py
+:class:`TalkerRunner`) whose device work is the cost table's times on a :class:`DeviceClock`, under
+the real batch - rows, KV blocks, the order of a tick, live rows waiting for text, how an
+utterance ends (its text's budget, a live utterance's once its text is complete, the runaway
+guard, EOS): every host rule of the real path holds here because it is the same code.
 
-One tick, as the real source runs it (source.py's docstring):
- 0. the planned prefill chunks, one padded call: a graph replay queued on the stream where the
-    table measured the prefill through graphs and the call fits a graphed bucket (every prompt from
-    position 0, engines/runtime/graphed_prefill.py), else eager (the host is busy launching it);
-    prompts that complete decode in the same tick;
- 1-3. one decode step of the rows that step, replayed from the graph of its (rows bucket,
-    KV-blocks bucket, sampling mode) - captured first if this is the bucket's first use;
- 4. the host reads the ids of the previous step (and of this tick's prefill): it waits until the
-    clock has run them. A row ends after its last frame (its text's frame budget, at most
-    ``max_new_tokens - 1`` frames and the stream's positions, as the benchmark checkpoint's rows
-    do: EOS never wins; an exact ``max_new_tokens`` given to ``admit`` replaces the budget) or, with
-    ``eos_frames``, when it samples EOS after that many frames (noticed one step late, as the
-    real source notices it).
-Frames are zero codes; nothing here allocates per-row device state.
+The device work, as the real runner does it (engines/pipelines/talker/source.py):
+ * rows admitted since the last tick start together: the table's ``admit`` cost, else ``ADMIT_MS``;
+ * the planned prefill chunks, one padded call: a graph replay queued on the stream where the
+   table measured the prefill through graphs and the call fits a graphed bucket (every prompt from
+   position 0, engines/runtime/graphed_prefill.py), else eager (the host is busy launching it);
+   the prompts it completes sample their code 0 with it;
+ * one decode step of the rows that step, replayed from the graph of its (rows bucket, KV-blocks
+   bucket, sampling mode) - captured first if this is the bucket's first use;
+ * a step's (or a prefill's) code-0 ids reach the host when the clock has run it (the batch reads
+   them one step later, waiting on their event, as on a GPU).
+Code 0, as a talker with random weights gives it: sampled rows draw it from the request's seed and
+the frame (counter-based, like engines/models/sampling.py), so it never loops; greedy rows repeat
+one id (fixed logits), so the runaway guard ends them; EOS never wins (the benchmark checkpoint's
+rows run to their frame limit) unless ``eos_frames``, after which every row samples EOS. The codes
+1..G-1 are zeros; nothing here allocates per-row device state.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
+from engines.models.talker import TalkerConfig
 from engines.models.paged_kv import KVPoolExhausted
 from engines.pipelines.talker.batch import UtteranceBatch
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
-from engines.pipelines.talker.rows import TalkerFrames, Utterance
+from engines.pipelines.talker.rows import Utterance
 from engines.runtime.cuda_graphs import smallest_bucket
 from engines.runtime.graphed_prefill import PROMPT_BUCKETS, WIDTH_BUCKETS
 from engines.runtime.graphed_talker import kv_bucket, row_buckets, start_keys
@@ -44,6 +46,7 @@ BLOCK_SIZE = 16  # positions per KV block (engines/pipelines/talker/source.py DE
 # source starts the rows admitted since the last tick together, with the launches of one
 # request: priced at one request's where the cost table has no ``admit`` entry (an estimate).
 ADMIT_MS = 1.6
+MASK64 = (1 << 64) - 1
 
 
 def prefill_bucket(prompts: int, width: int, max_positions: int) -> tuple[int, int] | None:
@@ -93,15 +96,36 @@ class BlockLedger:
         return 0
 
 
-class VirtualTalkerSource(UtteranceBatch):
-    """The talker source's interface (what TalkerPipeline and the engine ask of it) on a virtual device."""
+class VirtualIds:
+    """Code-0 ids the clock is making: they reach the host when its event has run (batch.py ``IdsInFlight``)."""
 
-    def __init__(self, prompt: PromptBuilder, generation: TalkerGenerationConfig, num_code_groups: int,
-                 table: CostTable, clock: DeviceClock, max_slots: int = 8, max_seq_len: int = 4096,
-                 kv_blocks: int | None = None, eos_frames: int | None = None):
-        super().__init__(prompt, generation, num_code_groups, max_slots, max_seq_len, torch.device("cpu"))
+    def __init__(self, request_ids: list[str], event: DeviceEvent, values: list[int]):
+        self.request_ids, self.event, self.values = request_ids, event, values
+
+    def resolve(self) -> list[int]:
+        self.event.synchronize()
+        return self.values
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a counter -> 64 well-mixed bits."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & MASK64
+    return x ^ (x >> 31)
+
+
+class VirtualRunner:
+    """The talker's device work on a virtual device (the module docstring)."""
+
+    def __init__(self, table: CostTable, clock: DeviceClock, talker: TalkerConfig, max_slots: int,
+                 max_seq_len: int, kv_blocks: int | None = None, eos_frames: int | None = None):
+        self.device = torch.device("cpu")
+        self.num_code_groups = talker.num_code_groups
         self.table = table
         self.clock = clock
+        self.eos_id = eos_id = talker.codec_eos_token_id
+        # the codebook a sampled code 0 is drawn from
+        self.code0_ids = [i for i in talker.valid_code0_ids() if i != eos_id]
         self.eos_frames = eos_frames  # None: EOS never wins (the benchmark checkpoint)
         max_blocks_per_row = -(-max_seq_len // BLOCK_SIZE)
         # None: every row may reach max_seq_len (a GPU's pool holds far more than its slots need)
@@ -110,80 +134,65 @@ class VirtualTalkerSource(UtteranceBatch):
         self.buckets = row_buckets(max_slots)
         self.graphs = VirtualGraphs("talker step", clock, table.capture_ms.decode_step,
                                     start_keys(self.buckets, max_blocks_per_row, bucket_blocks=not table.kv_in_place))
-        self._pending: list[tuple[DeviceEvent, list[Utterance]]] = []  # sampled ids on their way to the host
         self.batched_admission = True  # as the talker source on a GPU
+        self._sampled: dict[int, int] = {}  # row -> code-0 ids it has sampled (the next one's frame)
 
-    # ---------------------------------------------------------------- admission
+    def kv_cache_stats(self) -> dict[str, float]:
+        return {}  # no prefix cache modelled
 
-    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
+    def take_blocks(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt,
+                    prompt_len: int) -> tuple[int, None]:
         self.cache.reserve(row, prompt_len)
-        return {"prompt": None, "prompt_len": prompt_len, "fed": len(prompt.trailing_text_ids)}
+        return 0, None
 
-    def _start(self, utts: list[Utterance]) -> None:
+    def start(self, utts: list[Utterance]) -> None:
         measured = self.table.admit_ms(len(utts))
-        self.clock.eager(ADMIT_MS if measured is None else measured)  # one set of launches for the group (batch.py)
+        self.clock.eager(ADMIT_MS if measured is None else measured)  # one set of launches for the group
+        for u in utts:
+            self._sampled[u.row] = 0
 
-    # ---------------------------------------------------------------- the tick's device work
-
-    def _prefill(self, takes: tuple[int, ...]) -> None:
-        work = list(zip(self._prefill_queue, takes))
-        if not work:
-            return
+    def prefill_chunks(self, work: list[tuple[Utterance, int]]) -> VirtualIds | None:
         width = max(take for _, take in work)
         cost = self.table.prefill_ms(len(work), width)
         graphed = (all(u.prefilled == 0 for u, _ in work)
                    and prefill_bucket(len(work), width, self.table.prefill_graph_positions) is not None)
         done = self.clock.graphed(cost) if graphed else self.clock.eager(cost)
-        completed = []
-        for u, take in work:
-            u.prefilled += take
-            if u.prefilled == u.prompt_len:
-                u.decoding = True
-                completed.append(u)
-        if completed:  # their code 0 is sampled with the prefill; its copy is read in this tick's decode
-            self._pending.append((done, completed))
-            self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
+        completed = [u for u, take in work if u.prefilled + take == u.prompt_len]
+        if not completed:
+            return None
+        return VirtualIds([u.request_id for u in completed], done, [self._sample(u) for u in completed])
 
-    def _rows_to_step(self) -> list[Utterance]:
-        """Decoding rows, but a live row whose next text id has not arrived sits out (talker/live.py)."""
-        stepping = []
-        for row in sorted(self._utts):
-            u = self._utts[row]
-            if not u.decoding:
-                continue
-            if u.live is not None:
-                u.live.pull()
-                u.fed = len(u.live.trailing_ids())
-                if not u.live.done and u.next_pos - u.prompt_len >= u.fed:
-                    continue
-            stepping.append(u)
-        return stepping
+    def write_text(self, u: Utterance, ids: list[int], done: bool) -> None:
+        """(a live row's text parts: eager writes the table does not price)"""
 
-    def _decode(self, utts: list[Utterance]) -> list[TalkerFrames]:
+    def decode(self, utts: list[Utterance]) -> tuple[torch.Tensor, VirtualIds]:
         rows = smallest_bucket(self.buckets, len(utts))
         held = max(self.cache.row_blocks(u.row) for u in utts)
         blocks = kv_bucket(held, self.max_blocks_per_row, bucket_blocks=not self.table.kv_in_place)
         key = (rows, blocks, not any(u.settings.sampled for u in utts), any(u.settings.any_top_p for u in utts))
         self.graphs.ensure(key)
-        in_flight = self.clock.graphed(self.table.decode_step_ms(rows, held if self.table.kv_in_place else blocks))
-        for u in utts:
-            u.next_pos += 1
-        for event, _ in self._pending:  # the previous ids (admission or an earlier step)
-            event.synchronize()
-        self._pending = [(in_flight, utts)]
-        frames = torch.zeros(len(utts), self.num_code_groups, dtype=torch.int64).split(1)
-        out: list[TalkerFrames] = []
-        for u, codes in zip(utts, frames):
-            if self.eos_frames is not None and u.frames >= self.eos_frames:  # its code 0 was EOS
-                out.append(self._final(u))
-                self._release(u)
-                continue
-            last = u.frames + 1 >= u.max_frames
-            out.append(TalkerFrames(u.request_id, codes, u.frames, last))
-            u.frames += 1
-            if last:
-                self._release(u)
-        return out
+        step = self.clock.graphed(self.table.decode_step_ms(rows, held if self.table.kv_in_place else blocks))
+        codes = torch.zeros(len(utts), self.num_code_groups, dtype=torch.int64)
+        return codes, VirtualIds([u.request_id for u in utts], step, [self._sample(u) for u in utts])
+
+    def _sample(self, u: Utterance) -> int:
+        """The row's next code 0 (the module docstring)."""
+        frame = self._sampled[u.row]
+        self._sampled[u.row] = frame + 1
+        if self.eos_frames is not None and frame >= self.eos_frames:
+            return self.eos_id
+        if u.settings.talker.greedy:
+            return self.code0_ids[0]
+        seed = (u.request.seed or 0) & MASK64
+        return self.code0_ids[_mix64(_mix64(seed) ^ frame) % len(self.code0_ids)]
 
 
-__all__ = ["BlockLedger", "VirtualTalkerSource"]
+def virtual_talker_source(prompt: PromptBuilder, generation: TalkerGenerationConfig, talker: TalkerConfig,
+                          table: CostTable, clock: DeviceClock, max_slots: int = 8, max_seq_len: int = 4096,
+                          kv_blocks: int | None = None, eos_frames: int | None = None) -> UtteranceBatch:
+    """The talker batch (engines/pipelines/talker/batch.py, unchanged) over a :class:`VirtualRunner`."""
+    runner = VirtualRunner(table, clock, talker, max_slots, max_seq_len, kv_blocks, eos_frames)
+    return UtteranceBatch(prompt, generation, talker.num_code_groups, runner, max_slots, max_seq_len)
+
+
+__all__ = ["BlockLedger", "VirtualIds", "VirtualRunner", "virtual_talker_source"]

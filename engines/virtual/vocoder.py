@@ -1,6 +1,6 @@
-"""The codec decoder on the virtual device: the real :class:`~engines.pipelines.vocoder.Vocalizer`
-(validation, stream bookkeeping, priming) over a decoder that queues each call's cost instead of
-running it, and returns silence of the right length.
+"""The codec decoder on the virtual device: a runner the real :class:`~engines.pipelines.vocoder.Vocalizer`
+(validation, stream bookkeeping, priming) decodes through as it does through ``GraphedDecoder`` on a
+GPU; it queues each call's cost instead of running it, and returns silence of the right length.
 
 The calls are the ones ``GraphedDecoder`` (engines/runtime/graphed_decoder.py) makes for the same
 items: every chunk cut into graphed pieces, round r holding each stream's r-th piece, one call
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from engines.pipelines.vocoder import Vocalizer, _Stream
 from engines.runtime.cuda_graphs import smallest_bucket
 from engines.runtime.graphed_decoder import FOR_CONFIG_MAX_BUCKET, chunk_pieces, decoder_chunk_lengths, graph_length
 from engines.runtime.graphed_dit import default_row_buckets
@@ -21,11 +20,14 @@ from engines.virtual.graphs import VirtualGraphs
 
 
 class VirtualCodecDecoder:
-    """What ``Vocalizer`` asks of a graphed decoder (``decode``, ``release``, ``capture_all``)."""
+    """What ``Vocalizer`` asks of a graphed decoder (``decode``, ``release``, ``capture_all``, the
+    codes' shape, ``samples_per_frame``)."""
 
-    def __init__(self, table: CostTable, clock: DeviceClock, stream_cfg, max_streams: int, samples_per_frame: int):
-        self.decoder = None  # (the Vocalizer's, which it never runs)
+    def __init__(self, table: CostTable, clock: DeviceClock, stream_cfg, max_streams: int, samples_per_frame: int,
+                 num_code_groups: int, codebook_size: int):
+        self.decoder = None  # no codec decoder is built
         self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.num_code_groups, self.codebook_size = num_code_groups, codebook_size
         self.table = table
         self.clock = clock
         self.samples_per_frame = samples_per_frame
@@ -91,26 +93,4 @@ class VirtualCodecDecoder:
         return self._silence[:samples]
 
 
-class VirtualVocalizer(Vocalizer):
-    """The real vocalizer's host side over :class:`VirtualCodecDecoder` (no codec decoder is built)."""
-
-    def __init__(self, decoder: VirtualCodecDecoder, num_code_groups: int, codebook_size: int):
-        # Vocalizer.__init__ builds a real decoder; only the attributes its host side reads are set here.
-        self.device, self.dtype = decoder.device, decoder.dtype
-        self.decoder = None
-        self.num_code_groups, self.codebook_size = num_code_groups, codebook_size
-        self.samples_per_frame = decoder.samples_per_frame
-        self.windowed = False  # the graphed path, as on the GPU it stands for
-        self._streams = {}
-        self._graphed_decoder = decoder
-
-    def _decode_graphed(self, items, codes):
-        """The decoder's silence as it is (the real path's one cast over all pieces is device work)."""
-        wavs = self._graphed_decoder.decode([(it.stream_id, c, it.is_last) for it, c in zip(items, codes)])
-        for it, c in zip(items, codes):
-            if c.shape[0]:
-                self._streams[it.stream_id] = _Stream(None, it.frame_offset + c.shape[0])
-        return wavs
-
-
-__all__ = ["VirtualCodecDecoder", "VirtualVocalizer"]
+__all__ = ["VirtualCodecDecoder"]

@@ -9,7 +9,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.models.sampling import GREEDY_SETTINGS
-from engines.pipelines.base import Capacity, Produced, StepPlan
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced, StepPlan
 from engines.pipelines.dit.codes import FrameCoder, LatentChunk
 from engines.pipelines.dit.denoiser import ChunkJob, Denoiser
 from engines.pipelines.dit.planner import UtterancePlanner
@@ -32,6 +32,7 @@ class DiTPipeline:
     ``capture_graphs`` captures before the engine reports ready."""
 
     name = "dit"
+    chunking = Chunking(1, 1)  # its chunks are sized by the planner: each goes to the vocoder as it is
 
     def __init__(self, planner: UtterancePlanner, denoiser: Denoiser, context_frames: int,
                  coder: FrameCoder, graphed: tuple = ()):
@@ -65,16 +66,17 @@ class DiTPipeline:
                 clause.enc_null.record_stream(main)
         return results
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
         [result] = self.prepare_many([(request, voice_index)])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
-        """``prepare`` for several requests with one planner forward; per request its frame
-        count, or the exception that rejects it (the others are prepared)."""
-        out: list[int | Exception] = []
+    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[Prepared | Exception]:
+        """``prepare`` for several requests with one planner forward; per request its frames and
+        chunks (one slot unit each, started one after another by the scheduler), or the exception
+        that rejects it (the others are prepared)."""
+        out: list[Prepared | Exception] = []
         for (request, _), plans in zip(items, self._plan_many(items)):
             if isinstance(plans, Exception):
                 out.append(plans)
@@ -84,14 +86,10 @@ class DiTPipeline:
                 for i, (start, n) in enumerate(clause.chunks):
                     chunks.append((clause.enc, clause.enc_null, start, n, clause.text if i == 0 else None))
             self._requests[request.id] = _DiTRequest(request, chunks)
-            out.append(sum(c[3] for c in chunks))
+            out.append(Prepared(frames=sum(c[3] for c in chunks), units=len(chunks)))
         return out
 
-    def wants_slot(self, request_id: str) -> bool:
-        r = self._requests[request_id]
-        return r.in_flight is None and r.next_chunk < len(r.chunks)
-
-    def start(self, request_id: str) -> None:
+    def start(self, request_id: str, prepared: Prepared | None = None) -> None:
         r = self._requests[request_id]
         req = r.request
         enc, enc_null, start, n, _ = r.chunks[r.next_chunk]
@@ -127,16 +125,13 @@ class DiTPipeline:
         for (r, index, _), codes in zip(done, self.coder.codes(chunks)):
             _, _, start, _, text = r.chunks[index]
             out.append(Produced(request_id=r.request.id, frame_start=start, codes=codes, text=text,
-                                is_last=r.next_chunk >= len(r.chunks)))
+                                is_last=r.next_chunk >= len(r.chunks), unit_done=True))
         return out
 
     def drop(self, request_id: str) -> None:
         r = self._requests.pop(request_id, None)
         if r is not None and r.in_flight is not None:
             self.denoiser.cancel(r.in_flight)
-
-    def flush_frames(self, frames_emitted: int) -> int:
-        return 1  # chunks are already sized by the planner
 
     def languages(self) -> None:
         return None  # the byte frontend reads any language

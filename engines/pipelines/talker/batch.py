@@ -1,13 +1,13 @@
-"""The host side of a talker batch, one place for the talker source (source.py) and the virtual
-device's (engines/virtual/talker.py): which utterance holds which row, the prompts still to
-prefill, the KV blocks a row takes, what the scheduler is told (``capacity``), and the order of
-one tick. The device work is the subclass's: a row's KV blocks (``_take_row``, at admission),
-its prompt inputs and row state (``_start``, at the next tick: the rows admitted since the last
-tick start together when ``batched_admission``), the planned prefill (``_prefill``), which rows
-step (``_rows_to_step``) and the decode step (``_decode``).
+"""The host side of a talker batch, in one place whatever the device: which utterance holds which
+row, the prompts still to prefill, the KV blocks a row takes, what the scheduler is told
+(``capacity``), the order of one tick, live rows waiting for text, and how an utterance ends (EOS,
+its frame limit - its text's budget, a live utterance's once its text is complete -, the runaway
+guard). The device work is a :class:`TalkerRunner`'s: the real device's (source.py
+``DeviceRunner``) or the virtual device's (engines/virtual/talker.py), so every rule here holds on
+both by construction (vLLM: a new device is another model runner behind the same interface).
 
-``cache``: the paged KV pool's host interface (engines/models/paged_kv.py ``PagedKVCache``, or
-the virtual device's block ledger): ``blocks_for``, ``row_blocks``, ``reserve`` (KVPoolExhausted
+``runner.cache``: the paged KV pool's host interface (engines/models/paged_kv.py ``PagedKVCache``,
+or the virtual device's block ledger): ``blocks_for``, ``row_blocks``, ``reserve`` (KVPoolExhausted
 when short), ``release``, ``flush``, ``free_blocks``, ``used_blocks``, ``capacity_blocks``,
 ``block_size``, ``memory_bytes``.
 """
@@ -15,6 +15,7 @@ when short), ``release``, ``flush``, ``free_blocks``, ``used_blocks``, ``capacit
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 
@@ -22,17 +23,60 @@ from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
 from engines.models.paged_kv import KVPoolExhausted
 from engines.pipelines.base import Capacity, StepPlan
-from engines.pipelines.talker.budget import frame_limit, planned_frames
+from engines.pipelines.talker.budget import frame_budget, frame_limit, planned_frames
+from engines.pipelines.talker.live import rows_waiting_for_text
 from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
-from engines.pipelines.talker.rows import RowSettings, TalkerFrames, Utterance, resolve_settings
+from engines.pipelines.talker.rows import TalkerFrames, Utterance, resolve_settings
+
+
+class IdsInFlight(Protocol):
+    """Sampled code-0 ids on their way to the host (rows.py ``HostIds``, or the virtual device's)."""
+
+    request_ids: list[str]
+
+    def resolve(self) -> list[int]:
+        """The codec ids, one per request id (waits for the copy)."""
+
+
+class TalkerRunner(Protocol):
+    """The device work of a talker batch (the host side calls it in a tick's order)."""
+
+    cache: object  # the KV pool's host interface (this module's docstring)
+    device: torch.device
+    eos_id: int  # the codec id that ends an utterance
+    batched_admission: bool  # rows admitted since the last tick start together (a GPU: one set of launches)
+
+    def take_blocks(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt,
+                    prompt_len: int) -> tuple[int, list[bytes] | None]:
+        """The prompt's KV blocks for ``row`` (KVPoolExhausted, nothing taken, when short) -> the
+        positions already in the cache (a shared prefix) and the prompt's prefix keys (None: none)."""
+
+    def start(self, utts: list[Utterance]) -> None:
+        """The rows' device state and prompt inputs, for all of ``utts`` at once."""
+
+    def prefill_chunks(self, work: list[tuple[Utterance, int]]) -> IdsInFlight | None:
+        """``take`` positions of each prompt from its ``prefilled`` on; the prompts this completes
+        sample their code 0 -> those ids' copy to the host (None: none completed)."""
+
+    def write_text(self, u: Utterance, ids: list[int], done: bool) -> None:
+        """A live row's newly committed trailing text ids (its parts ``u.fed`` on), ``done``: the
+        text is complete."""
+
+    def decode(self, utts: list[Utterance]) -> tuple[torch.Tensor, IdsInFlight]:
+        """One decode step of ``utts`` -> their frames' codes [n, G] and the copy of their next
+        code-0 ids to the host (started, not waited for)."""
+
+    def kv_cache_stats(self) -> dict[str, float]:
+        """The device's own KV figures (a prefix cache's hits, misses, evictions), if any."""
 
 
 class UtteranceBatch:
-    """Stable rows of utterances (an utterance keeps its row and blocks from admission to its end)."""
+    """Stable rows of utterances (an utterance keeps its row and blocks from admission to its end)
+    over a :class:`TalkerRunner` (the module docstring)."""
 
     def __init__(self, prompt: PromptBuilder, generation: TalkerGenerationConfig, num_code_groups: int,
-                 max_slots: int, max_seq_len: int, device):
+                 runner: TalkerRunner, max_slots: int, max_seq_len: int):
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
         self.prompt = prompt
@@ -40,19 +84,27 @@ class UtteranceBatch:
         self.num_code_groups = num_code_groups
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len  # positions per stream (prompt + frames)
-        self.device = device
-        self.cache = None  # the subclass's KV pool (see the module docstring)
+        self.runner = runner
+        self.cache = runner.cache
+        self.device = runner.device
         self._utts: dict[int, Utterance] = {}  # row -> utterance
         self._prefill_queue: list[Utterance] = []  # admission order
         self._starting: list[Utterance] = []  # admitted, row state and prompt inputs not on the device yet
-        # Start the rows admitted since the last tick in one pass (a GPU: one set of kernel
-        # launches, not one per request); else one by one, each exactly as a lone request.
-        self.batched_admission = False
+        self._pending: list[IdsInFlight] = []  # sampled ids on their way to the host
         self._last_batch_rows = 0
-        self._waiting_prompt_blocks = 0  # set by the pipeline: blocks the longest waiting prompt needs
         self._admissions = 0
         self.admission_waits = 0  # ticks in which a free row waited for KV blocks
         self.kv_stalls = 0  # row-steps skipped because the pool had no block for the row's next position
+
+    @property
+    def batched_admission(self) -> bool:
+        """Start the rows admitted since the last tick in one pass (a GPU: one set of kernel
+        launches, not one per request); else one by one, each exactly as a lone request."""
+        return self.runner.batched_admission
+
+    @batched_admission.setter
+    def batched_admission(self, value: bool) -> None:
+        self.runner.batched_admission = value
 
     # ---------------------------------------------------------------- introspection
 
@@ -81,11 +133,11 @@ class UtteranceBatch:
 
     def capacity(self) -> Capacity:
         """What the scheduler decides from (engines/core/scheduler.py): free rows, free KV blocks,
-        the decoding rows' growth, the blocks the longest waiting prompt needs, and the prompt
-        positions each queued prompt has left (oldest first)."""
+        the decoding rows' growth, the pool's block size, and the prompt positions each queued
+        prompt has left (oldest first)."""
         return Capacity(free_rows=self.free_rows(), free_blocks=self.cache.free_blocks,
                         growth_blocks=sum(1 for u in self._utts.values() if u.decoding),
-                        waiting_blocks=self._waiting_prompt_blocks,
+                        block_size=self.cache.block_size,
                         prefill_waiting=tuple(u.prompt_len - u.prefilled for u in self._prefill_queue
                                               if u.max_frames > 0))
 
@@ -99,14 +151,11 @@ class UtteranceBatch:
             raise ValueError(f"prompt of {prompt_positions} positions needs {need} KV cache blocks; the pool has "
                              f"{self.cache.capacity_blocks} (raise --kv-cache-gb)")
 
-    def wait_for(self, prompt_positions: int) -> None:
-        """The longest prompt waiting for a row, in positions (the scheduler keeps room for it)."""
-        self._waiting_prompt_blocks = self.cache.blocks_for(prompt_positions + 1) if prompt_positions else 0
-
     def kv_cache_stats(self) -> dict[str, float]:
         c = self.cache
         return {"blocks_total": c.capacity_blocks, "blocks_used": c.used_blocks, "block_size": c.block_size,
-                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls}
+                "bytes": c.memory_bytes(), "admission_waits": self.admission_waits, "stalls": self.kv_stalls,
+                **self.runner.kv_cache_stats()}
 
     # ---------------------------------------------------------------- admission
 
@@ -146,22 +195,19 @@ class UtteranceBatch:
         # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
         if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
-        # A live utterance's text budget is known once its text is complete (source.py _frame_limit).
+        # A live utterance's text budget is known once its text is complete (``_frame_limit``).
         budgeted = max_new_tokens is None
         text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
         max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
-        taken = self._take_row(row, request, prompt, s_len)  # raises before anything changes
+        cached, keys = self.runner.take_blocks(row, request, prompt, s_len)  # raises before anything changes
         self._admissions += 1
-        u = Utterance(request, row, settings, max_frames=max_frames, limit_reason=limit_reason, next_pos=s_len,
-                      admitted=self._admissions, live=live, budgeted=budgeted, talker_prompt=prompt, **taken)
+        u = Utterance(request, row, settings, prompt=None, prompt_len=s_len, max_frames=max_frames,
+                      limit_reason=limit_reason, next_pos=s_len, prefilled=cached, prefix_keys=keys,
+                      admitted=self._admissions, live=live, budgeted=budgeted, talker_prompt=prompt)
         self._utts[row] = u
         self._prefill_queue.append(u)
         self._starting.append(u)
-
-    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
-        """The prompt's KV blocks; the Utterance fields it sets (its ``prompt_len`` at least)."""
-        raise NotImplementedError
 
     def start_admitted(self) -> None:
         """The row state and prompt inputs of the utterances admitted since the last tick."""
@@ -169,13 +215,9 @@ class UtteranceBatch:
         if not starting:
             return
         for group in [starting] if self.batched_admission else [[u] for u in starting]:
-            self._start(group)
+            self.runner.start(group)
             for u in group:
                 u.talker_prompt = None  # its inputs are on the device now
-
-    def _start(self, utts: list[Utterance]) -> None:
-        """Device work of :meth:`start_admitted` for ``utts`` (sets each one's ``prompt`` inputs)."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- the tick
 
@@ -201,18 +243,30 @@ class UtteranceBatch:
 
     def prefill_step(self, takes: tuple[int, ...]) -> None:
         """A tick's prefill: the rows admitted since the last one start, then the queued prompts
-        prefill the positions the scheduler planned (``takes``, oldest first)."""
+        prefill the positions the scheduler planned (``takes``, oldest first); the prompts that
+        complete join this tick's decode step, their code 0 on its way to the host."""
         self.start_admitted()
-        self._prefill(takes)
-
-    def _prefill(self, takes: tuple[int, ...]) -> None:
-        raise NotImplementedError
+        work = [(u, take) for u, take in zip(self._prefill_queue, takes) if take > 0]
+        if not work:
+            return
+        for u, take in work:
+            if u.prefilled + take > u.prompt_len:
+                raise ValueError(f"the plan prefills {take} positions of {u.request_id!r}; it has "
+                                 f"{u.prompt_len - u.prefilled} left")
+        completed = self.runner.prefill_chunks(work)
+        for u, take in work:
+            u.prefilled += take
+            u.decoding = u.prefilled == u.prompt_len
+        if completed is not None:
+            self._pending.append(completed)
+        self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
 
     def _rows_to_step(self) -> list[Utterance]:
-        raise NotImplementedError
-
-    def _decode(self, utts: list[Utterance]) -> list[TalkerFrames]:
-        raise NotImplementedError
+        """The utterances that take a decode step this tick, by row. A row left out keeps its
+        state untouched and steps again in a later tick: a live row whose next text id has not
+        arrived yet sits out until it does (live.py)."""
+        waiting = rows_waiting_for_text(self._utts, self.runner.write_text)
+        return [self._utts[r] for r in sorted(self._utts) if self._utts[r].decoding and r not in waiting]
 
     def _grow(self, utts: list[Utterance]) -> tuple[list[Utterance], list[TalkerFrames]]:
         """Blocks for each stepping row's next position. A row the pool cannot serve now sits
@@ -232,6 +286,47 @@ class UtteranceBatch:
             self._release(u)
             failed.append(replace(self._final(u), error=f"kv_cache_exhausted: {exc}"))
         return ok, failed
+
+    def _decode(self, utts: list[Utterance]) -> list[TalkerFrames]:
+        """One decode step of ``utts`` on the runner, then the host's part: the PREVIOUS step's ids
+        (copied while this step was queued) decide who ends. A row whose code 0 was EOS ends (its
+        frame of this step is dropped, EOS is not a frame); any other emits its frame, the last one
+        at its frame limit or when its code 0 has fallen into a loop (guard.py)."""
+        codes, in_flight = self.runner.decode(utts)
+        for u in utts:
+            u.next_pos += 1
+        by_id = {u.request_id: u for u in self._utts.values()}
+        for record in self._pending:
+            for rid, value in zip(record.request_ids, record.resolve()):
+                if rid in by_id:
+                    by_id[rid].code0 = value
+        self._pending = [in_flight]
+        out: list[TalkerFrames] = []
+        frames = codes.split(1)  # one op for every row's [1, G] view
+        for i, u in enumerate(utts):
+            if u.code0 is None:
+                raise RuntimeError(f"talker: code 0 of {u.request_id!r} never reached the host")
+            if u.code0 == self.runner.eos_id:
+                out.append(self._final(u))
+                self._release(u)
+                continue
+            limit, reason = self._frame_limit(u)
+            looped = u.guard.add(u.code0)  # the runaway guard: its code 0 repeats one pattern
+            last = looped or u.frames + 1 >= limit
+            truncated = "loop" if looped else reason if last else None
+            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=truncated))
+            u.frames += 1
+            u.code0 = None  # the value for the next step arrives with ``in_flight``
+            if last:
+                self._release(u)
+        return out
+
+    @staticmethod
+    def _frame_limit(u: Utterance) -> tuple[int, str]:
+        """The utterance's frame limit now: a live one's text budget applies once its text is complete."""
+        if u.live is None or not u.live.done or not u.budgeted:
+            return u.max_frames, u.limit_reason
+        return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
 
     def _final(self, u: Utterance) -> TalkerFrames:
         """The empty last frames of an utterance that ends without one (EOS, no frame allowed)."""
@@ -258,4 +353,4 @@ class UtteranceBatch:
                 self._starting.remove(u)
 
 
-__all__ = ["UtteranceBatch"]
+__all__ = ["IdsInFlight", "TalkerRunner", "UtteranceBatch"]

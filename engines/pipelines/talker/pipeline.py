@@ -1,5 +1,6 @@
 """The talker pipeline behind the seam: utterances with continuous batching (source.py); it
-emits code frames directly."""
+emits code frames directly. It keeps no queue: a prepared utterance (its request with the voice
+resolved, its prompt's positions, its live text) waits in the core's scheduler, which starts it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import numpy as np
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.pipelines.base import Capacity, Produced, StepPlan
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced, StepPlan
 from engines.pipelines.talker.live_text import LiveText
 
-# Frames before a talker stream's first audio (320 ms). The talker makes one frame per step,
-# so a chunk costs time in proportion to its length: later chunks double (see flush_frames).
+# A talker stream's first chunks on a loaded device (320 ms; the scheduler starts every stream with
+# one frame and ramps to this). The talker makes one frame per step, so a chunk costs time in
+# proportion to its length: later chunks double up to ``chunk_frames`` (engines/core/scheduler.py
+# ``flush_frames``).
 FIRST_CHUNK_FRAMES = 4
 
 
@@ -28,26 +31,21 @@ class TalkerPipeline:
         self.source = talker_source
         self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
         self.voices = voices  # voice index -> the checkpoint's speaker name
-        self.first_chunk_frames = first_chunk_frames
-        self.chunk_frames = chunk_frames
-        self._waiting: dict[str, SynthesisRequest] = {}
+        self.chunking = Chunking(first_chunk_frames, chunk_frames)
         # In-context cloning: the vocoder runs over the reference codes before the generated
         # frames (the official decode of [reference, generated] with the reference's audio cut).
         self.prime = prime  # callable(stream_id, codes [T, G]) or None
-        self._live: dict[str, LiveText] = {}  # live utterances waiting for their first text id
-        self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
+        """The request with its voice resolved, its prompt's positions (the scheduler keeps KV blocks
+        for them) and, for a live utterance, its text gate (it starts once its first text id is known)."""
         # The engine validated the request (language, task) and tokenized it (``tokenize``).
         request = replace(request, voice=self.voices[voice_index], language=request.language or "Auto")
         positions = self.source.prompt_positions(request)  # task, clone, instructions: ValueError now
         self.source.check_fits(positions)  # a prompt that could never be admitted fails now
-        self._waiting[request.id] = request
-        self._prompt_positions[request.id] = positions
-        self._update_kv_wait()
-        if request.text_feed is not None:
-            self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
-        return self.source.planned_frames(request)  # an upper bound: EOS usually comes first
+        live = LiveText(request.text_feed, self.source.prompt) if request.text_feed is not None else None
+        return Prepared(frames=self.source.planned_frames(request),  # an upper bound: EOS usually comes first
+                        work=request, prompt_positions=positions, text=live)
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
         """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the
@@ -63,12 +61,8 @@ class TalkerPipeline:
         self.source.check_fits(positions)
         return request
 
-    def _update_kv_wait(self) -> None:
-        """The source keeps KV blocks free for the longest prompt still waiting for a row."""
-        self.source.wait_for(max(self._prompt_positions.values(), default=0))
-
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
-        out: list[int | Exception] = []
+    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[Prepared | Exception]:
+        out: list[Prepared | Exception] = []
         for request, voice_index in items:
             try:
                 out.append(self.prepare(request, voice_index))
@@ -76,19 +70,11 @@ class TalkerPipeline:
                 out.append(exc)
         return out
 
-    def wants_slot(self, request_id: str) -> bool:
-        if request_id not in self._waiting:
-            return False
-        live = self._live.get(request_id)  # a live utterance is prefilled once its first text id is known
-        return live is None or live.pull() or live.ready
-
-    def start(self, request_id: str) -> None:
-        request = self._waiting.pop(request_id)
-        self._prompt_positions.pop(request_id, None)
-        self._update_kv_wait()
+    def start(self, request_id: str, prepared: Prepared) -> None:
+        request: SynthesisRequest = prepared.work
         if self.prime is not None and request.clone is not None and request.clone.in_context:
             self.prime(request.id, torch.from_numpy(np.asarray(request.clone.ref_codes, dtype=np.int64)))
-        self.source.admit(request, live=self._live.pop(request_id, None))
+        self.source.admit(request, live=prepared.text)
 
     def capacity(self) -> Capacity:
         return self.source.capacity()
@@ -104,25 +90,11 @@ class TalkerPipeline:
         return self.source.kv_cache_stats()
 
     def drop(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
-        self._live.pop(request_id, None)
-        if self._prompt_positions.pop(request_id, None) is not None:
-            self._update_kv_wait()
         self.source.cancel(request_id)
 
     def capture_graphs(self) -> None:
         for graphed in self.graphed:
             graphed.capture_all()
-
-    def flush_frames(self, frames_emitted: int) -> int:
-        """The first chunk small (first audio early; the scheduler may make it smaller still while
-        the engine has room), then each chunk as long as all the audio before it, up to
-        ``chunk_frames``: a chunk is generated while the audio already handed over plays, which
-        holds at any load under real time; a fixed long second chunk after a short first one
-        would underrun far sooner."""
-        if frames_emitted == 0:
-            return self.first_chunk_frames
-        return min(self.chunk_frames, frames_emitted)
 
     @property
     def active_slots(self) -> int:

@@ -79,12 +79,12 @@ class Prefill:
                            device=self.device, scratch_row=scratch_row, block_size=self.cache.block_size,
                            max_positions=max_positions)
 
-    def run(self, queue: list[Utterance], takes: tuple[int, ...]) -> HostIds | None:
-        """Chunks of queued prompts, ``takes`` positions each (oldest first, as the scheduler
-        planned under the prefill budget), in one padded talker forward (padding writes into the
-        null block); completed prompts sample their code 0 and start decoding (``decoding``).
-        -> the copy of their code-0 ids to the host, None when no prompt completed."""
-        work = [(u, u.prefilled, take) for u, take in zip(queue, takes)]
+    def run(self, chunks: list[tuple[Utterance, int]]) -> HostIds | None:
+        """Chunks of queued prompts, ``take`` positions each from its ``prefilled`` on (as the
+        scheduler planned under the prefill budget), in one padded talker forward (padding writes
+        into the null block); the prompts this completes sample their code 0 (the caller counts the
+        positions: batch.py). -> the copy of their code-0 ids to the host, None when none completed."""
+        work = [(u, u.prefilled, take) for u, take in chunks]
         if not work:
             return None
         self.cache.flush()  # the prompts' blocks (taken at admission) into the device table
@@ -106,8 +106,7 @@ class Prefill:
                                           write_slots=slots)
         done = []
         for i, (u, start, take) in enumerate(work):
-            u.prefilled = start + take
-            if u.prefilled == u.prompt_len:
+            if start + take == u.prompt_len:
                 done.append(i)
                 if u.prefix_keys is not None:  # its prompt's K/V is queued: later requests may share it
                     self.prefix.insert(u.prefix_keys, self.cache.owned(u.row), u.prompt_len)
@@ -121,8 +120,7 @@ class Prefill:
         cols = self.decode.sample(h[keep], idx, all_greedy=not any(u.settings.sampled for u in utts),
                                   any_top_p=any(u.settings.any_top_p for u in utts))  # code 0 of frame 0
         for u in utts:
-            u.prompt = None
-            u.decoding = True
+            u.prompt = None  # its inputs are in the cache now
         return self.decode.copy_to_host(cols, [u.request_id for u in utts])
 
 

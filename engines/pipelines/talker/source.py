@@ -18,8 +18,8 @@ One tick:
     the step's plan says (the scheduler's prefill token budget: a long prompt takes several
     ticks), so an arriving request never stalls the streams already speaking; a prompt that
     completes samples its code 0 and joins the decode step of the same tick.
- 1. **decode**, for the rows chosen by :meth:`_rows_to_step` (every decoding row today; a row
-    may sit a step out without any state change, e.g. while its next text has not arrived):
+ 1. **decode**, for the rows that step (every decoding row but a live one whose next text has not
+    arrived, or one the KV pool cannot grow: it sits the step out without any state change):
     code predictor on [h, emb(code 0)] -> codes 1..G-1 of frame k;
  2. next talker input = sum of the frame's G code embeddings + the row's text part for step
     k (decode.py `_text_inputs`: trailing text, then tts_pad); one talker forward over the paged
@@ -53,12 +53,14 @@ block, and prefills only the rest; every completed prompt is indexed, within
 ``prefix_cache_fraction`` of the pool (least recently used blocks nobody holds are evicted
 first, also when the pool runs short). ``kv_cache_stats()`` counts hits, misses, evictions.
 
-The batch is split by concern: batch.py (the host side: rows, admission, capacity, the order
-of a tick, release; shared with the virtual device's source), rows.py (row state, settings,
-an utterance's bookkeeping), prefill.py (prompt blocks, prefix-cache hits, chunked prefill),
-decode.py (the device step), live.py (text still arriving); this module coordinates them. The budgets - who is admitted,
-how many prompt positions each queued prompt prefills, the prefill token budget itself - are
-the scheduler's (engines/core/scheduler.py), decided from :meth:`TalkerSource.capacity`.
+The host side - rows, admission, capacity, the order of a tick, live rows waiting for text, how
+an utterance ends (step 4), release - is batch.py's, whatever the device; this module is the real
+device's runner (:class:`DeviceRunner`: the KV pool, prefill.py, decode.py, live.py's text parts)
+and :class:`TalkerSource`, the batch over it. The virtual device is another runner under the same
+batch (engines/virtual/talker.py). rows.py holds row state, settings and an utterance's
+bookkeeping. The budgets - who is admitted, how many prompt positions each queued prompt
+prefills, the prefill token budget itself - are the scheduler's (engines/core/scheduler.py),
+decided from :meth:`TalkerSource.capacity`.
 
 Greedy codes equal :func:`engines.pipelines.talker.reference.generate_codes` (and the official
 ``generate_custom_voice``) whatever shares the batch; sampled codes too, since the noise is
@@ -76,9 +78,8 @@ from engines.models.paged_kv import PagedKVCache
 from engines.models.prefix_cache import PrefixCache
 from engines.models.talker import Talker
 from engines.pipelines.talker.batch import UtteranceBatch
-from engines.pipelines.talker.budget import frame_budget
 from engines.pipelines.talker.decode import DecodeStep
-from engines.pipelines.talker.live import LiveRows
+from engines.pipelines.talker.live import TextParts
 from engines.pipelines.talker.prefill import Prefill, prefix_keys, take_blocks
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
 from engines.pipelines.talker.reference import TalkerBundle, batch_prompt_tensors
@@ -104,21 +105,21 @@ DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefi
 GRAPHED_TRAIL_CAPACITY = 1024
 
 
-class TalkerSource(UtteranceBatch):
-    """Continuous batching of talker utterances (see the module docstring): the coordinator of
-    the rows (batch.py, rows.py), prefill (prefill.py), the decode step (decode.py) and live
-    text (live.py)."""
+class DeviceRunner:
+    """The talker's device work on a real device (batch.py :class:`TalkerRunner`): the paged KV
+    pool and its prefix cache, the rows' device state, prefill (prefill.py), the decode step
+    (decode.py) and live rows' text parts (live.py)."""
 
-    def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
-                 generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
-                 max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 kv_blocks: int | None = None,
+    def __init__(self, talker: Talker, predictor: CodePredictor, generation: TalkerGenerationConfig,
+                 tts_pad_token_id: int, device, dtype: torch.dtype, max_slots: int, max_seq_len: int,
+                 kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None,
                  prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
-        super().__init__(prompt, generation, talker.cfg.num_code_groups, max_slots, max_seq_len,
-                         canonical_device(device))
+        self.device = canonical_device(device)
         self.talker = talker.eval()
         self.dtype = dtype
+        self.max_slots, self.max_seq_len = max_slots, max_seq_len
         cfg = talker.cfg
+        self.eos_id = cfg.codec_eos_token_id
         n_valid = talker.valid_ids.numel()  # compact code-0 columns (codebook + EOS)
         kv_shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         if kv_blocks is not None:  # an exact pool (tests, benchmarks); else sized in bytes
@@ -141,30 +142,10 @@ class TalkerSource(UtteranceBatch):
         self.decoder = DecodeStep(self.talker, predictor.eval(), generation, self.state, self.cache, self.rope,
                                   max_seq_len, self.device, dtype)
         self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device)
-        self.live_rows = LiveRows(self.talker, self.state, prompt.config.tts_pad_token_id, self.device)
-        self._pending: list[HostIds] = []
+        self.text = TextParts(self.talker, self.state, tts_pad_token_id, self.device)
         # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
         self.step_runner = None
         self.batched_admission = self.device.type == "cuda"  # launch bound there (batch.py)
-
-    @property
-    def predictor(self) -> CodePredictor:
-        """The decode step's code predictor (the engine may wrap it: GraphedCodePredictor)."""
-        return self.decoder.predictor
-
-    @predictor.setter
-    def predictor(self, predictor: CodePredictor) -> None:
-        self.decoder.predictor = predictor
-
-    @property
-    def buffers_version(self) -> int:
-        """Changes when a per-row buffer is reallocated (captured graphs must recapture)."""
-        return self.state.version
-
-    def decode_step(self, idx: torch.Tensor, n_blocks: int, all_greedy: bool,
-                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps 1-3 for rows ``idx`` on the device (decode.py :class:`DecodeStep`)."""
-        return self.decoder(idx, n_blocks, all_greedy, any_top_p)
 
     def step_spec(self) -> StepSpec:
         """What a GraphedTalkerStep captures: the decode step and its static sizes (the
@@ -176,27 +157,17 @@ class TalkerSource(UtteranceBatch):
         """What a GraphedPrefill captures: the prompt forward, its padding row and sizes."""
         return self.prefill.spec(self.scratch_row)
 
-    @classmethod
-    def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,
-                    kv_cache_gb: float | None = None, **kwargs) -> "TalkerSource":
-        return cls(bundle.talker, bundle.predictor, bundle.prompt, bundle.generation, bundle.device, bundle.dtype,
-                   max_slots=max_slots, max_seq_len=max_seq_len, kv_cache_gb=kv_cache_gb, **kwargs)
-
     def kv_cache_stats(self) -> dict[str, float]:
-        stats = super().kv_cache_stats()
-        if self.prefix is not None:  # hits, misses, evictions, positions not prefilled, blocks indexed
-            stats.update(self.prefix.stats())
-        return stats
+        """The prefix cache's hits, misses, evictions, positions not prefilled, blocks indexed."""
+        return self.prefix.stats() if self.prefix is not None else {}
 
-    # ---------------------------------------------------------------- admission
-
-    def _take_row(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt, prompt_len: int) -> dict:
+    def take_blocks(self, row: int, request: SynthesisRequest, prompt: TalkerPrompt,
+                    prompt_len: int) -> tuple[int, list[bytes] | None]:
         """The prompt's blocks (shared prefixes adopted: prefill.py)."""
         keys = prefix_keys(self.prefix, request, prompt)
-        cached = take_blocks(self.cache, self.prefix, row, prompt_len, keys)  # raises before anything changes
-        return {"prompt": None, "prompt_len": prompt_len, "prefilled": cached, "prefix_keys": keys}
+        return take_blocks(self.cache, self.prefix, row, prompt_len, keys), keys  # raises before anything changes
 
-    def _start(self, utts: list[Utterance]) -> None:
+    def start(self, utts: list[Utterance]) -> None:
         """The prompts' inputs and the rows' device state, for all of ``utts`` at once."""
         xs, trailings, pad = batch_prompt_tensors(self.talker, [u.talker_prompt for u in utts], self.device)
         for u, x in zip(utts, xs):
@@ -204,71 +175,94 @@ class TalkerSource(UtteranceBatch):
         self.state.start([u.row for u in utts], [u.request for u in utts], [u.settings for u in utts],
                          trailings, pad, [u.prompt_len for u in utts])
 
-    # ---------------------------------------------------------------- the tick's device work
+    def prefill_chunks(self, work: list[tuple[Utterance, int]]) -> HostIds | None:
+        """The planned prompt chunks in one padded forward (prefill.py)."""
+        return self.prefill.run(work)
 
-    def _rows_to_step(self) -> list[Utterance]:
-        """The utterances that take a decode step this tick, by row. A row left out keeps its
-        state untouched and steps again in a later tick: a live row whose next text id has
-        not arrived yet sits out until it does."""
-        waiting = self.live_rows.feed(self._utts)
-        return [self._utts[r] for r in sorted(self._utts) if self._utts[r].decoding and r not in waiting]
+    def write_text(self, u: Utterance, ids: list[int], done: bool) -> None:
+        self.text.write(u, ids, done)
 
-    def _eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
-                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def eager_step(self, rows: list[int], n_blocks: int, all_greedy: bool,
+                   any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
         idx = upload(rows, torch.int64, self.device)  # no stream sync for the upload
         return self.decoder(idx, n_blocks, all_greedy, any_top_p)
 
-    def _decode(self, utts: list[Utterance]) -> list[TalkerFrames]:
-        """One decode step of ``utts`` (steps 1-4 of the module docstring)."""
+    def decode(self, utts: list[Utterance]) -> tuple[torch.Tensor, HostIds]:
+        """Steps 1-3 of the module docstring for ``utts`` (eager, or replayed by ``step_runner``);
+        the new code-0 ids' copy to the host starts now."""
         n_blocks = max(self.cache.row_blocks(u.row) for u in utts)
-        run = self.step_runner or self._eager_step
+        run = self.step_runner or self.eager_step
         codes, new_cols = run([u.row for u in utts], n_blocks, not any(u.settings.sampled for u in utts),
                               any(u.settings.any_top_p for u in utts))
-        for u in utts:
-            u.next_pos += 1
-        in_flight = self.decoder.copy_to_host(new_cols, [u.request_id for u in utts], flip=True)  # starts now
+        return codes, self.decoder.copy_to_host(new_cols, [u.request_id for u in utts], flip=True)
 
-        # 4. host: the previous ids (admission or an earlier step) decide who ends.
-        by_id = {u.request_id: u for u in self._utts.values()}
-        for record in self._pending:
-            for rid, value in zip(record.request_ids, record.resolve()):
-                if rid in by_id:
-                    by_id[rid].code0 = value
-        self._pending = [in_flight]
-        eos = self.talker.cfg.codec_eos_token_id
-        out: list[TalkerFrames] = []
-        frames = codes.split(1)  # one op for every row's [1, G] view
-        for i, u in enumerate(utts):
-            if u.code0 is None:
-                raise RuntimeError(f"talker: code 0 of {u.request_id!r} never reached the host")
-            if u.code0 == eos:
-                out.append(self._final(u))
-                self._release(u)
-                continue
-            limit, reason = self._frame_limit(u)
-            looped = u.guard.add(u.code0)  # the runaway guard: its code 0 repeats one pattern
-            last = looped or u.frames + 1 >= limit
-            truncated = "loop" if looped else reason if last else None
-            out.append(TalkerFrames(u.request_id, frames[i], u.frames, last, truncated=truncated))
-            u.frames += 1
-            u.code0 = None  # the value for the next step arrives with ``in_flight``
-            if last:
-                self._release(u)
-        return out
 
-    @staticmethod
-    def _frame_limit(u: Utterance) -> tuple[int, str]:
-        """The utterance's frame limit now: a live one's text budget applies once its text is complete."""
-        if u.live is None or not u.live.done or not u.budgeted:
-            return u.max_frames, u.limit_reason
-        return min((frame_budget(len(u.live.ids)), "budget"), (u.max_frames, u.limit_reason), key=lambda b: b[0])
+class TalkerSource(UtteranceBatch):
+    """Continuous batching of talker utterances on the real device (the module docstring): the
+    host side (batch.py, every rule of it) over a :class:`DeviceRunner`. It overrides nothing; the
+    properties below name the device's parts for the adapter, tests and benchmarks."""
 
-    def _prefill(self, takes: tuple[int, ...]) -> None:
-        """The planned prefill positions of the queued prompts (prefill.py); completed ones leave the queue."""
-        prefilled = self.prefill.run(self._prefill_queue, takes)
-        if prefilled is not None:  # prompts completed: their code 0 is on its way to the host
-            self._pending.append(prefilled)
-            self._prefill_queue = [u for u in self._prefill_queue if not u.decoding]
+    def __init__(self, talker: Talker, predictor: CodePredictor, prompt: PromptBuilder,
+                 generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
+                 max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 kv_blocks: int | None = None,
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
+        if max_slots <= 0:
+            raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        runner = DeviceRunner(talker, predictor, generation, prompt.config.tts_pad_token_id, device, dtype, max_slots,
+                              max_seq_len, kv_cache_gb, block_size, kv_blocks, prefix_cache_fraction, paged_attention)
+        super().__init__(prompt, generation, talker.cfg.num_code_groups, runner, max_slots, max_seq_len)
+
+    @classmethod
+    def from_bundle(cls, bundle: TalkerBundle, max_slots: int = 8, max_seq_len: int = 4096,
+                    kv_cache_gb: float | None = None, **kwargs) -> "TalkerSource":
+        return cls(bundle.talker, bundle.predictor, bundle.prompt, bundle.generation, bundle.device, bundle.dtype,
+                   max_slots=max_slots, max_seq_len=max_seq_len, kv_cache_gb=kv_cache_gb, **kwargs)
+
+    # ---------------------------------------------------------------- the device's parts
+
+    talker = property(lambda self: self.runner.talker)
+    dtype = property(lambda self: self.runner.dtype)
+    state = property(lambda self: self.runner.state)
+    rope = property(lambda self: self.runner.rope)
+    prefix = property(lambda self: self.runner.prefix)
+    decoder = property(lambda self: self.runner.decoder)
+    prefill = property(lambda self: self.runner.prefill)  # prefill.py's Prefill (its ``runner``: graphed buckets)
+    scratch_row = property(lambda self: self.runner.scratch_row)
+
+    @property
+    def predictor(self) -> CodePredictor:
+        """The decode step's code predictor (the engine may wrap it: GraphedCodePredictor)."""
+        return self.runner.decoder.predictor
+
+    @predictor.setter
+    def predictor(self, predictor: CodePredictor) -> None:
+        self.runner.decoder.predictor = predictor
+
+    @property
+    def step_runner(self):
+        """The decode step's runner: None = eager; a GraphedTalkerStep replays it per static bucket."""
+        return self.runner.step_runner
+
+    @step_runner.setter
+    def step_runner(self, runner) -> None:
+        self.runner.step_runner = runner
+
+    @property
+    def buffers_version(self) -> int:
+        """Changes when a per-row buffer is reallocated (captured graphs must recapture)."""
+        return self.runner.state.version
+
+    def decode_step(self, idx: torch.Tensor, n_blocks: int, all_greedy: bool,
+                    any_top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-3 for rows ``idx`` on the device (decode.py :class:`DecodeStep`)."""
+        return self.runner.decoder(idx, n_blocks, all_greedy, any_top_p)
+
+    def step_spec(self) -> StepSpec:
+        return self.runner.step_spec()
+
+    def prefill_spec(self) -> PrefillSpec:
+        return self.runner.prefill_spec()
 
 
 def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
@@ -284,5 +278,5 @@ def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     return DEFAULT_KV_CACHE_GB_CPU * 2**30
 
 
-__all__ = ["RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
+__all__ = ["DeviceRunner", "RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
 

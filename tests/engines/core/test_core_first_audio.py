@@ -15,7 +15,7 @@ import torch
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import LEAD_SCHEDULE, RequestState, Scheduler
 from engines.core.worker import Worker, first_chunk
-from engines.pipelines.base import Capacity, Produced
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced
 from engines.pipelines.vocoder import VocalizeResult
 
 G = 4
@@ -25,7 +25,7 @@ SAMPLES_PER_FRAME = 8
 def state(rid: str, priority=Priority.REALTIME, pending_frames: int = 0, first_audio_at=None, frames_done=0,
           first_chunk_frames: int | None = None) -> RequestState:
     request = SynthesisRequest(id=rid, text="x", priority=priority, initial_codec_chunk_frames=first_chunk_frames)
-    s = RequestState(handle=RequestHandle(request), deliver=print)
+    s = RequestState(handle=RequestHandle(request), deliver=print, prepared=Prepared(frames=1))
     if pending_frames:
         s.pending = [Produced(rid, frames_done, False, torch.zeros(pending_frames, G, dtype=torch.int64))]
     s.first_audio_at, s.frames_done = first_audio_at, frames_done
@@ -46,6 +46,7 @@ class OneFramePipeline:
     then chunks as long as all the audio before them, up to 12)."""
 
     name = "one-frame"
+    chunking = Chunking(4, 12)
 
     def __init__(self, slots: int = 4, frames: int = 20):
         self.slots, self.frames = slots, frames
@@ -55,15 +56,12 @@ class OneFramePipeline:
 
     def prepare(self, request, voice_index):
         self.made[request.id] = 0
-        return self.frames
+        return Prepared(frames=self.frames)
 
     def prepare_many(self, items):
         return [self.prepare(r, v) for r, v in items]
 
-    def wants_slot(self, request_id):
-        return request_id in self.made and request_id not in self.in_slot
-
-    def start(self, request_id):
+    def start(self, request_id, prepared):
         self.in_slot.append(request_id)
 
     def capacity(self):
@@ -85,9 +83,6 @@ class OneFramePipeline:
         if request_id in self.in_slot:
             self.in_slot.remove(request_id)
         self.made.pop(request_id, None)
-
-    def flush_frames(self, frames_emitted):
-        return 4 if frames_emitted == 0 else min(12, frames_emitted)
 
     def languages(self):
         return None
@@ -130,24 +125,29 @@ def test_a_first_chunk_is_one_frame_whatever_the_step_period():
     """A slow device (steps of 60 ms: the old sustainable-chunk rule gave 4 frames) and an idle one
     both start a stream with one frame; a request's own first-chunk size still wins."""
     for period in (0.0, 0.012, 0.060):
-        sched = Scheduler(max_slots=4)
+        sched = Scheduler(max_slots=4, chunking=Chunking(4, 4))
         sched.step_period = period
-        assert sched.flush_size(state("new", pending_frames=1), lambda done: 4) == LEAD_SCHEDULE[0] == 1
+        assert sched.flush_size(state("new", pending_frames=1)) == LEAD_SCHEDULE[0] == 1
     own = state("own", pending_frames=1, first_chunk_frames=3)
-    assert Scheduler(max_slots=4).flush_size(own, lambda done: 4) == 3
+    assert Scheduler(max_slots=4, chunking=Chunking(4, 4)).flush_size(own) == 3
 
 
 @pytest.mark.parametrize("lead_s, expected", [(-0.2, 1), (0.05, 1), (0.08, 2), (0.12, 4), (0.2, 8), (0.5, 12)])
 def test_later_chunks_grow_with_the_streams_lead(lead_s, expected):
     """Steps of 20 ms: a chunk of n frames is made and delivered in (n + 1.5) steps, so the stream
     waits for n frames only while its listener holds that much audio beyond now."""
-    sched = Scheduler(max_slots=4)
+    sched = Scheduler(max_slots=4, chunking=Chunking(12, 12))
     sched.step_period = 0.020
     now = 100.0
-    s = state("s", pending_frames=1, first_audio_at=now + lead_s - 10 * 0.08, frames_done=10)  # lead = lead_s
-    assert sched.flush_size(s, lambda done: 12, now=now) == expected
-    # never longer than all the audio before it (the pipeline's chunk: as long as what was emitted)
-    assert sched.flush_size(s, lambda done: 3, now=now) == max(n for n in LEAD_SCHEDULE if n <= min(expected, 3))
+    s = state("s", pending_frames=1, first_audio_at=now + lead_s - 12 * 0.08, frames_done=12)  # lead = lead_s
+    assert sched.flush_size(s, now=now) == expected
+    # never longer than the pipeline's longest chunk
+    sched.chunking = Chunking(3, 3)
+    assert sched.flush_size(s, now=now) == max(n for n in LEAD_SCHEDULE if n <= min(expected, 3))
+    # nor than all the audio before it
+    young = state("young", pending_frames=1, first_audio_at=now + lead_s - 2 * 0.08, frames_done=2)
+    sched.chunking = Chunking(12, 12)
+    assert sched.flush_size(young, now=now) == max(n for n in LEAD_SCHEDULE if n <= min(expected, 2))
 
 
 def test_an_idle_gap_between_requests_is_not_a_slow_step():
@@ -204,31 +204,30 @@ def test_on_a_loaded_device_later_chunks_are_the_pipelines_first_chunk_size_for_
     """Steps over half real time: whatever its lead, a stream that has ramped up makes chunks of the
     pipeline's first-chunk size (few chunk lengths, few decoder calls); a young one grows from its
     one-frame start to that size by its lead, so the first frame is not followed by a gap."""
-    sched = Scheduler(max_slots=4)
+    sched = Scheduler(max_slots=4, chunking=Chunking(4, 12))  # the talker's: first 4, up to 12
     sched.step_period = 0.060
     now = 100.0
-    chunks = lambda done: 4 if done == 0 else 12  # noqa: E731 (the talker's: first 4, up to 12)
     for lead_s in (-0.1, 0.05, 0.5, 2.0):
         s = state("s", pending_frames=1, first_audio_at=now + lead_s - 10 * 0.08, frames_done=10)
-        assert sched.flush_size(s, chunks, now=now) == 4
-    assert sched.flush_size(state("new", pending_frames=1), chunks, now=now) == 1
-    for lead_s, expected in ((0.08, 1), (0.25, 2), (0.4, 4), (2.0, 4)):  # young: 1 frame out, 2 s of lead at most
-        s = state("young", pending_frames=1, first_audio_at=now + lead_s - 0.08, frames_done=1)
-        assert sched.flush_size(s, lambda done: 4 if done == 0 else 12, now=now) == expected
+        assert sched.flush_size(s, now=now) == 4
+    assert sched.flush_size(state("new", pending_frames=1), now=now) == 1
+    for lead_s, expected in ((0.08, 1), (0.25, 2), (0.4, 4), (2.0, 4)):  # young: 4 frames out (< 2 x 4)
+        s = state("young", pending_frames=1, first_audio_at=now + lead_s - 4 * 0.08, frames_done=4)
+        assert sched.flush_size(s, now=now) == expected
 
 
 @pytest.mark.parametrize("frames_done, lead_s, expected", [
-    (3, 0.15, 5),  # the lead buys 4 frames, which would end at 7: grown to the window end at 8
+    (7, 0.15, 5),  # the lead buys 4 frames, which would end at 11: grown to the window end at 12
     (8, 0.15, 4),  # 4 from 8: a window
-    (10, 0.4, 14),  # 12 from 10 would end at 22: to 24
+    (14, 0.4, 14),  # 12 from 14 would end at 26: to 28
     (3, 0.1, 2), (10, 0.05, 1)])  # shorter than a window: as the lead says
 def test_chunks_of_a_window_or_more_end_on_window_ends_for_a_windowed_decoder(frames_done, lead_s, expected):
     """A codec decoder on fixed windows of 4 frames (bf16, engines/pipelines/vocoder.py): chunks of 4
     frames or more end on a multiple of 4, so no window is decoded twice; shorter ones (the first
     audio) stay as the lead says."""
-    sched = Scheduler(max_slots=4, align_frames=4)
+    sched = Scheduler(max_slots=4, align_frames=4, chunking=Chunking(12, 12))
     sched.step_period = 0.020
     now = 100.0
     s = state("s", pending_frames=1, first_audio_at=now + lead_s - frames_done * 0.08, frames_done=frames_done)
-    assert sched.flush_size(s, lambda done: 12, now=now) == expected
+    assert sched.flush_size(s, now=now) == expected
     assert Scheduler(max_slots=4).align_frames == 1  # a decoder that takes any chunk: as before

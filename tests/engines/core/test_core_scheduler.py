@@ -15,7 +15,7 @@ import torch
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import RequestState, Scheduler
 from engines.core.worker import Worker
-from engines.pipelines.base import Capacity, Produced
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced
 from engines.pipelines.vocoder import VocalizeResult
 
 G = 4
@@ -34,17 +34,16 @@ class FakePipeline:
         self.in_slot: dict[str, int] = {}  # request id -> ticks left
         self.last_batch_rows = 0
 
+    chunking = Chunking(1, 1)  # each chunk goes to the vocoder as it is
+
     def prepare(self, request, voice_index):
         self.next_chunk[request.id] = 0
-        return self.chunks * self.frames
+        return Prepared(frames=self.chunks * self.frames, units=self.chunks)  # a slot per chunk, one after another
 
     def prepare_many(self, items):
         return [self.prepare(r, v) for r, v in items]
 
-    def wants_slot(self, request_id):
-        return request_id not in self.in_slot and self.next_chunk.get(request_id, self.chunks) < self.chunks
-
-    def start(self, request_id):
+    def start(self, request_id, prepared):
         self.in_slot[request_id] = self.steps
 
     def capacity(self):
@@ -60,15 +59,12 @@ class FakePipeline:
                 k = self.next_chunk[rid]
                 self.next_chunk[rid] = k + 1
                 out.append(Produced(rid, k * self.frames, k + 1 == self.chunks,
-                                    torch.zeros(self.frames, G, dtype=torch.int64)))
+                                    torch.zeros(self.frames, G, dtype=torch.int64), unit_done=True))
         return out
 
     def drop(self, request_id):
         self.in_slot.pop(request_id, None)
         self.next_chunk.pop(request_id, None)
-
-    def flush_frames(self, frames_emitted):
-        return 1
 
     def languages(self):
         return None
@@ -168,7 +164,8 @@ def test_the_first_piece_after_a_burst_goes_to_the_earliest_deadline():
 
 
 def state(rid: str, priority=Priority.REALTIME, pending_frames: int = 0, first_audio_at=None, frames_done=0):
-    s = RequestState(handle=RequestHandle(SynthesisRequest(id=rid, text="x", priority=priority)), deliver=print)
+    s = RequestState(handle=RequestHandle(SynthesisRequest(id=rid, text="x", priority=priority)), deliver=print,
+                     prepared=Prepared(frames=1))
     if pending_frames:
         s.pending = [Produced(rid, frames_done, False, torch.zeros(pending_frames, G, dtype=torch.int64))]
     s.first_audio_at, s.frames_done = first_audio_at, frames_done
@@ -182,13 +179,13 @@ def test_vocoder_piece_is_bounded_by_frames_and_ordered_by_deadline():
     new = state("new", pending_frames=4)  # nothing played yet: most urgent
     batch = state("batch", Priority.BATCH, pending_frames=4)
     sched = Scheduler(max_slots=8, vocoder_frames=16)
-    piece = sched.vocoder_piece([late, soon, batch, new], flush_frames=lambda done: 1)
+    piece = sched.vocoder_piece([late, soon, batch, new])
     assert [w.state.request_id for w in piece] == ["new", "soon"]  # 14 frames; late (10) would exceed 16
-    big = Scheduler(max_slots=8, vocoder_frames=4).vocoder_piece([soon], flush_frames=lambda done: 1)
+    big = Scheduler(max_slots=8, vocoder_frames=4).vocoder_piece([soon])
     assert [w.num_frames for w in big] == [10]  # the first request's flush size always goes
     backlog = state("backlog", pending_frames=10)
     backlog.pending = backlog.pending * 3  # three 10-frame chunks waiting
-    prefix = Scheduler(max_slots=8, vocoder_frames=25).vocoder_piece([backlog], flush_frames=lambda done: 1)
+    prefix = Scheduler(max_slots=8, vocoder_frames=25).vocoder_piece([backlog])
     assert [w.num_frames for w in prefix] == [20]  # a prefix of whole chunks within the bound
 
 
@@ -196,5 +193,5 @@ def test_slot_order_is_realtime_first_within_the_batch_budget():
     sched = Scheduler(max_slots=4)  # batch may hold 3 slots
     batch = [state(f"b{i}", Priority.BATCH) for i in range(4)]
     realtime = state("r")
-    order = sched.slot_order(batch + [realtime], free=4, wants_slot=lambda rid: True)
+    order = sched.slot_order(batch + [realtime], free=4)
     assert [s.request_id for s in order] == ["r", "b0", "b1", "b2"]

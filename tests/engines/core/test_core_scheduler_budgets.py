@@ -11,19 +11,36 @@ import pytest
 
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, Scheduler
 from engines.pipelines.base import Capacity
+from testsupport.talker import waiting_prompt
 
 
-@pytest.mark.parametrize("capacity, admitted", [
-    (Capacity(free_rows=4), 4),  # nothing waits for blocks: every free row
-    (Capacity(free_rows=0, free_blocks=100, waiting_blocks=2), 0),  # no free row
+@pytest.mark.parametrize("capacity, waiting_blocks, admitted", [
+    (Capacity(free_rows=4), 0, 4),  # nothing waits for blocks: every free row
+    (Capacity(free_rows=0, free_blocks=100), 2, 0),  # no free row
     # 10 free blocks, 2 kept for the 2 decoding rows' growth: 8 // (3 + 1) = 2 prompts of 3 blocks
-    (Capacity(free_rows=4, free_blocks=10, growth_blocks=2, waiting_blocks=3), 2),
-    (Capacity(free_rows=1, free_blocks=10, growth_blocks=2, waiting_blocks=3), 1),  # rows bound it
-    (Capacity(free_rows=4, free_blocks=3, growth_blocks=0, waiting_blocks=3), 0),  # prompt fits, growth not
-    (Capacity(free_rows=4, free_blocks=1, growth_blocks=5, waiting_blocks=1), 0),  # never negative
+    (Capacity(free_rows=4, free_blocks=10, growth_blocks=2), 3, 2),
+    (Capacity(free_rows=1, free_blocks=10, growth_blocks=2), 3, 1),  # rows bound it
+    (Capacity(free_rows=4, free_blocks=3, growth_blocks=0), 3, 0),  # prompt fits, growth not
+    (Capacity(free_rows=4, free_blocks=1, growth_blocks=5), 1, 0),  # never negative
 ])
-def test_admission_keeps_blocks_for_the_prompt_and_every_rows_growth(capacity, admitted):
-    assert Scheduler.admissible(capacity) == admitted
+def test_admission_keeps_blocks_for_the_prompt_and_every_rows_growth(capacity, waiting_blocks, admitted):
+    assert Scheduler.admissible(capacity, waiting_blocks) == admitted
+
+
+def test_the_scheduler_keeps_blocks_for_the_longest_prompt_in_its_own_queue():
+    """The waiting prompts' positions are the scheduler's (Prepared.prompt_positions of its WAITING
+    requests), not the pipeline's: it counts their blocks at the pool's block size, only while they
+    wait, and a started request's prompt no longer holds room back."""
+    scheduler = Scheduler(max_slots=4)
+    pool = Capacity(free_rows=4, free_blocks=10, growth_blocks=2, block_size=8)
+    assert scheduler.free_slots(pool) == 4  # nothing waits
+    waiting_prompt(scheduler, 20, "short")  # 21 positions with its first frame: 3 blocks of 8
+    waiting_prompt(scheduler, 40, "long")  # 41: 6 blocks
+    assert scheduler.waiting_blocks(pool) == 6 and scheduler.free_slots(pool) == 1  # 8 // (6 + 1)
+    scheduler.started(scheduler.requests["long"])
+    assert scheduler.waiting_blocks(pool) == 3 and scheduler.free_slots(pool) == 2
+    assert scheduler.step_plan(Capacity(free_rows=1, free_blocks=3, block_size=8)).kv_wait
+    assert Capacity(free_rows=1).blocks_for(40) == 0, "no KV pool: no blocks"
 
 
 def test_prefill_positions_go_oldest_first_until_the_budget_is_spent():
@@ -34,13 +51,13 @@ def test_prefill_positions_go_oldest_first_until_the_budget_is_spent():
 
 
 def test_step_plan_counts_a_free_row_that_waits_for_blocks():
-    scheduler = Scheduler(max_slots=4, prefill_token_budget=10)
-    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, waiting_blocks=3, prefill_waiting=(6, 6))
+    scheduler = waiting_prompt(Scheduler(max_slots=4, prefill_token_budget=10), 40)  # 3 blocks of 16
+    waiting = Capacity(free_rows=3, free_blocks=4, growth_blocks=1, block_size=16, prefill_waiting=(6, 6))
     plan = scheduler.step_plan(waiting)
     assert plan.kv_wait and plan.prefill == (6, 4)
-    fits = Capacity(free_rows=3, free_blocks=9, growth_blocks=1, waiting_blocks=3)
+    fits = Capacity(free_rows=3, free_blocks=9, growth_blocks=1, block_size=16)
     assert not scheduler.step_plan(fits).kv_wait and scheduler.step_plan(fits).prefill == ()
-    assert not scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, waiting_blocks=3)).kv_wait
+    assert not scheduler.step_plan(Capacity(free_rows=0, free_blocks=0, block_size=16)).kv_wait
 
 
 @pytest.mark.parametrize("budget, planned", [(1, (1,)), (5, (5,)), (9, (7, 2)), (12, (7, 4, 1)), (512, (7, 4, 30))])

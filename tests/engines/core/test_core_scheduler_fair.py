@@ -9,19 +9,22 @@ import time
 
 from engines.contract import Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import RequestState, RequestStatus, Scheduler
+from engines.pipelines.base import Prepared
 
 
 def state(rid: str, tenant: str, priority: Priority = Priority.REALTIME, started: bool = False) -> RequestState:
+    """A request of two slot units (a started one between them wants its second, as the DiT's chunks do)."""
     s = RequestState(handle=RequestHandle(SynthesisRequest(id=rid, text="x", tenant=tenant, priority=priority)),
-                     deliver=lambda chunk: None)
+                     deliver=lambda chunk: None, prepared=Prepared(frames=1, units=2))
     if started:
-        s.status = RequestStatus.RUNNING
+        s.status, s.units_started = RequestStatus.RUNNING, 1
     return s
 
 
 def pick(scheduler: Scheduler, states: list[RequestState], free: int, in_slot: set[str]) -> list[str]:
-    chosen = scheduler.slot_order(states, free, wants_slot=lambda rid: rid not in in_slot)
-    return [s.request_id for s in chosen]
+    for s in states:
+        s.holds_slot = s.request_id in in_slot
+    return [s.request_id for s in scheduler.slot_order(states, free)]
 
 
 def test_least_served_tenant_goes_first_not_the_oldest():

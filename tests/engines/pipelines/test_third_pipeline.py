@@ -24,7 +24,7 @@ from conftest import start_server
 from engines.build import build_engine
 from engines.config import get_preset
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
-from engines.pipelines.base import Capacity, Produced, StepPlan
+from engines.pipelines.base import Capacity, Chunking, Prepared, Produced, StepPlan
 from engines.pipelines.dit.weights import build_models
 from engines.pipelines.profile import Adapter, PipelineSetup, Profile
 from engines.pipelines.registry import PIPELINES
@@ -45,6 +45,7 @@ class ToyPipeline:
 
     name = "toy"
     graphed = ()
+    chunking = Chunking(4, 4)
 
     def __init__(self, slots: int, groups: int, codebook: int):
         self.slots, self.groups, self.codebook = slots, groups, codebook
@@ -52,17 +53,14 @@ class ToyPipeline:
         self.done: dict[str, int] = {}  # in a slot: frames emitted
         self.last_batch_rows = 0
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
         self.codes[request.id] = toy_codes(request.text, self.groups, self.codebook)
-        return len(self.codes[request.id])
+        return Prepared(frames=len(self.codes[request.id]))
 
     def prepare_many(self, items):
         return [self.prepare(r, v) for r, v in items]
 
-    def wants_slot(self, request_id: str) -> bool:
-        return request_id in self.codes and request_id not in self.done
-
-    def start(self, request_id: str) -> None:
+    def start(self, request_id: str, prepared: Prepared) -> None:
         self.done[request_id] = 0
 
     def capacity(self) -> Capacity:
@@ -81,9 +79,6 @@ class ToyPipeline:
     def drop(self, request_id: str) -> None:
         self.codes.pop(request_id, None)
         self.done.pop(request_id, None)
-
-    def flush_frames(self, frames_emitted: int) -> int:
-        return 4
 
     def languages(self) -> None:
         return None

@@ -23,6 +23,7 @@ from engines.virtual.costs import CostTable
 
 REPO = Path(__file__).resolve().parents[3]
 PROMPT_SIDE = REPO / "benchmarks" / "costs" / "prompt-0.6b"  # the benchmark checkpoint's configs and tokenizer
+LONG = "A long one, read slowly: with many small words in it, so that its budget is well past three hundred frames."
 DECODE_MS = [[2.0, 3.0], [3.0, 4.0]]  # rows 1 / 4 x KV blocks 1 / 8
 TABLE = {
     "schema": 1, "device": "test GPU", "torch": "0", "date": "2026-11-27", "commit": "test", "size": "0.6b",
@@ -109,9 +110,9 @@ async def test_a_served_run_streams_each_utterance_to_its_frame_budget_at_the_ta
         t0 = time.monotonic()
         results = await asyncio.gather(
             speak(live.ws_url, "Hello there.", {}), speak(live.ws_url, "A second stream.", {}),
-            # 9 prompt positions + 299 frames: 20 KV blocks, a bucket (32) that neither the start nor the
-            # warm-up captured
-            speak(live.ws_url, "A long one.", {"max_new_tokens": 300}))
+            # 299 frames (its text's budget is larger) + its prompt: over 20 KV blocks, a bucket (32)
+            # that neither the start nor the warm-up captured
+            speak(live.ws_url, LONG, {"max_new_tokens": 300}))
         wall = time.monotonic() - t0
     finally:
         await live.stop()
@@ -121,6 +122,38 @@ async def test_a_served_run_streams_each_utterance_to_its_frame_budget_at_the_ta
     assert all(e["type"] != "error" for _, events in results for e in events)
     assert wall >= 299 * min(min(row) for row in DECODE_MS) / 1e3  # every decode step waited its cost
     assert virtual_engine.virtual.stats()["talker_step_captures_after_start"] > captures
+
+
+async def test_the_real_paths_row_ending_rules_hold_on_the_virtual_device(virtual_engine, tmp_path):
+    """The virtual device is a runner under the real talker batch, so the host rules it once
+    skipped hold on it: a live utterance (a /v1/stream session's text is live) ends at its text's
+    frame budget once its text is complete (it ran to max_new_tokens - 1 before), and a greedy row,
+    whose code 0 repeats one id on this device (fixed logits), is ended by the runaway guard after
+    LOOP_WINDOW frames instead of babbling to its limit."""
+    from engines.pipelines.talker.budget import frame_budget
+    from engines.pipelines.talker.guard import LOOP_WINDOW
+
+    prompt = virtual_engine.pipeline.source.prompt
+    short, looping = "Hello there.", "This sentence is long enough for the guard to see it loop."
+    budget = frame_budget(prompt.text_tokens(SynthesisRequest(id="t", text=short)))
+    assert budget < 299 and frame_budget(prompt.text_tokens(SynthesisRequest(id="t", text=looping))) > 299
+    live = await start_server(virtual_engine, tmp_path / "data")
+    try:
+        (short_audio, short_events), (loop_audio, loop_events), (sampled_audio, _) = await asyncio.gather(
+            speak(live.ws_url, short, {"max_new_tokens": 300}),
+            speak(live.ws_url, looping, {"max_new_tokens": 300, "temperature": 0}),
+            speak(live.ws_url, looping, {"max_new_tokens": 300, "seed": 7}))
+    finally:
+        await live.stop()
+
+    def done(events):
+        return next(e for e in events if e["type"] == "audio.done")
+
+    assert len(short_audio) // (2 * SAMPLES_PER_FRAME) == budget
+    assert done(short_events).get("truncated") == "budget"
+    assert len(loop_audio) // (2 * SAMPLES_PER_FRAME) == LOOP_WINDOW
+    assert done(loop_events).get("truncated") == "loop"
+    assert len(sampled_audio) // (2 * SAMPLES_PER_FRAME) == 299, "sampled codes never loop: to max_new_tokens - 1"
 
 
 def test_with_an_eos_length_every_utterance_ends_there(table_path):
@@ -159,12 +192,12 @@ def test_a_graphed_prefill_is_queued_on_the_stream_an_eager_one_holds_the_host(g
     table = CostTable.model_validate({**TABLE, "prefill_graph_positions": graph_positions})
     device = VirtualDevice(table, clock)
     source = device.talker_source(device.talker_bundle(PROMPT_SIDE), max_slots=2)
-    source.graphs.capture_all()  # as the engine does at start
+    source.runner.graphs.capture_all()  # as the engine does at start
     source.admit(SynthesisRequest(id="a", text="Hello there.", voice="vivian"))
     width = source.capacity().prefill_waiting[0]
     prefill_ms, backlog_ms = table.prefill_ms(1, width), 50.0
     clock.graphed(backlog_ms)  # another stream's step still running
-    frames = source.tick(StepPlan(prefill=(width,)))
+    frames = source.tick(StepPlan(prefill=(width,)))  # the prefill, then the first decode step
     assert [f.request_id for f in frames] == ["a"]
     prefill_end = backlog_ms + prefill_ms if graph_positions else max(backlog_ms, ADMIT_MS + prefill_ms)
     assert now[0] == pytest.approx(prefill_end / 1e3)  # the host read the prefill's ids when it ended

@@ -15,7 +15,7 @@ from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.base import StepPlan
 from engines.pipelines.talker.source import TalkerSource
-from testsupport.talker import admissible, make_bundle, step
+from testsupport.talker import admissible, make_bundle, step, waiting_prompt
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +109,14 @@ def test_admission_waits_for_blocks(bundle):
     prompt = TalkerSource.from_bundle(bundle, max_slots=1).prompt_positions(request(3))
     blocks = -(-(prompt + 1) // 8)
     source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=128, block_size=8, kv_blocks=1 + blocks + 1)
-    source.wait_for(prompt)
-    assert admissible(source) == 1, "one prompt plus its growth block fits, not two"
+    scheduler = waiting_prompt(Scheduler(max_slots=4), prompt)  # the scheduler holds the waiting prompt
+    assert admissible(source, scheduler) == 1, "one prompt plus its growth block fits, not two"
     source.admit(request(3), max_new_tokens=6, non_streaming_mode=MODES[3])
-    step(source)  # prefilled and decoding: holds its prompt's blocks + 1 reserve
-    assert admissible(source) == 0 and source.free_rows() == 3
+    step(source, scheduler)  # prefilled and decoding: holds its prompt's blocks + 1 reserve
+    assert admissible(source, scheduler) == 0 and source.free_rows() == 3
     while source.active_slots:
-        step(source)
-    assert source.admission_waits > 0 and admissible(source) == 1 and source.cache.used_blocks == 0
+        step(source, scheduler)
+    assert source.admission_waits > 0 and admissible(source, scheduler) == 1 and source.cache.used_blocks == 0
     source.check_fits(prompt)
     with pytest.raises(ValueError, match="--kv-cache-gb"):
         source.check_fits(8 * (blocks + 1))  # more blocks than the pool: it would wait forever
