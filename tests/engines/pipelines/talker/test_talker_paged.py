@@ -14,7 +14,7 @@ from engines.core.scheduler import Scheduler
 from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.base import StepPlan
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from testsupport.talker import admissible, make_bundle, step
 
 
@@ -164,8 +164,8 @@ def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
 
     seeds = [31, 32, 33, 34, 35, 36, 37, 38]
     expected = {f"r{i}": solo(bundle, i, greedy=greedy, seed=seeds[i]) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4)
-    source.step_runner = GraphedTalkerStep(source.step_spec())
+    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4,
+                                      runners=SourceRunners(step=GraphedTalkerStep))
     assert source.step_runner.buckets == (1, 2, 4, 6) and source.step_runner.shape(5, 3) == (6, 4)
     codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds,
                           scheduler=Scheduler(max_slots=6, prefill_token_budget=16))
@@ -201,8 +201,8 @@ def test_cuda_graph_per_bucket_equals_the_eager_step():
     cuda_bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
     eager = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
     want, _, _ = run(eager, list(range(8)), greedy=False, seeds=list(range(8)))
-    graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
-    graphed.step_runner = GraphedTalkerStep(graphed.step_spec())
+    graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128,
+                                       runners=SourceRunners(step=GraphedTalkerStep))
     graphed.step_runner.capture_all(max_blocks=2)
     got, _, _ = run(graphed, list(range(8)), greedy=False, seeds=list(range(8)))
     assert graphed.step_runner.captures > 0
