@@ -108,6 +108,7 @@ async def test_the_speed_line_leaves_the_cold_first_run_out(tmp_path):
     from conftest import start_server
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from engines.core.engine import Engine
 
     delayed: list[str] = []
@@ -117,7 +118,7 @@ async def test_the_speed_line_leaves_the_cold_first_run_out(tmp_path):
             delayed.append(request_id)
             time.sleep(6.0)
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=cold_first)
+    engine = build_engine(EngineConfig.for_tests(), cold_first)
     engine.start()
     live = await start_server(engine, tmp_path / "data")
     try:
