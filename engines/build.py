@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 
 from engines.checkpoints.hub import resolve_model
-from engines.config import EngineConfig
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.core.engine import Engine
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
-from engines.cpu_features import has_native_bf16
+from engines.cpu_features import ThreadPlan, available_threads, has_native_bf16, plan_threads
 from engines.devices import DTYPES, canonical_device, dtype_name, dtype_named
 from engines.pipelines.registry import pipeline_for, registered
+from engines.pipelines.vocoder import WINDOW_THREADS, rounds_per_chunk_shape
 
 log = logging.getLogger("streamvox.engine")
 
@@ -114,10 +115,11 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     codec = resolve_codec_dtype(runtime.codec_precision, device, dtype) if runtime.backend == "torch" else dtype
     budget = scheduler.prefill_token_budget or (
         DEFAULT_PREFILL_TOKEN_BUDGET_GPU if device.type == "cuda" else DEFAULT_PREFILL_TOKEN_BUDGET)
+    threads = runtime.threads or cpu_threads(device, runtime.switches, codec)
     return replace(config, model=replace(model, checkpoint=checkpoint, pipeline=pipeline,
                                          preset=model.preset or default_preset(device)),
                    runtime=replace(runtime, device=str(device), dtype=dtype_name(dtype),
-                                   codec_precision=dtype_name(codec)),
+                                   codec_precision=dtype_name(codec), threads=threads),
                    scheduler=replace(scheduler, prefill_token_budget=budget))
 
 
@@ -150,6 +152,17 @@ def load_aligner(config: EngineConfig):
                            device=canonical_device(config.runtime.device), dtype=dtype_named(config.runtime.dtype))
     log.info("loaded the forced aligner %s (word timestamps)", name)
     return aligner
+
+
+def cpu_threads(device: torch.device, switches: RuntimeSwitches, codec_dtype: torch.dtype) -> ThreadPlan | None:
+    """On a CPU whose codec decoder gets threads of its own (two or more available): the talker's
+    and the decoder's, by a probe of the memory bandwidth (engines/cpu_features.py); a decoder on
+    fixed windows (a reduced precision: engines/pipelines/vocoder.py) decodes on one. None elsewhere."""
+    if device.type != "cpu" or not switches.vocoder_thread or available_threads() < 2:
+        return None
+    plan = plan_threads(available_threads(), codec_fixed=WINDOW_THREADS if rounds_per_chunk_shape(codec_dtype) else None)
+    log.info("threads: talker %d, codec decoder %d (%s)", plan.talker, plan.codec, plan.reason)
+    return plan
 
 
 def check_source(source: str | None) -> None:

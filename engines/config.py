@@ -18,7 +18,7 @@ Named model sizes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from engines.models.configs import (
     CodecDecoderConfig,
@@ -30,6 +30,9 @@ from engines.models.configs import (
     StreamConfig,
     TextEncoderConfig,
 )
+
+if TYPE_CHECKING:  # (the settings import this module: no torch at run time)
+    from engines.cpu_features import ThreadPlan
 
 PRESET_NAMES = ("tiny", "small", "base")
 
@@ -74,6 +77,9 @@ class RuntimeSwitches:
     vocoder_thread: bool = True
     """CPU (two threads or more): the codec decoder on a thread and cores of its own, decoding
     one piece while the talker's next tick runs (off: one after the other on the worker thread)."""
+    codec_process: bool = True
+    """CPU, with ``vocoder_thread``: that thread hands each piece to the decoder in a process of
+    its own (engines/pipelines/vocoder_process.py), off the talker's GIL (off: it decodes in-process)."""
 
     def __post_init__(self) -> None:
         if self.fused_predictor not in ("off", "phased", "persistent"):
@@ -128,6 +134,9 @@ class RuntimeConfig:
     """ONNX files / TensorRT engines for ``backend`` (``streamvox export`` / ``build-engines``)."""
     switches: RuntimeSwitches = RuntimeSwitches()
     """Compilation, graphs, fused kernels (the service reads them from the environment)."""
+    threads: ThreadPlan | None = None
+    """CPU: the talker's and the codec decoder's torch threads (decided by a probe of the memory
+    bandwidth, engines/build.py ``cpu_threads``); None: torch's threads split in two halves."""
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def load(config: EngineConfig) -> Loaded:
     bundle = TalkerBundle.from_checkpoint(checkpoint, device, dtype, predictor=models.code_predictor.to(device, dtype))
     quantize = resolve_quantize(config.runtime.quantize, device, dtype, talker=True)
     if quantize:
-        quantize_talker(bundle.talker, bundle.predictor, quantize)
+        threads = config.runtime.threads
+        quantize_talker(bundle.talker, bundle.predictor, quantize, threads=threads.talker if threads else None)
         log.info("talker and code predictor weights: %s (--quantize none: fp32)", quantize)
     return Loaded(models, bundle, quantize=quantize or "none")
 
