@@ -156,6 +156,29 @@ def test_decode_step_op_count_does_not_grow_with_the_batch(bundle):
     assert _decode_ops(bundle, 1) == _decode_ops(bundle, 64)
 
 
+def test_the_adapter_builds_the_source_with_the_runners_its_switches_ask_for(bundle):
+    """The static step on a CPU (as a GPU runs it): the decode step's and the prompts' runners are
+    made from the source's own specs while it is built - nothing is set on it afterwards - and are
+    the graphs its pipeline captures at start; the switches' batched admission too. Without: eager."""
+    from dataclasses import replace
+
+    from engines.config import EngineConfig, RuntimeSwitches
+    from engines.pipelines.profile import PipelineSetup
+    from engines.pipelines.talker.adapter import real_source
+    from engines.runtime.graphed_prefill import GraphedPrefill
+    from engines.runtime.graphed_talker import GraphedTalkerStep
+
+    switches = RuntimeSwitches(static_step_on_cpu=True, batched_admission=False)
+    setup = PipelineSetup(models=None, parts=bundle, device=torch.device("cpu"), dtype=torch.float32, max_slots=3,
+                          vocalizer=None, config=EngineConfig.for_tests(switches=switches))
+    source, graphed = real_source(setup)
+    assert isinstance(source.step_runner, GraphedTalkerStep) and isinstance(source.prefill.runner, GraphedPrefill)
+    assert source.step_runner.buckets == (1, 2, 3) and source.batched_admission is False
+    assert graphed == source.graphed == (source.step_runner, source.prefill.runner)
+    plain, graphed = real_source(replace(setup, config=EngineConfig.for_tests()))
+    assert (plain.step_runner, plain.prefill.runner, graphed) == (None, None, ())
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
     """The graphed runner's static path (rows padded with the scratch row to 1/2/4/8, KV blocks
