@@ -73,8 +73,10 @@ class Engine:
         ``virtual``: the pipeline's and the codec decoder's device work replaced by a cost table's
         waits (engines/virtual/; it builds the pipeline, no model runs). A voice alias naming no voice
         of the model is a ValueError."""
-        registration = registered(config.model.pipeline or "")
         runtime, scheduler = config.runtime, config.scheduler
+        if config.model.pipeline is None or "auto" in (runtime.device, runtime.dtype):
+            raise ValueError("the engine takes a resolved EngineConfig (engines.build.resolve_config)")
+        registration = registered(config.model.pipeline)
         device, dtype = canonical_device(runtime.device), dtype_named(runtime.dtype)
         self.models = loaded.models.to(device, dtype)
         self.device = device
