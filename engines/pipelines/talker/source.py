@@ -66,6 +66,9 @@ keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
@@ -104,6 +107,25 @@ DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefi
 GRAPHED_TRAIL_CAPACITY = 1024
 
 
+@dataclass(frozen=True)
+class SourceRunners:
+    """How a source runs its device work, picked by the adapter from the device and switches
+    (engines/pipelines/talker/adapter.py): each maker is called once while the source is built,
+    with what it wraps. None: eager."""
+
+    step: Callable[[StepSpec], Any] | None = None
+    """The whole decode step per static bucket (engines/runtime/graphed_talker.py GraphedTalkerStep)."""
+    prefill: Callable[[PrefillSpec], Any] | None = None
+    """The prompts' first chunks per (prompts, width) bucket (engines/runtime/graphed_prefill.py)."""
+    predictor_kernels: Callable[[CodePredictor], Any] | None = None
+    """The code predictor's frame as fused kernels (engines/models/fused_predictor.py), inside the step."""
+    predictor_graphs: Callable[[CodePredictor], Any] | None = None
+    """The code predictor graphed on its own, the talker step eager (GraphedCodePredictor)."""
+    batched_admission: bool | None = None
+    """The rows admitted since the last tick start in one pass (batch.py); None: on CUDA, where it
+    is launch bound."""
+
+
 class TalkerSource(UtteranceBatch):
     """Continuous batching of talker utterances (see the module docstring): the coordinator of
     the rows (batch.py, rows.py), prefill (prefill.py), the decode step (decode.py) and live
@@ -113,7 +135,8 @@ class TalkerSource(UtteranceBatch):
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_blocks: int | None = None,
-                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True,
+                 runners: SourceRunners = SourceRunners()):
         super().__init__(prompt, generation, talker.cfg.num_code_groups, max_slots, max_seq_len,
                          canonical_device(device))
         self.talker = talker.eval()
@@ -138,23 +161,27 @@ class TalkerSource(UtteranceBatch):
         # block table stays null); it never holds an utterance.
         self.scratch_row = max_slots
         self.state = RowState.allocate(max_slots + 1, cfg.hidden_size, n_valid, dtype, self.device)
-        self.decoder = DecodeStep(self.talker, predictor.eval(), generation, self.state, self.cache, self.rope,
-                                  max_seq_len, self.device, dtype)
-        self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device)
+        predictor = predictor.eval()
+        if runners.predictor_kernels is not None:
+            predictor = runners.predictor_kernels(predictor)
+        graphed_predictor = runners.predictor_graphs(predictor) if runners.predictor_graphs is not None else None
+        self.decoder = DecodeStep(self.talker, graphed_predictor or predictor, generation, self.state, self.cache,
+                                  self.rope, max_seq_len, self.device, dtype)
+        # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
+        self.step_runner = runners.step(self.step_spec()) if runners.step is not None else None
+        self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device,
+                               runner=runners.prefill, scratch_row=self.scratch_row)
+        # the graph wrappers it replays (captured at start)
+        self.graphed = tuple(g for g in (self.step_runner, self.prefill.runner, graphed_predictor) if g is not None)
         self.live_rows = LiveRows(self.talker, self.state, prompt.config.tts_pad_token_id, self.device)
         self._pending: list[HostIds] = []
-        # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
-        self.step_runner = None
-        self.batched_admission = self.device.type == "cuda"  # launch bound there (batch.py)
+        self.batched_admission = (self.device.type == "cuda" if runners.batched_admission is None
+                                  else runners.batched_admission)
 
     @property
     def predictor(self) -> CodePredictor:
-        """The decode step's code predictor (the engine may wrap it: GraphedCodePredictor)."""
+        """The decode step's code predictor (as its runners wrapped it: fused, graphed)."""
         return self.decoder.predictor
-
-    @predictor.setter
-    def predictor(self, predictor: CodePredictor) -> None:
-        self.decoder.predictor = predictor
 
     @property
     def buffers_version(self) -> int:
