@@ -24,13 +24,15 @@ import time
 
 import torch
 
-from engines.config import PRESET_NAMES, get_preset
+from engines.build import resolve_config
+from engines.config import PRESET_NAMES, EngineConfig, RuntimeConfig, get_preset
 from engines.contract import SAMPLE_RATE, SynthesisRequest
 from engines.core.engine import Engine
 from engines.export import apply_backend
 from engines.export.onnx_export import export_models
 from engines.export.parity import example_dit_batch, parity_report
 from engines.pipelines.dit.weights import build_models
+from engines.pipelines.profile import Loaded
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home "
         "across the field before the evening rain begins.")
@@ -50,7 +52,7 @@ def time_ms(fn, min_seconds: float, max_reps: int = 200) -> float:
 
 def end_to_end(models, steps: int) -> tuple[float, float]:
     """(compute seconds, audio seconds) for one request through the whole engine."""
-    engine = Engine(models, torch.device("cpu"), warmup=False)
+    engine = Engine(Loaded(models), resolve_config(EngineConfig(runtime=RuntimeConfig(device="cpu"), warmup=False)))
     engine.start()
     samples, done = [0], threading.Event()
 

@@ -71,10 +71,11 @@ async def main(args: argparse.Namespace) -> None:
     import torch
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from testsupport.server import start_server
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    engine = build_engine(preset="tiny", device=args.device, checkpoint=args.checkpoint, talker_slots=2)
+    engine = build_engine(EngineConfig.for_tests(device=args.device, checkpoint=args.checkpoint, max_slots=2))
     engine.start()
     print(f"device: {engine.info.device} ({torch.get_num_threads()} threads), torch {torch.__version__}, "
           f"checkpoint {args.checkpoint}, reference {args.seconds:g} s, {args.runs} runs per variant")

@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
-from engines.build import DTYPES, build_engine  # noqa: E402
+from engines.build import build_engine  # noqa: E402
+from engines.config import EngineConfig, VirtualDeviceConfig  # noqa: E402
+from engines.devices import DTYPES  # noqa: E402
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
 from service.settings import runtime_switches  # noqa: E402
 
@@ -172,10 +174,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.virtual_device and not args.checkpoint:
         args.checkpoint = str(Path(__file__).resolve().parent / "costs" / "prompt-0.6b")
-    engine = build_engine(preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots,
-                          dtype=DTYPES.get(args.dtype), checkpoint=args.checkpoint,
-                          switches=runtime_switches(),  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
-                          virtual_device=args.virtual_device, virtual_eos_frames=args.virtual_eos_frames)
+    virtual = VirtualDeviceConfig(args.virtual_device, args.virtual_eos_frames) if args.virtual_device else None
+    engine = build_engine(EngineConfig().updated(
+        preset=args.preset, device=args.device, max_queue=4096, max_slots=args.max_slots, dtype=args.dtype or "auto",
+        checkpoint=args.checkpoint, switches=runtime_switches(),  # STREAMVOX_STAGE_SYNC=1 ... (service/settings.py)
+        virtual=virtual))
     t0 = time.perf_counter()
     engine.start()
     import torch

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # engines, service, testsupport
 
 from engines.build import build_engine  # noqa: E402
+from engines.config import EngineConfig  # noqa: E402
 from service.app import create_app  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from testsupport.long_text import long_text  # noqa: E402
@@ -52,8 +53,8 @@ async def wait_job(http, url: str, job_id: str, until) -> dict:
 
 
 async def main(args) -> None:
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=args.checkpoint, warmup=False,
-                          aligner=args.aligner if Path(args.aligner).exists() else None)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=args.checkpoint, warmup=False,
+                                                 aligner=args.aligner if Path(args.aligner).exists() else None))
     engine.start()
     text = long_text(args.chars)
     data = Path(tempfile.mkdtemp(prefix="bench-long-job-"))

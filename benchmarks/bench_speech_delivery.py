@@ -24,6 +24,7 @@ import torch
 from aiohttp import web
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from service.app import create_app
 from service.settings import Settings
 
@@ -50,7 +51,7 @@ async def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--formats", nargs="+", default=["mp3", "opus", "aac", "wav"])
     args = parser.parse_args()
-    engine = build_engine(preset=args.preset, device="cpu")
+    engine = build_engine(EngineConfig().updated(preset=args.preset, device="cpu"))
     engine.start()
     with tempfile.TemporaryDirectory() as data:
         settings = Settings(host="127.0.0.1", port=0, preset=args.preset, device="cpu", data_dir=Path(data))

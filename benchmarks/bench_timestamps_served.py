@@ -70,9 +70,10 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
-    engines = {"no aligner": build_engine(preset="tiny", device="cpu"),
-               "aligner": build_engine(preset="tiny", device="cpu", aligner=args.aligner)}
+    engines = {"no aligner": build_engine(EngineConfig.for_tests()),
+               "aligner": build_engine(EngineConfig.for_tests(aligner=args.aligner))}
     for engine in engines.values():
         engine.start()
     print(f"device cpu, tiny DiT, torch threads {torch.get_num_threads()}, aligner {args.aligner}")

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engines.build import build_engine  # noqa: E402
-from engines.config import RuntimeSwitches  # noqa: E402
+from engines.config import EngineConfig, RuntimeSwitches  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.pipelines.vocoder import VocalizeItem  # noqa: E402
 from service.settings import runtime_switches  # noqa: E402  (STREAMVOX_PAGED_ATTENTION=0: gpu-verify's fallback)
@@ -199,11 +199,12 @@ def main() -> int:
 
     device = torch.device(args.device)
     t0 = time.perf_counter()
-    engine = build_engine(device=args.device, checkpoint=args.checkpoint, max_slots=args.slots,
-                          kv_cache_gb=args.kv_cache_gb, warmup=False,
-                          switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu",
+    engine = build_engine(EngineConfig().updated(
+        device=args.device, checkpoint=args.checkpoint, max_slots=args.slots, kv_cache_gb=args.kv_cache_gb,
+        warmup=False,
+        switches=RuntimeSwitches(static_step_on_cpu=device.type == "cpu",
                                                    fused_predictor=args.fused_predictor, fused_talker=args.fused_talker,
-                                                   paged_attention=runtime_switches().paged_attention))
+                                                   paged_attention=runtime_switches().paged_attention)))
     built = time.perf_counter() - t0
     costs = TalkerCosts(engine.pipeline.source, engine.vocalizer)
     step_runner = costs.source.step_runner

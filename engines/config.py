@@ -1,4 +1,13 @@
-"""Named model sizes.
+"""The engine's configuration: one :class:`EngineConfig` of sub-configs, and named model sizes.
+
+``EngineConfig`` is what the service's settings build (service/settings.py ``engine_config``) and
+``engines.build.build_engine`` takes: which model (:class:`ModelSpec`), where and in what precision
+it runs (:class:`RuntimeConfig`, with the :class:`RuntimeSwitches`), how the scheduler batches
+(:class:`SchedulerConfig`), what the engine may hold (:class:`LimitsConfig`) and, for scheduling
+work on a CPU, a virtual device (:class:`VirtualDeviceConfig`). ``None`` / ``"auto"`` fields are
+decided by ``engines.build.resolve_config`` (by device and pipeline) before anything is built.
+
+Named model sizes:
 
 * ``tiny``  - tests: two seconds of audio in well under a second on a CPU.
 * ``small`` - the CPU default: shrunken sizes, real-time while serving on 2 cores.
@@ -8,7 +17,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Mapping
 
 from engines.models.configs import (
     CodecDecoderConfig,
@@ -20,6 +30,9 @@ from engines.models.configs import (
     StreamConfig,
     TextEncoderConfig,
 )
+
+if TYPE_CHECKING:  # (the settings import this module: no torch at run time)
+    from engines.cpu_features import ThreadPlan
 
 PRESET_NAMES = ("tiny", "small", "base")
 
@@ -79,6 +92,134 @@ class RuntimeSwitches:
         if not self.compile or (part == "dit" and not self.compile_dit) or (part == "talker" and not self.compile_talker):
             return None
         return "inductor"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model the engine serves."""
+
+    checkpoint: str | None = None
+    """A Qwen3-TTS directory, a streamvox weights file or a Hugging Face id ``ORG/NAME[@REVISION]``
+    (fetched into its cache first: engines/checkpoints/hub.py); None: random weights of the preset."""
+    preset: str | None = None
+    """Named sizes (tiny | small | base: the DiT's, and every pipeline's stream chunking); None: small
+    on CPU, base on CUDA."""
+    pipeline: str | None = None
+    """A pipeline of engines/pipelines/registry.py (``--source``); None: the checkpoint decides."""
+    seed: int = 0
+    """The seed random weights are drawn from."""
+    aligner: str | None = None
+    """A Qwen3-ForcedAligner (a directory or a Hugging Face id) for word timestamps; None: none."""
+    voice_aliases: Mapping[str, str | None] = field(default_factory=dict)
+    """Voice names added to (None: dropped from) the vendor aliases (engines/pipelines/voice_aliases.py)."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where the engine runs and in what precision."""
+
+    device: str = "auto"
+    """``auto`` (CUDA when torch sees one), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: str = "auto"
+    """Weights and activations: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``float32`` or ``bfloat16``."""
+    codec_precision: str | None = None
+    """The codec decoder's: None (the engine's dtype), ``auto`` (bfloat16 on a CPU with native bf16),
+    ``float32`` or ``bfloat16`` (the torch backend only; engines/build.py ``resolve_codec_dtype``)."""
+    quantize: str | None = None
+    """The talker's and code predictor's weights: None / ``none`` (fp32), ``int8``, ``int4``,
+    ``int8-int4p`` or ``auto`` (the CPU default of docs/QUANTIZATION.md); engines/models/quantize.py."""
+    backend: str = "torch"
+    """The DiT's and codec decoder's runtime: torch, onnxruntime or tensorrt."""
+    artifacts_dir: str | None = None
+    """ONNX files / TensorRT engines for ``backend`` (``streamvox export`` / ``build-engines``)."""
+    switches: RuntimeSwitches = RuntimeSwitches()
+    """Compilation, graphs, fused kernels (the service reads them from the environment)."""
+    threads: ThreadPlan | None = None
+    """CPU: the talker's and the codec decoder's torch threads (decided by a probe of the memory
+    bandwidth, engines/build.py ``cpu_threads``); None: torch's threads split in two halves."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the scheduler batches the work."""
+
+    max_slots: int | None = None
+    """Requests batched together at most; None: the pipeline's default (engines/pipelines/registry.py)."""
+    prefill_token_budget: int | None = None
+    """Prompt positions prefilled per step beside decoding; None: by device (engines/core/scheduler.py)."""
+    batch_planning: bool | None = None
+    """Requests that arrive together prepared at once; None: on CUDA."""
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """What the engine may hold."""
+
+    max_queue: int = 64
+    """Requests waiting for admission; more are refused (EngineOverloaded)."""
+    kv_cache_gb: float | None = None
+    """The talker's KV pool in GiB; None: 1 on CPU, 40 % of free device memory on CUDA."""
+    prefix_cache_fraction: float | None = None
+    """Share of the KV pool that shared prompt prefixes may keep; None: the pipeline's default, 0: off."""
+
+
+@dataclass(frozen=True)
+class VirtualDeviceConfig:
+    """A GPU's cost table the device work waits out on a CPU (engines/virtual/, docs/VIRTUAL_DEVICE.md)."""
+
+    table: str
+    """The cost table (benchmarks/costs/*.json)."""
+    eos_frames: int | None = None
+    """Every utterance samples EOS after this many frames; None: each runs to its frame budget."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine is built from (see the module docstring)."""
+
+    model: ModelSpec = ModelSpec()
+    runtime: RuntimeConfig = RuntimeConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    virtual: VirtualDeviceConfig | None = None
+    warmup: bool = True
+    """Requests through the whole pipeline before the engine reports ready."""
+
+    def updated(self, **values: Any) -> "EngineConfig":
+        """A copy with ``values`` set where they live: each name is a field of exactly one sub-config
+        (``checkpoint=``, ``device=``, ``max_slots=``, ...) or of this class (``warmup=``, ``virtual=``)."""
+        parts: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            owner = _FIELD_OWNER.get(name)
+            if owner is None:
+                raise TypeError(f"EngineConfig has no field {name!r}")
+            parts.setdefault(owner, {})[name] = value
+        top = parts.pop("", {})
+        return replace(self, **top, **{owner: replace(getattr(self, owner), **changed)
+                                       for owner, changed in parts.items()})
+
+    def sizes(self) -> ModelConfig:
+        """The preset's model sizes (a resolved config: ``model.preset`` named), its stream's slots
+        ``scheduler.max_slots`` when given, the batch ceiling twice that (room for CFG)."""
+        config = get_preset(self.model.preset or "")
+        slots = self.scheduler.max_slots
+        if slots is None:
+            return config
+        if slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {slots}")
+        return replace(config, stream=replace(config.stream, max_slots=slots, batch_ceiling=2 * slots))
+
+    @classmethod
+    def for_tests(cls, **values: Any) -> "EngineConfig":
+        """The tiny preset on the CPU, with ``values`` set (:meth:`updated`)."""
+        return cls(model=ModelSpec(preset="tiny"), runtime=RuntimeConfig(device="cpu")).updated(**values)
+
+
+# field name -> the sub-config that holds it ("": EngineConfig itself); names are unique across them
+_FIELD_OWNER = {f.name: "" for f in fields(EngineConfig) if f.name in ("warmup", "virtual")}
+_FIELD_OWNER.update({f.name: part for part, kind in (("model", ModelSpec), ("runtime", RuntimeConfig),
+                                                     ("scheduler", SchedulerConfig), ("limits", LimitsConfig))
+                     for f in fields(kind)})
 
 
 def _tiny() -> ModelConfig:

@@ -366,6 +366,11 @@ class EngineCapabilities:
     """The languages the aligner times (lower case); empty without an aligner."""
     aligner: str | None = None
     """The loaded aligner (a directory or model id); None: no timestamps."""
+    title: str = ""
+    """How people name the pipeline (``DiT``); empty: "<pipeline> pipeline"."""
+    named_by_preset: bool = False
+    """The model is its preset's sizes, a checkpoint at most a part of it (the DiT: its denoiser on
+    random or streamvox weights): people name it by pipeline and preset, never by the checkpoint."""
 
     def honours(self, field_name: str) -> bool:
         return field_name in self.honoured_fields
@@ -486,6 +491,9 @@ class SynthesisEngine(Protocol):
 
     def kv_cache_stats(self) -> dict[str, float]:
         """The KV pool's figures (talker); empty when the pipeline has none."""
+
+    def graph_captures_after_start(self) -> int:
+        """CUDA graphs captured after start, on first use (metrics; serving keeps it at 0)."""
 
     def stats(self) -> EngineStats: ...
 

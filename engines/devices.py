@@ -1,8 +1,22 @@
-"""Device names normalised once, so comparisons with tensors' devices hold."""
+"""Device names normalised once, so comparisons with tensors' devices hold; dtypes by name."""
 
 from __future__ import annotations
 
 import torch
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    """``float32`` / ``bfloat16`` -> the torch dtype; ValueError naming the choices."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be {' or '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def canonical_device(device) -> torch.device:

@@ -55,18 +55,19 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def release_of(caps: EngineCapabilities) -> str:
-    """What kind of model is loaded: ``dit`` (a streamvox DiT preset) or the Qwen3-TTS talker
-    release's task type (``CustomVoice``, ``Base``, ``VoiceDesign``)."""
-    return caps.task_type or "dit"
+    """What kind of model is loaded: the Qwen3-TTS talker release's task type (``CustomVoice``,
+    ``Base``, ``VoiceDesign``), else the pipeline (``dit``: a streamvox DiT preset)."""
+    return caps.task_type or caps.pipeline
 
 
-def display_name(info, checkpoint: str | None) -> str:
-    """A person's name for the loaded model: the checkpoint's directory where one was named (the
-    DiT's preset names random weights, not a checkpoint), else the pipeline and its preset."""
-    if checkpoint and info.source != "dit":
+def display_name(engine: SynthesisEngine, checkpoint: str | None) -> str:
+    """A person's name for the loaded model: the checkpoint's directory where one was named and
+    names it (the DiT's preset names random weights, not a checkpoint), else the pipeline and its
+    preset."""
+    caps = engine.capabilities
+    if checkpoint and not caps.named_by_preset:
         return os.path.basename(os.path.normpath(checkpoint))
-    pipeline = "DiT" if info.source == "dit" else f"{info.source} pipeline"
-    return f"streamvox {pipeline}, preset {info.preset}"
+    return f"streamvox {caps.title or caps.pipeline + ' pipeline'}, preset {engine.info.preset}"
 
 
 def controls(caps: EngineCapabilities) -> dict[str, bool]:
@@ -109,7 +110,7 @@ async def models(request: web.Request) -> web.Response:
         "timestamps": {"available": caps.timestamps, "aligner": public_model_name(caps.aligner),
                        "languages": list(caps.timestamp_languages)},
         # what the playground shows: the model's name and release, the fields it uses
-        "display_name": display_name(info, state.settings.checkpoint), "release": release_of(caps),
+        "display_name": display_name(state.engine, state.settings.checkpoint), "release": release_of(caps),
         "controls": controls(caps),
         # what a request without sampling fields gets (the checkpoint's generation_config.json; null: the DiT)
         "sampling_defaults": dict(caps.sampling_defaults) if caps.sampling_defaults is not None else None,

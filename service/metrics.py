@@ -125,12 +125,9 @@ class _GraphCaptureCollector:
         self.engine = engine
 
     def collect(self):
-        captures = getattr(self.engine, "graph_captures_after_start", None)
-        if captures is None:
-            return
         family = CounterMetricFamily("streamvox_graph_captures_after_start",
                                      "CUDA graphs captured after start, on first use (each stalls every stream)")
-        family.add_metric([], captures())
+        family.add_metric([], self.engine.graph_captures_after_start())
         yield family
 
 

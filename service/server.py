@@ -163,19 +163,9 @@ def check_source(settings: Settings) -> None:
 
 
 def build_engine_for(settings: Settings):
-    from engines.build import DTYPES, build_engine
+    from engines.build import build_engine
 
-    checkpoint = settings.checkpoint_dir or settings.checkpoint
-    return build_engine(preset=settings.preset, device=settings.device,
-                        checkpoint=str(checkpoint) if checkpoint else None,
-                        seed=settings.seed, max_queue=settings.max_queue, source=settings.source,
-                        backend=settings.backend, artifacts_dir=settings.artifacts_dir,
-                        max_slots=settings.max_slots, dtype=DTYPES.get(settings.dtype),
-                        kv_cache_gb=settings.kv_cache_gb, prefill_token_budget=settings.prefill_token_budget,
-                        switches=settings.runtime, aligner=settings.aligner,
-                        prefix_cache_fraction=settings.prefix_cache_fraction, quantize=settings.quantize,
-                        codec_precision=settings.codec_precision, virtual_device=settings.virtual_device, virtual_eos_frames=settings.virtual_eos_frames,
-                        voice_aliases=settings.voice_alias_table())
+    return build_engine(settings.engine_config())
 
 
 async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = None,
@@ -200,7 +190,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
         await asyncio.to_thread(engine.start)
     info = engine.info
     log.info("engine ready: %s; device=%s quantize=%s codec=%s random weights in: %s",
-             display_name(info, settings.checkpoint), info.device, info.quantize, info.codec_dtype,
+             display_name(engine, settings.checkpoint), info.device, info.quantize, info.codec_dtype,
              ", ".join(info.random_components) or "none")
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect

@@ -26,7 +26,15 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.sources.utils import parse_env_vars
 from yarl import URL
 
-from engines.config import RuntimeSwitches
+from engines.config import (
+    EngineConfig,
+    LimitsConfig,
+    ModelSpec,
+    RuntimeConfig,
+    RuntimeSwitches,
+    SchedulerConfig,
+    VirtualDeviceConfig,
+)
 
 ENV_PREFIX = "STREAMVOX_"
 ENV_API_KEYS = "STREAMVOX_API_KEYS"
@@ -337,6 +345,25 @@ class Settings(BaseSettings):
     def voice_alias_table(self) -> dict[str, str | None]:
         """The ``--voice-aliases`` file's entries (empty when unset)."""
         return read_voice_aliases(self.voice_aliases) if self.voice_aliases else {}
+
+    def engine_config(self) -> EngineConfig:
+        """The engine these settings ask for (engines/config.py; engines.build.build_engine builds it):
+        the model ``--model`` resolved to (``checkpoint_dir``, else as named), its device, precision,
+        batching, limits and virtual device, and the environment's runtime switches."""
+        checkpoint = self.checkpoint_dir or self.checkpoint
+        virtual = (VirtualDeviceConfig(self.virtual_device, self.virtual_eos_frames) if self.virtual_device
+                   else None)
+        return EngineConfig(
+            model=ModelSpec(checkpoint=str(checkpoint) if checkpoint else None, preset=self.preset,
+                            pipeline=self.source, seed=self.seed, aligner=self.aligner,
+                            voice_aliases=self.voice_alias_table()),
+            runtime=RuntimeConfig(device=self.device, dtype=self.dtype, codec_precision=self.codec_precision,
+                                  quantize=self.quantize, backend=self.backend, artifacts_dir=self.artifacts_dir,
+                                  switches=self.runtime),
+            scheduler=SchedulerConfig(max_slots=self.max_slots, prefill_token_budget=self.prefill_token_budget),
+            limits=LimitsConfig(max_queue=self.max_queue, kv_cache_gb=self.kv_cache_gb,
+                                prefix_cache_fraction=self.prefix_cache_fraction),
+            virtual=virtual)
 
     @field_validator("jobs_db_password_file")
     @classmethod

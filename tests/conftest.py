@@ -65,8 +65,9 @@ def one_torch_thread():
 def make_engine(max_queue: int = 64):
     """The real tiny engine on CPU."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
-    return build_engine(preset="tiny", device="cpu", max_queue=max_queue)
+    return build_engine(EngineConfig.for_tests(max_queue=max_queue))
 
 
 @pytest.fixture(scope="module")
@@ -207,9 +208,10 @@ def pg_url(postgres) -> str:
 def base_engine():
     """A Base (voice-cloning) release on the oracle fixture checkpoint, shared by a module."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import clone_fixtures
 
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(clone_fixtures.checkpoint_dir("base")), talker_slots=4)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(clone_fixtures.checkpoint_dir("base")), max_slots=4))
     engine.start()  # warm-up included: a Base release warms up with a neutral x-vector
     yield engine
     engine.stop()
@@ -219,9 +221,10 @@ def base_engine():
 def talker_engine():
     """A CustomVoice talker on the oracle fixture checkpoint (cv_proj), shared by a module."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import talker_fixtures
 
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")))
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj"))))
     engine.start()
     yield engine
     engine.stop()
@@ -237,10 +240,11 @@ def aligned_talker():
     if not (ALIGNER / "config.json").exists():
         pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import talker_fixtures
 
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
-                          aligner=str(ALIGNER), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
+                                                 aligner=str(ALIGNER), warmup=False))
     engine.start()
     yield engine
     engine.stop()
@@ -252,8 +256,9 @@ def aligned_engine():
     if not (ALIGNER / "config.json").exists():
         pytest.fail("no aligner fixture: run `bash scripts/aligner-oracle-env.sh` (builds tests/fixtures/aligner)")
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER))
+    engine = build_engine(EngineConfig.for_tests(aligner=str(ALIGNER)))
     engine.start()
     yield engine
     engine.stop()

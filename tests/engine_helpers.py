@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import AudioChunk, SynthesisRequest
 from engines.core.engine import Engine
 
@@ -38,9 +39,9 @@ class Collected:
         return self.chunks[-1].error if self.chunks else None
 
 
-def tiny_engine(**kwargs) -> Engine:
-    kwargs.setdefault("warmup", False)
-    engine = build_engine(preset="tiny", device="cpu", seed=0, **kwargs)
+def tiny_engine(fault_hook=None, **config) -> Engine:
+    """The tiny DiT on the CPU, started (no warm-up unless asked); ``config``: EngineConfig fields."""
+    engine = build_engine(EngineConfig.for_tests(**{"warmup": False, **config}), fault_hook)
     engine.start()
     return engine
 

@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from clients.commands.model_option import show_hub_logs
-    from engines.build import load_models
     from engines.checkpoints.hub import ModelUnavailable, resolve_model
     from engines.config import get_preset
     from engines.export.onnx_export import DTYPES, default_profiles, export_models
+    from engines.pipelines.dit.weights import load_models
 
     checkpoint = None
     if args.model:

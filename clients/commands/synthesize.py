@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from engines.contract import (
         SAMPLES_PER_FRAME,
         AudioChunk,
@@ -124,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
     except ModelUnavailable as exc:
         return fail(args.command, exc)
     try:
-        engine = build_engine(preset=args.preset, device=args.device, seed=0,
-                              checkpoint=str(served.path) if served.path else None,
-                              warmup=False, source=args.source, backend=args.backend,
-                              artifacts_dir=args.artifacts_dir, switches=runtime_switches())
+        engine = build_engine(EngineConfig().updated(
+            preset=args.preset, device=args.device, checkpoint=str(served.path) if served.path else None, warmup=False,
+            pipeline=args.source, backend=args.backend, artifacts_dir=args.artifacts_dir, switches=runtime_switches()))
     except (ValueError, FileNotFoundError, EngineError, BackendError) as exc:
         return fail(args.command, exc)
     info = engine.info

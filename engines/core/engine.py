@@ -15,13 +15,13 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
 from engines.checkpoints.qwen3_voice import VoiceFeatures
-from engines.config import RuntimeSwitches
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.contract import (
     SAMPLE_RATE,
     AudioChunk,
@@ -40,9 +40,9 @@ from engines.core.executor import split_cpu_threads
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook, Worker
 from engines.cpu_features import ThreadPlan
-from engines.pipelines.dit.weights import Models
-from engines.pipelines.profile import PipelineSetup
-from engines.pipelines.registry import pipeline_builder
+from engines.devices import canonical_device, dtype_name, dtype_named
+from engines.pipelines.profile import Loaded, PipelineSetup
+from engines.pipelines.registry import registered
 from engines.pipelines.vocoder import Vocalizer
 from engines.pipelines.vocoder_process import VocoderProcess
 
@@ -63,72 +63,67 @@ class Engine:
 
     FEATURE_CACHE_VOICES = 64  # reference voices whose features stay cached (by content)
 
-    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype = torch.float32,
-                 max_queue: int = 64, fault_hook: FaultHook | None = None, warmup: bool = True,
-                 pipeline: str = "dit", max_slots: int | None = None, batch_planning: bool | None = None,
-                 backend: str = "torch", options: Mapping[str, Any] | None = None,
-                 switches: RuntimeSwitches = RuntimeSwitches(), aligner=None,
-                 prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET, virtual: VirtualDevice | None = None,
-                 voice_aliases: Mapping[str, str | None] | None = None, codec_dtype: torch.dtype | None = None,
-                 threads: ThreadPlan | None = None):
-        """``pipeline``: a name of engines/pipelines/registry.py, built by its adapter from ``models``
-        (the codec side, and the DiT's modules) and ``options`` (the pipeline's own: the talker's
-        ``talker`` bundle, ``kv_cache_gb``, ``prefix_cache_fraction``); either pipeline emits code
-        frames, which the vocalizer decodes. ``max_slots``: requests batched together (None: the
-        config's ``stream.max_slots``). ``batch_planning`` (default: on CUDA) lets a pipeline prepare
-        the requests that arrive together at once. ``switches``: how it runs on the device
-        (compilation, step graphs, stage timing), from the service's settings.
-        ``aligner``: a loaded engines.pipelines.aligner.Aligner: word timestamps (None: none).
-        ``prefill_token_budget``: prompt positions the scheduler lets a pipeline prefill per step.
+    def __init__(self, loaded: Loaded, config: EngineConfig, fault_hook: FaultHook | None = None,
+                 virtual: VirtualDevice | None = None):
+        """``loaded``: what the pipeline's ``load`` read (its modules, its own parts), built into the
+        pipeline named by ``config.model.pipeline`` by its adapter (engines/pipelines/registry.py);
+        either pipeline emits code frames, which the vocalizer decodes. ``config``: a resolved
+        :class:`engines.config.EngineConfig` (engines/build.py ``resolve_config``: device, dtypes,
+        pipeline and budgets decided). ``fault_hook``: the worker's (tests inject failures there).
         ``virtual``: the pipeline's and the codec decoder's device work replaced by a cost table's
-        waits (engines/virtual/; it builds the pipeline, no model runs).
-        ``voice_aliases``: names added to (None: removed from) the vendor voice aliases
-        (engines/pipelines/voice_aliases.py); ValueError when one names no voice of the model.
-        ``codec_dtype``: the codec decoder's precision (None: ``dtype``).
-        ``threads``: the talker's and the codec decoder's torch threads on a CPU (the build's probe,
-        engines/cpu_features.py ``plan_threads``; None: torch's threads split in two halves)."""
-        build_pipeline = pipeline_builder(pipeline)
-        self.models = models.to(device, dtype)
+        waits (engines/virtual/; it builds the pipeline, no model runs). A voice alias naming no voice
+        of the model is a ValueError."""
+        runtime, scheduler = config.runtime, config.scheduler
+        if config.model.pipeline is None or "auto" in (runtime.device, runtime.dtype):
+            raise ValueError("the engine takes a resolved EngineConfig (engines.build.resolve_config)")
+        registration = registered(config.model.pipeline)
+        device, dtype = canonical_device(runtime.device), dtype_named(runtime.dtype)
+        self.models = loaded.models.to(device, dtype)
         self.device = device
         self.dtype = dtype
-        cfg = models.config
+        self.config = config
+        cfg = self.models.config
         self.virtual = virtual
-        max_slots = cfg.stream.max_slots if max_slots is None else max_slots
+        max_slots = registration.slots(scheduler.max_slots, cfg)
         # 2 x the worker's slots: a stream may still decode its tail while a new one has its slot.
         self.vocalizer = virtual.vocalizer(cfg, 2 * max_slots) if virtual else Vocalizer(
-            self.models.decoder, device, codec_dtype or dtype)
+            self.models.decoder, device, dtype_named(runtime.codec_precision or runtime.dtype))
         if device.type == "cuda":  # the streaming codec decoder over a state pool, graphed
             from engines.runtime.graphed_decoder import GraphedDecoder
 
             self.vocalizer.graphed_decoder = GraphedDecoder.for_config(self.vocalizer.decoder, cfg, 2 * max_slots)
-        self.threads = self._threads(switches, threads)
+        switches = runtime.switches
+        self.threads = self._threads(switches, runtime.threads)
         # CPU: the decoder in a process of its own, off the talker's GIL (vocoder_process.py)
         self.codec_process = (VocoderProcess(self.vocalizer, self.threads.codec)
                               if self.threads.codec and switches.codec_process else None)
         if self.codec_process is not None:
             self.vocalizer = self.codec_process
-        setup = PipelineSetup(self.models, device, dtype, max_slots, self.vocalizer, switches,
-                              dict(voice_aliases or {}), dict(options or {}))
-        adapter = virtual.build_pipeline(pipeline, setup) if virtual is not None else build_pipeline(setup)
+        setup = PipelineSetup(self.models, loaded.parts, device, dtype, max_slots, self.vocalizer, config)
+        adapter = virtual.build_pipeline(setup) if virtual is not None else registration.build(setup)
         self.pipeline, self.profile = adapter.pipeline, adapter.profile
+        self.aligner = aligner = loaded.aligner
         self.worker = Worker(self.pipeline, self.vocalizer, self.profile.voice_index, max_slots=max_slots,
-                             max_queue=max_queue, fault_hook=fault_hook, stage_sync=switches.stage_sync,
-                             batch_planning=device.type == "cuda" if batch_planning is None else batch_planning,
-                             aligner=aligner, prefill_token_budget=prefill_token_budget,
+                             max_queue=config.limits.max_queue, fault_hook=fault_hook,
+                             stage_sync=runtime.switches.stage_sync,
+                             batch_planning=(device.type == "cuda" if scheduler.batch_planning is None
+                                             else scheduler.batch_planning),
+                             aligner=aligner,
+                             prefill_token_budget=scheduler.prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET,
                              host_copy_event=virtual.clock.record if virtual is not None else None,
                              threads=self.threads if self.threads.codec else None)
-        self.aligner = aligner
-        self._warmup = warmup
+        self._warmup = config.warmup
         self._ready = threading.Event()
         caps = self.profile.capabilities
         self.info = EngineInfo(
             model="streamvox", preset=cfg.name, source=self.pipeline.name,
             device=virtual.describe() if virtual is not None else str(device),
-            dtype=str(dtype).replace("torch.", ""), codec_dtype=str(self.vocalizer.dtype).replace("torch.", ""),
+            dtype=dtype_name(dtype), codec_dtype=dtype_name(self.vocalizer.dtype),
             sample_rate=SAMPLE_RATE, voices=caps.voices,
-            voice_aliases=caps.voice_aliases, random_components=caps.random_components, max_queue=max_queue,
-            max_slots=max_slots, backend=backend, latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
-            batch_ceiling=cfg.stream.batch_ceiling, threads=self._describe_threads(),
+            voice_aliases=caps.voice_aliases, random_components=caps.random_components,
+            max_queue=config.limits.max_queue, max_slots=max_slots, backend=runtime.backend,
+            latent_dim=cfg.latent_dim, num_code_groups=cfg.num_code_groups,
+            batch_ceiling=cfg.stream.batch_ceiling, quantize=loaded.quantize, threads=self._describe_threads(),
         )
         self.capabilities = self._with_timestamps(caps)
         self._features_cache: OrderedDict[str, VoiceFeatures] = OrderedDict()
@@ -164,7 +159,7 @@ class Engine:
         if self._warmup:
             self._warm_up()
         self._ready.set()
-        served = f"dit preset={self.info.preset}" if self.info.source == "dit" else self.info.source  # presets are the DiT's
+        served = self.info.source + (f" preset={self.info.preset}" if self.capabilities.named_by_preset else "")
         log.info("engine ready: %s device=%s random=%s", served, self.device, ",".join(self.info.random_components) or "none")
 
     def stop(self, timeout: float = 10.0) -> None:

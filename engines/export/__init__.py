@@ -9,7 +9,7 @@ The one call an engine builder needs::
 
     models = build_models(...) / load weights ...          # fp32, as loaded
     models = apply_backend(models, backend, artifacts_dir, device)
-    Engine(models, device, dtype, ...)                     # unchanged
+    Engine(Loaded(models), resolve_config(config))         # unchanged
 
 ``apply_backend`` verifies the artifacts against the loaded weights (manifest hash),
 swaps ``models.dit`` / ``models.decoder`` for runners with the same call signatures,
@@ -93,7 +93,7 @@ def make_decoder_runner(decoder, backend: str, artifacts_dir: str | Path | None,
 
 
 def apply_backend(models, backend: str, artifacts_dir: str | Path | None, device, threads: int | None = None):
-    """``models`` (engines.pipelines.dit.weights.Models, weights as loaded, before any dtype cast) with the
+    """``models`` (engines.pipelines.modules.Models, weights as loaded, before any dtype cast) with the
     DiT and codec decoder run by ``backend``; a new Models, the input is not modified.
 
     The stream config's batch ceiling becomes min(ceiling, DiT profile max batch)."""

@@ -210,7 +210,7 @@ def export_decoder_full(decoder: CodecDecoder, path: Path, profile: dict[str, Ax
 def export_models(models, out_dir: str | Path, dtype: torch.dtype = torch.float32,
                   graphs: tuple[str, ...] = GRAPHS, profiles: dict[str, dict[str, AxisRange]] | None = None,
                   checkpoint: str | None = None, exporter: str = "torchscript") -> Manifest:
-    """Export ``graphs`` of ``models`` (engines.pipelines.dit.weights.Models, fp32 as loaded) into ``out_dir``
+    """Export ``graphs`` of ``models`` (engines.pipelines.modules.Models, fp32 as loaded) into ``out_dir``
     and write manifest.json. The weights hash is taken from the models as given."""
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")

@@ -1,7 +1,9 @@
-"""One adapter per pipeline: what the engine hands a pipeline's builder, and what it gets back.
+"""One adapter per pipeline: what a pipeline folder registers, what the engine hands its builder,
+and what it gets back.
 
-A pipeline folder (``dit/``, ``talker/``) has a ``build(setup) -> Adapter``, listed once in
-:mod:`engines.pipelines.registry`. The adapter pairs the pipeline (the seam of
+A pipeline folder (``dit/``, ``talker/``) has a ``load(config) -> Loaded`` (what it reads from the
+checkpoint) and a ``build(setup) -> Adapter``, listed once in :mod:`engines.pipelines.registry` as a
+:class:`Registration`. The adapter pairs the pipeline (the seam of
 :mod:`engines.pipelines.base`: steps that emit code frames) with its profile: the loaded model's
 policy that is not a step - its voices and aliases, what it can do (``EngineCapabilities``),
 the model-dependent request rules, the work a request plans, the seed of an unseeded request,
@@ -11,36 +13,44 @@ the two and never asks which pipeline it holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
 
-from engines.config import RuntimeSwitches
+from engines.config import EngineConfig
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
 from engines.pipelines.voice_aliases import voice_key
 
 if TYPE_CHECKING:
     from engines.checkpoints.qwen3_voice import VoiceFeatures
     from engines.pipelines.base import Pipeline
+    from engines.pipelines.modules import Models
     from engines.pipelines.vocoder import Vocalizer
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a pipeline's ``load`` read, which the engine is built from."""
+
+    models: Models  # the modules (codec side, the DiT's where it runs), as loaded: not yet on the device
+    parts: Any = None  # the pipeline's own (the talker: its TalkerBundle), handed to its builder
+    quantize: str = "none"  # the talker's and code predictor's weights as they run (EngineInfo.quantize)
+    aligner: Any = None  # a loaded engines.pipelines.aligner.Aligner (word timestamps); None: none
 
 
 @dataclass(frozen=True)
 class PipelineSetup:
     """What the engine hands a pipeline's builder."""
 
-    # engines.pipelines.dit.weights.Models: the codec side every pipeline shares (codec head, code
-    # predictor, decoder) and the DiT's modules (None where the pipeline does not use them)
-    models: Any
+    models: Models  # on the device, in the engine's dtype
+    parts: Any  # Loaded.parts: the pipeline's own
     device: torch.device
     dtype: torch.dtype
     max_slots: int  # requests batched together at most (the vocoder keeps twice as many streams)
     vocalizer: Vocalizer  # where the frames go; a pipeline may prime a stream (in-context cloning)
-    switches: RuntimeSwitches = RuntimeSwitches()  # compilation, graphs (the service's settings)
-    voice_aliases: Mapping[str, str | None] = field(default_factory=dict)  # operator aliases (None drops one)
-    options: Mapping[str, Any] = field(default_factory=dict)  # the pipeline's own (talker: its bundle, KV pool)
+    config: EngineConfig = EngineConfig()  # the rest: switches, voice aliases, limits (KV pool)
 
 
 class Profile:
@@ -118,4 +128,26 @@ class Adapter:
 Builder = Callable[[PipelineSetup], Adapter]
 """A pipeline folder's ``build``: the setup -> its adapter (engines/pipelines/registry.py)."""
 
-__all__ = ["Adapter", "Builder", "PipelineSetup", "Profile"]
+Loader = Callable[[EngineConfig], Loaded]
+"""A pipeline folder's ``load``: a resolved config (engines/build.py ``resolve_config``) -> what it
+read (its checkpoint's modules and parts; random weights of the preset where it has none)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A pipeline as engines/pipelines/registry.py lists it: how it loads, how it is built, and what
+    it declares before it is built."""
+
+    build: Builder
+    load: Loader
+    default_slots: int | None = None
+    """Requests batched together when the config names no ``max_slots``; None: its model config's
+    (the preset's stream, which ``max_slots`` sets)."""
+
+    def slots(self, requested: int | None, model_config) -> int:
+        if self.default_slots is None:
+            return model_config.stream.max_slots
+        return requested or self.default_slots
+
+
+__all__ = ["Adapter", "Builder", "Loaded", "Loader", "PipelineSetup", "Profile", "Registration"]

@@ -5,8 +5,8 @@
     source = device.talker_source(bundle, max_slots=64)  # the talker batch over engines/virtual/talker.py's runner
     vocalizer = device.vocalizer(model_config, max_streams=128)   # engines/virtual/vocoder.py
 
-The engine (engines/core/engine.py) takes its vocalizer from here, and its pipeline from
-``build_pipeline``: the talker's adapter (engines/pipelines/talker/adapter.py) over the virtual
+The engine (engines/core/engine.py) takes what it is built from (``model_parts``), its vocalizer and its
+pipeline from here (``build_pipeline``): the talker's adapter (engines/pipelines/talker/adapter.py) over the virtual
 source; the service, worker, scheduler and outbox run unchanged (the outbox waits on the
 clock's events).
 Only the checkpoint's ``config.json``, ``speech_tokenizer/config.json``, tokenizer files and
@@ -23,9 +23,11 @@ import torch
 from engines.checkpoints.files import read_json
 from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig, read_configs, talker_config
+from engines.config import EngineConfig
 from engines.contract import SAMPLES_PER_FRAME
 from engines.models.configs import ModelConfig
-from engines.pipelines.profile import Adapter, PipelineSetup
+from engines.pipelines.modules import Models
+from engines.pipelines.profile import Adapter, Loaded, PipelineSetup
 from engines.pipelines.talker import adapter as talker_adapter
 from engines.pipelines.talker.batch import UtteranceBatch
 from engines.pipelines.talker.prompt import PromptBuilder
@@ -41,6 +43,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 @dataclass
 class VirtualDevice:
+    PIPELINE = "talker"  # the pipeline it runs (its source stands for the talker's)
+
     table: CostTable
     clock: DeviceClock = field(default_factory=DeviceClock)
     eos_frames: int | None = None  # frames after which every utterance samples EOS (None: never)
@@ -95,13 +99,20 @@ class VirtualDevice:
         self._runner = source.runner
         return source
 
-    def build_pipeline(self, name: str, setup: PipelineSetup) -> Adapter:
-        """The talker's adapter with this device's source in place of the real one."""
-        if name != "talker":
-            raise ValueError(f"a virtual device runs the talker pipeline, not {name!r}")
+    def model_parts(self, config: EngineConfig) -> Loaded:
+        """What the engine is built from: the checkpoint's sizes and prompt side, no model."""
+        checkpoint = config.model.checkpoint
+        if not checkpoint:
+            raise ValueError("--virtual-device needs --model: a Qwen3-TTS directory whose config and tokenizer files "
+                             "shape the prompts (no weights are read; benchmarks/costs/prompt-0.6b has them)")
+        return Loaded(Models.codec_only(self.model_config(checkpoint, config.sizes())), self.talker_bundle(checkpoint))
 
-        def make_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[UtteranceBatch, tuple]:
-            source = self.talker_source(bundle, setup.max_slots, **options)
+    def build_pipeline(self, setup: PipelineSetup) -> Adapter:
+        """The talker's adapter with this device's source in place of the real one."""
+        def make_source(setup: PipelineSetup) -> tuple[UtteranceBatch, tuple]:
+            limits = setup.config.limits
+            source = self.talker_source(setup.parts, setup.max_slots, kv_cache_gb=limits.kv_cache_gb,
+                                        prefix_cache_fraction=limits.prefix_cache_fraction)
             return source, (source.runner.graphs,)  # captured at start as the real step graphs are
         return talker_adapter.build(setup, make_source)
 

@@ -76,6 +76,9 @@ class RequestPlan:
     parts: tuple[Part, ...]
     step_unit: str = ""  # the unit of ``model_steps`` ("talker steps", "DiT frame-steps"); "" with no utterance
     stretch: float | None = None  # the speed the service stretches the audio by (None: the model honours it)
+    # the model decodes each utterance until it samples an end, capped by max_new_tokens (a talker):
+    # its step limit is per utterance (--max-work-talker-steps), not over the whole plan
+    ends_itself: bool = False
 
     @property
     def utterances(self) -> tuple[Utterance, ...]:
@@ -143,7 +146,8 @@ def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, setti
                 parts.append(piece)
             elif piece.strip():
                 parts += planner.utterances(piece.strip(), at + len(piece) - len(piece.lstrip()))
-    return RequestPlan(text, params, tuple(parts), planner.step_unit, engine_params(engine, params)[1])
+    return RequestPlan(text, params, tuple(parts), planner.step_unit, engine_params(engine, params)[1],
+                       ends_itself=engine.capabilities.max_new_tokens is not None)
 
 
 class _UtterancePlanner:
@@ -253,7 +257,7 @@ def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> 
     ``--max-work-frame-steps`` (DiT; a job: ``--max-job-frame-steps``); when one utterance may
     run more than ``--max-work-talker-steps`` (talker). 0 = no limit."""
     job = job_format is not None
-    talker = plan.step_unit == "talker steps"
+    talker = plan.ends_itself
     frames = plan.audio_frames
     frames_limit, flag = ((settings.max_job_audio_frames, "--max-job-audio-frames") if job
                           else (settings.max_work_audio_frames, "--max-work-audio-frames"))

@@ -9,6 +9,7 @@ import torch
 
 from engines import build
 from engines.build import build_engine, resolve_codec_dtype
+from engines.config import EngineConfig
 from engines.cpu_features import cpu_flags, has_native_bf16
 
 
@@ -33,7 +34,7 @@ def test_native_bf16_is_read_from_the_cpu_flags():
 
 @pytest.mark.parametrize("asked", ["auto", "float32", "bfloat16", None])
 def test_the_engine_decodes_in_the_precision_it_reports(asked):
-    engine = build_engine(preset="tiny", device="cpu", warmup=False, codec_precision=asked)
+    engine = build_engine(EngineConfig.for_tests(warmup=False, codec_precision=asked))
     want = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: torch.float32,
             "auto": torch.bfloat16 if has_native_bf16() else torch.float32}[asked]
     assert next(engine.vocalizer.decoder.parameters()).dtype == want

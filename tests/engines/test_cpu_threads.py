@@ -10,7 +10,7 @@ import torch
 
 from engines import build
 from engines.build import build_engine
-from engines.config import RuntimeSwitches
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.cpu_features import ThreadPlan, plan_threads, read_bandwidth
 from tests.oracle import talker_fixtures as fx
 
@@ -61,8 +61,8 @@ def test_the_engine_runs_the_probes_plan_and_names_it(two_threads, monkeypatch, 
     monkeypatch.setattr(build, "plan_threads", lambda available, codec_fixed=None: ThreadPlan(
         1, codec_fixed or 1, f"probed {available}"))
     with caplog.at_level(logging.INFO, logger="streamvox"):
-        engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")),
-                              warmup=False, codec_precision="bfloat16")
+        engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                     codec_precision="bfloat16"))
     assert "threads: talker 1, codec decoder 1 (probed 2)" in caplog.text
     assert engine.info.threads == "talker 1, codec 1 (a process)"
     engine.start()
@@ -72,9 +72,9 @@ def test_the_engine_runs_the_probes_plan_and_names_it(two_threads, monkeypatch, 
     finally:
         engine.stop()
     assert engine.codec_process.pid is None  # stopped with the engine
-    inline = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                          switches=RuntimeSwitches(vocoder_thread=False))
+    inline = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 switches=RuntimeSwitches(vocoder_thread=False)))
     assert inline.codec_process is None and inline.info.threads == "talker 2, codec 2 (after each tick)"
-    threaded = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                            switches=RuntimeSwitches(codec_process=False))
+    threaded = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                   switches=RuntimeSwitches(codec_process=False)))
     assert threaded.codec_process is None and threaded.info.threads == "talker 1, codec 1 (a thread)"

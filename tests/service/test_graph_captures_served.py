@@ -20,7 +20,7 @@ from conftest import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.build import build_engine
-from engines.config import RuntimeSwitches
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.runtime.graphed_talker import GraphedTalkerStep
 from tests.oracle import talker_fixtures as fx
 
@@ -29,8 +29,8 @@ WORDS = "the quick brown fox jumps over a lazy dog while every stream keeps play
 
 @pytest.fixture(scope="module")
 def static_step_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                          max_slots=8, switches=RuntimeSwitches(static_step_on_cpu=True))
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 max_slots=8, switches=RuntimeSwitches(static_step_on_cpu=True)))
     engine.start()
     yield engine
     engine.stop()

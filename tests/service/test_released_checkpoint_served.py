@@ -23,6 +23,7 @@ from conftest import start_server, wait_until
 from ws_helpers import read_until_json, read_until_session_done
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.pipelines.talker.budget import frame_budget
 from tests.oracle import talker_fixtures as fx
 
@@ -32,7 +33,7 @@ TEXT = "Hello there."
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     path = fx.released_checkpoint("cv_proj", tmp_path_factory.mktemp("released") / "ckpt")
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(path), warmup=False))
     engine.start()
     yield engine
     engine.stop()

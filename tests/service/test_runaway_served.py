@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import SAMPLES_PER_FRAME, SynthesisRequest
 from engines.pipelines.talker.guard import LOOP_WINDOW
 from tests.oracle import talker_fixtures as fx
@@ -54,7 +55,7 @@ def stuck(head: torch.Tensor, eos: int) -> None:
 def engine_on(tmp_path_factory, edit):
     path = fx.released_checkpoint("cv_proj", tmp_path_factory.mktemp("runaway") / "ckpt")
     edit_codec_head(path, edit)
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(path), warmup=False))
     engine.start()
     return engine
 

@@ -24,8 +24,9 @@ def faulty_hook(request_id: str, stage: str) -> None:
 
 def faulty_engine():
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=faulty_hook)
+    engine = build_engine(EngineConfig.for_tests(), faulty_hook)
     engine.start()
     return engine
 

@@ -110,6 +110,7 @@ async def test_the_speed_line_leaves_the_cold_first_run_out(tmp_path):
     from conftest import start_server
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from engines.core.engine import Engine
 
     delayed: list[str] = []
@@ -119,7 +120,7 @@ async def test_the_speed_line_leaves_the_cold_first_run_out(tmp_path):
             delayed.append(request_id)
             time.sleep(6.0)
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=cold_first)
+    engine = build_engine(EngineConfig.for_tests(), cold_first)
     engine.start()
     live = await start_server(engine, tmp_path / "data")
     try:
@@ -144,6 +145,7 @@ def test_the_speed_line_waits_for_the_steady_state():
     slower by a fault hook: past any real time) is not the stated speed: the line measures until
     two runs in a row agree."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
     slowed: list[str] = []
 
@@ -152,7 +154,7 @@ def test_the_speed_line_waits_for_the_steady_state():
             slowed.append(request_id)
             time.sleep(6.0 if len(slowed) == 2 else 0.0)  # (a DiT request is admitted once per chunk)
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=slow_first_two)
+    engine = build_engine(EngineConfig.for_tests(), slow_first_two)
     engine.start()
     try:
         collected = run_requests(engine, [SynthesisRequest(id="after", text=engine.SPEED_TEXT,

@@ -191,3 +191,29 @@ def test_help_names_every_variable_and_default():
         for env in option.envs:
             assert env in text
     assert "[env STREAMVOX_PORT; default 8000]" in text and "{tiny,small,base}" in text
+
+
+def test_the_settings_build_the_engine_config_each_setting_in_its_sub_config(tmp_path):
+    """Every engine setting, from its flag and the environment, lands in the one EngineConfig the
+    engine is built from (engines/config.py): nothing is copied one by one on the way."""
+    aliases = tmp_path / "aliases.json"
+    aliases.write_text('{"narrator": "aria", "nova": null}')
+    settings = parse(["--preset", "tiny", "--device", "cpu", "--model", "/ckpt", "--source", "dit",
+                      "--backend", "onnxruntime", "--artifacts-dir", "/art", "--max-queue", "7", "--max-slots", "3",
+                      "--kv-cache-gb", "0.5", "--prefill-token-budget", "99", "--prefix-cache-fraction", "0.1",
+                      "--quantize", "int8", "--codec-precision", "float32", "--dtype", "bfloat16",
+                      "--aligner", "/aligner", "--voice-aliases", str(aliases), "--virtual-device", "/costs.json",
+                      "--virtual-eos-frames", "9"], {"STREAMVOX_PAGED_ATTENTION": "0"})
+    config = settings.model_copy(update={"checkpoint_dir": Path("/resolved")}).engine_config()
+    model, runtime, scheduler, limits = config.model, config.runtime, config.scheduler, config.limits
+    assert (model.checkpoint, model.preset, model.pipeline, model.seed, model.aligner) == (
+        "/resolved", "tiny", "dit", 0, "/aligner")  # --model as it resolved (server.resolve_model)
+    assert model.voice_aliases == {"narrator": "aria", "nova": None}
+    assert (runtime.device, runtime.dtype, runtime.codec_precision, runtime.quantize, runtime.backend,
+            runtime.artifacts_dir) == ("cpu", "bfloat16", "float32", "int8", "onnxruntime", "/art")
+    assert runtime.switches == settings.runtime and runtime.switches.paged_attention is False
+    assert (scheduler.max_slots, scheduler.prefill_token_budget) == (3, 99)
+    assert (limits.max_queue, limits.kv_cache_gb, limits.prefix_cache_fraction) == (7, 0.5, 0.1)
+    assert (config.virtual.table, config.virtual.eos_frames) == ("/costs.json", 9)
+    assert config.warmup is True
+    assert parse([], {}).engine_config().model.checkpoint is None and parse([], {}).engine_config().virtual is None

@@ -17,6 +17,7 @@ import websockets
 from conftest import finished_job, start_server
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from tests.oracle import talker_fixtures as fx
 
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # layers x (K, V) x positions x KV heads x head dim x fp32
@@ -25,8 +26,8 @@ BODY = {"input": "Hello there.", "max_new_tokens": 200, "seed": 1}
 
 @pytest.fixture(scope="module")
 def small_pool_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                          kv_cache_gb=4 * BLOCK_BYTES / 2**30)  # 3 blocks + the null block
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 kv_cache_gb=4 * BLOCK_BYTES / 2**30))  # 3 blocks + the null block
     engine.start()
     yield engine
     engine.stop()

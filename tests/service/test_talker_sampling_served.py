@@ -19,6 +19,7 @@ from conftest import same_pcm16, start_server
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import SynthesisRequest
 from engines.pipelines.talker.source import resolve_settings
 from tests.oracle import talker_fixtures as fx
@@ -30,8 +31,8 @@ LSB = 1 / 32768
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                          talker_slots=16)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 max_slots=16))
     engine.start()
     yield engine
     engine.stop()
@@ -76,7 +77,7 @@ async def test_defaults_are_the_checkpoints_generation_config(tmp_path):
     path = tmp_path / "ckpt"
     shutil.copytree(fx.checkpoint_dir("cv_proj"), path)
     (path / "generation_config.json").write_text(json.dumps(OFFICIAL_OTHERWISE))
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(path), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(path), warmup=False))
     engine.start()
     try:
         gen = engine.pipeline.source.generation
@@ -169,8 +170,8 @@ async def test_an_input_too_long_for_the_kv_pool_is_a_400(tmp_path):
     to --utterance-max-frames of budget, ~64 text ids): that is refused at submission, naming
     ``input`` (never a 5xx, never a request waiting forever), and a short one still speaks."""
     gb = 5 * (2 * 2 * 16 * 2 * 16 * 4) / 2**30
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
-                          kv_cache_gb=gb)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 kv_cache_gb=gb))
     engine.start()
     server = await start_server(engine, tmp_path / "data")
     try:

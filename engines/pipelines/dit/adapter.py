@@ -1,11 +1,14 @@
-"""The DiT pipeline's adapter: its pipeline (planner, denoiser, frame coder) and its profile
-(a preset voice table, no task types, work in frame-steps, seed 0 when none is given)."""
+"""The DiT pipeline's adapter: what it loads (its modules: weights file, Qwen3-TTS codec side, or
+random weights of the preset), its pipeline (planner, denoiser, frame coder) and its profile (a
+preset voice table, no task types, work in frame-steps, seed 0 when none is given)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Mapping
 
+from engines.config import EngineConfig
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
 from engines.models.configs import ModelConfig
 from engines.models.dit import FlowDiT
@@ -14,7 +17,8 @@ from engines.pipelines.dit.codes import FrameCoder
 from engines.pipelines.dit.denoiser import Denoiser
 from engines.pipelines.dit.pipeline import DiTPipeline
 from engines.pipelines.dit.planner import UtterancePlanner
-from engines.pipelines.profile import Adapter, PipelineSetup, Profile
+from engines.pipelines.dit.weights import load_models
+from engines.pipelines.profile import Adapter, Loaded, PipelineSetup, Profile
 from engines.pipelines.voice_aliases import OPENAI_VOICE_ALIASES, VENDOR_VOICE_ALIASES, extend_aliases
 
 VOICE_NAMES = ("default", "aria", "blaze", "cedar", "dune", "ember", "fjord", "gale")
@@ -24,11 +28,18 @@ FIELDS = frozenset({"text", "voice", "seed", "steps", "guidance_scale", "speed",
                     "top_p"})
 
 
+def load(config: EngineConfig) -> Loaded:
+    """The DiT's modules: from the checkpoint (engines/pipelines/dit/weights.py ``load_models``),
+    random weights of the preset where none is named."""
+    checkpoint = config.model.checkpoint
+    return Loaded(load_models(Path(checkpoint) if checkpoint else None, config.sizes(), config.model.seed))
+
+
 def build(setup: PipelineSetup) -> Adapter:
-    models, device, dtype = setup.models, setup.device, setup.dtype
+    models, device, dtype, switches = setup.models, setup.device, setup.dtype, setup.config.runtime.switches
     cfg = models.config
     if setup.max_slots != cfg.stream.max_slots:
-        raise ValueError(f"the DiT runs its config's {cfg.stream.max_slots} slots (build_engine's max_slots sets "
+        raise ValueError(f"the DiT runs its config's {cfg.stream.max_slots} slots (the config's max_slots sets "
                          f"them), not {setup.max_slots}")
     planner = UtterancePlanner(ByteTokenizer(), models.encoder, models.duration, cfg, device, dtype)
     dit = models.dit
@@ -37,18 +48,19 @@ def build(setup: PipelineSetup) -> Adapter:
 
         # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
         # longest context + chunk, rows up to the batch ceiling; captured in start().
-        dit = GraphedDiT.for_config(dit, cfg, compile_backend=setup.switches.compile_backend("dit"))
+        dit = GraphedDiT.for_config(dit, cfg, compile_backend=switches.compile_backend("dit"))
     coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
     graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
     if device.type == "cuda":
         from engines.runtime.graphed_predictor import GraphedCodePredictor
 
         coder.predictor = GraphedCodePredictor(coder.predictor,
-                                               compile_backend=setup.switches.compile_backend("predictor"))
+                                               compile_backend=switches.compile_backend("predictor"))
         graphed.append(coder.predictor)
     pipeline = DiTPipeline(planner, Denoiser(dit, cfg.stream, device, dtype), cfg.dit.context_frames, coder,
                            graphed=tuple(graphed))
-    return Adapter(pipeline, DiTProfile(cfg, planner.tokenizer, models.random_components, setup.voice_aliases))
+    return Adapter(pipeline, DiTProfile(cfg, planner.tokenizer, models.random_components,
+                                        setup.config.model.voice_aliases))
 
 
 class DiTProfile(Profile):
@@ -68,7 +80,8 @@ class DiTProfile(Profile):
                                  {**VENDOR_VOICE_ALIASES, **voice_aliases})
         self.capabilities = EngineCapabilities(
             pipeline="dit", task_type=None, voices=voices, voice_aliases=aliases, preset_voices=True, languages=None,
-            honoured_fields=FIELDS, max_slots=config.stream.max_slots, random_components=random_components)
+            honoured_fields=FIELDS, max_slots=config.stream.max_slots, random_components=random_components,
+            title="DiT", named_by_preset=True)
 
     def validate(self, request: SynthesisRequest, complete: bool) -> None:
         for name, value in (("task_type", request.task_type), ("ref_audio", request.clone),

@@ -1,18 +1,16 @@
 """The DiT pipeline's modules and its weights file (``streamvox.safetensors``).
 
-``build_models`` makes every component with deterministic random weights;
-``save_weights`` / ``load_weights`` move them through one safetensors file whose keys are
-``<component>.<param>``.
+``build_models`` makes every component with deterministic random weights; ``load_models`` reads
+them from a checkpoint; ``save_weights`` / ``load_weights`` move them through one safetensors file
+whose keys are ``<component>.<param>``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from pathlib import Path
 
-import torch
-from torch import nn
-
+from engines.checkpoints.qwen3_tts import load_checkpoint
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
@@ -21,34 +19,11 @@ from engines.models.configs import ModelConfig
 from engines.models.dit import FlowDiT
 from engines.models.duration import DurationModel
 from engines.models.init import init_module_
-
-COMPONENTS = ("encoder", "duration", "dit", "codec_head", "code_predictor", "decoder")
+from engines.pipelines.modules import COMPONENTS, Models
 
 WEIGHTS_FILE = "streamvox.safetensors"
 
-
-@dataclass
-class Models:
-    """All nn.Modules of the DiT source pipeline. Serving the talker only the decoder is
-    used: encoder, duration model and DiT are None then (never built)."""
-
-    config: ModelConfig
-    encoder: ConditionEncoder | None
-    duration: DurationModel | None
-    dit: FlowDiT | None
-    codec_head: CodecHead
-    code_predictor: CodePredictor
-    decoder: CodecDecoder
-    random_components: tuple[str, ...]
-
-    def modules(self) -> dict[str, nn.Module]:
-        return {name: getattr(self, name) for name in COMPONENTS}
-
-    def to(self, device: torch.device, dtype: torch.dtype) -> "Models":
-        for module in self.modules().values():
-            if module is not None:
-                module.to(device=device, dtype=dtype).eval()
-        return self
+log = logging.getLogger("streamvox.engine")
 
 
 def build_models(config: ModelConfig, seed: int = 0) -> Models:
@@ -93,3 +68,34 @@ def load_weights(models: Models, path: str | Path, components: tuple[str, ...] =
         loaded.append(name)
     models.random_components = tuple(c for c in models.random_components if c not in loaded)
     return tuple(loaded)
+
+
+def load_models(path: Path | None, preset_config: ModelConfig, seed: int) -> Models:
+    """The DiT pipeline's modules: from a streamvox weights file, or a Qwen3-TTS directory (codec
+    side real, DiT random unless the directory holds a streamvox weights file); random weights of
+    ``preset_config`` when ``path`` is None (``streamvox export`` loads them here too)."""
+    if path is None:
+        return build_models(preset_config, seed)
+    if path.is_file():
+        models = build_models(preset_config, seed)
+        load_weights(models, path)
+        return models
+    weights = path / WEIGHTS_FILE
+    if (path / "config.json").exists():
+        parts = load_checkpoint(path)
+        models = build_models(parts.model_config(preset_config), seed)
+        models.codec_head = parts.head
+        models.code_predictor = parts.predictor
+        models.decoder = parts.decoder
+        models.random_components = ("encoder", "duration", "dit")
+        if weights.exists():
+            load_weights(models, weights, components=("encoder", "duration", "dit"))
+        else:
+            log.warning("%s has no %s: the DiT and condition encoder run on RANDOM weights "
+                        "(no trained DiT exists); the audio will not be speech", path, WEIGHTS_FILE)
+        return models
+    if weights.exists():
+        models = build_models(preset_config, seed)
+        load_weights(models, weights)
+        return models
+    raise FileNotFoundError(f"{path}: neither a Qwen3-TTS checkpoint directory (config.json) nor {WEIGHTS_FILE}")

@@ -1,72 +1,133 @@
-"""The talker pipeline's adapter: its pipeline (a :class:`TalkerSource` behind
-:class:`TalkerPipeline`, graphed as the device and switches say) and its profile (the release's
-speakers or none, its task's rules, work in talker steps, a random seed when none is given).
+"""The talker pipeline's adapter: what it loads (the checkpoint's codec side and its
+:class:`TalkerBundle`, quantized as asked), its pipeline (a :class:`TalkerSource` behind
+:class:`TalkerPipeline`, run as the device and switches say) and its profile (the release's speakers
+or none, its task's rules, work in talker steps, a random seed when none is given).
 
-``setup.options``: ``talker`` (the checkpoint's :class:`TalkerBundle`, required) and the source's
-``kv_cache_gb`` / ``prefix_cache_fraction``. ``build(setup, make_source)``: another maker of the
-talker source (the virtual device's, engines/virtual/) replaces the real one.
+``setup.parts`` is the bundle; ``setup.config.limits`` sizes the source's KV pool.
+``build(setup, make_source)``: another maker of the talker source (the virtual device's,
+engines/virtual/) replaces the real one.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
+from engines.checkpoints.qwen3_tts import load_checkpoint
 from engines.checkpoints.qwen3_voice import VoiceFeatures
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest, VoiceClone
+from engines.devices import canonical_device, dtype_named
 from engines.models.configs import ModelConfig
-from engines.pipelines.profile import Adapter, PipelineSetup, Profile
+from engines.models.quantize import quantize_talker, resolve_quantize
+from engines.models.talker import Talker
+from engines.pipelines.modules import Models
+from engines.pipelines.profile import Adapter, Loaded, PipelineSetup, Profile
 from engines.pipelines.talker.pipeline import FIRST_CHUNK_FRAMES, TalkerPipeline
 from engines.pipelines.talker.reference import TalkerBundle
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from engines.pipelines.voice_aliases import OPENAI_VOICE_ALIASES, VENDOR_VOICE_ALIASES, extend_aliases
+
+log = logging.getLogger("streamvox.engine")
 
 # The request fields that change the talker's output (EngineCapabilities.honoured_fields); a
 # release that follows instructions or clones adds those.
 FIELDS = frozenset({"text", "voice", "seed", "language", "greedy", "temperature", "top_k", "top_p",
                     "repetition_penalty", "max_new_tokens", "initial_codec_chunk_frames", "task_type",
                     "non_streaming_mode", "text_feed"})
-SOURCE_OPTIONS = ("kv_cache_gb", "prefix_cache_fraction")
 
-SourceMaker = Callable[..., tuple]
-"""``(setup, bundle, **source options) -> (talker source, graph wrappers it replays)``."""
+SourceMaker = Callable[[PipelineSetup], tuple]
+"""``setup -> (talker source, graph wrappers it replays)``."""
 
 
-def real_source(setup: PipelineSetup, bundle: TalkerBundle, **options) -> tuple[TalkerSource, tuple]:
-    """The talker source on the device, with the runtime's graphs the device and switches ask for."""
-    device, switches, slots = setup.device, setup.switches, setup.max_slots
-    source = TalkerSource.from_bundle(bundle, max_slots=slots, paged_attention=switches.paged_attention, **options)
-    source.batched_admission = source.batched_admission and switches.batched_admission
-    backend = switches.compile_backend("talker")
-    if backend:  # opt-in (compile_talker); compiled by the warm-up, before ready
-        source.talker.compile_layers(backend)
-    if (device.type == "cuda" and switches.talker_step_graphs) or (device.type == "cpu" and switches.static_step_on_cpu):
-        # The whole decode step (predictor included) as one CUDA graph per bucket
-        # (engines/runtime/graphed_talker.py): eager, the step is launch bound.
+def load(config: EngineConfig) -> Loaded:
+    """The checkpoint's codec side (its DiT side is never built) and talker bundle, the talker and
+    code predictor quantized as ``config.runtime.quantize`` resolves (engines/models/quantize.py)."""
+    checkpoint = config.model.checkpoint
+    if not checkpoint:
+        raise ValueError("--source talker needs --model (a Qwen3-TTS CustomVoice, Base or VoiceDesign release)")
+    device, dtype = canonical_device(config.runtime.device), dtype_named(config.runtime.dtype)
+    parts = load_checkpoint(Path(checkpoint))
+    models = Models.codec_only(parts.model_config(config.sizes()), parts.head, parts.predictor, parts.decoder)
+    bundle = TalkerBundle.from_checkpoint(checkpoint, device, dtype, predictor=models.code_predictor.to(device, dtype))
+    quantize = resolve_quantize(config.runtime.quantize, device, dtype, talker=True)
+    if quantize:
+        threads = config.runtime.threads
+        quantize_talker(bundle.talker, bundle.predictor, quantize, threads=threads.talker if threads else None)
+        log.info("talker and code predictor weights: %s (--quantize none: fp32)", quantize)
+    return Loaded(models, bundle, quantize=quantize or "none")
+
+
+def real_source(setup: PipelineSetup) -> tuple[TalkerSource, tuple]:
+    """The talker source on the device, run by the runtime's graphs and kernels the device and
+    switches ask for."""
+    bundle: TalkerBundle = setup.parts
+    switches = setup.config.runtime.switches
+    prepare_talker(bundle.talker, setup.device, switches)
+    limits = setup.config.limits
+    kv = {k: v for k, v in (("kv_cache_gb", limits.kv_cache_gb),
+                            ("prefix_cache_fraction", limits.prefix_cache_fraction)) if v is not None}
+    source = TalkerSource.from_bundle(bundle, max_slots=setup.max_slots, paged_attention=switches.paged_attention,
+                                      runners=source_runners(setup.device, switches, setup.max_slots), **kv)
+    return source, source.graphed
+
+
+def source_runners(device, switches: RuntimeSwitches, slots: int) -> SourceRunners:
+    """What runs the source's device work: on CUDA (or, to see its buckets, the CPU's static step)
+    the whole decode step as one CUDA graph per bucket (engines/runtime/graphed_talker.py; eager,
+    the step is launch bound) and the prompts' first chunks graphed too (on the path to every first
+    audio); with the step graphs off on CUDA, the code predictor graphed alone (eager on an H100 it
+    is ~100 ms per step); the switches' fused kernels inside the step's graph."""
+    admission = None if switches.batched_admission else False
+    step_graphs = ((device.type == "cuda" and switches.talker_step_graphs)
+                   or (device.type == "cpu" and switches.static_step_on_cpu))
+    if step_graphs:
         from engines.runtime.graphed_prefill import GraphedPrefill
         from engines.runtime.graphed_talker import GraphedTalkerStep
 
-        if device.type == "cuda":
-            use_fused_kernels(source, switches)
-        source.step_runner = GraphedTalkerStep(source.step_spec(), compile_backend=switches.compile_backend("predictor"))
-        # and the prompts' first chunks, on the path to every first audio (eager: launch bound)
-        if device.type == "cuda" and not switches.prefill_graphs:
-            return source, (source.step_runner,)
-        source.prefill.runner = GraphedPrefill(source.prefill_spec())
-        return source, (source.step_runner, source.prefill.runner)
+        predictor_backend = switches.compile_backend("predictor")
+        return SourceRunners(
+            step=lambda spec: GraphedTalkerStep(spec, compile_backend=predictor_backend),
+            prefill=GraphedPrefill if device.type != "cuda" or switches.prefill_graphs else None,
+            predictor_kernels=fused_predictor(switches) if device.type == "cuda" else None,
+            batched_admission=admission)
     if device.type == "cuda":
-        # switches.talker_step_graphs off: the talker step eager, the code predictor it runs
-        # for every frame graphed (eager on an H100 it is ~100 ms per step).
         from engines.runtime.graphed_predictor import DEFAULT_BUCKETS, GraphedCodePredictor
 
-        source.predictor = GraphedCodePredictor(
-            source.predictor, buckets=tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,),
-            compile_backend=switches.compile_backend("predictor"))
-        return source, (source.predictor,)
-    return source, ()
+        buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        return SourceRunners(predictor_graphs=lambda predictor: GraphedCodePredictor(
+            predictor, buckets=buckets, compile_backend=switches.compile_backend("predictor")),
+            batched_admission=admission)
+    return SourceRunners(batched_admission=admission)
+
+
+def fused_predictor(switches: RuntimeSwitches):
+    """The switches' code predictor frame as fused Triton kernels (one launch per frame, or per
+    dependent step) in place of the generic loop; None: off (the default until measured on a GPU)."""
+    if switches.fused_predictor == "off":
+        return None
+    from engines.models.fused_predictor import FusedCodePredictor
+
+    return lambda predictor: FusedCodePredictor(predictor, mode=switches.fused_predictor)
+
+
+def prepare_talker(talker: Talker, device, switches: RuntimeSwitches) -> None:
+    """The talker model as the switches run it, before a source is built on it: its layers compiled
+    (opt-in, compile_talker; compiled by the warm-up, before ready) and, on CUDA with the step
+    graphs, its decode layers as fused Triton kernels (five launches a layer; off by default until
+    measured on a GPU)."""
+    backend = switches.compile_backend("talker")
+    if backend:
+        talker.compile_layers(backend)
+    if device.type == "cuda" and switches.talker_step_graphs and switches.fused_talker:
+        from engines.models.fused_talker import FusedDecodeLayers
+
+        talker.fused_decode_step = FusedDecodeLayers(talker)
 
 
 def sampling_defaults(bundle: TalkerBundle) -> dict[str, float | int | bool]:
@@ -76,24 +137,10 @@ def sampling_defaults(bundle: TalkerBundle) -> dict[str, float | int | bool]:
             "repetition_penalty": gen.repetition_penalty}
 
 
-def use_fused_kernels(source: TalkerSource, switches) -> None:
-    """The switches' fused Triton kernels inside the step's graphs (off by default until measured on
-    a GPU): the code predictor's frame (one launch per frame, or per dependent step) in place of the
-    generic loop, the talker's decode layers (five launches a layer, set after any compiled ones)."""
-    if switches.fused_talker:
-        from engines.models.fused_talker import FusedDecodeLayers
-
-        source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
-    if switches.fused_predictor != "off":
-        from engines.models.fused_predictor import FusedCodePredictor
-
-        source.predictor = FusedCodePredictor(source.predictor, mode=switches.fused_predictor)
-
-
 def build(setup: PipelineSetup, make_source: SourceMaker = real_source) -> Adapter:
-    bundle: TalkerBundle = setup.options["talker"]
-    source, graphed = make_source(setup, bundle, **{k: setup.options[k] for k in SOURCE_OPTIONS if k in setup.options})
-    profile = TalkerProfile(bundle, source, setup.models.config, setup.max_slots, setup.voice_aliases)
+    bundle: TalkerBundle = setup.parts
+    source, graphed = make_source(setup)
+    profile = TalkerProfile(bundle, source, setup.models.config, setup.max_slots, setup.config.model.voice_aliases)
     stream = setup.models.config.stream
     pipeline = TalkerPipeline(source, profile.speakers, first_chunk_frames=min(FIRST_CHUNK_FRAMES, stream.first_chunk_frames),
                               chunk_frames=stream.chunk_frames, graphed=graphed, prime=setup.vocalizer.prime)

@@ -4,6 +4,8 @@ planned this step (engines/core/scheduler.py ``prefill_tokens``)."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -58,16 +60,17 @@ class Prefill:
     """Chunked batched prefill: prompt chunks of several rows in one padded talker forward."""
 
     def __init__(self, talker: Talker, cache: PagedKVCache, prefix: PrefixCache | None, rope,
-                 decode: DecodeStep, device):
+                 decode: DecodeStep, device, runner: Callable[[PrefillSpec], Any] | None = None, scratch_row: int = 0):
         self.talker = talker
         self.cache = cache
         self.prefix = prefix
         self.rope = rope
         self.decode = decode  # completed prompts sample their code 0 as a decode step does
         self.device = device
-        # the talker forward's runner for calls whose prompts all start at 0: None = eager; a
-        # GraphedPrefill replays it per (prompts, width) bucket (engines/runtime/graphed_prefill.py)
-        self.runner = None
+        # the talker forward's runner for calls whose prompts all start at 0, made by ``runner`` from
+        # the spec (padding in ``scratch_row``): None = eager; a GraphedPrefill replays it per
+        # (prompts, width) bucket (engines/runtime/graphed_prefill.py)
+        self.runner = runner(self.spec(scratch_row)) if runner is not None else None
 
     def spec(self, scratch_row: int, max_positions: int = 1024) -> PrefillSpec:
         """What a GraphedPrefill captures: the talker forward over the paged cache."""

@@ -68,6 +68,9 @@ keyed by (seed, token index, codebook, id) (engines/models/sampling.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
@@ -105,6 +108,25 @@ DEFAULT_PREFIX_CACHE_FRACTION = 0.25  # of the KV pool's blocks the prompt-prefi
 GRAPHED_TRAIL_CAPACITY = 1024
 
 
+@dataclass(frozen=True)
+class SourceRunners:
+    """How a source runs its device work, picked by the adapter from the device and switches
+    (engines/pipelines/talker/adapter.py): each maker is called once while the source is built,
+    with what it wraps. None: eager."""
+
+    step: Callable[[StepSpec], Any] | None = None
+    """The whole decode step per static bucket (engines/runtime/graphed_talker.py GraphedTalkerStep)."""
+    prefill: Callable[[PrefillSpec], Any] | None = None
+    """The prompts' first chunks per (prompts, width) bucket (engines/runtime/graphed_prefill.py)."""
+    predictor_kernels: Callable[[CodePredictor], Any] | None = None
+    """The code predictor's frame as fused kernels (engines/models/fused_predictor.py), inside the step."""
+    predictor_graphs: Callable[[CodePredictor], Any] | None = None
+    """The code predictor graphed on its own, the talker step eager (GraphedCodePredictor)."""
+    batched_admission: bool | None = None
+    """The rows admitted since the last tick start in one pass (batch.py); None: on CUDA, where it
+    is launch bound."""
+
+
 class DeviceRunner:
     """The talker's device work on a real device (batch.py :class:`TalkerRunner`): the paged KV
     pool and its prefix cache, the rows' device state, prefill (prefill.py), the decode step
@@ -113,7 +135,8 @@ class DeviceRunner:
     def __init__(self, talker: Talker, predictor: CodePredictor, generation: TalkerGenerationConfig,
                  tts_pad_token_id: int, device, dtype: torch.dtype, max_slots: int, max_seq_len: int,
                  kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None,
-                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True,
+                 runners: SourceRunners = SourceRunners()):
         self.device = canonical_device(device)
         self.talker = talker.eval()
         self.dtype = dtype
@@ -139,13 +162,21 @@ class DeviceRunner:
         # block table stays null); it never holds an utterance.
         self.scratch_row = max_slots
         self.state = RowState.allocate(max_slots + 1, cfg.hidden_size, n_valid, dtype, self.device)
-        self.decoder = DecodeStep(self.talker, predictor.eval(), generation, self.state, self.cache, self.rope,
-                                  max_seq_len, self.device, dtype)
-        self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device)
-        self.text = TextParts(self.talker, self.state, tts_pad_token_id, self.device)
+        predictor = predictor.eval()
+        if runners.predictor_kernels is not None:
+            predictor = runners.predictor_kernels(predictor)
+        graphed_predictor = runners.predictor_graphs(predictor) if runners.predictor_graphs is not None else None
+        self.decoder = DecodeStep(self.talker, graphed_predictor or predictor, generation, self.state, self.cache,
+                                  self.rope, max_seq_len, self.device, dtype)
         # decode_step's runner: None = eager; a GraphedTalkerStep replays it per static bucket
-        self.step_runner = None
-        self.batched_admission = self.device.type == "cuda"  # launch bound there (batch.py)
+        self.step_runner = runners.step(self.step_spec()) if runners.step is not None else None
+        self.prefill = Prefill(self.talker, self.cache, self.prefix, self.rope, self.decoder, self.device,
+                               runner=runners.prefill, scratch_row=self.scratch_row)
+        # the graph wrappers it replays (captured at start)
+        self.graphed = tuple(g for g in (self.step_runner, self.prefill.runner, graphed_predictor) if g is not None)
+        self.text = TextParts(self.talker, self.state, tts_pad_token_id, self.device)
+        self.batched_admission = (self.device.type == "cuda" if runners.batched_admission is None
+                                  else runners.batched_admission)  # launch bound there (batch.py)
 
     def step_spec(self) -> StepSpec:
         """What a GraphedTalkerStep captures: the decode step and its static sizes (the
@@ -206,11 +237,13 @@ class TalkerSource(UtteranceBatch):
                  generation: TalkerGenerationConfig, device, dtype: torch.dtype, max_slots: int = 8,
                  max_seq_len: int = 4096, kv_cache_gb: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_blocks: int | None = None,
-                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True):
+                 prefix_cache_fraction: float = DEFAULT_PREFIX_CACHE_FRACTION, paged_attention: bool = True,
+                 runners: SourceRunners = SourceRunners()):
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
         runner = DeviceRunner(talker, predictor, generation, prompt.config.tts_pad_token_id, device, dtype, max_slots,
-                              max_seq_len, kv_cache_gb, block_size, kv_blocks, prefix_cache_fraction, paged_attention)
+                              max_seq_len, kv_cache_gb, block_size, kv_blocks, prefix_cache_fraction, paged_attention,
+                              runners)
         super().__init__(prompt, generation, talker.cfg.num_code_groups, runner, max_slots, max_seq_len)
 
     @classmethod
@@ -229,14 +262,15 @@ class TalkerSource(UtteranceBatch):
     decoder = property(lambda self: self.runner.decoder)
     prefill = property(lambda self: self.runner.prefill)  # prefill.py's Prefill (its ``runner``: graphed buckets)
     scratch_row = property(lambda self: self.runner.scratch_row)
+    graphed = property(lambda self: self.runner.graphed)  # the graph wrappers it replays (captured at start)
 
     @property
     def predictor(self) -> CodePredictor:
-        """The decode step's code predictor (the engine may wrap it: GraphedCodePredictor)."""
+        """The decode step's code predictor (as its runners wrapped it: fused, graphed)."""
         return self.runner.decoder.predictor
 
     @predictor.setter
-    def predictor(self, predictor: CodePredictor) -> None:
+    def predictor(self, predictor: CodePredictor) -> None:  # (benchmarks that compare predictors)
         self.runner.decoder.predictor = predictor
 
     @property
@@ -278,5 +312,5 @@ def kv_cache_bytes(kv_cache_gb: float | None, device: torch.device) -> float:
     return DEFAULT_KV_CACHE_GB_CPU * 2**30
 
 
-__all__ = ["DeviceRunner", "RowSettings", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
+__all__ = ["DeviceRunner", "RowSettings", "SourceRunners", "TalkerFrames", "TalkerSource", "kv_cache_bytes", "resolve_settings"]
 

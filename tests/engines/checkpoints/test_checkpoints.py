@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from engines.checkpoints.files import CheckpointError
 from engines.checkpoints.qwen3_tts import load_checkpoint
-from engines.config import get_preset
+from engines.config import EngineConfig, get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.codec_head import CodecHead
@@ -305,7 +305,7 @@ def test_engine_builds_from_a_qwen3_tts_directory(tmp_path):
     from engines.build import build_engine
 
     root = write_directory(tmp_path / "ckpt")
-    engine = build_engine(preset="small", device="cpu", checkpoint=str(root), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(preset="small", checkpoint=str(root), warmup=False))
     assert engine.info.random_components == ("encoder", "duration", "dit")
     cfg = engine.models.config
     assert cfg.code_predictor == PRESET.code_predictor and cfg.decoder == PRESET.decoder

@@ -84,14 +84,14 @@ def test_the_engine_prefills_what_its_scheduler_allows_and_the_audio_stays_the_s
     from engine_helpers import run_requests
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from engines.contract import SynthesisRequest
     from tests.oracle import talker_fixtures as fx
 
     checkpoint = str(fx.checkpoint_dir("cv_proj"))
     audio, planned = {}, {}
     for budget in (3, None):
-        engine = build_engine(preset="tiny", device="cpu", checkpoint=checkpoint, warmup=False,
-                              prefill_token_budget=budget)
+        engine = build_engine(EngineConfig.for_tests(checkpoint=checkpoint, warmup=False, prefill_token_budget=budget))
         assert engine.worker.scheduler.prefill_token_budget == (budget or DEFAULT_PREFILL_TOKEN_BUDGET)
         assert not hasattr(engine.pipeline.source, "prefill_token_budget"), "the talker keeps no budget"
         plans = planned[budget] = []

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import SynthesisRequest
 from service.settings import runtime_switches
 from tests.engine_helpers import run_requests
@@ -27,8 +28,8 @@ def requests(n: int = 8) -> list[SynthesisRequest]:
     return [SynthesisRequest(id=f"r{i}", text=TEXTS[i % len(TEXTS)], seed=i) for i in range(n)]
 
 
-def run_engine(device: str, dtype: torch.dtype | None, reqs):
-    engine = build_engine(preset="tiny", device=device, seed=0, dtype=dtype, warmup=device == "cuda")
+def run_engine(device: str, dtype: str, reqs):
+    engine = build_engine(EngineConfig.for_tests(device=device, dtype=dtype, warmup=device == "cuda"))
     engine.start()
     try:
         return engine, run_requests(engine, reqs, timeout=300)
@@ -70,8 +71,9 @@ def test_cuda_talker_engine_replays_its_steps_from_graphs(step_graphs, monkeypat
 
     monkeypatch.setenv("STREAMVOX_TALKER_STEP_GRAPHS", step_graphs)
     path = fx.checkpoint_dir("cv_proj")  # fails under CI, skips elsewhere, when the fixture is missing
-    engine = build_engine(preset="tiny", device="cuda", checkpoint=str(path), dtype=torch.float32,
-                          switches=runtime_switches())  # the service's reading of the environment
+    # switches: the service's reading of the environment
+    engine = build_engine(EngineConfig.for_tests(device="cuda", checkpoint=str(path), dtype="float32",
+                                                 switches=runtime_switches()))
     [graphed] = engine.pipeline.graphed
     assert engine.info.source == "talker"
     assert isinstance(graphed, GraphedTalkerStep if step_graphs == "1" else GraphedCodePredictor)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import SynthesisRequest
 from engines.core.scheduler import RequestStatus as S
 from engine_helpers import Collected
@@ -53,7 +54,7 @@ def forward(statuses: list[S]) -> bool:
 
 
 def test_statuses_move_forward_and_waiting_is_the_queue():
-    engine = build_engine(preset="tiny", device="cpu", max_slots=1, warmup=False)  # one slot: the second waits
+    engine = build_engine(EngineConfig.for_tests(max_slots=1, warmup=False))  # one slot: the second waits
     worker = engine.worker
     seen, out = drive(worker, [SynthesisRequest(id="a", text=TEXT, seed=1),
                                SynthesisRequest(id="b", text="Short one.", seed=2)])
@@ -67,7 +68,7 @@ def test_statuses_move_forward_and_waiting_is_the_queue():
 
 
 def test_a_cancelled_request_ends_cancelled_and_the_others_finish():
-    engine = build_engine(preset="tiny", device="cpu", warmup=False)
+    engine = build_engine(EngineConfig.for_tests(warmup=False))
     seen, out = drive(engine.worker, [SynthesisRequest(id="keep", text=TEXT, seed=1),
                                       SynthesisRequest(id="drop", text=TEXT, seed=2)], cancel_after={"drop": 2})
     assert forward(seen["drop"]) and seen["drop"][-1] is S.CANCELLED and out["drop"].error == "cancelled"
@@ -81,7 +82,7 @@ def test_word_times_are_a_stage_after_the_audio(aligner_dir):
         if stage == "align":
             aligned.extend([(s.request_id, s.status) for s in engine.worker.scheduler.aligning if s.request_id == request_id])
 
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(aligner_dir), warmup=False, fault_hook=hook)
+    engine = build_engine(EngineConfig.for_tests(aligner=str(aligner_dir), warmup=False), hook)
     seen, out = drive(engine.worker, [SynthesisRequest(id="timed", text="Hello there.", seed=1, timestamps=True),
                                       SynthesisRequest(id="plain", text="Hello there.", seed=1)])
     assert aligned == [("timed", S.ALIGNING)]  # (its audio delivered and aligned in one step: seen here)

@@ -15,7 +15,7 @@ import torch
 from engine_helpers import Collected, run_requests
 
 from engines.build import build_engine
-from engines.config import RuntimeSwitches
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.contract import SynthesisRequest
 from engines.core.executor import split_cpu_threads
 from tests.oracle import talker_fixtures
@@ -29,8 +29,9 @@ def talker(vocoder_thread: bool, threads: int, **kw):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        engine = build_engine(preset="tiny", device="cpu", checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
-                              warmup=False, switches=RuntimeSwitches(vocoder_thread=vocoder_thread), **kw)
+        switches = RuntimeSwitches(vocoder_thread=vocoder_thread)
+        engine = build_engine(EngineConfig.for_tests(checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
+                                                     warmup=False, switches=switches, **kw))
         steady_steps(engine.worker.scheduler)
         engine.start()
     finally:

@@ -19,7 +19,8 @@ onnx = pytest.importorskip("onnx", reason="onnx not installed (pip install 'stre
 
 from engine_helpers import run_chunks  # noqa: E402  (tests/ is on sys.path)
 
-from engines.config import get_preset  # noqa: E402
+from engines.build import resolve_config  # noqa: E402
+from engines.config import EngineConfig, get_preset  # noqa: E402
 from engines.contract import SynthesisRequest  # noqa: E402
 from engines.core.engine import Engine  # noqa: E402
 from engines.export import (  # noqa: E402
@@ -37,6 +38,7 @@ from engines.export.parity import example_dit_batch  # noqa: E402
 from engines.models.sampling import keyed_normal  # noqa: E402
 from engines.pipelines.dit.denoiser import ChunkJob, Denoiser  # noqa: E402
 from engines.pipelines.dit.weights import build_models  # noqa: E402
+from engines.pipelines.profile import Loaded  # noqa: E402
 
 TOL = 1e-4
 
@@ -222,7 +224,7 @@ def test_engine_pipeline_through_ort_matches_torch(tiny, artifacts):
         models = apply_backend(build_models(config, seed=0), backend, artifacts, "cpu", threads=1)
         if backend == "onnxruntime":
             assert type(models.dit).__name__ == "OrtDiT" and type(models.decoder).__name__ == "OrtDecoder"
-        engine = Engine(models, torch.device("cpu"), warmup=False)
+        engine = Engine(Loaded(models), resolve_config(EngineConfig.for_tests(warmup=False)))
         engine.start()
         try:
             (col,) = run_requests(engine, [request()])
@@ -325,7 +327,7 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
     got = {}
     for backend in ("torch", "onnxruntime"):
         models = apply_backend(build_models(tiny.config, seed=0), backend, artifacts, "cpu", threads=1)
-        engine = Engine(models, torch.device("cpu"), warmup=False)
+        engine = Engine(Loaded(models), resolve_config(EngineConfig.for_tests(warmup=False)))
         engine.start()
         live = await start_server(engine, tmp_path / backend)
         try:

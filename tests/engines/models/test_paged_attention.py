@@ -105,14 +105,15 @@ def _interpreted_checks() -> dict:
 
     # the switch as the engine's adapter hands it to the talker source (its step graphs then bucket
     # KV blocks, or not)
-    from engines.config import RuntimeSwitches
+    from engines.config import EngineConfig, RuntimeSwitches
     from engines.pipelines.profile import PipelineSetup
     from engines.pipelines.talker.adapter import real_source
 
     for on in (True, False):
-        setup = PipelineSetup(models=None, device=torch.device("cpu"), dtype=torch.float32, max_slots=2, vocalizer=None,
-                              switches=RuntimeSwitches(paged_attention=on, static_step_on_cpu=True))
-        source, _ = real_source(setup, make_bundle(seed=1))
+        config = EngineConfig.for_tests(switches=RuntimeSwitches(paged_attention=on, static_step_on_cpu=True))
+        setup = PipelineSetup(models=None, parts=make_bundle(seed=1), device=torch.device("cpu"), dtype=torch.float32,
+                              max_slots=2, vocalizer=None, config=config)
+        source, _ = real_source(setup)
         out[f"switch {on}"] = [source.cache.reads_in_place, source.step_runner.spec.bucket_blocks]
     return out
 

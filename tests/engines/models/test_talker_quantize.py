@@ -227,9 +227,11 @@ def test_built_engine_runs_and_names_the_mode(asked, runs):
     library default keep fp32 (the parity tests' engines); a named mode runs as named (what
     /v1/models reports: ``engine.info.quantize``)."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import talker_fixtures as fx
 
-    engine = build_engine(device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False, quantize=asked)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False,
+                                                 quantize=asked))
     assert engine.info.quantize == runs
 
 
@@ -279,10 +281,11 @@ def test_odd_widths_stay_fp32_per_matrix_and_say_so_once(asked, tmp_path, caplog
     stay fp32, every other matrix is quantized, and one warning says how many and why (it used to
     refuse to load: "40 input channels are not a multiple of 16")."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
     directory = odd_width_checkpoint(tmp_path / "odd")
     with caplog.at_level("WARNING", logger="streamvox.quantize"):
-        engine = build_engine(device="cpu", checkpoint=str(directory), warmup=False, quantize=asked)
+        engine = build_engine(EngineConfig.for_tests(checkpoint=str(directory), warmup=False, quantize=asked))
     assert engine.info.quantize == (CPU_DEFAULT if asked == "auto" else asked)
     lines = [r.getMessage() for r in caplog.records if r.name == "streamvox.quantize"]
     layers = 2 + 2  # the fixture's talker and predictor layers: one down projection each

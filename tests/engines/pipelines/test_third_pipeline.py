@@ -1,5 +1,5 @@
 """A third pipeline is an adapter and one registry line (engines/pipelines/registry.py): a toy one,
-defined here, registered with one line, is built by ``build_engine(source=...)`` and serves a
+defined here, registered with one line, is built by ``build_engine`` (its config naming it) and serves a
 request end to end - the real server, a real HTTP client, its code frames through the real
 vocoder - with its own profile's voices, rules and planned work. Nothing in the engine names it.
 The server's own path serves it too: ``--source toy`` parsed as ``streamvox serve`` parses its
@@ -22,11 +22,11 @@ import torch
 from conftest import start_server
 
 from engines.build import build_engine
-from engines.config import get_preset
+from engines.config import EngineConfig, get_preset
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
 from engines.pipelines.base import Capacity, Chunking, Prepared, Produced, StepPlan
 from engines.pipelines.dit.weights import build_models
-from engines.pipelines.profile import Adapter, PipelineSetup, Profile
+from engines.pipelines.profile import Adapter, Loaded, PipelineSetup, Profile, Registration
 from engines.pipelines.registry import PIPELINES
 from service.server import serve
 from service.settings import add_arguments, from_args
@@ -114,6 +114,11 @@ class ToyProfile(Profile):
         return PlannedWork(frames, frames, "toy frames")
 
 
+def load_toy(config: EngineConfig) -> Loaded:
+    """Its modules: the preset's codec side on random weights (no checkpoint of its own)."""
+    return Loaded(build_models(config.sizes(), config.model.seed))
+
+
 def build_toy(setup: PipelineSetup) -> Adapter:
     cfg = setup.models.config
     return Adapter(ToyPipeline(setup.max_slots, cfg.num_code_groups, cfg.codec_head.codebook_size),
@@ -125,12 +130,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 def toy_registered(monkeypatch):
-    monkeypatch.setitem(PIPELINES, "toy", build_toy)  # the registry line a new pipeline adds
+    monkeypatch.setitem(PIPELINES, "toy", Registration(build_toy, load_toy))  # the registry line a new pipeline adds
 
 
 @pytest.fixture
 def toy_engine(toy_registered):
-    engine = build_engine(preset="tiny", device="cpu", source="toy", warmup=False)
+    engine = build_engine(EngineConfig.for_tests(pipeline="toy", warmup=False))
     engine.start()
     yield engine
     engine.stop()
@@ -216,4 +221,4 @@ def test_streamvox_serve_refuses_an_unknown_source_with_the_registered_names(tmp
 
 def test_an_unknown_pipeline_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown source 'nowhere'"):
-        build_engine(preset="tiny", device="cpu", source="nowhere", warmup=False)
+        build_engine(EngineConfig.for_tests(pipeline="nowhere", warmup=False))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from host_read_helpers import HostReadOrUpload, NoHostReads
 
-from engines.config import get_preset
+from engines.config import EngineConfig, get_preset
 from engines.models.codec_decoder import CodecDecoder
 from engines.models.init import init_module_
 from engines.pipelines.vocoder import VocalizeItem, Vocalizer
@@ -291,7 +291,7 @@ def test_vocalizer_with_a_graphed_decoder_equals_the_plain_one():
 def test_cpu_engine_has_no_graphed_decoder():
     from engines.build import build_engine
 
-    engine = build_engine(preset="tiny", device="cpu", warmup=False)
+    engine = build_engine(EngineConfig.for_tests(warmup=False))
     assert engine.vocalizer.graphed_decoder is None
 
 
@@ -343,7 +343,7 @@ def test_cuda_graphs_equal_eager_and_replay_without_sync(dtype, monkeypatch):
 def test_cuda_engine_graphs_the_decoder_before_ready():
     from engines.build import build_engine
 
-    engine = build_engine(preset="tiny", device="cuda", warmup=True)
+    engine = build_engine(EngineConfig().updated(preset="tiny", device="cuda", warmup=True))
     g = engine.vocalizer.graphed_decoder
     assert isinstance(g, GraphedDecoder) and g.use_graphs and g.captured == ()
     assert g.max_streams == 2 * TINY.stream.max_slots

@@ -22,7 +22,7 @@ from dit_helpers import (
 )
 from host_read_helpers import NoHostReads
 
-from engines.config import get_preset
+from engines.config import EngineConfig, get_preset
 from engines.pipelines.dit.denoiser import Denoiser
 from engines.pipelines.dit.planner import chunk_layout
 from engines.runtime import cuda_graphs
@@ -244,7 +244,7 @@ def test_cpu_engine_is_unchanged():
     from engines.build import build_engine
     from engines.models.dit import FlowDiT
 
-    engine = build_engine(preset="tiny", device="cpu", warmup=False)
+    engine = build_engine(EngineConfig.for_tests(warmup=False))
     assert type(engine.pipeline.denoiser.dit) is FlowDiT
 
 
@@ -313,7 +313,7 @@ def test_cuda_scheduler_ticks_graphed_equal_plain_and_never_sync():
 def test_cuda_engine_wraps_and_captures_the_dit_before_ready():
     from engines.build import build_engine
 
-    engine = build_engine(preset="tiny", device="cuda", warmup=True)
+    engine = build_engine(EngineConfig().updated(preset="tiny", device="cuda", warmup=True))
     g = engine.pipeline.denoiser.dit
     assert isinstance(g, GraphedDiT) and g.use_graphs and g.captured == ()
     assert g.max_rows == CFG.stream.batch_ceiling and g.frames == CFG.dit.context_frames + max_chunk_frames(CFG.stream)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from host_read_helpers import HostReadOrUpload
 
-from engines.config import get_preset
+from engines.config import EngineConfig, get_preset
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.init import init_module_
@@ -179,7 +179,7 @@ def test_frame_coder_with_the_wrapper_gives_the_same_codes():
 def test_cpu_engine_is_unchanged():
     from engines.build import build_engine
 
-    engine = build_engine(preset="tiny", device="cpu", warmup=False)
+    engine = build_engine(EngineConfig.for_tests(warmup=False))
     assert type(engine.pipeline.coder.predictor) is CodePredictor
 
 

@@ -11,7 +11,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.core.scheduler import Scheduler
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from engines.runtime.graphed_prefill import GraphedPrefill
 from testsupport.talker import make_bundle
 
@@ -21,19 +21,20 @@ TEXTS = ["Hello.", "A somewhat longer sentence for the prefill to chew on.", "Tw
 def run(bundle, runner: bool, budget: int = 512, steps: int = 6):
     """Admit TEXTS greedily, prefill under ``budget`` positions per step, decode ``steps`` steps ->
     (codes per request, hidden states after prefill, the runner's calls)."""
-    source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=256, kv_cache_gb=0.01,
-                                      prefix_cache_fraction=0.0)
     calls = []
-    if runner:
-        graphed = GraphedPrefill(source.prefill_spec())
+
+    def counted(spec):  # the source's prefill runner: a GraphedPrefill whose calls are counted
+        graphed = GraphedPrefill(spec)
         graphed.capture_all()
 
         def counting(*args):
             out = graphed(*args)
             calls.append(out is not None)
             return out
+        return counting
 
-        source.prefill.runner = counting
+    source = TalkerSource.from_bundle(bundle, max_slots=4, max_seq_len=256, kv_cache_gb=0.01, prefix_cache_fraction=0.0,
+                                      runners=SourceRunners(prefill=counted if runner else None))
     scheduler = Scheduler(max_slots=4, prefill_token_budget=budget)
     for i, text in enumerate(TEXTS):
         source.admit(SynthesisRequest(id=f"r{i}", text=text, voice="ryan", temperature=0), max_new_tokens=steps + 2)

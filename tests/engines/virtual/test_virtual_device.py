@@ -17,6 +17,7 @@ from conftest import start_server
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
+from engines.config import EngineConfig, VirtualDeviceConfig
 from engines.contract import SAMPLES_PER_FRAME, SynthesisRequest
 from engines.virtual.clock import DeviceClock
 from engines.virtual.costs import CostTable
@@ -85,7 +86,8 @@ def test_graphed_ops_queue_behind_the_stream_and_eager_ones_hold_the_host():
 
 @pytest.fixture(scope="module")
 def virtual_engine(table_path):
-    engine = build_engine(checkpoint=str(PROMPT_SIDE), virtual_device=str(table_path), max_slots=4)
+    engine = build_engine(EngineConfig().updated(checkpoint=str(PROMPT_SIDE), max_slots=4,
+                                                 virtual=VirtualDeviceConfig(str(table_path))))
     engine.start()
     yield engine
     engine.stop()
@@ -157,8 +159,8 @@ async def test_the_real_paths_row_ending_rules_hold_on_the_virtual_device(virtua
 
 
 def test_with_an_eos_length_every_utterance_ends_there(table_path):
-    engine = build_engine(checkpoint=str(PROMPT_SIDE), virtual_device=str(table_path), max_slots=2,
-                          virtual_eos_frames=10, warmup=False)
+    engine = build_engine(EngineConfig().updated(checkpoint=str(PROMPT_SIDE), max_slots=2, warmup=False,
+                                                 virtual=VirtualDeviceConfig(str(table_path), eos_frames=10)))
     engine.start()
     try:
         done, samples = threading.Event(), []

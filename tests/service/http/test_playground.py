@@ -202,12 +202,13 @@ async def test_voice_upload_on_a_cloning_checkpoint_then_speak_with_it(tmp_path,
     import soundfile as sf
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import clone_fixtures as fx
 
     refs, c = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
     clip = tmp_path / "reference.wav"
     sf.write(clip, refs["ref/a/wav"].numpy(), 24000)
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("base")), talker_slots=2)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("base")), max_slots=2))
     engine.start()
     live = await start_server(engine, tmp_path / "data")
     try:
@@ -274,13 +275,14 @@ async def test_a_talker_checkpoint_shows_its_speakers_its_sampling_and_the_live_
     import shutil
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import talker_fixtures as fx
 
     checkpoint = tmp_path / "cv_proj"  # missing fixtures: fail under CI=true, else skip
     shutil.copytree(fx.checkpoint_dir("cv_proj"), checkpoint)
     (checkpoint / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
     speakers = json.loads((checkpoint / "config.json").read_text())["talker_config"]["spk_id"]
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(checkpoint), talker_slots=2)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(checkpoint), max_slots=2))
     engine.start()
     live = await start_server(engine, tmp_path / "data", checkpoint=str(checkpoint))
     try:
@@ -336,6 +338,7 @@ async def test_a_server_slower_than_real_time_says_so_and_suggests_whole_files(t
     import time
 
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
     requests: list[str] = []
 
@@ -345,7 +348,7 @@ async def test_a_server_slower_than_real_time_says_so_and_suggests_whole_files(t
         if stage == "vocalize" and request_id != requests[0]:
             time.sleep(1.2)
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=slow_vocoder)
+    engine = build_engine(EngineConfig.for_tests(), slow_vocoder)
     engine.start()
     live = await start_server(engine, tmp_path / "data")
     try:

@@ -24,6 +24,7 @@ from testsupport.long_text import Recorded
 from ws_helpers import read_until_session_done
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.contract import SAMPLES_PER_FRAME
 from tests.oracle import talker_fixtures as fx
 
@@ -33,7 +34,7 @@ PAUSE = 12_000  # 500 ms at 24 kHz
 
 @pytest.fixture(scope="module")
 def talker():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False))
     engine.start()
     yield engine
     engine.stop()

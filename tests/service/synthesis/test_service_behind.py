@@ -30,6 +30,7 @@ PIECE_DELAY_S = 1.2  # > 0.96 s, the audio of the largest piece after the first
 @pytest.fixture(scope="module")
 def slow_engine():
     from engines.build import build_engine
+    from engines.config import EngineConfig
 
     slow = threading.Event()  # off during the warm-up: the engine starts at its own speed
 
@@ -37,7 +38,7 @@ def slow_engine():
         if stage == "vocalize" and slow.is_set():
             time.sleep(PIECE_DELAY_S)
 
-    engine = build_engine(preset="tiny", device="cpu", fault_hook=slow_vocoder)
+    engine = build_engine(EngineConfig.for_tests(), slow_vocoder)
     engine.start()
     slow.set()
     yield engine

@@ -21,6 +21,7 @@ import websockets
 from conftest import finished_job, start_server
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.pipelines.talker.prompt import PromptBuilder
 from tests.oracle import talker_fixtures as fx
 
@@ -31,7 +32,7 @@ SAME_CODES = {"temperature": 0, "seed": 7, "voice": "default"}
 
 @pytest.fixture(scope="module")
 def talker_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False))
     engine.start()
     yield engine
     engine.stop()

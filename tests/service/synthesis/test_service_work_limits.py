@@ -20,6 +20,7 @@ import websockets
 from conftest import start_server
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from engines.pipelines.talker.budget import FRAMES_BASE
 from service.settings import from_args
 from tests.oracle import talker_fixtures as fx
@@ -156,7 +157,7 @@ def test_the_work_limits_have_flags_and_environment_variables():
 
 @pytest.fixture(scope="module")
 def talker_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False))
     engine.start()
     yield engine
     engine.stop()

@@ -24,6 +24,7 @@ from clone_helpers import LSB, assert_matches_official, voice_form, wav_bytes  #
 from conftest import finished_job, same_pcm16, start_server
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from tests.oracle import clone_fixtures as fx
 
 QWEN_BASE = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
@@ -39,7 +40,7 @@ def pcm16(body: bytes) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def design_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("design")), talker_slots=2)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("design")), max_slots=2))
     engine.start()
     yield engine
     engine.stop()

@@ -17,6 +17,7 @@ from clone_helpers import voice_form
 from conftest import same_pcm16, start_server
 
 from engines.build import build_engine
+from engines.config import EngineConfig
 from tests.oracle import clone_fixtures as fx
 
 KEY_A, KEY_B, ADMIN = "key-a-0123456789", "key-b-0123456789", "admin.root-0123456789"
@@ -28,7 +29,7 @@ def auth(key: str) -> dict:
 
 @pytest.fixture(scope="module")
 def base_engine():
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("base")), talker_slots=4)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("base")), max_slots=4))
     engine.start()
     yield engine
     engine.stop()

@@ -141,9 +141,10 @@ async def test_voices_saved_before_owners_are_admin_only_with_keys_on(store, tmp
 @pytest.fixture(scope="module")
 def owned_base_engine():
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from tests.oracle import clone_fixtures as fx
 
-    engine = build_engine(preset="tiny", device="cpu", checkpoint=str(fx.checkpoint_dir("base")), talker_slots=2)
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("base")), max_slots=2))
     engine.start()
     yield engine
     engine.stop()

@@ -238,6 +238,7 @@ def test_slow_alignment_never_delays_first_audio(tmp_path):
     """A request arriving as another's audio ends gets its first audio before that one's (slow)
     alignment runs: the worker aligns only while nobody waits for first audio."""
     from engines.build import build_engine
+    from engines.config import EngineConfig
     from engines.contract import SynthesisRequest
 
     order: list[str] = []
@@ -248,7 +249,7 @@ def test_slow_alignment_never_delays_first_audio(tmp_path):
             order.append(f"align {request_id}")
             slow.wait(2.0)  # a slow alignment holds the engine thread
 
-    engine = build_engine(preset="tiny", device="cpu", aligner=str(ALIGNER), fault_hook=hook, warmup=False)
+    engine = build_engine(EngineConfig.for_tests(aligner=str(ALIGNER), warmup=False), hook)
     engine.start()
     try:
         done = threading.Event()

@@ -14,7 +14,7 @@ from engines.core.scheduler import Scheduler
 from engines.models.layers import DecoderLayer
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.pipelines.base import StepPlan
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from testsupport.talker import admissible, make_bundle, step, waiting_prompt
 
 
@@ -156,6 +156,29 @@ def test_decode_step_op_count_does_not_grow_with_the_batch(bundle):
     assert _decode_ops(bundle, 1) == _decode_ops(bundle, 64)
 
 
+def test_the_adapter_builds_the_source_with_the_runners_its_switches_ask_for(bundle):
+    """The static step on a CPU (as a GPU runs it): the decode step's and the prompts' runners are
+    made from the source's own specs while it is built - nothing is set on it afterwards - and are
+    the graphs its pipeline captures at start; the switches' batched admission too. Without: eager."""
+    from dataclasses import replace
+
+    from engines.config import EngineConfig, RuntimeSwitches
+    from engines.pipelines.profile import PipelineSetup
+    from engines.pipelines.talker.adapter import real_source
+    from engines.runtime.graphed_prefill import GraphedPrefill
+    from engines.runtime.graphed_talker import GraphedTalkerStep
+
+    switches = RuntimeSwitches(static_step_on_cpu=True, batched_admission=False)
+    setup = PipelineSetup(models=None, parts=bundle, device=torch.device("cpu"), dtype=torch.float32, max_slots=3,
+                          vocalizer=None, config=EngineConfig.for_tests(switches=switches))
+    source, graphed = real_source(setup)
+    assert isinstance(source.step_runner, GraphedTalkerStep) and isinstance(source.prefill.runner, GraphedPrefill)
+    assert source.step_runner.buckets == (1, 2, 3) and source.batched_admission is False
+    assert graphed == source.graphed == (source.step_runner, source.prefill.runner)
+    plain, graphed = real_source(replace(setup, config=EngineConfig.for_tests()))
+    assert (plain.step_runner, plain.prefill.runner, graphed) == (None, None, ())
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
     """The graphed runner's static path (rows padded with the scratch row to 1/2/4/8, KV blocks
@@ -164,8 +187,8 @@ def test_static_buckets_with_scratch_padding_change_no_code(bundle, greedy):
 
     seeds = [31, 32, 33, 34, 35, 36, 37, 38]
     expected = {f"r{i}": solo(bundle, i, greedy=greedy, seed=seeds[i]) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4)
-    source.step_runner = GraphedTalkerStep(source.step_spec())
+    source = TalkerSource.from_bundle(bundle, max_slots=6, max_seq_len=128, block_size=4,
+                                      runners=SourceRunners(step=GraphedTalkerStep))
     assert source.step_runner.buckets == (1, 2, 4, 6) and source.step_runner.shape(5, 3) == (6, 4)
     codes, _, ticks = run(source, list(range(8)), greedy=greedy, seeds=seeds,
                           scheduler=Scheduler(max_slots=6, prefill_token_budget=16))
@@ -201,8 +224,8 @@ def test_cuda_graph_per_bucket_equals_the_eager_step():
     cuda_bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
     eager = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
     want, _, _ = run(eager, list(range(8)), greedy=False, seeds=list(range(8)))
-    graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
-    graphed.step_runner = GraphedTalkerStep(graphed.step_spec())
+    graphed = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128,
+                                       runners=SourceRunners(step=GraphedTalkerStep))
     graphed.step_runner.capture_all(max_blocks=2)
     got, _, _ = run(graphed, list(range(8)), greedy=False, seeds=list(range(8)))
     assert graphed.step_runner.captures > 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engines.contract import SynthesisRequest
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from testsupport.talker import admissible, make_bundle, step
 
 TEXTS = ["Hello world.", "the quick brown fox", "你好，世界。", "Numbers 2026 and 42, jumps over the lazy dog.", "a",
@@ -73,8 +73,8 @@ def test_batched_with_seven_others_equals_solo(bundle, batched_admission):
     expected = {f"r{i}": solo(bundle, i) for i in range(8)}
     lengths = sorted({c.shape[0] for c in expected.values()})
     assert len(lengths) >= 5, f"utterances should differ in length, got {lengths}"
-    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128)
-    source.batched_admission = batched_admission
+    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128,
+                                      runners=SourceRunners(batched_admission=batched_admission))
     codes, finals, ticks = run(source, list(range(8)))
     for rid, exp in expected.items():
         assert torch.equal(codes[rid], exp), rid
@@ -103,8 +103,8 @@ def test_sampled_batched_equals_solo(bundle, batched_admission):
     """Sampling noise is keyed by (seed, token index, id): batch neighbours change nothing."""
     seeds = [11, 12, 13, 14, 15, 16, 17, 18]
     expected = {f"r{i}": solo(bundle, i, greedy=False, seed=seeds[i]) for i in range(8)}
-    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128)
-    source.batched_admission = batched_admission
+    source = TalkerSource.from_bundle(bundle, max_slots=8, max_seq_len=128,
+                                      runners=SourceRunners(batched_admission=batched_admission))
     codes, _, _ = run(source, list(range(8)), greedy=False, seeds=seeds)
     for rid, exp in expected.items():
         assert torch.equal(codes[rid], exp), rid
@@ -198,8 +198,8 @@ def test_rows_started_together_equal_rows_started_one_by_one_on_cuda():
     cuda_bundle = make_bundle(seed=3, eos_gain=1.2, max_new_tokens=40, device="cuda")
     codes = {}
     for together in (False, True):
-        source = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128)
-        source.batched_admission = together
+        source = TalkerSource.from_bundle(cuda_bundle, max_slots=8, max_seq_len=128,
+                                          runners=SourceRunners(batched_admission=together))
         codes[together], _, _ = run(source, list(range(8)), greedy=False, seeds=list(range(8)))
     assert codes[True].keys() == codes[False].keys() == {f"r{i}" for i in range(8)}
     for rid, want in codes[False].items():
