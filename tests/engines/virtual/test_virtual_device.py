@@ -58,6 +58,34 @@ def test_lookups_round_buckets_up_interpolate_widths_and_extrapolate_past_the_la
     assert measured.admit_ms(22) == pytest.approx(1.5 + (22 - 1) / 63 * 0.5)  # rows started together: linear
 
 
+def faked_parts(text: str) -> list[str]:
+    """What a module does to fake a device by patching the real path: a class deriving from one of
+    engines.pipelines (a host rule overridden), or a private name imported from another module."""
+    import ast
+
+    tree = ast.parse(text)
+    from_pipelines = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                      and (node.module or "").startswith("engines.pipelines") for alias in node.names}
+    found = [f"{node.lineno}: class {node.name}({ast.unparse(base)})" for node in ast.walk(tree)
+             if isinstance(node, ast.ClassDef) for base in node.bases if ast.unparse(base).split(".")[0] in from_pipelines]
+    found += [f"{node.lineno}: from {node.module} import {alias.name}" for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) for alias in node.names if alias.name.startswith("_")]
+    return found
+
+
+def test_the_virtual_device_is_runners_not_patches_of_the_real_path():
+    """The virtual device implements the runner interfaces the real device implements (the talker
+    batch's TalkerRunner, the vocalizer's graphed decoder): it subclasses nothing of the pipelines and
+    imports nothing private, so no host rule of the real path can be skipped or overridden on it.
+    The checker is shown to catch both on a snippet."""
+    for path in sorted((REPO / "engines" / "virtual").glob("*.py")):
+        assert not faked_parts(path.read_text()), (path.name, faked_parts(path.read_text()))
+    patched = ("from engines.pipelines.talker.batch import UtteranceBatch\n"
+               "from engines.pipelines.vocoder import Vocalizer, _Stream\n"
+               "class Fake(UtteranceBatch): pass\n")
+    assert len(faked_parts(patched)) == 2
+
+
 def test_every_committed_table_loads_and_a_malformed_one_is_refused_by_name(tmp_path):
     tables = sorted((REPO / "benchmarks" / "costs").glob("*.json"))
     assert tables, "benchmarks/costs holds no cost table"
