@@ -1,4 +1,4 @@
-"""The front of every work-starting HTTP call: admission, rate limit, JSON body, validation, cost."""
+"""The front of every work-starting HTTP call: admission, the caller's rate limit, its JSON body."""
 
 from __future__ import annotations
 
@@ -6,23 +6,16 @@ from aiohttp import web
 
 from service.access.limits import client_identity
 from service.http.body import read_json_object
-from service.state import STATE_KEY
-from service.synthesis.params import parse_body
-from service.synthesis.plan import check_work, off_loop
+from service.state import STATE_KEY, AppState
 
 
-async def read_work_request(request: web.Request, model, max_chars: int | None = None, job: bool = False):
-    """The common front of every work-starting HTTP call: admission (drain, readiness),
-    the per-key rate limit, a JSON object body validated as ``model`` (a
-    :mod:`service.synthesis.schema` body; its voice resolved by the engine), and the work it would
-    cost, the whole request's (413 ``too_much_work`` before any engine time; ``job``: a job's limits).
-    ``max_chars``: the longest text (``--max-input-chars`` unless given). Returns (state, body, its
-    plan: service/synthesis/plan.py); raises ApiError."""
+async def read_work_request(request: web.Request, foreign_api: bool = False) -> tuple[AppState, str, dict]:
+    """The common front of every work-starting HTTP call (speech: service/speech.py; jobs):
+    admission (drain, readiness), the per-key rate limit, a JSON object body. Returns (state, who
+    asks: :func:`~service.access.limits.client_identity`, with ``foreign_api`` the key a vendor's
+    header carried, the body); raises ApiError. Its parsing, voice and plan are the caller's."""
     state = request.app[STATE_KEY]
     state.check_admission()
-    state.limits.check_rate(client_identity(request, state.api_keys))
-    body = await read_json_object(request)
-    parsed = parse_body(model, body, state.engine, max_chars or state.settings.max_input_chars)
-    plan = await off_loop(parsed.input, check_work, state.engine, parsed.input, parsed.params, state.settings,
-                          job_format=parsed.response_format if job else None)
-    return state, parsed, plan
+    identity = client_identity(request, state.api_keys, websocket=foreign_api)
+    state.limits.check_rate(identity)
+    return state, identity, await read_json_object(request)
