@@ -2,13 +2,13 @@
 ``POST /v1/audio/speech`` (service/rest/speech.py) and the voice-agent vendors' HTTP calls
 (service/ws/dialects/*_http.py) - is a :class:`SpeechRoute` served by :func:`serve_speech`.
 
-A route only parses its body into a :class:`SpeechOrder` and writes its wire format from the
+A route only parses its body into a :class:`SpeechOrder` (its voice resolved) and writes its wire format from the
 events of the speech (service/synthesis/events.py: every one of them, audio, the listener
 running behind, a truncated utterance, word times; then :class:`SpeechDone`, or its failure).
 The rest is done here, once, the same for every route:
 
     admission (the drain), the caller's rate limit and stream caps, the JSON body;
-    the voice, resolved once (service/voices/clones.py ``voice_for``, or what the route found);
+    the voice as the route resolved it, once (service/voices/clones.py);
     the plan (service/synthesis/plan.py: utterances, frame budgets, on a thread for long text),
     checked against the work limits; the stream (service/synthesis/submit.py);
     the drain's abort, a client that goes away (its engine work cancelled at once);
@@ -30,16 +30,15 @@ from aiohttp import web
 
 from engines.contract import Alignment, AudioChunk, Priority
 from service.errors import ApiError, capacity_error, is_capacity_error
-from service.http.admission import read_work_request
+from service.http.body import read_work_request
 from service.state import COUNTED, REQUEST_ID, AppState
 from service.synthesis.chunks import ChunkStream, PlaybackClock
 from service.synthesis.events import AlignmentReady, Audio, SpeechSink, StreamBehind, UtteranceTruncated
 from service.synthesis.params import SynthesisParams
 from service.synthesis.plan import check_work, off_loop
-from service.synthesis.schema import CloneFields
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.submit import open_stream
-from service.voices.clones import Voice, voice_for
+from service.voices.clones import Voice
 
 log = logging.getLogger("streamvox.speech")
 CLIENT_CHECK_S = 0.2  # how often a request looks for its client (a write would notice only at its next audio)
@@ -50,9 +49,8 @@ class SpeechOrder:
     """What one HTTP speech request asks for, in streamvox's terms (a route's :meth:`SpeechRoute.parse`)."""
 
     text: str
-    params: SynthesisParams  # validated; ``voice`` as the client named it
-    voice: Voice | None = None  # the route found the voice itself (a vendor refuses in its own words); None: here
-    clone: CloneFields | None = None  # inline reference audio (OpenAI's ref_audio)
+    params: SynthesisParams  # validated
+    voice: Voice  # resolved once, by the route (service/voices/clones.py): a vendor refuses in its own words
     streamed: bool = True  # its listener plays it as it comes: realtime, a stream under the key's cap, a clock
     timestamps: bool = False  # word times wanted (with an aligner: AlignmentReady events and SpeechDone's)
     sentences: bool = False  # one utterance per sentence at least (the vendors', as their sockets speak)
@@ -141,10 +139,9 @@ async def serve_speech(request: web.Request, route_type: type[SpeechRoute]) -> w
     route = route_type(request, state)
     try:
         order = await route.parse(body)
-        voice = order.voice or await voice_for(request, order.params.voice, order.clone)
-        params = order.params.model_copy(update={"voice": voice.name})
+        params = order.params.model_copy(update={"voice": order.voice.name})
         plan = await off_loop(order.text, check_work, state.engine, order.text, params, state.settings,
-                              clone=voice.clone, sentences=order.sentences)
+                              clone=order.voice.clone, sentences=order.sentences)
         open_, close = ((state.limits.open_stream, state.limits.close_stream) if order.streamed
                         else (state.limits.open_whole, state.limits.close_whole))
         open_(identity)  # 429 too_many_streams while the key's other streams hold their share

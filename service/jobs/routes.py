@@ -20,7 +20,7 @@ from aiohttp import web
 from service.access.auth import job_owner
 from service.access.limits import client_identity
 from service.errors import ApiError, StoreUnavailable, invalid_field
-from service.http.admission import read_work_request
+from service.http.body import read_work_request
 from service.http.middleware import log_at_debug
 from service.jobs.progress import planned_frames
 from service.jobs.runner import JobRunner

@@ -21,6 +21,7 @@ from service.synthesis.events import AlignmentReady, Audio, StreamBehind, Uttera
 from service.synthesis.params import SpeechBody, check_model, parse_body
 from service.synthesis.spool import AudioSpool
 from service.synthesis.timestamps import words_json
+from service.voices.clones import voice_for
 
 TRUNCATED_HEADER = "X-Streamvox-Truncated"
 
@@ -66,7 +67,8 @@ class OpenAISpeech(SpeechRoute):
             self.spool = AudioSpool(fmt, settings.whole_file_memory_bytes, rate)
         else:
             self.encoder = StreamEncoder(fmt, rate)
-        return SpeechOrder(self.body.input, self.body.params, clone=self.body, streamed=self.delivery is not None,
+        voice = await voice_for(self.request, self.body.voice, self.body)  # ref_audio or a saved voice: its features
+        return SpeechOrder(self.body.input, self.body.params, voice, streamed=self.delivery is not None,
                            timestamps=self.body.timestamps and self.delivery == "sse")
 
     @property

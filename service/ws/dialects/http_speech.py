@@ -93,7 +93,7 @@ class DialectSpeech(SpeechRoute):
         check_text(speech.text_field, speech.text, self.state.settings.max_input_chars)  # as every route checks its text
         params = update_params(SynthesisParams(), {"voice": speech.voice.name, "speed": speech.speed})
         self.encoder = StreamEncoder(speech.encoding, speech.rate, speech.bit_rate)
-        return SpeechOrder(speech.text, params, voice=speech.voice, timestamps=speech.timestamps, sentences=True)
+        return SpeechOrder(speech.text, params, speech.voice, timestamps=speech.timestamps, sentences=True)
 
     def headers(self) -> dict[str, str]:
         return {"Content-Type": self.content_type(), "Cache-Control": "no-cache"}
