@@ -99,6 +99,9 @@ BAD_BODIES = [
     (b'{"input": "\xff\xfe"}', "application/json"),
 ]
 OVER_WORK = {"input": "A sentence of moderate length. " * 40, "speed": 0.25, "steps": 64}
+# A job may plan far more than a request (--max-job-frame-steps, 8,000,000 DiT frame-steps): this one
+# plans ~10 million at steps 64 (46,500 characters at speed 0.25), over the job's own limit.
+OVER_WORK_JOB = {"input": "A sentence of moderate length. " * 1500, "speed": 0.25, "steps": 64}
 
 
 @dataclass
@@ -266,8 +269,8 @@ async def heavy(http: aiohttp.ClientSession, url: str, deadline: float, report: 
 
 async def over_work(http: aiohttp.ClientSession, url: str, deadline: float, report: AttackReport) -> None:
     while time.monotonic() < deadline:
-        for path in ("/v1/audio/speech", "/v1/jobs"):
-            async with http.post(url + path, json=OVER_WORK) as r:
+        for path, body in (("/v1/audio/speech", OVER_WORK), ("/v1/jobs", OVER_WORK_JOB)):
+            async with http.post(url + path, json=body) as r:
                 await r.read()
                 report.count("over_work", r.status)
         await asyncio.sleep(0.1)
@@ -281,6 +284,8 @@ class Refused(Exception):
 
 
 EMOJI_WORK = {"input": "\U0001F600" * 4096, "speed": 0.25, "steps": 1}  # ~59,000 frames, 1 step each
+# the job's limit is --max-job-audio-frames (1,000,000): 80,000 emoji at speed 0.25 plan ~1,150,000
+EMOJI_JOB = {"input": "\U0001F600" * 80_000, "speed": 0.25, "steps": 1}
 HUGE_TOKENS = {"input": "Hello there.", "max_new_tokens": 16384}
 LONG_OMNI_SENTENCE = "word " * 280  # one sentence of ~100 s of audio at steps 1 (DiT)
 EMPTY_DELTAS = 60_000
@@ -334,7 +339,7 @@ async def costly(http: aiohttp.ClientSession, url: str, deadline: float, report:
 
     while time.monotonic() < deadline:
         await post("costly emoji", "/v1/audio/speech", {**EMOJI_WORK, "stream": False})
-        await post("costly emoji", "/v1/jobs", EMOJI_WORK)
+        await post("costly emoji", "/v1/jobs", EMOJI_JOB)
         await post("costly max_new_tokens", "/v1/audio/speech", {**HUGE_TOKENS, "stream": False})
         for attack in (long_omni_sentence, empty_deltas):
             if time.monotonic() >= deadline:

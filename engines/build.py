@@ -20,11 +20,12 @@ from engines.config import RuntimeSwitches, get_preset
 from engines.core.engine import Engine
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
-from engines.cpu_features import has_native_bf16
+from engines.cpu_features import ThreadPlan, available_threads, has_native_bf16, plan_threads
 from engines.devices import canonical_device
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
 from engines.pipelines.registry import pipeline_builder
+from engines.pipelines.vocoder import WINDOW_THREADS, rounds_per_chunk_shape
 from engines.pipelines.dit.weights import (
     WEIGHTS_FILE,
     Models,
@@ -121,6 +122,8 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         config = replace(config, stream=replace(config.stream, max_slots=max_slots, batch_ceiling=2 * max_slots))
+    codec_dtype = resolve_codec_dtype(codec_precision, dev, dtype) if backend == "torch" else dtype
+    threads = cpu_threads(dev, switches or RuntimeSwitches(), codec_dtype)
     t0 = time.perf_counter()
     options: dict = {}  # the pipeline's own (engines/pipelines/<name>/adapter.py)
     if checkpoint:
@@ -132,7 +135,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
                                                                       predictor=models.code_predictor.to(dev, dtype))
             quantize = resolve_quantize(quantize, dev, dtype, talker=True)
             if quantize:
-                quantize_talker(talker.talker, talker.predictor, quantize)
+                quantize_talker(talker.talker, talker.predictor, quantize, threads=threads.talker if threads else None)
                 log.info("talker and code predictor weights: %s (--quantize none: fp32)", quantize)
     else:
         models = build_models(config, seed)
@@ -155,8 +158,7 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if source == "talker":
         options.update(_kv_options(kv_cache_gb, prefix_cache_fraction))
         slots = talker_slots or max_slots or 8
-    codec_dtype = resolve_codec_dtype(codec_precision, dev, dtype) if backend == "torch" else dtype
-    engine = Engine(models, dev, dtype, codec_dtype=codec_dtype, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
+    engine = Engine(models, dev, dtype, codec_dtype=codec_dtype, threads=threads, max_queue=max_queue, fault_hook=fault_hook, warmup=warmup,
                     pipeline=source, max_slots=slots,
                     batch_planning=batch_planning, backend=backend, options=options,
                     switches=switches or RuntimeSwitches(), aligner=loaded_aligner,
@@ -164,6 +166,17 @@ def build_engine(preset: str | None = None, device: str = "auto", checkpoint: st
     if source == "talker" and quantize:
         engine.info = replace(engine.info, quantize=quantize)
     return engine
+
+
+def cpu_threads(device: torch.device, switches: RuntimeSwitches, codec_dtype: torch.dtype) -> ThreadPlan | None:
+    """On a CPU whose codec decoder gets threads of its own (two or more available): the talker's
+    and the decoder's, by a probe of the memory bandwidth (engines/cpu_features.py); a decoder on
+    fixed windows (a reduced precision: engines/pipelines/vocoder.py) decodes on one. None elsewhere."""
+    if device.type != "cpu" or not switches.vocoder_thread or available_threads() < 2:
+        return None
+    plan = plan_threads(available_threads(), codec_fixed=WINDOW_THREADS if rounds_per_chunk_shape(codec_dtype) else None)
+    log.info("threads: talker %d, codec decoder %d (%s)", plan.talker, plan.codec, plan.reason)
+    return plan
 
 
 def check_source(source: str | None) -> None:

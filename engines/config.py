@@ -64,6 +64,9 @@ class RuntimeSwitches:
     vocoder_thread: bool = True
     """CPU (two threads or more): the codec decoder on a thread and cores of its own, decoding
     one piece while the talker's next tick runs (off: one after the other on the worker thread)."""
+    codec_process: bool = True
+    """CPU, with ``vocoder_thread``: that thread hands each piece to the decoder in a process of
+    its own (engines/pipelines/vocoder_process.py), off the talker's GIL (off: it decodes in-process)."""
 
     def __post_init__(self) -> None:
         if self.fused_predictor not in ("off", "phased", "persistent"):

@@ -415,6 +415,9 @@ class EngineInfo:
     ``int8-int4p``."""
     codec_dtype: str | None = None
     """The codec decoder's precision (``float32`` / ``bfloat16``); None if not recorded."""
+    threads: str | None = None
+    """CPU: the talker's and the codec decoder's threads and where the decoder runs
+    (``talker 1, codec 1 (a process)``); None elsewhere."""
 
     @property
     def pipeline(self) -> str:

@@ -205,7 +205,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     speed = speed_note(info.warmup_rtf)
     if speed:  # measured on CPU only: a person starting a CPU server learns what to expect
         log.info("expected speed on this machine (one request alone, measured after the start-up warm-up, "
-                 "quantize=%s, codec %s): %s", info.quantize, info.codec_dtype, speed)
+                 "quantize=%s, codec %s, threads: %s): %s", info.quantize, info.codec_dtype, info.threads, speed)
     app = create_app(settings, engine)
     runner = await start_http(app, settings, sock=sock)
     # What is loaded now (modules, the models' Python objects) lives as long as the process: frozen,

@@ -486,7 +486,8 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
     kernels (CUDA);
     STREAMVOX_STATIC_STEP_ON_CPU=1 runs the CPU talker step through the graphs' static buckets;
     STREAMVOX_STAGE_SYNC=1 charges asynchronous GPU work to the worker stage that issued it;
-    STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too."""
+    STREAMVOX_VOCODER_THREAD=0 decodes on the worker thread, after each tick, on a CPU too;
+    STREAMVOX_CODEC_PROCESS=0 decodes on the vocoder thread itself, not in a process of its own."""
     env = os.environ if env is None else env
     fused = env.get("STREAMVOX_FUSED_PREDICTOR", "off").lower()
     return RuntimeSwitches(compile=env.get("STREAMVOX_COMPILE", "1") != "0",
@@ -500,4 +501,5 @@ def runtime_switches(env: Mapping[str, str] | None = None) -> RuntimeSwitches:
                            fused_talker=env.get("STREAMVOX_FUSED_TALKER", "0") == "1",
                            static_step_on_cpu=env.get("STREAMVOX_STATIC_STEP_ON_CPU") == "1",
                            stage_sync=env.get("STREAMVOX_STAGE_SYNC") == "1",
-                           vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0")
+                           vocoder_thread=env.get("STREAMVOX_VOCODER_THREAD", "1") != "0",
+                           codec_process=env.get("STREAMVOX_CODEC_PROCESS", "1") != "0")

@@ -159,7 +159,9 @@ class Scheduler:
     def __init__(self, max_slots: int, batch_slot_share: float = 0.75, vocoder_frames: int = 128,
                  keep_up: float = 2.0, newcomer_slots: int = 1, ahead_seconds: float = 1.0,
                  prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, align_frames: int = 1):
+        """``align_frames``: chunks of at least this many frames end on a multiple of it (a codec
+        decoder on fixed windows of that size: engines/pipelines/vocoder.py; 1: anywhere)."""
         if vocoder_frames < 1:
             raise ValueError(f"vocoder_frames must be >= 1, got {vocoder_frames}")
         if prefill_token_budget < 1:
@@ -168,6 +170,7 @@ class Scheduler:
         self.batch_slot_limit = max(1, int(max_slots * batch_slot_share))
         self.vocoder_frames = vocoder_frames
         self.keep_up = keep_up
+        self.align_frames = align_frames
         # Free slots a tenant already holding one may not take (kept for a newcomer); never
         # more than a quarter of the slots, so one tenant alone keeps most of the device.
         self.newcomer_slots = min(newcomer_slots, max_slots // 4)
@@ -379,7 +382,7 @@ class Scheduler:
         if not self.room_to_grow:  # a loaded device: the pipeline's first-chunk size, once a stream has ramped up
             uniform = flush_frames(0)
             if state.frames_done >= RAMP_CHUNKS * uniform:
-                return min(largest, uniform)
+                return self._aligned(state, min(largest, uniform))
             largest = min(largest, uniform)  # its one-frame start grows to it by its lead
         lead = self.playback_deadline(state) - (self.clock() if now is None else now)
         size = LEAD_SCHEDULE[0]
@@ -387,6 +390,13 @@ class Scheduler:
             if n > largest or lead < (n + CHUNK_OVERHEAD_STEPS) * self.step_period:
                 break
             size = n
+        return self._aligned(state, size)
+
+    def _aligned(self, state: RequestState, size: int) -> int:
+        """``size`` grown to end on a multiple of ``align_frames`` when it is that long: a decoder on
+        fixed windows then decodes no window twice."""
+        if size >= self.align_frames > 1:
+            size += -(state.frames_done + size) % self.align_frames
         return size
 
     def vocoder_piece(self, states: list[RequestState], flush_frames: Callable[[int], int]) -> list[VocoderWork]:

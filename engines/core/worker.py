@@ -43,7 +43,7 @@ from engines.contract import (
     TickReport,
 )
 from engines.core.aligning import Aligning
-from engines.core.executor import Executor, own_threads, split_cpu_threads
+from engines.core.executor import Executor, own_threads
 from engines.core.host_memory import IdleTrim
 from engines.core.outbox import Outbox, deliver_final, emit_audio
 from engines.core.scheduler import (
@@ -53,8 +53,9 @@ from engines.core.scheduler import (
     Scheduler,
     VocoderWork,
 )
+from engines.cpu_features import ThreadPlan
 from engines.pipelines.base import Pipeline
-from engines.pipelines.vocoder import VocalizeItem, Vocalizer
+from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
 
 log = logging.getLogger("streamvox.worker")
 
@@ -108,17 +109,17 @@ class Worker:
         aligner=None,
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         host_copy_event: Callable[[], object] | None = None,
-        vocoder_thread: bool = False,
+        threads: ThreadPlan | None = None,
     ):
         self.pipeline = pipeline
         self.vocalizer = vocalizer
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
-                                   prefill_token_budget=prefill_token_budget)
-        # CPU: the codec decoder on a thread and cores of its own beside the talker (executor.py);
-        # the worker thread keeps the rest of the threads (set when it starts, _run)
-        self._talker_threads, vocoder_threads = (split_cpu_threads(torch.get_num_threads()) if vocoder_thread
-                                                 else (0, 0))
+                                   prefill_token_budget=prefill_token_budget,
+                                   align_frames=WINDOW_FRAMES if getattr(vocalizer, "windowed", False) else 1)  # (test fakes: none)
+        # CPU (``threads``): the codec decoder on a thread and cores of its own beside the talker
+        # (executor.py); the worker thread keeps the talker's threads (set when it starts, _run)
+        self._talker_threads, vocoder_threads = (threads.talker, threads.codec) if threads is not None else (0, 0)
         self.executor = Executor(pipeline, vocalizer, trace, vocoder_threads=vocoder_threads,
                                  on_vocoded=lambda: self._wake.set())
         self.fault_hook = fault_hook

@@ -4,6 +4,21 @@ Every pipeline emits code frames [T, G]; this module only decodes them. Each str
 codes go through the streaming codec decoder with that stream's carried state; streams
 whose chunks have the same length decode together.
 
+In a reduced precision (bf16: the CPU default, ``--codec-precision auto``) every op rounds its
+result to 8 significant bits, and the kernels a chunk's shapes select round differently: the
+same codes cut into other chunks came out hundreds of LSB apart, so a stream's audio followed
+the load. There the decoder runs on **fixed windows** (``windowed``): each stream is decoded
+alone, one window at a time, windows at fixed frames of the stream (1, 1 and 2 frames, then
+``WINDOW_FRAMES`` each: a stream's first chunks are that small, and the scheduler ends longer
+chunks on window ends), on one thread; a chunk
+that ends inside a window decodes the whole window, its missing frames padded, and returns only
+its own frames' samples; the stream's state stays at the window's start until the window is
+complete, when it is decoded again and its remaining samples returned. The decoder is causal,
+and a kernel of fixed shapes computes each row from that row alone (checked in
+tests/engines/pipelines/test_vocalizer_windows.py), so the padding never reaches the samples
+returned: every op sees the same shapes whatever the chunking, batch or thread count around
+it, and the PCM is the same to the bit.
+
 With a ``graphed_decoder`` (engines/runtime/graphed_decoder.py; the engine sets one on
 CUDA) the decoder state lives in its static pool instead of ``_streams[...].state`` and
 the chunks decode through its CUDA graphs; ``_streams`` still tracks ``next_frame``.
@@ -12,8 +27,9 @@ the chunks decode through its CUDA graphs; ``_streams`` still tracks ``next_fram
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -43,16 +59,51 @@ class VocalizeResult:
     pcm: torch.Tensor  # [T * 1920] float32 (on the model device)
 
 
+# Fixed windows (reduced precision): the sizes of a stream's first windows, then every window's.
+# At the released sizes, 1 thread, bf16: 25 ms of CPU per frame in windows of 4, 23 in one long
+# call, 49 for a frame alone. A stream's first chunk is one frame and its next ones grow from there
+# (core/scheduler.py), which these windows follow; the scheduler ends chunks of WINDOW_FRAMES or
+# more on window ends (its ``align_frames``), so they decode no padding
+# (benchmarks/bench_codec_windows.py).
+WINDOW_RAMP = (1, 1, 2)
+WINDOW_FRAMES = 4
+WINDOW_THREADS = 1  # a kernel's rounding may follow its thread count (oneDNN splits some reductions)
+
+
+def rounds_per_chunk_shape(dtype: torch.dtype) -> bool:
+    """Whether a decoder in ``dtype`` rounds its results enough for the chunk shapes to show in
+    the PCM (bf16, fp16: it then decodes on fixed windows)."""
+    return dtype not in (torch.float32, torch.float64)
+
+
+def window_frames(position: int) -> int:
+    """Frames of the window that starts at a stream's frame ``position`` (a window start)."""
+    start = 0
+    for size in WINDOW_RAMP:
+        if position == start:
+            return size
+        start += size
+    return WINDOW_FRAMES
+
+
 @dataclass
 class _Stream:
     state: DecoderState | None  # decoder state, batch 1 (None: it lives in the graphed decoder's pool)
     next_frame: int  # frame_offset the stream's next item must have
+    # Fixed windows: ``state`` is at the start of the open window, ``position`` frames into the
+    # stream (priming not counted); ``partial`` holds the open window's frames already returned
+    # ([n, G], n < its size).
+    position: int = 0
+    partial: torch.Tensor | None = None
 
 
 class Vocalizer:
     def __init__(self, decoder: CodecDecoder, device, dtype: torch.dtype = torch.float32,
-                 graphed_decoder: GraphedDecoder | None = None):
+                 graphed_decoder: GraphedDecoder | None = None, windowed: bool | None = None):
+        """``windowed``: decode on fixed windows (None: in a reduced precision, where chunk shapes
+        would change the PCM; the module's docstring)."""
         self.device, self.dtype = canonical_device(device), dtype
+        self.windowed = rounds_per_chunk_shape(dtype) if windowed is None else windowed
         self.decoder = decoder.to(self.device, dtype).eval()
         self.num_code_groups, self.codebook_size = decoder.cfg.num_quantizers, decoder.cfg.codebook_size
         self.samples_per_frame = decoder.samples_per_frame
@@ -68,6 +119,8 @@ class Vocalizer:
     @graphed_decoder.setter
     def graphed_decoder(self, graphed: GraphedDecoder | None) -> None:
         if graphed is not None:
+            if self.windowed:
+                raise ValueError("a graphed decoder decodes chunks of any length: not with fixed windows")
             if graphed.decoder is not self.decoder:
                 raise ValueError("the graphed decoder must wrap this vocalizer's decoder")
             if graphed.device != self.device or graphed.dtype != self.dtype:
@@ -91,6 +144,13 @@ class Vocalizer:
         (its streaming state needs every reference frame). The stream's frames then count from 0."""
         if codes.shape[0] == 0:
             return
+        if self.windowed:  # windows of a fixed size, the rest as one exact call: the stream's windows start after them
+            with _threads(WINDOW_THREADS):
+                state = self.decoder.init_state(1, self.device, self.dtype)
+                for window in codes.to(self.device).split(WINDOW_FRAMES):
+                    _, state = self.decoder.decode_step(window.T[None], state)
+            self._streams[stream_id] = _Stream(state, 0)
+            return
         self.vocalize([VocalizeItem(stream_id, codes.to(self.device), frame_offset=0)])
         self._streams[stream_id].next_frame = 0
 
@@ -108,7 +168,11 @@ class Vocalizer:
         """PCM for each item, in the same order. Items of one stream are decoded in order."""
         self._validate(items)
         codes = [it.codes.to(self.device) for it in items]
-        pcm = self._decode(items, codes)
+        if self.windowed:
+            with _threads(WINDOW_THREADS):
+                pcm = self._decode_windowed(items, codes)
+        else:
+            pcm = self._decode(items, codes)
         for it in items:
             if it.is_last:
                 self._streams.pop(it.stream_id, None)
@@ -168,6 +232,40 @@ class Vocalizer:
                     pcm[i] = wav[row].float()
         return pcm  # type: ignore[return-value]
 
+    def _decode_windowed(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each item on fixed windows (the module's docstring), stream by stream, in order. The
+        streams' new states are kept only once every item decoded (a failed call changes none)."""
+        streams: dict[str, _Stream] = {}
+        pcm = []
+        for it, c in zip(items, codes):
+            stream = streams.get(it.stream_id) or self._streams.get(it.stream_id) or _Stream(
+                self.decoder.init_state(1, self.device, self.dtype), it.frame_offset)
+            wav, streams[it.stream_id] = self._windows(stream, c)
+            pcm.append(wav)
+        self._streams.update(streams)
+        return pcm
+
+    def _windows(self, stream: _Stream, codes: torch.Tensor) -> tuple[torch.Tensor, _Stream]:
+        """``codes`` [T, G] decoded after ``stream``: (their PCM [T * 1920] float32, the stream after them)."""
+        done = 0 if stream.partial is None else stream.partial.shape[0]  # frames of the open window returned
+        frames = codes if not done else torch.cat([stream.partial, codes])
+        state, position, start, pieces, partial = stream.state, stream.position, 0, [], None
+        while start < frames.shape[0]:
+            size = window_frames(position)
+            window = frames[start:start + size]
+            n = window.shape[0]
+            if n < size:  # padded: causal, so the padding reaches none of the n frames' samples
+                partial = window
+                window = torch.cat([window, window.new_zeros(size - n, window.shape[1])])
+            wav, after = self.decoder.decode_step(window.T[None], state)
+            skip = max(done - start, 0)  # frames of this window returned by an earlier call
+            pieces.append(wav[0, skip * self.samples_per_frame:n * self.samples_per_frame])
+            if partial is None:
+                state, position = after, position + size
+            start += size
+        pcm = torch.cat(pieces).float() if pieces else torch.empty(0, device=self.device, dtype=torch.float32)
+        return pcm, _Stream(state, stream.next_frame + codes.shape[0], position, partial)
+
     def _decode_graphed(self, items: list[VocalizeItem], codes: list[torch.Tensor]) -> list[torch.Tensor]:
         """The same per-stream decode through the graphed decoder's state pool (it orders rounds itself
         and releases the rows of ``is_last`` streams)."""
@@ -184,3 +282,17 @@ class Vocalizer:
         """A known stream's carried state, or a fresh one (decoder positions count from its first chunk)."""
         stream = self._streams.get(stream_id)
         return stream.state if stream is not None else self.decoder.init_state(1, self.device, self.dtype)
+
+
+@contextmanager
+def _threads(count: int) -> Iterator[None]:
+    """The calling thread's torch intra-op threads set to ``count`` meanwhile (OpenMP's count is
+    per calling thread: other threads keep theirs)."""
+    before = torch.get_num_threads()
+    if before != count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if before != count:
+            torch.set_num_threads(before)

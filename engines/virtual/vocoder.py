@@ -100,6 +100,7 @@ class VirtualVocalizer(Vocalizer):
         self.decoder = None
         self.num_code_groups, self.codebook_size = num_code_groups, codebook_size
         self.samples_per_frame = decoder.samples_per_frame
+        self.windowed = False  # the graphed path, as on the GPU it stands for
         self._streams = {}
         self._graphed_decoder = decoder
 

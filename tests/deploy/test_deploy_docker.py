@@ -212,6 +212,15 @@ def test_every_python_package_is_copied(name):
     assert {"pyproject.toml", "README.md"} <= copied  # README: pyproject's `readme`
 
 
+def test_the_cpu_image_builds_the_native_talker_frame():
+    """setup.py declares the talker's native frame (engines/native/, an optional C extension): the
+    CPU image's build stage copies it and has a C compiler, so ``pip install .`` builds it there
+    (without them the image would silently serve the slower ONNX Runtime step)."""
+    build = [args for keyword, args in stages(DOCKERFILES["cpu"])["build"] if keyword == "RUN"]
+    assert "setup.py" in copy_sources(DOCKERFILES["cpu"])  # (and not dockerignored: the test above)
+    assert any("apt-get install" in step and " gcc" in step for step in build), build
+
+
 # --- the HEALTHCHECK command, run for real -------------------------------------------------
 
 def healthcheck_argv(path: Path) -> list[str]:

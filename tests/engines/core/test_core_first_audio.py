@@ -215,3 +215,20 @@ def test_on_a_loaded_device_later_chunks_are_the_pipelines_first_chunk_size_for_
     for lead_s, expected in ((0.08, 1), (0.25, 2), (0.4, 4), (2.0, 4)):  # young: 1 frame out, 2 s of lead at most
         s = state("young", pending_frames=1, first_audio_at=now + lead_s - 0.08, frames_done=1)
         assert sched.flush_size(s, lambda done: 4 if done == 0 else 12, now=now) == expected
+
+
+@pytest.mark.parametrize("frames_done, lead_s, expected", [
+    (3, 0.15, 5),  # the lead buys 4 frames, which would end at 7: grown to the window end at 8
+    (8, 0.15, 4),  # 4 from 8: a window
+    (10, 0.4, 14),  # 12 from 10 would end at 22: to 24
+    (3, 0.1, 2), (10, 0.05, 1)])  # shorter than a window: as the lead says
+def test_chunks_of_a_window_or_more_end_on_window_ends_for_a_windowed_decoder(frames_done, lead_s, expected):
+    """A codec decoder on fixed windows of 4 frames (bf16, engines/pipelines/vocoder.py): chunks of 4
+    frames or more end on a multiple of 4, so no window is decoded twice; shorter ones (the first
+    audio) stay as the lead says."""
+    sched = Scheduler(max_slots=4, align_frames=4)
+    sched.step_period = 0.020
+    now = 100.0
+    s = state("s", pending_frames=1, first_audio_at=now + lead_s - frames_done * 0.08, frames_done=frames_done)
+    assert sched.flush_size(s, lambda done: 12, now=now) == expected
+    assert Scheduler(max_slots=4).align_frames == 1  # a decoder that takes any chunk: as before

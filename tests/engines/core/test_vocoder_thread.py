@@ -1,8 +1,12 @@
-"""The codec decoder on a thread of its own beside the talker's next tick (CPU): the same PCM as
-decoding after each tick, each request's chunks in order, failures and cancels still one request's."""
+"""The codec decoder on a thread of its own beside the talker's next tick (CPU; the thread hands the
+pieces to the decoder's own process by default): the same PCM as decoding after each tick, each
+request's chunks in order, failures and cancels still one request's, a dead decoder process only
+the streams it held."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import numpy as np
@@ -168,3 +172,29 @@ def test_a_cancel_with_its_audio_on_the_decoder_thread_ends_only_that_request(se
     for i in (0, 1, 3):  # decoded in other batches after the cancel
         assert out[i].error is None
         np.testing.assert_allclose(out[i].pcm, pcm_of(sequential[i]), atol=1e-5, rtol=0)
+
+
+def test_a_dead_codec_process_fails_the_streams_it_held_and_the_engine_serves_on(sequential):
+    """The decoder in its process (the CPU default): killed while streams decode, those streams end
+    with an error, the engine lives, and the next requests decode in a new process."""
+    engine = talker(True, threads=2)
+    reqs = requests(engine)
+    out = [Collected() for _ in reqs]
+    try:
+        assert engine.codec_process is not None and engine.codec_process.pid is not None
+        for r, c in zip(reqs, out):
+            engine.submit(r, c.deliver)
+        assert out[0].first_audio.wait(60)
+        os.kill(engine.codec_process.pid, signal.SIGKILL)
+        for c in out:
+            assert c.done.wait(60)
+        assert engine.stats().alive
+        after = run_requests(engine, reqs[:2])
+    finally:
+        engine.stop()
+    failed = [c.error for c in out if c.error]
+    assert failed and all("codec process" in e for e in failed), failed
+    assert engine.codec_process.starts == 2
+    for i, c in enumerate(after):  # (fp32: batched with other neighbours than before, as rounding allows)
+        assert c.error is None
+        np.testing.assert_allclose(c.pcm, pcm_of(sequential[i]), atol=1e-5, rtol=0)
