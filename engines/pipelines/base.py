@@ -68,11 +68,12 @@ class Pipeline(Protocol):
     name: str
     graphed: tuple  # the CUDA-graph wrappers it replays (``capture_all()``, ``late_captures`` each)
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
-        """Admission-time work; returns the frame count (an upper bound if unknown).
-        Raises for a request this pipeline cannot serve."""
+    def prepare(self, request: SynthesisRequest) -> int:
+        """Admission-time work on a request as the engine checked and planned it (its voice
+        canonical, its text tokenized, its frame budget: nothing is resolved again); returns the
+        frame count (an upper bound if unknown). Raises for a request this pipeline cannot serve."""
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
+    def prepare_many(self, requests: list[SynthesisRequest]) -> list[int | Exception]:
         """``prepare`` for several requests at once; per request its frame count or the
         exception that rejects it (the others are prepared)."""
 
@@ -98,8 +99,8 @@ class Pipeline(Protocol):
         """The request languages this pipeline accepts; None: any."""
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
-        """The request with its text tokenized (``prompt_ids``), done once, at validation;
-        ValueError when its prompt could never be served (too long for the model)."""
+        """The request (planned: engines.contract.SynthesisEngine.plan) checked to fit: ValueError
+        when its prompt could never be served (too long for the model)."""
 
     def kv_cache_stats(self) -> dict[str, float]:
         """The KV pool's figures (blocks total/used, admission waits); empty without a pool."""

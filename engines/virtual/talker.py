@@ -179,7 +179,7 @@ class VirtualTalkerSource(UtteranceBatch):
                 self._release(u)
                 continue
             last = u.frames + 1 >= u.max_frames
-            out.append(TalkerFrames(u.request_id, codes, u.frames, last))
+            out.append(TalkerFrames(u.request_id, codes, u.frames, last, truncated=u.limit_reason if last else None))
             u.frames += 1
             if last:
                 self._release(u)

@@ -3,7 +3,6 @@ emits code frames directly."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,12 +21,10 @@ class TalkerPipeline:
 
     name = "talker"
 
-    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = FIRST_CHUNK_FRAMES,
-                 chunk_frames: int = 12,
+    def __init__(self, talker_source, first_chunk_frames: int = FIRST_CHUNK_FRAMES, chunk_frames: int = 12,
                  graphed: tuple = (), prime=None):
         self.source = talker_source
         self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
-        self.voices = voices  # voice index -> the checkpoint's speaker name
         self.first_chunk_frames = first_chunk_frames
         self.chunk_frames = chunk_frames
         self._waiting: dict[str, SynthesisRequest] = {}
@@ -37,9 +34,9 @@ class TalkerPipeline:
         self._live: dict[str, LiveText] = {}  # live utterances waiting for their first text id
         self._prompt_positions: dict[str, int] = {}  # waiting request -> its prompt's positions
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
-        # The engine validated the request (language, task) and tokenized it (``tokenize``).
-        request = replace(request, voice=self.voices[voice_index], language=request.language or "Auto")
+    def prepare(self, request: SynthesisRequest) -> int:
+        # The engine checked the request (its voice canonical, language, task) and planned it: its
+        # ids and its frame budget (``plan``), which admission uses as they are.
         positions = self.source.prompt_positions(request)  # task, clone, instructions: ValueError now
         self.source.check_fits(positions)  # a prompt that could never be admitted fails now
         self._waiting[request.id] = request
@@ -47,15 +44,13 @@ class TalkerPipeline:
         self._update_kv_wait()
         if request.text_feed is not None:
             self._live[request.id] = LiveText(request.text_feed, self.source.prompt)
-        return self.source.planned_frames(request)  # an upper bound: EOS usually comes first
+        return request.budget.frames  # an upper bound: EOS usually comes first
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
-        """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the
-        request; the prompt is built from them at admission). ValueError when its prompt could
-        never be admitted (longer than a stream's positions or than the KV pool): the engine
-        refuses it at submission (a 400), not later."""
-        if request.prompt_ids is None:
-            request = replace(request, prompt_ids=tuple(self.source.prompt.tokenize_assistant(request.text)))
+        """The planned request (its ids: the one tokenization of the request; the prompt is built
+        from them at admission) checked to fit. ValueError when its prompt could never be admitted
+        (longer than a stream's positions or than the KV pool): the engine refuses it at
+        submission (a 400), not later."""
         try:
             positions = self.source.prompt_positions(request)
         except ValueError:
@@ -67,11 +62,11 @@ class TalkerPipeline:
         """The source keeps KV blocks free for the longest prompt still waiting for a row."""
         self.source.wait_for(max(self._prompt_positions.values(), default=0))
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[int | Exception]:
+    def prepare_many(self, requests: list[SynthesisRequest]) -> list[int | Exception]:
         out: list[int | Exception] = []
-        for request, voice_index in items:
+        for request in requests:
             try:
-                out.append(self.prepare(request, voice_index))
+                out.append(self.prepare(request))
             except Exception as exc:
                 out.append(exc)
         return out

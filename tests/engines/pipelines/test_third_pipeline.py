@@ -52,12 +52,12 @@ class ToyPipeline:
         self.done: dict[str, int] = {}  # in a slot: frames emitted
         self.last_batch_rows = 0
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> int:
+    def prepare(self, request: SynthesisRequest) -> int:
         self.codes[request.id] = toy_codes(request.text, self.groups, self.codebook)
         return len(self.codes[request.id])
 
-    def prepare_many(self, items):
-        return [self.prepare(r, v) for r, v in items]
+    def prepare_many(self, requests):
+        return [self.prepare(r) for r in requests]
 
     def wants_slot(self, request_id: str) -> bool:
         return request_id in self.codes and request_id not in self.done
