@@ -183,6 +183,11 @@ class TalkerSource(UtteranceBatch):
         """The decode step's code predictor (as its runners wrapped it: fused, graphed)."""
         return self.decoder.predictor
 
+    @predictor.setter
+    def predictor(self, predictor: CodePredictor) -> None:
+        """Benchmarks swap variants on one built source (the engine picks its runners at build)."""
+        self.decoder.predictor = predictor
+
     @property
     def buffers_version(self) -> int:
         """Changes when a per-row buffer is reallocated (captured graphs must recapture)."""
