@@ -114,8 +114,13 @@ class SynthesisRequest:
     non_streaming_mode: bool | None = None  # None: the release's default (Base False, others True)
 
     prompt_ids: tuple[int, ...] | None = None
-    """The tokenized text (the pipeline's tokenizer), set by ``validate``; None: not tokenized yet
+    """The tokenized text (the pipeline's tokenizer), set by ``plan``; None: not tokenized yet
     (or a pipeline without a text prompt of token ids)."""
+
+    budget: "FrameBudget | None" = None
+    """The most frames it may take, planned once from its text (``plan``: the service's request plan
+    sets it); ``submit`` checks it against what the pipeline allows and admission uses it as it is.
+    None: not planned yet (``submit`` plans it), or a pipeline that plans its own frames (the DiT)."""
 
     # Fairness: who asked, for identity-fair slot ordering (core/scheduler.py).
     # The service sets the API key digest or the client address; "" = no identity (FIFO).
@@ -134,6 +139,15 @@ class SynthesisRequest:
     text_feed: "TextFeed | None" = None
     """Talker pipeline only: the utterance starts speaking from the first committed text
     tokens and consumes later ones as they arrive (streaming-text mode)."""
+
+
+class FrameBudget(NamedTuple):
+    """The most frames one utterance may take, planned once from its own text before it is
+    submitted (the talker: engines/pipelines/talker/budget.py) and carried by its request."""
+
+    frames: int  # the most frames it may take
+    bound: str  # what sets ``frames``: "budget" (its text's), "max_new_tokens" (- 1) or "max_seq_len"
+    text_frames: int | None = None  # its text's own budget whatever caps it (None: live text, or an exact cap)
 
 
 @dataclass(frozen=True)
@@ -463,13 +477,13 @@ class SynthesisEngine(Protocol):
 
     def validate(self, request: SynthesisRequest, complete: bool = True) -> SynthesisRequest:
         """The request checked against the loaded model (voice, language, task, live text, whether
-        its prompt fits), with its voice canonical and its text tokenized (``prompt_ids``): submit
-        the returned request and nothing is tokenized again. InvalidRequest naming the field.
+        its prompt and its frame budget fit), planned (:meth:`plan`) unless it was: what ``submit``
+        does first. InvalidRequest naming the field.
         ``complete=False``: the fields present only (a WebSocket ``session.config``): nothing that
         a later field may bring (reference audio, instructions) is required, no text tokenized."""
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
-        """Queue a request (validated here unless ``validate`` returned it); never blocks.
+        """Check a request once (:meth:`validate`) and queue it; never blocks.
         Raises InvalidRequest / EngineOverloaded / EngineUnavailable."""
 
     def voice_features(self, audio: np.ndarray) -> ReferenceFeatures:
@@ -480,10 +494,11 @@ class SynthesisEngine(Protocol):
         """What ``request`` will cost (vocoder frames, model steps), without running the model:
         the service's work limits are checked on it before any engine time is spent."""
 
-    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
-        """``request`` with its text tokenized (``prompt_ids``), nothing else checked; unchanged when
-        it has them, its text is live, or the pipeline has no prompt of text ids (the DiT). The
-        service plans long text on these ids and submits them: a text is tokenized once."""
+    def plan(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` planned as this engine runs it, nothing else checked: its text tokenized
+        (``prompt_ids``) and its frame budget (``budget``), each unless it carries them (a pipeline
+        that plans its own frames, the DiT, sets neither). The service plans every utterance so
+        and submits it as planned: a text is tokenized, and its budget counted, once."""
 
     def stage_seconds(self) -> dict[str, float]:
         """Worker wall seconds per loop stage since start, and the codec decoder's own (``decode``)

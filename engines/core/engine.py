@@ -103,7 +103,7 @@ class Engine:
         adapter = virtual.build_pipeline(setup) if virtual is not None else registration.build(setup)
         self.pipeline, self.profile = adapter.pipeline, adapter.profile
         self.aligner = aligner = loaded.aligner
-        self.worker = Worker(self.pipeline, self.vocalizer, self.profile.voice_index, max_slots=max_slots,
+        self.worker = Worker(self.pipeline, self.vocalizer, max_slots=max_slots,
                              max_queue=config.limits.max_queue, fault_hook=fault_hook,
                              stage_sync=runtime.switches.stage_sync,
                              batch_planning=(device.type == "cuda" if scheduler.batch_planning is None
@@ -169,7 +169,7 @@ class Engine:
             self.codec_process.shutdown()
 
     def submit(self, request: SynthesisRequest, deliver: Deliver) -> RequestHandle:
-        request = self.validate(request)  # tokenizes only a request that validate did not return
+        request = self.validate(request)  # checked once; planned here only when it was not before
         if request.seed is None:  # the profile's policy (a sampling talker: two unseeded requests differ)
             request = replace(request, seed=self.profile.default_seed())
         if not self.worker.alive:
@@ -182,8 +182,9 @@ class Engine:
         """The work ``request`` plans (the profile counts it), for limits checked before any engine time."""
         return self.profile.planned_work(request)
 
-    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
-        return self.profile.with_prompt_ids(request)
+    def plan(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` planned once, as the profile plans it (its ids, its frame budget)."""
+        return self.profile.plan(request)
 
     def stats(self) -> EngineStats:
         return EngineStats(alive=self.worker.alive, ready=self._ready.is_set() and self.worker.alive,
@@ -233,9 +234,10 @@ class Engine:
     def validate(self, request: SynthesisRequest, complete: bool = True) -> SynthesisRequest:
         """Every rule that depends on the loaded model, in one place: the voice, the language and
         live text (from the capabilities), the release's own rules (the profile's ``validate``:
-        reference audio, instructions, task_type, ``speed`` where the model does not honour it);
-        then, for a ``complete`` request, its text tokenized once (``prompt_ids``) and its prompt
-        checked to fit. Returns the request to submit; InvalidRequest naming the field.
+        reference audio, instructions, task_type, ``speed`` where the model does not honour it, a
+        planned frame budget within what a stream holds); then, for a ``complete`` request, its
+        plan (:meth:`plan`: as it was planned, or planned now) and its prompt checked to fit.
+        Returns the request to submit; InvalidRequest naming the field.
 
         Field ranges (steps, speed, sampling, text length, ...) are the caller's to check
         (the service validates them at its boundary, :mod:`service.synthesis.schema`); the engine
@@ -250,7 +252,8 @@ class Engine:
             raise InvalidRequest("text_streaming", "live text needs a talker checkpoint")
         if voice != request.voice:
             request = replace(request, voice=voice)
-        if complete:  # tokenized here unless it carries its ids; checked to fit either way
+        if complete:  # planned here unless it was (the service plans every request); checked to fit
+            request = self.profile.plan(request)
             try:
                 request = self.pipeline.tokenize(request)
             except ValueError as exc:
@@ -335,8 +338,8 @@ class Engine:
                         errors.append(chunk.error)
                     done.set()
 
-            self.worker.enqueue(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
-                                                 **self.profile.warmup_fields()), deliver)
+            self.worker.enqueue(self.plan(SynthesisRequest(id=f"warmup-{uuid.uuid4().hex[:8]}", text=text, voice=voice,
+                                                           **self.profile.warmup_fields())), deliver)
         if not all(done.wait(300) for done in events):
             raise RuntimeError("engine warm-up did not finish within 300 s")
         if errors:

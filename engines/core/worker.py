@@ -96,7 +96,6 @@ class Worker:
         self,
         pipeline: Pipeline,
         vocalizer: Vocalizer,
-        voice_index: Callable[[str], int],
         max_slots: int,
         max_queue: int = 64,
         batch_slot_share: float = 0.75,
@@ -114,7 +113,6 @@ class Worker:
     ):
         self.pipeline = pipeline
         self.vocalizer = vocalizer
-        self.voice_index = voice_index
         self.max_queue = max_queue
         self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
                                    prefill_token_budget=prefill_token_budget, chunking=pipeline.chunking,
@@ -336,26 +334,26 @@ class Worker:
         fails whatever is still there)."""
         ready = []
         for handle, deliver in list(self._admitting):
-            if handle.cancelled or any(h.request_id == handle.request_id for h, _, _ in ready):
+            if handle.cancelled or any(h.request_id == handle.request_id for h, _ in ready):
                 continue  # left for _admit_one, which reports it (or refuses the second of one id)
             if not self._id_free(handle, deliver):
                 self._admitting.remove((handle, deliver))
                 continue
             try:
                 self._hook(handle.request_id, "plan")
-                ready.append((handle, deliver, self.voice_index(handle.request.voice)))
+                ready.append((handle, deliver))
             except Exception as exc:
                 self._admitting.remove((handle, deliver))
                 self._planning_failed(handle, deliver, exc)
         if not ready:
             return
         try:
-            results = self.pipeline.prepare_many([(h.request, v) for h, _, v in ready])
+            results = self.pipeline.prepare_many([h.request for h, _ in ready])
         except Exception as exc:
             log.warning("planning %d requests together failed (%s: %s); planning them one by one",
                         len(ready), type(exc).__name__, exc)
             return
-        for (handle, deliver, _), result in zip(ready, results):
+        for (handle, deliver), result in zip(ready, results):
             self._admitting.remove((handle, deliver))
             if isinstance(result, Exception):
                 self.pipeline.drop(handle.request_id)
@@ -373,7 +371,7 @@ class Worker:
             return
         try:
             self._hook(handle.request_id, "plan")
-            prepared = self.pipeline.prepare(handle.request, self.voice_index(handle.request.voice))
+            prepared = self.pipeline.prepare(handle.request)
         except Exception as exc:
             self.pipeline.drop(handle.request_id)
             self._planning_failed(handle, deliver, exc)

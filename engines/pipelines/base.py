@@ -123,10 +123,12 @@ class Pipeline(Protocol):
     graphed: tuple  # the CUDA-graph wrappers it replays (``capture_all()``, ``late_captures`` each)
     chunking: Chunking  # how its frames gather into vocoder chunks (the scheduler sizes them)
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
-        """Admission-time work (nothing enters a slot). Raises for a request this pipeline cannot serve."""
+    def prepare(self, request: SynthesisRequest) -> Prepared:
+        """Admission-time work on a request as the engine checked and planned it (its voice
+        canonical, its text tokenized, its frame budget: nothing is resolved again; nothing enters
+        a slot). Raises for a request this pipeline cannot serve."""
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[Prepared | Exception]:
+    def prepare_many(self, requests: list[SynthesisRequest]) -> list[Prepared | Exception]:
         """``prepare`` for several requests at once; per request its :class:`Prepared` or the
         exception that rejects it (the others are prepared)."""
 
@@ -146,8 +148,8 @@ class Pipeline(Protocol):
         """The request languages this pipeline accepts; None: any."""
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
-        """The request with its text tokenized (``prompt_ids``), done once, at validation;
-        ValueError when its prompt could never be served (too long for the model)."""
+        """The request (planned: engines.contract.SynthesisEngine.plan) checked to fit: ValueError
+        when its prompt could never be served (too long for the model)."""
 
     def kv_cache_stats(self) -> dict[str, float]:
         """The KV pool's figures (blocks total/used, admission waits); empty without a pool."""

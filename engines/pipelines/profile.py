@@ -6,7 +6,7 @@ checkpoint) and a ``build(setup) -> Adapter``, listed once in :mod:`engines.pipe
 :class:`Registration`. The adapter pairs the pipeline (the seam of
 :mod:`engines.pipelines.base`: steps that emit code frames) with its profile: the loaded model's
 policy that is not a step - its voices and aliases, what it can do (``EngineCapabilities``),
-the model-dependent request rules, the work a request plans, the seed of an unseeded request,
+the model-dependent request rules, a request's plan (its ids, its frame budget) and the work it plans, the seed of an unseeded request,
 its warm-up request, its voice features. The engine (engines/core/engine.py) is a facade over
 the two and never asks which pipeline it holds.
 """
@@ -89,13 +89,15 @@ class Profile:
         valid = ", ".join(sorted(set(self.voices) | set(self.voice_aliases)))
         raise InvalidRequest("voice", f"unknown voice {str(name)[:64]!r}; valid voices: {valid}")
 
-    def voice_index(self, name: str) -> int:
-        """The row of ``name``'s voice in the model's voice table (0 without preset voices)."""
-        return self.voices.index(self.resolve_voice(name)) if self.capabilities.preset_voices else 0
-
     def validate(self, request: SynthesisRequest, complete: bool) -> None:
         """The rules of the loaded release beyond voice, language and live text (which the engine
         checks from the capabilities); InvalidRequest naming the field."""
+
+    def plan(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` with what this model plans before it is submitted (its text's ids, its frame
+        budget), each unless it carries them: the one place it is planned. A model that plans its
+        frames at admission (the DiT) plans nothing here."""
+        return request
 
     def planned_work(self, request: SynthesisRequest) -> PlannedWork:
         raise NotImplementedError
@@ -103,10 +105,6 @@ class Profile:
     def default_seed(self) -> int:
         """The seed of a request that names none."""
         return 0
-
-    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
-        """``request`` with its text tokenized, for a pipeline whose prompt is text ids."""
-        return request
 
     def warmup_fields(self) -> dict:
         """The fields a warm-up request needs besides its text and voice."""

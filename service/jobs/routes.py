@@ -17,11 +17,10 @@ import logging
 
 from aiohttp import web
 
-from engines.contract import Priority
 from service.access.auth import job_owner
 from service.access.limits import client_identity
 from service.errors import ApiError, StoreUnavailable, invalid_field
-from service.http.admission import read_work_request
+from service.http.body import read_work_request
 from service.http.middleware import log_at_debug
 from service.jobs.progress import planned_frames
 from service.jobs.runner import JobRunner
@@ -35,10 +34,10 @@ from service.jobs.store.base import (
 from service.state import REQUEST_ID, STATE_KEY
 from service.synthesis.audio import CONTENT_TYPES
 from service.synthesis.numbers import whole_number
-from service.synthesis.params import JobBody
-from service.synthesis.plan import off_loop
-from service.synthesis.submit import prepare
-from service.voices.clones import job_voice_scope, scoped_clone, voice_clone_of
+from service.synthesis.params import JobBody, check_params, parse_body
+from service.synthesis.plan import check_work, off_loop
+from service.synthesis.submit import check_plan
+from service.voices.clones import job_voice_scope, scoped_clone, voice_for
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -79,19 +78,22 @@ def job_body_bytes(settings) -> int:
 
 async def create_job(request: web.Request) -> web.Response:
     settings = request.app[STATE_KEY].settings
-    state, body, plan = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)), JobBody,
-                                                max_chars=settings.max_job_chars, job=True)
+    state, _, raw = await read_work_request(request.clone(client_max_size=job_body_bytes(settings)))
+    body = parse_body(JobBody, raw, settings.max_job_chars)
+    body = body.model_copy(update={"voice": check_params(state.engine, body.params).voice})
     store = _store(request)
     quota_mb = state.settings.jobs_disk_quota_mb
     if quota_mb and await store.stored_bytes() >= quota_mb * 1024 * 1024:
         raise ApiError(507, "storage_full", f"what the jobs keep uses its whole quota ({quota_mb:g} MB, "
                                             "--jobs-disk-quota-mb); download and delete old jobs or wait for retention")
-    clone = await voice_clone_of(request, body.voice)  # the one voice resolver: a saved voice, or None
+    clone = (await voice_for(request, body.voice)).clone  # the one voice resolver: a saved voice, or None
     if clone is None and state.engine.capabilities.task_type == "Base":
         raise ApiError(400, "invalid_field", "voice: jobs on a voice-clone (Base) checkpoint need a saved voice "
                                              "(POST /v1/audio/voices), named by voice")
-    # Checked now as it will run (and tokenized once: the runner here reuses the ids).
-    prepared = await off_loop(body.input, prepare, state.engine, "job", plan, Priority.BATCH, clone=clone)
+    # Planned and checked now as it will run (the runner here reuses the plan: its ids and budgets).
+    plan = await off_loop(body.input, check_work, state.engine, body.input, body.params, settings, clone=clone,
+                          job_format=body.response_format)
+    await off_loop(body.input, check_plan, state.engine, plan)
     owner, _ = _owner(request)
     if owner is None:  # auth off: the job is counted (and scheduled fairly) by the client's address
         owner = client_identity(request, request.app[STATE_KEY].api_keys)
@@ -99,7 +101,7 @@ async def create_job(request: web.Request) -> web.Response:
     planned = planned_frames(plan)  # progress from the first poll
     job = await store.create(body.model_dump(exclude_none=True), owner=owner, frames_total=sum(planned),
                              utterances_total=len(plan.parts))
-    if prepared.request is not None:  # one utterance: its run here reuses its plan (and ids)
+    if plan.as_sent:  # one utterance: its run here reuses its plan (and ids)
         _runner(request).remember(job.id, plan)
     _runner(request).wake()
     log.info("job %s queued (request %s, %d chars)", job.id, request[REQUEST_ID], len(body.input))

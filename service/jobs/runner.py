@@ -50,7 +50,7 @@ from service.synthesis.plan import RequestPlan, check_work, off_loop
 from service.synthesis.schema import FieldError
 from service.synthesis.sequence import UtteranceSequence
 from service.synthesis.spool import AudioSpool
-from service.synthesis.submit import open_sequence, prepare
+from service.synthesis.submit import open_sequence
 
 log = logging.getLogger("streamvox.jobs")
 
@@ -265,7 +265,8 @@ class JobRunner:
             clone = await self.voice_clone(params.voice, job.owner) if self.voice_clone is not None else None
             text = job.params["input"]
             plan = self._plans.pop(job.id, None) or await off_loop(  # (posted here as one utterance: planned then)
-                text, check_work, self.state.engine, text, params, self.state.settings, job_format=job.response_format)
+                text, check_work, self.state.engine, text, params, self.state.settings, job_format=job.response_format,
+                clone=clone)
             parts = plan.parts
             planned = planned_frames(plan)
             # the segments an earlier attempt finished of this same plan: it resumes after them
@@ -273,10 +274,9 @@ class JobRunner:
                                                                           len(parts)))
             stream = None
             if len(kept) < len(parts):
-                prepared = await off_loop(text, prepare, self.state.engine, attempt, plan.after(len(kept)),
-                                          Priority.BATCH, clone=clone, tenant=job.owner or "jobs",
-                                          timestamps=True)  # word times for captions, where an aligner is loaded
-                stream = open_sequence(self.state, prepared, high_water=1 << 30,
+                stream = open_sequence(self.state, plan.after(len(kept)), attempt, Priority.BATCH,
+                                       tenant=job.owner or "jobs", high_water=1 << 30,
+                                       timestamps=True,  # word times for captions, where an aligner is loaded
                                        after=parts[len(kept) - 1] if kept else None)
         except ApiError as exc:
             if exc.status in RETRY_LATER:  # the engine is full (or not running): the job waits

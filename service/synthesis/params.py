@@ -5,14 +5,11 @@ voices), and the engine request built from validated parameters."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any, Mapping, TypeVar
 
 from engines.checkpoints.hub import parse_model_id
 from engines.contract import (
     EngineError,
-    PlannedWork,
-    Priority,
     SynthesisEngine,
     SynthesisRequest,
     TextFeed,
@@ -35,9 +32,8 @@ from service.synthesis.schema import (
 
 M = TypeVar("M", bound=Strict)
 
-__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "build_request", "check_model", "check_text", "engine_params",
-           "parse", "parse_body", "plan_request", "planned_work", "public_model_name", "resolve_voice",
-           "served_model_names", "update_params"]
+__all__ = ["JobBody", "SpeechBody", "SynthesisParams", "check_model", "check_text", "engine_params", "engine_request",
+           "check_params", "parse", "parse_body", "public_model_name", "served_model_names", "update_params"]
 
 def parse(model: type[M], data: Mapping[str, Any], **context: Any) -> M:
     """``model`` from ``data``; raises ApiError(400, ``invalid_field`` / ``text_too_long``)."""
@@ -65,15 +61,15 @@ def engine_params(engine: SynthesisEngine, params: SynthesisParams) -> tuple[Syn
     return params.model_copy(update={"speed": 1.0}), params.speed
 
 
-def resolve_voice(engine: SynthesisEngine, params: SynthesisParams, live_text: bool = False) -> SynthesisParams:
-    """``params`` with the canonical voice name, checked against the loaded model now (not
-    when the work starts) by :meth:`SynthesisEngine.validate` on the fields present (voice,
-    language, task fields; ``live_text``: whether text may arrive live). The text is the
-    request's, checked (and tokenized) when it is prepared (:mod:`service.synthesis.submit`).
-    ApiError(400) naming the field; an unknown voice's message lists the valid ones."""
-    request = build_request("config", "", engine_params(engine, params)[0], Priority.BATCH)
-    if live_text:
-        request = replace(request, text_feed=TextFeed())
+def check_params(engine: SynthesisEngine, params: SynthesisParams, *, clone: VoiceClone | None = None,
+                 live_text: bool = False) -> SynthesisParams:
+    """``params`` (with the voice prompt ``clone``) checked against the loaded model now, not when
+    the work starts, by :meth:`SynthesisEngine.validate` on the fields present (voice, language,
+    task fields; ``live_text``: whether text may arrive live); returned with the model's name for
+    the voice. The text is the request's, planned and checked when it is submitted
+    (:mod:`service.synthesis.plan`, :mod:`service.synthesis.submit`). ApiError(400) naming the
+    field; an unknown voice's message lists the valid ones."""
+    request = engine_request(engine, params, clone=clone, text_feed=TextFeed() if live_text else None)
     try:
         voice = engine.validate(request, complete=False).voice
     except EngineError as exc:
@@ -81,12 +77,11 @@ def resolve_voice(engine: SynthesisEngine, params: SynthesisParams, live_text: b
     return params if voice == params.voice else params.model_copy(update={"voice": voice})
 
 
-def parse_body(model: type[M], body: Mapping[str, Any], engine: SynthesisEngine, max_chars: int) -> M:
-    """A speech or job body: its fields validated, its voice resolved, its format available."""
+def parse_body(model: type[M], body: Mapping[str, Any], max_chars: int) -> M:
+    """A speech or job body: its fields validated, its format available."""
     parsed = parse(model, body, max_chars=max_chars)
     check_format(parsed.response_format)  # libsndfile may lack mp3 / opus: format_unavailable
-    voice = resolve_voice(engine, parsed.params).voice
-    return parsed if voice == parsed.voice else parsed.model_copy(update={"voice": voice})
+    return parsed
 
 
 def served_model_names(checkpoint: str | None) -> tuple[str, ...]:
@@ -122,35 +117,19 @@ def check_model(model: str, checkpoint: str | None) -> None:
                                              "release name such as Qwen/Qwen3-TTS-12Hz-0.6B-Base")
 
 
-def update_params(params: SynthesisParams, fields: Mapping[str, Any], engine: SynthesisEngine,
-                  live_text: bool = False) -> SynthesisParams:
-    """A WebSocket ``session.config``: the fields present change ``params`` (``live_text``: the
-    session's text arrives live)."""
+def update_params(params: SynthesisParams, fields: Mapping[str, Any]) -> SynthesisParams:
+    """A WebSocket ``session.config``: the fields present change ``params`` (ApiError(400) naming
+    a field out of range)."""
     try:
-        updated = params.update(fields)
+        return params.update(fields)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
-    return resolve_voice(engine, updated, live_text)
 
 
-def build_request(request_id: str, text: str, params: SynthesisParams, priority: Priority,
-                  clone: VoiceClone | None = None, tenant: str = "") -> SynthesisRequest:
-    """The engine request. ``tenant``: who asked (:func:`service.access.limits.client_identity`), for
-    fair slot ordering; an absent ``seed`` stays ``None``: the engine picks (the talker a fresh
-    random seed per request, the DiT seed 0)."""
-    return SynthesisRequest(id=request_id, text=text, priority=priority, clone=clone, tenant=tenant,
-                            **params.model_dump())
-
-
-def plan_request(engine: SynthesisEngine, text: str, params: SynthesisParams,
-                 prompt_ids: tuple[int, ...] | None = None) -> SynthesisRequest:
-    """The request whose work is counted before it is submitted (its text's ids when known)."""
-    request = build_request("plan", text, engine_params(engine, params)[0], Priority.BATCH)
-    return request if prompt_ids is None else replace(request, prompt_ids=prompt_ids)
-
-
-def planned_work(engine: SynthesisEngine, text: str, params: SynthesisParams,
-                 prompt_ids: tuple[int, ...] | None = None) -> PlannedWork:
-    """The engine's own count of what this request will cost (vocoder frames, model steps and
-    their unit), without running the model (on ``prompt_ids`` when given: not tokenized again)."""
-    return engine.planned_work(plan_request(engine, text, params, prompt_ids))
+def engine_request(engine: SynthesisEngine, params: SynthesisParams, *, clone: VoiceClone | None = None,
+                   text_feed: TextFeed | None = None) -> SynthesisRequest:
+    """What every engine request of a text shares, built from validated ``params`` as the engine
+    takes them (:func:`engine_params`), with the voice prompt ``clone`` and a live ``text_feed``;
+    its id, text and plan come later (service/synthesis/plan.py, submit.py). An absent ``seed``
+    stays ``None``: the engine picks (the talker a fresh random seed per request, the DiT seed 0)."""
+    return SynthesisRequest(id="", text="", clone=clone, text_feed=text_feed, **engine_params(engine, params)[0].model_dump())

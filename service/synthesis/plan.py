@@ -1,8 +1,13 @@
 """A request planned once, before any engine time, on every surface (speech, jobs, every socket).
 
-    plan = check_work(engine, text, params, settings)   # a RequestPlan, checked against the work limits
-    plan.parts          # (Utterance("First sentences.", ids, start=0, frames=310), Pause(0.5), ...)
+    plan = check_work(engine, text, params, settings, clone=clone)   # a RequestPlan, checked against the limits
+    plan.parts          # (Utterance("First sentences.", request, start=0, frames=310), Pause(0.5), ...)
     plan.audio_frames   # what the whole request plans: its utterances (after speed) and its pauses
+
+Each utterance carries its engine request as the engine planned it (``engine.plan``: its text's
+ids, its frame budget) with what every utterance of the request shares (``params`` with the voice
+as resolved, sampling, the voice prompt ``clone``, a live ``text_feed``): it is submitted as it is
+(service/synthesis/submit.py), and the engine checks it once, at submit, and plans nothing again.
 
 A talker speaks one utterance per engine request, each with a frame budget from its own text
 (engines/pipelines/talker/budget.py). Text whose budget is over ``--utterance-max-frames`` (or
@@ -13,12 +18,16 @@ settings and seed (service/synthesis/sequence.py plays them as one stream). Text
 left exactly as sent: the same request as before, the same audio. Long utterances drift in
 voice and prosody, and one that never ends can only waste its own budget.
 
-The DiT plans its own clauses from the whole text, so its text stays one utterance unless one
+A model that plans its own frames (the DiT: no frame budget) plans its clauses from the whole
+text, so its text stays one utterance unless one
 engine request could not take it (over the per-request work limits: a long job), when it is cut
 the same way into utterances that each fit.
 
 ``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag, read by service/synthesis/breaks.py)
 is a :class:`Pause`: that much silence between the utterances around it, on every pipeline.
+
+``sentences``: one utterance per sentence at least (engines/sentences.py ``split_sentences``), as
+the voice-agent vendors' sockets speak text; their HTTP calls plan it so too.
 
 The limits hold for the whole plan (:func:`check_limits`): its text's frames and its pauses',
 after speed, under ``--max-work-audio-frames`` (a job: ``--max-job-audio-frames``), however the
@@ -33,29 +42,36 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Union
+from typing import Union
 
-from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME, PlannedWork, SynthesisEngine
-from engines.sentences import pack_sentences
+from engines.contract import (
+    SAMPLE_RATE,
+    SAMPLES_PER_FRAME,
+    PlannedWork,
+    SynthesisEngine,
+    SynthesisRequest,
+    TextFeed,
+    VoiceClone,
+)
+from engines.sentences import pack_sentences, split_sentences
 from service.errors import ApiError
 from service.synthesis.breaks import BreakTags, Pause, break_tag, split_breaks  # noqa: F401 (re-exported)
-from service.synthesis.params import SynthesisParams, engine_params, plan_request, planned_work
+from service.synthesis.params import SynthesisParams, engine_params, engine_request
 from service.synthesis.schema import FieldError, require_unicode
 
 
-UNCAPPED = 2**31 - 1  # max_new_tokens when a piece's budget is measured: its text's alone
 WAV_MAX_DATA_BYTES = 2**32 - 1 - 36  # a RIFF file's sizes are 32-bit: what its data chunk can hold
 
 
 @dataclass(frozen=True)
 class Utterance:
-    """One utterance of a planned text, with its text ids when they were counted (the engine's
-    ``with_prompt_ids``): it is served with them, not tokenized again. ``start``: where its text
-    starts in the request's text; ``frames`` / ``model_steps``: the work its engine request
-    plans (the engine's count, before a service-side speed stretch)."""
+    """One utterance of a planned text and its engine request, planned (see the module docstring;
+    its id is given when it is submitted). ``start``: where its text starts in the request's text;
+    ``frames`` / ``model_steps``: the work its request plans (the engine's count, before a
+    service-side speed stretch)."""
 
     text: str
-    prompt_ids: tuple[int, ...] | None = None
+    request: SynthesisRequest
     start: int = 0
     frames: int = 0
     model_steps: int = 0
@@ -85,6 +101,11 @@ class RequestPlan:
         return tuple(part for part in self.parts if isinstance(part, Utterance))
 
     @property
+    def as_sent(self) -> bool:
+        """The text is spoken as one utterance, exactly as sent (no pause, nothing trimmed or cut)."""
+        return len(self.parts) == 1 and isinstance(self.parts[0], Utterance) and self.parts[0].text == self.text
+
+    @property
     def speech_frames(self) -> int:
         """The utterances' audio frames, after the service's stretch."""
         frames = sum(u.frames for u in self.utterances)
@@ -109,81 +130,82 @@ class RequestPlan:
         return replace(self, parts=self.parts[done:])
 
 
-def utterance_limit(engine: SynthesisEngine, params: SynthesisParams, settings) -> int:
-    """The text budget one planned talker utterance may have: ``--utterance-max-frames``, and not
-    over the per-utterance work limit (``--max-work-talker-steps``, 0 = none) unless
-    ``max_new_tokens`` (the request's, else the model's) already caps every utterance under it."""
-    steps = settings.max_work_talker_steps
-    max_new = params.max_new_tokens or engine.capabilities.max_new_tokens
-    if not steps or (max_new is not None and max_new - 1 <= steps):
-        return settings.utterance_max_frames
-    return min(settings.utterance_max_frames, steps)
-
-
-def utterance_fits(engine: SynthesisEngine, params: SynthesisParams, settings) -> Callable[[PlannedWork], bool]:
-    """Whether text whose own work (its text's, whatever ``max_new_tokens`` caps) is ``work`` is
-    spoken as one utterance. A model that decodes until it samples an end (a talker: the one with
-    a ``max_new_tokens``) drifts over long utterances: its own keep to :func:`utterance_limit`.
-    Any other model's keep to what one engine request may cost (the per-request work limits)."""
-    if engine.capabilities.max_new_tokens is not None:
-        limit = utterance_limit(engine, params, settings)
-        return lambda work: work.model_steps <= limit
+def utterance_fits(request: SynthesisRequest, work: PlannedWork, settings) -> bool:
+    """Whether text planned as ``request`` (its ``work``) is spoken as one utterance. A model that
+    decodes until it samples an end (a talker: it plans a frame budget) drifts over long
+    utterances: its text's own budget (whatever ``max_new_tokens`` caps) keeps to
+    ``--utterance-max-frames``, and the frames it may run to the per-utterance work limit
+    (``--max-work-talker-steps``, 0 = none). Any other model's keep to what one engine request may
+    cost (the per-request work limits)."""
+    budget = request.budget
+    if budget is not None:
+        steps = settings.max_work_talker_steps
+        own = budget.frames if budget.text_frames is None else budget.text_frames
+        return own <= settings.utterance_max_frames and (not steps or budget.frames <= steps)
     frames, steps = settings.max_work_audio_frames, settings.max_work_frame_steps
-    return lambda work: (not frames or work.audio_frames <= frames) and (not steps or work.model_steps <= steps)
+    return (not frames or work.audio_frames <= frames) and (not steps or work.model_steps <= steps)
 
 
-def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, settings) -> RequestPlan:
+def plan_text(engine: SynthesisEngine, text: str, params: SynthesisParams, settings, *,
+              clone: VoiceClone | None = None, text_feed: TextFeed | None = None,
+              sentences: bool = False) -> RequestPlan:
     """``text`` as the parts it is spoken in, in order (see the module docstring): its break tags
-    are pauses, and the text between them is cut into utterances that fit."""
-    planner = _UtterancePlanner(engine, params, settings)
+    are pauses, and the text between them is cut into utterances that fit (``sentences``: at every
+    sentence end too). ``params``: validated, the voice resolved (service/voices/clones.py)."""
+    planner = _UtterancePlanner(engine, engine_request(engine, params, clone=clone, text_feed=text_feed), settings)
     pieces = split_breaks(text)
-    if not any(isinstance(piece, Pause) for piece in pieces):
+    if not any(isinstance(piece, Pause) for piece in pieces) and not sentences:
         parts: list[Part] = list(planner.utterances(text, 0))
     else:
         parts = []
         for piece, at in zip(pieces, _piece_starts(text, pieces)):
             if isinstance(piece, Pause):
                 parts.append(piece)
-            elif piece.strip():
-                parts += planner.utterances(piece.strip(), at + len(piece) - len(piece.lstrip()))
+                continue
+            spoken = _sentences(piece) if sentences else [piece.strip()] if piece.strip() else []
+            for sentence, start in zip(spoken, _starts(piece, spoken)):
+                parts += planner.utterances(sentence, at + start)
     return RequestPlan(text, params, tuple(parts), planner.step_unit, engine_params(engine, params)[1],
                        ends_itself=engine.capabilities.max_new_tokens is not None)
 
 
 class _UtterancePlanner:
     """Text (no breaks) as the utterances it is spoken in: as it is, or cut at sentence ends when
-    it does not fit one (:func:`utterance_fits`); each piece measured is tokenized once."""
+    it does not fit one (:func:`utterance_fits`); each piece measured is planned once by the engine
+    (its ids, its frame budget), and a piece kept is submitted as it was planned."""
 
-    def __init__(self, engine: SynthesisEngine, params: SynthesisParams, settings):
-        self.engine, self.params = engine, params
-        self.fits = utterance_fits(engine, params, settings)
-        # the text's own budget, whatever max_new_tokens caps each utterance at
-        self.template = replace(plan_request(engine, "", params), max_new_tokens=UNCAPPED)
-        self.counted: dict[str, tuple[tuple[int, ...] | None, PlannedWork]] = {}
+    def __init__(self, engine: SynthesisEngine, template: SynthesisRequest, settings):
+        self.engine, self.template, self.settings = engine, template, settings
+        self.planned: dict[str, tuple[SynthesisRequest, PlannedWork]] = {}
         self.step_unit = ""
 
-    def _own_work(self, piece: str) -> PlannedWork:
-        if piece not in self.counted:
-            ids = self.engine.with_prompt_ids(replace(self.template, text=piece)).prompt_ids
-            self.counted[piece] = ids, self.engine.planned_work(replace(self.template, text=piece, prompt_ids=ids))
-        return self.counted[piece][1]
+    def _planned(self, piece: str) -> tuple[SynthesisRequest, PlannedWork]:
+        if piece not in self.planned:
+            request = self.engine.plan(replace(self.template, text=piece))
+            self.planned[piece] = request, self.engine.planned_work(request)
+        return self.planned[piece]
 
-    def _piece_fits(self, piece: str) -> bool:
-        return self.fits(self._own_work(piece))
+    def _fits(self, piece: str) -> bool:
+        return utterance_fits(*self._planned(piece), self.settings)
 
     def utterances(self, text: str, start: int) -> list[Utterance]:
         """``text``, which starts at ``start`` of the request's text, as utterances."""
-        if self._piece_fits(text):
+        if self._fits(text):
             pieces = [text]
         else:  # (pack_sentences on a yes/no measure: 1 fits, 2 does not)
-            pieces = pack_sentences(text, 1, lambda piece: 1 if self._piece_fits(piece) else 2) or [text]
+            pieces = pack_sentences(text, 1, lambda piece: 1 if self._fits(piece) else 2) or [text]
         out = []
         for piece, at in zip(pieces, _starts(text, pieces)):
-            ids = self.counted[piece][0] if piece in self.counted else None
-            work = planned_work(self.engine, piece, self.params, ids)  # capped by the request's max_new_tokens
+            request, work = self._planned(piece)
             self.step_unit = work.step_unit
-            out.append(Utterance(piece, ids, start + at, work.audio_frames, work.model_steps))
+            out.append(Utterance(piece, request, start + at, work.audio_frames, work.model_steps))
         return out
+
+
+def _sentences(text: str) -> list[str]:
+    """``text``'s sentences, stripped, the undecided rest last (as a socket's round ends)."""
+    found, rest = split_sentences(text)
+    return found + ([rest.strip()] if rest.strip() else [])
 
 
 def _starts(text: str, pieces: list[str]) -> list[int]:
@@ -236,16 +258,16 @@ async def off_loop(text: str, call, *args, **kwargs):
 
 
 def check_work(engine: SynthesisEngine, text: str, params: SynthesisParams, settings,
-               job_format: str | None = None) -> RequestPlan:
-    """``text`` planned (:func:`plan_text`) and checked before any engine time
-    (:func:`check_limits`; ``job_format``: a job's, spoken into one file of that format). Text
-    that is not valid Unicode never reaches the engine (every route validated it already; this
-    is the last gate, a 400 whatever the route)."""
+               job_format: str | None = None, **plan) -> RequestPlan:
+    """``text`` planned (:func:`plan_text`, with ``plan``'s ``clone``, ``text_feed`` and
+    ``sentences``) and checked before any engine time (:func:`check_limits`; ``job_format``: a
+    job's, spoken into one file of that format). Text that is not valid Unicode never reaches
+    the engine (every route validated it already; this is the last gate, a 400 whatever the route)."""
     try:
         require_unicode("text", text)
     except FieldError as exc:
         raise ApiError(400, exc.code, str(exc)) from None
-    plan = plan_text(engine, text, params, settings)
+    plan = plan_text(engine, text, params, settings, **plan)
     check_limits(plan, settings, job_format)
     return plan
 
@@ -255,7 +277,7 @@ def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> 
     utterance after speed, every pause) is over ``--max-work-audio-frames`` (a job:
     ``--max-job-audio-frames``, and a WAV job what a WAV file holds); when the whole plan is over
     ``--max-work-frame-steps`` (DiT; a job: ``--max-job-frame-steps``); when one utterance may
-    run more than ``--max-work-talker-steps`` (talker). 0 = no limit."""
+    run more than ``--max-work-talker-steps`` (a model of frame budgets: the talker). 0 = no limit."""
     job = job_format is not None
     talker = plan.ends_itself
     frames = plan.audio_frames
@@ -292,4 +314,4 @@ def check_limits(plan: RequestPlan, settings, job_format: str | None = None) -> 
 
 
 __all__ = ["BreakTags", "Part", "Pause", "RequestPlan", "Utterance", "break_tag", "check_limits", "check_work",
-           "off_loop", "plan_text", "split_breaks", "utterance_fits", "utterance_limit"]
+           "off_loop", "plan_text", "split_breaks", "utterance_fits"]

@@ -94,6 +94,9 @@ class UtteranceSequence:
         # (from its start, its characters in the plan's text; None when it has none), for a reader
         # that keeps parts apart (a job).
         self.ended_part_alignment: Alignment | None = None
+        # ... and that part's word times as the engine gave them (from its start, in its own text),
+        # with where it starts on the stream's clock (ms), for a reader that reports each utterance's
+        self.ended_part_words: tuple[Alignment, float] | None = None
 
     # -- ChunkStream's interface ---------------------------------------------------------
     @property
@@ -140,7 +143,7 @@ class UtteranceSequence:
     async def next_chunk(self) -> AudioChunk:
         """The next chunk; every part ends with a chunk of its own (possibly empty), so each
         chunk's audio belongs to one part: the one ``parts_done`` counts once it has ended."""
-        self.ended_part_alignment = None
+        self.ended_part_alignment = self.ended_part_words = None
         while True:
             part = self.parts[self.part]
             if self._cancelled and self.part not in self._streams:
@@ -172,6 +175,8 @@ class UtteranceSequence:
             else:
                 self._aligned_all = False
             self.ended_part_alignment = alignment
+            if chunk.alignment is not None:
+                self.ended_part_words = chunk.alignment, self._part_start * 1000.0 / SAMPLE_RATE
             return self._advance(chunk, pcm)
 
     def cancel(self) -> None:

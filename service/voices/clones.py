@@ -9,8 +9,8 @@ job runner all ask here; the saved-voice routes (service/voices/routes.py) store
   process), refused with a 4xx naming the problem when it is not allowed or decodable, empty,
   silent, shorter than 1 s, longer than ``--max-ref-audio-seconds`` or larger than
   ``--max-ref-audio-mb``.
-* :func:`clone_for` - a speech body's voice prompt: inline ``ref_audio`` first (it wins over a
-  ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
+* :func:`voice_for` - a request's voice, resolved once: inline ``ref_audio`` first (it wins over
+  a ``voice`` that names no saved voice, as vllm-omni clients send ``voice: "vivian"`` with it),
   else what :func:`find_voice` - the one voice resolver of every route and socket - finds for
   ``voice``: a voice of the model, or a saved voice. Features come from ``engine.voice_features`` (computed
   once per content, off the event loop) or from the store.
@@ -108,31 +108,6 @@ def content_key(audio: np.ndarray) -> str:
     return hashlib.sha256(audio.tobytes()).hexdigest()
 
 
-async def clone_for(request: web.Request, voice: str, fields: CloneFields) -> VoiceClone | None:
-    """The ``clone`` a speech body or WebSocket ``session.config`` asks for (see the module
-    docstring): inline ``fields.ref_audio``, else the saved voice named ``voice``; None when
-    neither names one."""
-    state = request.app[STATE_KEY]
-    settings = state.settings
-    x_only = bool(fields.x_vector_only_mode)
-    if fields.ref_audio is not None:
-        max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
-        if is_url(fields.ref_audio):  # only under the operator's prefixes (--ref-audio-url-prefixes)
-            data = await fetch_reference(fields.ref_audio, settings.ref_audio_url_prefixes, max_bytes)
-        else:
-            data = decode_base64_audio(fields.ref_audio, max_bytes)
-        audio = await decode_reference(data, settings.max_ref_audio_seconds)
-        if not x_only and not (fields.ref_text or "").strip():
-            raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
-                                                 "(or x_vector_only_mode: true)")
-        features = await features_of(state.engine, audio)
-        if x_only:
-            return VoiceClone(features.xvector, key=content_key(audio))
-        return VoiceClone(features.xvector, features.codes, fields.ref_text, key=content_key(audio))
-    clone = await voice_clone_of(request, voice)  # None: a voice of the model (Base's "default": ref_audio follows)
-    return VoiceClone(clone.xvector, key=clone.key) if x_only and clone is not None else clone
-
-
 @dataclass(frozen=True)
 class Voice:
     """A voice the caller may name on the loaded release (:func:`find_voice`)."""
@@ -140,6 +115,42 @@ class Voice:
     name: str  # the model's canonical name for it, or the saved voice's
     clone: VoiceClone | None = None  # a saved voice's prompt
     needs_reference: bool = False  # Base's own "default": it speaks only with the request's ref_audio
+
+
+async def voice_for(request: web.Request, name: str, fields: CloneFields | None = None) -> Voice:
+    """The voice a speech body, a WebSocket ``session.config`` or a job names, resolved once (its
+    result travels in the request plan, service/synthesis/plan.py): inline ``fields.ref_audio``
+    first (it wins over a ``name`` that names no saved voice, as vllm-omni clients send ``voice:
+    "vivian"`` with it), else what :func:`find_voice` finds for ``name``; ApiError(400) for a name
+    that is neither. Raises StoreUnavailable while a shared store's database is down."""
+    if fields is not None and fields.ref_audio is not None:
+        return Voice(name, await inline_clone(request.app[STATE_KEY], fields))
+    found = await find_voice(request, name)
+    if found is None:
+        raise ApiError(400, "invalid_field", f"voice: {name[:64]!r} is not a voice of this server; "
+                                             f"{voice_choices(request.app[STATE_KEY].engine)}")
+    if fields is not None and fields.x_vector_only_mode and found.clone is not None:
+        return Voice(found.name, VoiceClone(found.clone.xvector, key=found.clone.key))
+    return found
+
+
+async def inline_clone(state, fields: CloneFields) -> VoiceClone:
+    """The clone of inline reference audio (see the module docstring)."""
+    settings = state.settings
+    max_bytes = int(settings.max_ref_audio_mb * (1 << 20))
+    if is_url(fields.ref_audio):  # only under the operator's prefixes (--ref-audio-url-prefixes)
+        data = await fetch_reference(fields.ref_audio, settings.ref_audio_url_prefixes, max_bytes)
+    else:
+        data = decode_base64_audio(fields.ref_audio, max_bytes)
+    audio = await decode_reference(data, settings.max_ref_audio_seconds)
+    x_only = bool(fields.x_vector_only_mode)
+    if not x_only and not (fields.ref_text or "").strip():
+        raise ApiError(400, "invalid_field", "ref_text: in-context cloning needs the transcript of ref_audio "
+                                             "(or x_vector_only_mode: true)")
+    features = await features_of(state.engine, audio)
+    if x_only:
+        return VoiceClone(features.xvector, key=content_key(audio))
+    return VoiceClone(features.xvector, features.codes, fields.ref_text, key=content_key(audio))
 
 
 async def find_voice(request: web.Request, name: str) -> Voice | None:
@@ -169,21 +180,12 @@ async def find_voice(request: web.Request, name: str) -> Voice | None:
     return Voice(engine.resolve_voice(name))
 
 
-async def voice_clone_of(request: web.Request, voice: str) -> VoiceClone | None:
-    """The saved voice's prompt that ``voice`` names (None: a voice of the model); ApiError(400)
-    for a name that is neither (:func:`find_voice`)."""
-    found = await find_voice(request, voice)
-    if found is None:
-        raise ApiError(400, "invalid_field", f"voice: {voice[:64]!r} is not a voice of this server; "
-                                             f"{voice_choices(request.app[STATE_KEY].engine)}")
-    return found.clone
-
-
 def voice_choices(engine: SynthesisEngine) -> str:
     """What a client may name instead of a voice that does not exist, for error messages."""
     capabilities = engine.capabilities
     if capabilities.preset_voices:
-        return f"use one of {', '.join(capabilities.voices)} (or an alias: GET /v1/voices) or a saved voice"
+        names = sorted(set(capabilities.voices) | set(capabilities.voice_aliases))
+        return f"use one of {', '.join(names)} (GET /v1/voices) or a saved voice"
     return "use a saved voice (POST /v1/audio/voices uploads one)"
 
 
@@ -208,6 +210,6 @@ async def scoped_clone(app: web.Application, voice: str, scope: VoiceScope) -> V
     return VoiceClone(saved.xvector, saved.codes, saved.ref_text, key=saved.audio_sha256)
 
 
-__all__ = ["VOICE_STORE_KEY", "Voice", "VoiceScope", "audio_error", "clone_for", "content_key", "decode_base64_audio",
-           "features_of", "find_voice", "job_voice_scope", "saved_clone", "scoped_clone", "voice_choices",
-           "voice_clone_of", "voice_scope"]
+__all__ = ["VOICE_STORE_KEY", "Voice", "VoiceScope", "audio_error", "content_key", "decode_base64_audio",
+           "features_of", "find_voice", "inline_clone", "job_voice_scope", "saved_clone", "scoped_clone", "voice_choices",
+           "voice_for", "voice_scope"]

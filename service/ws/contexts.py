@@ -26,17 +26,10 @@ import numpy as np
 from aiohttp import WSCloseCode, web
 
 from service.state import AppState
+from service.synthesis.events import AlignmentReady, Audio, StreamBehind, UtteranceTruncated
+from service.voices.clones import Voice
 from service.ws.core import SessionCore
-from service.ws.events import (
-    AlignmentReady,
-    Audio,
-    RoundDone,
-    SessionClosed,
-    SessionError,
-    SessionSink,
-    UtteranceDone,
-    UtteranceStarted,
-)
+from service.ws.events import RoundDone, SessionClosed, SessionError, SessionSink, UtteranceDone, UtteranceStarted
 from service.ws.handshake import SEND_ERROR_TIMEOUT_S, SocketOwner, close_socket, wait_for_reader
 
 log = logging.getLogger("streamvox.ws.contexts")
@@ -49,6 +42,7 @@ class Context(SessionSink):
 
     def __init__(self, owner: ContextSocket, context_id: str, number: int):
         self.owner = owner
+        self.number = number  # the socket's count of its contexts (its engine requests' ids; logs)
         self.context_id = context_id  # the client's name for it, which a later context may reuse
         # Engine request ids are "<socket>-c<n>-<utterance>": unique by construction (the
         # socket's own counter), never built from client text, so two contexts whose ids
@@ -63,10 +57,10 @@ class Context(SessionSink):
         self.round_labels: collections.deque = collections.deque()  # what each pending round was, in order
 
     # -- what a dialect calls ----------------------------------------------------------
-    async def configure(self, voice: str, speed: object = None, timestamps: bool = False) -> None:
-        """The context's voice (a voice of the model or a saved voice), ``speed`` (None: 1.0)
-        and word timestamps (a refusal is the dialect's error)."""
-        await self.core.configure({"voice": voice, "speed": speed}, timestamps=timestamps)
+    async def configure(self, voice: Voice, speed: object = None, timestamps: bool = False) -> None:
+        """The context's voice (as the dialect found it: service/ws/dialects/common.py), ``speed``
+        (None: 1.0) and word timestamps (a refusal is the dialect's error)."""
+        await self.core.configure({"speed": speed}, voice=voice, timestamps=timestamps)
 
     async def add_text(self, text: str) -> None:
         await self.core.add_text(text)
@@ -104,6 +98,14 @@ class Context(SessionSink):
         if not self.core.cancelling and not self.silenced and event.pcm.size:
             await self.owner.audio(self, np.asarray(event.pcm, dtype=np.float32))
 
+    async def stream_behind(self, event: StreamBehind) -> None:
+        if not self.core.cancelling and not self.silenced:
+            await self.owner.stream_behind(self, event)
+
+    async def utterance_truncated(self, event: UtteranceTruncated) -> None:
+        if not self.silenced:
+            await self.owner.utterance_truncated(self, event)
+
     async def alignment(self, event: AlignmentReady) -> None:
         if not self.silenced:
             await self.owner.alignment(self, event.alignment, event.offset_ms)
@@ -133,7 +135,7 @@ class ContextSocket(SocketOwner):
     MAX_CONTEXTS = 1
     TEXT_STREAMING: bool | None = None  # its contexts' live text: None, the model's
 
-    def __init__(self, request: web.Request, ws: web.WebSocketResponse | None, state: AppState):
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, state: AppState):
         super().__init__(request, ws, state)
         self.contexts: dict[str, Context] = {}  # open or ending contexts, by the client's id
         self.contexts_opened = 0  # contexts opened on this socket so far: each one's number
@@ -166,6 +168,18 @@ class ContextSocket(SocketOwner):
 
     async def audio(self, context: Context, pcm: np.ndarray) -> None:
         raise NotImplementedError
+
+    async def stream_behind(self, context: Context, event: StreamBehind) -> None:
+        """The audio that follows comes after ``context``'s listener ran out (the engine is slower
+        than real time). A dialect with no message for it logs it (/metrics counts it too)."""
+        log.info("socket %s context %s: the audio is %.3f s behind its listener (%.3f s in all)", self.socket_id,
+                 context.number, event.gap_s, event.behind_s)
+
+    async def utterance_truncated(self, context: Context, event: UtteranceTruncated) -> None:
+        """The engine ended an utterance of ``context`` early (a runaway; ``event.reason``). A dialect
+        with no message for it logs it (/metrics counts it too)."""
+        log.info("socket %s context %s: utterance %d ended early (%s)", self.socket_id, context.number,
+                 event.index, event.reason)
 
     async def alignment(self, context: Context, alignment, offset_ms: float) -> None:
         """An utterance's word times (engines.contract.Alignment, from its start; ``offset_ms``:

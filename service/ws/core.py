@@ -27,23 +27,20 @@ from service.access.limits import client_identity
 from service.errors import RETRY_LATER, ApiError, StoreUnavailable, is_capacity_error
 from service.state import AppState
 from service.synthesis.chunks import ChunkStream, PlaybackClock
-from service.synthesis.params import SynthesisParams, update_params
+from service.synthesis.params import SynthesisParams, check_params, update_params
 from service.synthesis.plan import check_work
 from service.synthesis.schema import CloneFields, too_long
-from service.synthesis.submit import open_stream, prepare
-from service.voices.clones import clone_for, voice_clone_of
+from service.synthesis.submit import open_stream
+from service.voices.clones import Voice, voice_for
+from service.synthesis.events import AlignmentReady, Audio, StreamBehind, UtteranceTruncated
 from service.ws.events import (
     CLOSE_OVERLOADED,
-    AlignmentReady,
-    Audio,
     RoundDone,
     SessionClosed,
     SessionError,
     SessionSink,
-    StreamBehind,
     UtteranceDone,
     UtteranceStarted,
-    UtteranceTruncated,
 )
 from service.ws.utterances import EndOfRound, Utterance, UtteranceQueue
 
@@ -109,20 +106,22 @@ class SessionCore:
 
     # -- what the socket calls -----------------------------------------------------------
     async def configure(self, changes: Mapping[str, Any], *, clone: CloneFields | None = None,
-                        text_streaming: bool | None = None, timestamps: bool | None = None) -> None:
+                        voice: Voice | None = None, text_streaming: bool | None = None,
+                        timestamps: bool | None = None) -> None:
         """Apply a configuration, all of it or none (a SessionError says why not).
         ``changes``: the SynthesisParams fields to change (:meth:`SynthesisParams.update`);
-        ``clone``: inline reference audio; else a new ``voice`` may name a saved voice; else
-        the session's voice prompt stays. Each None: unchanged."""
+        ``clone``: inline reference audio; else a new ``voice`` may name a saved voice (resolved
+        here, once: service/voices/clones.py ``voice_for``; ``voice``: resolved by the socket
+        already); else the session's voice prompt stays. Each None: unchanged."""
         try:
             live = text_streaming if text_streaming is not None else self.live_mode
-            params = update_params(self.params, changes, self.state.engine, live_text=live)
-            if clone is not None:
-                voice_clone = await clone_for(self.request, params.voice, clone)
-            elif changes.get("voice") is not None:
-                voice_clone = await voice_clone_of(self.request, params.voice)
-            else:
-                voice_clone = self.clone
+            params = update_params(self.params, changes)
+            if voice is None and (clone is not None or changes.get("voice") is not None):
+                voice = await voice_for(self.request, params.voice, clone)
+            if voice is not None:
+                params = params.model_copy(update={"voice": voice.name})
+            voice_clone = voice.clone if voice is not None else self.clone
+            params = check_params(self.state.engine, params, clone=voice_clone, live_text=live)
         except ApiError as exc:
             await self.sink.session_error(SessionError(exc.code, exc.message))
             return
@@ -224,8 +223,10 @@ class SessionCore:
         ``wait`` for the key's turn, or (a prefetch) submit nothing when it has none now."""
         if utterance.refused:
             return None
+        live = utterance.live.feed if utterance.live is not None else None
         try:
-            plan = check_work(self.state.engine, utterance.text, self.params, self.state.settings)
+            plan = check_work(self.state.engine, utterance.text, self.params, self.state.settings, clone=self.clone,
+                              text_feed=live)
         except ApiError as exc:
             utterance.refused = True
             await self.sink.session_error(SessionError(exc.code, exc.message))
@@ -246,11 +247,8 @@ class SessionCore:
         self._submitted += 1
         request_id = f"{self.session_id}-{self._submitted}"  # ids for logs; no text is logged
         try:
-            prepared = prepare(self.state.engine, request_id, plan, Priority.REALTIME,
-                               clone=self.clone, tenant=identity,
-                               text_feed=utterance.live.feed if utterance.live is not None else None,
-                               timestamps=self.timestamps)
-            stream = open_stream(self.state, prepared, high_water=self.state.settings.ws_buffer_chunks)
+            stream = open_stream(self.state, plan, request_id, Priority.REALTIME, tenant=identity,
+                                 timestamps=self.timestamps, high_water=self.state.settings.ws_buffer_chunks)
         except ApiError as exc:
             limits.close_request(identity, started=wait)
             if exc.status == 429:

@@ -1,11 +1,11 @@
 """What the session core (service/ws/core.py) tells the socket it speaks for: typed events, in
 the order they happen, to a :class:`SessionSink`.
 
-Per utterance: :class:`UtteranceStarted`, its :class:`Audio` (with :class:`StreamBehind` and
-:class:`UtteranceTruncated` where they happen), :class:`AlignmentReady` after its audio when word
-timestamps were asked for, then :class:`UtteranceDone`. A round (ended by the client, or by a
-cancel) ends with :class:`RoundDone` after its utterances. :class:`SessionError` is an error the
-session survives; :meth:`SessionSink.session_failed` one that ended it.
+Per utterance: :class:`UtteranceStarted`, the events of its speech (service/synthesis/events.py:
+its audio, the listener running behind, a truncation, its word times), then
+:class:`UtteranceDone`. A round (ended by the client, or by a cancel) ends with
+:class:`RoundDone` after its utterances. :class:`SessionError` is an error the session survives;
+:meth:`SessionSink.session_failed` one that ended it.
 
 Each protocol is a sink that writes its own wire format: ``/v1/stream`` (service/ws/session.py),
 vllm-omni's socket (service/ws/omni.py), a context of a voice-agent dialect
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from engines.contract import Alignment
+from service.synthesis.events import SpeechSink
 from service.ws.live_input import LiveUtterance
 
 
@@ -34,36 +32,6 @@ class UtteranceStarted:
     index: int  # the session's utterances, counted from 0
     text: str  # "" for live text: it is still arriving (``live``)
     live: LiveUtterance | None = None
-
-
-@dataclass(frozen=True)
-class Audio:
-    index: int
-    pcm: np.ndarray  # float32 mono at the engine's rate; after a cancel, a short fade to silence
-
-
-@dataclass(frozen=True)
-class StreamBehind:
-    """The audio that follows comes after the listener ran out (the engine is slower than real time)."""
-
-    index: int
-    gap_s: float  # the silence before it
-    behind_s: float  # the utterance's silences so far
-
-
-@dataclass(frozen=True)
-class UtteranceTruncated:
-    """The engine ended an utterance that did not end by itself (a runaway)."""
-
-    index: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class AlignmentReady:
-    index: int
-    alignment: Alignment  # word times from the utterance's start
-    offset_ms: float  # where the utterance starts on the session's audio clock
 
 
 @dataclass(frozen=True)
@@ -91,23 +59,12 @@ class SessionError:
     close_code: int = 0  # session_failed: the WebSocket close code the failure asks for
 
 
-class SessionSink:
-    """Where a session core's events go. Events a protocol has no message for are ignored."""
+class SessionSink(SpeechSink):
+    """Where a session core's events go: the events of speech (every one: SpeechSink), and the
+    session's own."""
 
     async def utterance_started(self, event: UtteranceStarted) -> None:
         raise NotImplementedError
-
-    async def audio(self, event: Audio) -> None:
-        raise NotImplementedError
-
-    async def stream_behind(self, event: StreamBehind) -> None:
-        pass
-
-    async def utterance_truncated(self, event: UtteranceTruncated) -> None:
-        pass
-
-    async def alignment(self, event: AlignmentReady) -> None:
-        pass
 
     async def utterance_done(self, event: UtteranceDone) -> None:
         raise NotImplementedError
@@ -123,5 +80,5 @@ class SessionSink:
         raise NotImplementedError
 
 
-__all__ = ["CLOSE_OVERLOADED", "AlignmentReady", "Audio", "RoundDone", "SessionClosed", "SessionError", "SessionSink",
-           "StreamBehind", "UtteranceDone", "UtteranceStarted", "UtteranceTruncated"]
+__all__ = ["CLOSE_OVERLOADED", "RoundDone", "SessionClosed", "SessionError", "SessionSink", "UtteranceDone",
+           "UtteranceStarted"]

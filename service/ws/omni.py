@@ -29,7 +29,8 @@ from service.errors import ApiError
 from service.synthesis.audio import StreamEncoder, encode_file, output_rate
 from service.synthesis.params import check_model, parse
 from service.synthesis.schema import SPEECH_FORMATS, Strict
-from service.ws.events import Audio, RoundDone, StreamBehind, UtteranceDone, UtteranceStarted
+from service.synthesis.events import Audio, StreamBehind
+from service.ws.events import RoundDone, UtteranceDone, UtteranceStarted
 from service.ws.handshake import serve
 from service.ws.session import StreamSession
 

@@ -22,19 +22,9 @@ from service.synthesis.chunks import behind_event, truncated_event
 from service.synthesis.params import parse
 from service.synthesis.schema import CloneFields, InputText, LiveTextConfig
 from service.synthesis.timestamps import TimestampsField, words_json
+from service.synthesis.events import AlignmentReady, Audio, StreamBehind, UtteranceTruncated
 from service.ws.core import SessionCore
-from service.ws.events import (
-    AlignmentReady,
-    Audio,
-    RoundDone,
-    SessionClosed,
-    SessionError,
-    SessionSink,
-    StreamBehind,
-    UtteranceDone,
-    UtteranceStarted,
-    UtteranceTruncated,
-)
+from service.ws.events import RoundDone, SessionClosed, SessionError, SessionSink, UtteranceDone, UtteranceStarted
 from service.ws.handshake import SEND_ERROR_TIMEOUT_S, SocketOwner, close_socket, serve, wait_for_reader
 
 log = logging.getLogger("streamvox.ws")

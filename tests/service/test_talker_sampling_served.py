@@ -84,11 +84,14 @@ async def test_defaults_are_the_checkpoints_generation_config(tmp_path):
         settings = resolve_settings(gen, SynthesisRequest(id="a", text="x"))
         assert (settings.talker.greedy, settings.talker.temperature, settings.talker.top_k, settings.talker.top_p) == (
             False, 0.55, 7, 0.8)
-        assert settings.predictor.greedy and settings.repetition_penalty == 1.3 and settings.max_new_tokens == 9
+        assert settings.predictor.greedy and settings.repetition_penalty == 1.3
+        # max_new_tokens: the frame budget the request is planned with (at most max_new_tokens - 1 frames)
+        assert engine.plan(SynthesisRequest(id="a", text="x")).budget[:2] == (9 - 1, "max_new_tokens")
         override = resolve_settings(gen, SynthesisRequest(id="b", text="x", temperature=1.2, top_k=0, top_p=0.9,
                                                           repetition_penalty=1.0, max_new_tokens=3))
         assert (override.talker.temperature, override.talker.top_k, override.talker.top_p,
-                override.repetition_penalty, override.max_new_tokens) == (1.2, 0, 0.9, 1.0, 3)
+                override.repetition_penalty) == (1.2, 0, 0.9, 1.0)
+        assert engine.plan(SynthesisRequest(id="b", text="x", max_new_tokens=3)).budget[:2] == (3 - 1, "max_new_tokens")
         greedy = resolve_settings(gen, SynthesisRequest(id="c", text="x", temperature=0))
         assert greedy.talker.greedy and greedy.predictor.greedy
 

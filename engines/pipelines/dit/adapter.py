@@ -57,10 +57,10 @@ def build(setup: PipelineSetup) -> Adapter:
         coder.predictor = GraphedCodePredictor(coder.predictor,
                                                compile_backend=switches.compile_backend("predictor"))
         graphed.append(coder.predictor)
+    profile = DiTProfile(cfg, planner.tokenizer, models.random_components, setup.config.model.voice_aliases)
     pipeline = DiTPipeline(planner, Denoiser(dit, cfg.stream, device, dtype), cfg.dit.context_frames, coder,
-                           graphed=tuple(graphed))
-    return Adapter(pipeline, DiTProfile(cfg, planner.tokenizer, models.random_components,
-                                        setup.config.model.voice_aliases))
+                           profile.voices, graphed=tuple(graphed))
+    return Adapter(pipeline, profile)
 
 
 class DiTProfile(Profile):

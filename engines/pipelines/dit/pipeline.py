@@ -35,8 +35,9 @@ class DiTPipeline:
     chunking = Chunking(1, 1)  # its chunks are sized by the planner: each goes to the vocoder as it is
 
     def __init__(self, planner: UtterancePlanner, denoiser: Denoiser, context_frames: int,
-                 coder: FrameCoder, graphed: tuple = ()):
+                 coder: FrameCoder, voices: tuple[str, ...], graphed: tuple = ()):
         self.planner = planner
+        self.voices = voices  # the model's voice table, by row
         self.denoiser = denoiser
         self.coder = coder
         self.graphed = graphed
@@ -49,8 +50,9 @@ class DiTPipeline:
         device = planner.device
         self._plan_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def _plan_many(self, items: list[tuple[SynthesisRequest, int]]):
-        requests = [(r.text, voice_index, r.speed) for r, voice_index in items]
+    def _plan_many(self, items: list[SynthesisRequest]):
+        # the voice as the engine resolved it, as the row of the model's voice table
+        requests = [(r.text, self.voices.index(r.voice), r.speed) for r in items]
         if self._plan_stream is None:
             return self.planner.plan_many(requests)
         # The planner reads only its weights (static since start-up) and its own uploads, so the
@@ -66,18 +68,18 @@ class DiTPipeline:
                 clause.enc_null.record_stream(main)
         return results
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
-        [result] = self.prepare_many([(request, voice_index)])
+    def prepare(self, request: SynthesisRequest) -> Prepared:
+        [result] = self.prepare_many([request])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[Prepared | Exception]:
+    def prepare_many(self, items: list[SynthesisRequest]) -> list[Prepared | Exception]:
         """``prepare`` for several requests with one planner forward; per request its frames and
         chunks (one slot unit each, started one after another by the scheduler), or the exception
         that rejects it (the others are prepared)."""
         out: list[Prepared | Exception] = []
-        for (request, _), plans in zip(items, self._plan_many(items)):
+        for request, plans in zip(items, self._plan_many(items)):
             if isinstance(plans, Exception):
                 out.append(plans)
                 continue

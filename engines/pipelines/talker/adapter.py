@@ -142,7 +142,7 @@ def build(setup: PipelineSetup, make_source: SourceMaker = real_source) -> Adapt
     source, graphed = make_source(setup)
     profile = TalkerProfile(bundle, source, setup.models.config, setup.max_slots, setup.config.model.voice_aliases)
     stream = setup.models.config.stream
-    pipeline = TalkerPipeline(source, profile.speakers, first_chunk_frames=min(FIRST_CHUNK_FRAMES, stream.first_chunk_frames),
+    pipeline = TalkerPipeline(source, first_chunk_frames=min(FIRST_CHUNK_FRAMES, stream.first_chunk_frames),
                               chunk_frames=stream.chunk_frames, graphed=graphed, prime=setup.vocalizer.prime)
     return Adapter(pipeline, profile)
 
@@ -202,6 +202,9 @@ class TalkerProfile(Profile):
             raise InvalidRequest("ref_audio", f"voice cloning needs a Base checkpoint; the loaded one is {task}")
         elif task == "VoiceDesign" and complete and not (request.instructions or "").strip():
             raise InvalidRequest("instructions", "a VoiceDesign checkpoint needs instructions describing the voice")
+        ceiling = self.source.max_seq_len - 1
+        if request.budget is not None and not 0 <= request.budget.frames <= ceiling:
+            raise InvalidRequest("budget", f"{request.budget.frames} frames: a stream holds at most {ceiling}")
 
     def _check_clone(self, clone: VoiceClone) -> None:
         """A clone's features may come from a store (a hand-made data dir, another model's voice):
@@ -221,20 +224,22 @@ class TalkerProfile(Profile):
                                           f"fit this model ([frames, {cfg.num_code_groups}] ids below "
                                           f"{cfg.codec_head.codebook_size}); upload the voice again")
 
+    def plan(self, request: SynthesisRequest) -> SynthesisRequest:
+        """Its text's ids and its frame budget (budget.py): the frames its text's budget allows, at
+        most ``max_new_tokens`` - 1 and its stream's positions (an untrained or unlucky talker that
+        never samples EOS stops there)."""
+        return self.source.plan(request)
+
     def planned_work(self, request: SynthesisRequest) -> PlannedWork:
-        """The frames its text's budget allows (budget.py), at most ``max_new_tokens`` - 1 and its
-        stream's positions: an untrained or unlucky talker that never samples EOS stops there. A
-        live utterance is counted on the text it holds now (its budget grows with its text)."""
-        frames = self.source.planned_frames(request if request.text_feed is None else replace(request, text_feed=None))
+        """Its planned budget, in talker steps (one frame each). A live utterance is counted on the
+        text it holds now (its budget grows with its text)."""
+        if request.text_feed is not None:
+            request = replace(request, text_feed=None, budget=None)
+        frames = self.plan(request).budget.frames
         return PlannedWork(frames, frames, "talker steps")
 
     def default_seed(self) -> int:
         return secrets.randbelow(2**63)  # sampled: two unseeded requests differ
-
-    def with_prompt_ids(self, request: SynthesisRequest) -> SynthesisRequest:
-        if request.prompt_ids is not None or request.text_feed is not None:
-            return request
-        return replace(request, prompt_ids=tuple(self.source.prompt.tokenize_assistant(request.text)))
 
     def warmup_fields(self) -> dict:
         """A neutral x-vector (Base); an instruction (VoiceDesign)."""

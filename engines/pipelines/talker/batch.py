@@ -20,10 +20,10 @@ from typing import Protocol
 import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
-from engines.contract import SynthesisRequest
+from engines.contract import FrameBudget, SynthesisRequest
 from engines.models.paged_kv import KVPoolExhausted
 from engines.pipelines.base import Capacity, StepPlan
-from engines.pipelines.talker.budget import frame_budget, frame_limit, planned_frames
+from engines.pipelines.talker.budget import frame_budget, plan_budget
 from engines.pipelines.talker.live import rows_waiting_for_text
 from engines.pipelines.talker.live_text import LiveText
 from engines.pipelines.talker.prompt import PromptBuilder, TalkerPrompt
@@ -159,9 +159,16 @@ class UtteranceBatch:
 
     # ---------------------------------------------------------------- admission
 
-    def planned_frames(self, request: SynthesisRequest) -> int:
-        """The most frames ``request`` may take, known before admission (budget.py)."""
-        return planned_frames(request, self.prompt, self.generation.max_new_tokens, self.max_seq_len)
+    def plan(self, request: SynthesisRequest) -> SynthesisRequest:
+        """``request`` with its text tokenized (``prompt_ids``; a live one's: the text it holds yet)
+        and its frame budget (budget.py), each unless it carries them: what the engine does once
+        before it submits a request, and admission (:meth:`admit`) then reads."""
+        if request.prompt_ids is None:
+            request = replace(request, prompt_ids=tuple(self.prompt.tokenize_assistant(request.text)))
+        if request.budget is None:
+            request = replace(request, budget=plan_budget(request, self.prompt, self.generation.max_new_tokens,
+                                                          self.max_seq_len))
+        return request
 
     def prompt_positions(self, request: SynthesisRequest, non_streaming_mode: bool | None = None,
                          instruct: str | None = None) -> int:
@@ -175,9 +182,11 @@ class UtteranceBatch:
     def admit(self, request: SynthesisRequest, max_new_tokens: int | None = None,
               non_streaming_mode: bool | None = None, instruct: str | None = None,
               live: LiveText | None = None) -> None:
-        """Tokenize, build the prompt, take a row and the KV blocks of the prompt, queue its
-        prefill (done in the next ticks). ``max_new_tokens``: an exact cap that replaces the text's
-        frame budget (benchmarks and tests that run a row a given number of steps; served requests
+        """Build the prompt, take a row and the KV blocks of the prompt, queue its prefill (done in
+        the next ticks). The row runs to the request's planned frame budget (``request.budget``, set
+        before it was submitted: :meth:`plan`; a request that never went through the engine, as
+        benchmarks and tests admit, is planned here). ``max_new_tokens``: an exact cap that replaces
+        the budget (benchmarks and tests that run a row a given number of steps; served requests
         never pass it). ValueError for an unknown voice/language or a prompt that does not fit;
         RuntimeError when no row is free; KVPoolExhausted when the pool cannot hold the prompt."""
         if any(u.request_id == request.id for u in self._utts.values()):
@@ -185,7 +194,10 @@ class UtteranceBatch:
         if not self.free_rows():
             raise RuntimeError("no free talker slot")
         if max_new_tokens is not None:
-            request = replace(request, max_new_tokens=max_new_tokens)
+            request = replace(request, max_new_tokens=max_new_tokens,
+                              budget=FrameBudget(max(0, max_new_tokens - 1), "max_new_tokens"))
+        elif request.budget is None:
+            request = self.plan(request)
         settings = resolve_settings(self.generation, request)
         if live is not None:  # --- live text: the prompt of the text committed so far
             prompt = live.prompt(request, instruct=instruct)
@@ -195,10 +207,12 @@ class UtteranceBatch:
         # Frame k's input sits at position s_len + k; the per-stream position limit bounds k.
         if s_len > self.max_seq_len:
             raise ValueError(f"prompt of {s_len} positions does not fit max_seq_len {self.max_seq_len}")
+        # The budget as planned; the prompt's own positions leave its stream that much room at most.
+        max_frames, limit_reason = request.budget.frames, request.budget.bound
+        if max_frames > self.max_seq_len - s_len:
+            max_frames, limit_reason = self.max_seq_len - s_len, "max_seq_len"
         # A live utterance's text budget is known once its text is complete (``_frame_limit``).
         budgeted = max_new_tokens is None
-        text_tokens = self.prompt.text_tokens(request) if budgeted and live is None else None
-        max_frames, limit_reason = frame_limit(settings.max_new_tokens, self.max_seq_len - s_len, text_tokens)
         row = min(set(range(self.max_slots)) - set(self._utts))
         cached, keys = self.runner.take_blocks(row, request, prompt, s_len)  # raises before anything changes
         self._admissions += 1

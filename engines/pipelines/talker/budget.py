@@ -34,7 +34,7 @@ only larger. Long text is planned as utterances before it reaches the engine
 
 from __future__ import annotations
 
-from engines.contract import SynthesisRequest
+from engines.contract import FrameBudget, SynthesisRequest
 from engines.pipelines.talker.prompt import PromptBuilder
 
 FRAMES_PER_SECOND = 12.5
@@ -47,27 +47,28 @@ def frame_budget(text_tokens: int) -> int:
     return FRAMES_PER_TEXT_TOKEN * max(0, int(text_tokens)) + FRAMES_BASE
 
 
-def frame_limit(max_new_tokens: int, positions_left: int, text_tokens: int | None) -> tuple[int, str]:
+def frame_limit(max_new_tokens: int, positions_left: int, text_tokens: int | None) -> FrameBudget:
     """The most frames an utterance may take and which bound sets it: the budget of its text
     (None: its text is still arriving), ``max_new_tokens`` - 1 (the official counting:
     the last code 0 gets no frame) and the positions its stream has left."""
+    text_frames = None if text_tokens is None else frame_budget(text_tokens)
     bounds = [(max_new_tokens - 1, "max_new_tokens"), (positions_left, "max_seq_len")]
-    if text_tokens is not None:
-        bounds.insert(0, (frame_budget(text_tokens), "budget"))
-    frames, reason = min(bounds, key=lambda bound: bound[0])
-    return max(0, frames), reason
+    if text_frames is not None:
+        bounds.insert(0, (text_frames, "budget"))
+    frames, bound = min(bounds, key=lambda b: b[0])
+    return FrameBudget(max(0, frames), bound, text_frames)
 
 
-def planned_frames(request: SynthesisRequest, prompt: PromptBuilder, default_max_new_tokens: int,
-                   max_seq_len: int) -> int:
-    """The most frames ``request`` may take, known before admission: its text's budget,
-    ``max_new_tokens`` - 1 (the request's, else ``default_max_new_tokens``) and a stream's
-    positions. A live utterance's budget grows with its text, which has not arrived: only the
-    other bounds hold it here."""
+def plan_budget(request: SynthesisRequest, prompt: PromptBuilder, default_max_new_tokens: int,
+                max_seq_len: int) -> FrameBudget:
+    """The frame budget of ``request`` (its ``prompt_ids`` when it carries them), planned once
+    before it is submitted: its text's budget, ``max_new_tokens`` - 1 (the request's, else the
+    checkpoint's ``default_max_new_tokens``: the one place that default is read) and a stream's
+    positions. A live utterance's text budget is known once its text is complete (source.py):
+    only the other bounds hold it here."""
     max_new = default_max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
     tokens = None if request.text_feed is not None else prompt.text_tokens(request)
-    return frame_limit(max_new, max_seq_len - 1, tokens)[0]
+    return frame_limit(max_new, max_seq_len - 1, tokens)
 
 
-__all__ = ["FRAMES_BASE", "FRAMES_PER_SECOND", "FRAMES_PER_TEXT_TOKEN", "frame_budget", "frame_limit",
-           "planned_frames"]
+__all__ = ["FRAMES_BASE", "FRAMES_PER_SECOND", "FRAMES_PER_TEXT_TOKEN", "frame_budget", "frame_limit", "plan_budget"]

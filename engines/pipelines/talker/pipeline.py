@@ -1,10 +1,8 @@
 """The talker pipeline behind the seam: utterances with continuous batching (source.py); it
-emits code frames directly. It keeps no queue: a prepared utterance (its request with the voice
-resolved, its prompt's positions, its live text) waits in the core's scheduler, which starts it."""
+emits code frames directly. It keeps no queue: a prepared utterance (its planned request, its
+prompt's positions, its live text) waits in the core's scheduler, which starts it."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -25,35 +23,31 @@ class TalkerPipeline:
 
     name = "talker"
 
-    def __init__(self, talker_source, voices: tuple[str, ...], first_chunk_frames: int = FIRST_CHUNK_FRAMES,
-                 chunk_frames: int = 12,
+    def __init__(self, talker_source, first_chunk_frames: int = FIRST_CHUNK_FRAMES, chunk_frames: int = 12,
                  graphed: tuple = (), prime=None):
         self.source = talker_source
         self.graphed = graphed  # CUDA-graph wrappers (the code predictor's), captured by capture_graphs
-        self.voices = voices  # voice index -> the checkpoint's speaker name
         self.chunking = Chunking(first_chunk_frames, chunk_frames)
         # In-context cloning: the vocoder runs over the reference codes before the generated
         # frames (the official decode of [reference, generated] with the reference's audio cut).
         self.prime = prime  # callable(stream_id, codes [T, G]) or None
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
-        """The request with its voice resolved, its prompt's positions (the scheduler keeps KV blocks
-        for them) and, for a live utterance, its text gate (it starts once its first text id is known)."""
-        # The engine validated the request (language, task) and tokenized it (``tokenize``).
-        request = replace(request, voice=self.voices[voice_index], language=request.language or "Auto")
+    def prepare(self, request: SynthesisRequest) -> Prepared:
+        """The request's prompt positions (the scheduler keeps KV blocks for them) and, for a live
+        utterance, its text gate (it starts once its first text id is known)."""
+        # The engine checked the request (its voice canonical, language, task) and planned it: its
+        # ids and its frame budget (``plan``), which admission uses as they are.
         positions = self.source.prompt_positions(request)  # task, clone, instructions: ValueError now
         self.source.check_fits(positions)  # a prompt that could never be admitted fails now
         live = LiveText(request.text_feed, self.source.prompt) if request.text_feed is not None else None
-        return Prepared(frames=self.source.planned_frames(request),  # an upper bound: EOS usually comes first
+        return Prepared(frames=request.budget.frames,  # an upper bound: EOS usually comes first
                         work=request, prompt_positions=positions, text=live)
 
     def tokenize(self, request: SynthesisRequest) -> SynthesisRequest:
-        """The request with its wrapped text's ids (``prompt_ids``: the one tokenization of the
-        request; the prompt is built from them at admission). ValueError when its prompt could
-        never be admitted (longer than a stream's positions or than the KV pool): the engine
-        refuses it at submission (a 400), not later."""
-        if request.prompt_ids is None:
-            request = replace(request, prompt_ids=tuple(self.source.prompt.tokenize_assistant(request.text)))
+        """The planned request (its ids: the one tokenization of the request; the prompt is built
+        from them at admission) checked to fit. ValueError when its prompt could never be admitted
+        (longer than a stream's positions or than the KV pool): the engine refuses it at
+        submission (a 400), not later."""
         try:
             positions = self.source.prompt_positions(request)
         except ValueError:
@@ -61,11 +55,11 @@ class TalkerPipeline:
         self.source.check_fits(positions)
         return request
 
-    def prepare_many(self, items: list[tuple[SynthesisRequest, int]]) -> list[Prepared | Exception]:
+    def prepare_many(self, requests: list[SynthesisRequest]) -> list[Prepared | Exception]:
         out: list[Prepared | Exception] = []
-        for request, voice_index in items:
+        for request in requests:
             try:
-                out.append(self.prepare(request, voice_index))
+                out.append(self.prepare(request))
             except Exception as exc:
                 out.append(exc)
         return out

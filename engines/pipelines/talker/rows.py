@@ -32,12 +32,12 @@ class TalkerFrames:
 
 @dataclass(frozen=True)
 class RowSettings:
-    """A request's decoding settings, resolved against the checkpoint's generation config."""
+    """A request's sampling, resolved against the checkpoint's generation config (its frame limit is
+    its planned budget: budget.py)."""
 
     talker: SamplingSettings  # code 0
     predictor: SamplingSettings  # codes 1..G-1
     repetition_penalty: float
-    max_new_tokens: int
 
     @property
     def sampled(self) -> bool:
@@ -59,8 +59,7 @@ def resolve_settings(gen: TalkerGenerationConfig, request: SynthesisRequest) -> 
     if request.greedy or request.temperature == 0:
         predictor = predictor.override(greedy=True)
     penalty = gen.repetition_penalty if request.repetition_penalty is None else float(request.repetition_penalty)
-    max_new = gen.max_new_tokens if request.max_new_tokens is None else int(request.max_new_tokens)
-    return RowSettings(talker, predictor, penalty, max_new)
+    return RowSettings(talker, predictor, penalty)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from service.access.auth import bearer_key
 from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, unknown_voice
+from service.ws.dialects.common import dialect_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 from service.ws.handshake import serve
@@ -112,9 +112,10 @@ class CartesiaSocket(EncodedAudioSocket):
                 raise BadRequest(f"{name}: must be true or false")
         if context is None:
             encoding, rate = output_format(message.get("output_format"))
-            voice = voice_id(message.get("voice"))
-            if not await known_voice(self.request, voice):
-                raise BadRequest(unknown_voice(self.request, "voice.id", voice))
+            name = voice_id(message.get("voice"))
+            voice = await dialect_voice(self.request, name)
+            if voice is None:
+                raise BadRequest(unknown_voice(self.request, "voice.id", name))
             if len(self.contexts) >= self.MAX_CONTEXTS:
                 raise BadRequest(f"at most {self.MAX_CONTEXTS} contexts may be active on one connection")
             context = self.open_context(context_id)

@@ -1,4 +1,4 @@
-"""Cartesia's HTTP text-to-speech, on the context core of its socket (service/ws/dialects/http_speech.py).
+"""Cartesia's HTTP text-to-speech, a route of the one HTTP speech service (service/ws/dialects/http_speech.py).
 
 - ``POST /tts/bytes`` (the SDK's ``tts.generate``): the audio, streamed as it is generated, in
   ``output_format``: ``{"container": "raw" | "wav", "encoding": "pcm_s16le" | "pcm_f32le" |
@@ -25,12 +25,13 @@ from aiohttp import web
 
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
+from service.speech import handler
 from service.state import REQUEST_ID
 from service.synthesis.numbers import json_whole_number, shown
 from service.synthesis.timestamps import cartesia_words
 from service.ws.dialects.cartesia import BadRequest, CartesiaSocket, output_format, voice_id
-from service.ws.dialects.common import known_voice, unknown_voice
-from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
+from service.ws.dialects.common import dialect_voice, unknown_voice
+from service.ws.dialects.http_speech import DialectSpeech, Speech
 from service.ws.dialects.wire_audio import CONTENT_TYPES
 
 PREFIX = "/tts"
@@ -64,19 +65,20 @@ def http_format(value: object) -> tuple[str, int, int | None, bool]:
     return encoding, rate, None, wav
 
 
-class CartesiaBytes(HttpSpeech):
+class CartesiaBytes(DialectSpeech):
     ENDPOINT = PREFIX + "/bytes"
 
-    async def parse(self, body: dict) -> Speech:
+    async def read(self, body: dict) -> Speech:
         try:
             transcript = body.get("transcript")
             if not isinstance(transcript, str) or not transcript.strip():
                 raise BadRequest("transcript: must be a non-empty string")
             encoding, rate, bit_rate, wav = http_format(body.get("output_format"))
-            voice = body.get("voice")
-            voice = voice if isinstance(voice, str) and voice else voice_id(voice)  # an id, or {"mode": "id", "id"}
-            if not await known_voice(self.request, voice):
-                raise BadRequest(unknown_voice(self.request, "voice.id", voice))
+            name = body.get("voice")
+            name = name if isinstance(name, str) and name else voice_id(name)  # an id, or {"mode": "id", "id"}
+            voice = await dialect_voice(self.request, name)
+            if voice is None:
+                raise BadRequest(unknown_voice(self.request, "voice.id", name))
             if body.get("add_timestamps") is not None and not isinstance(body["add_timestamps"], bool):
                 raise BadRequest("add_timestamps: must be true or false")
         except BadRequest as exc:
@@ -97,8 +99,8 @@ class CartesiaSse(CartesiaBytes):
         self.context_id: str | None = None
         self.since = time.monotonic()
 
-    async def parse(self, body: dict) -> Speech:
-        speech = await super().parse(body)
+    async def read(self, body: dict) -> Speech:
+        speech = await super().read(body)
         if speech.wav or speech.encoding == "mp3":
             raise ApiError(400, "invalid_request", "output_format.container: the SSE endpoint sends raw audio")
         context_id = body.get("context_id")
@@ -130,9 +132,9 @@ class CartesiaSse(CartesiaBytes):
     async def write_end(self) -> None:
         await self.event("done", {"done": True, "status_code": 200})
 
-    async def write_failure(self, code: str, message: str) -> None:
-        await self.event("error", {"done": True, "status_code": self.failure.status, "title": code,
-                                   "message": message, "error_code": code,
+    async def write_failure(self, error: ApiError) -> None:
+        await self.event("error", {"done": True, "status_code": error.status, "title": error.code,
+                                   "message": error.message, "error_code": error.code,
                                    "request_id": self.request[REQUEST_ID]})
 
 

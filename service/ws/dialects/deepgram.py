@@ -25,8 +25,9 @@ from aiohttp import WSCloseCode, web
 
 from service.errors import ApiError
 from service.synthesis.numbers import decimal_number, shown, whole_number
+from service.voices.clones import Voice
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, unknown_voice
+from service.ws.dialects.common import dialect_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.dialects.wire_audio import MAX_RATE, MIN_RATE
 from service.ws.handshake import serve
@@ -69,16 +70,17 @@ def query_rate(query, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-async def deepgram_voice(request: web.Request, model: str) -> str:
+async def deepgram_voice(request: web.Request, model: str) -> Voice:
     """The voice a Deepgram ``model`` names: a voice or alias of the server (``aura-2-thalia-en``
     is one), a saved voice, or ``aura-<voice>-<lang>`` / ``aura-2-<voice>-<lang>`` of either (as
     Deepgram names its models; on a Base checkpoint the voice is a saved one); ApiError(400)
     otherwise."""
-    if await known_voice(request, model):
-        return model
-    match = _AURA.match(model)
-    if match and await known_voice(request, match.group(1)):
-        return match.group(1)
+    voice = await dialect_voice(request, model)
+    match = _AURA.match(model) if voice is None else None
+    if match:
+        voice = await dialect_voice(request, match.group(1))
+    if voice is not None:
+        return voice
     raise ApiError(400, "invalid_query_parameter", unknown_voice(request, "model", model) + " (also as aura-<voice>-en)")
 
 
@@ -88,7 +90,7 @@ class DeepgramSocket(EncodedAudioSocket):
     def __init__(self, request, ws, state):
         super().__init__(request, ws, state)
         self.model = ""
-        self.voice = ""
+        self.voice: Voice | None = None
         self.encoding, self.rate = "pcm_s16le", 24000
         self.speed: float | None = None
         self.sequence = 0  # Flushed / Cleared sequence_id
@@ -116,7 +118,7 @@ class DeepgramSocket(EncodedAudioSocket):
         self.model = query.get("model", "default")
         self.voice = await self.voice_for(self.model)
 
-    async def voice_for(self, model: str) -> str:
+    async def voice_for(self, model: str) -> Voice:
         return await deepgram_voice(self.request, model)
 
     async def opened(self) -> None:

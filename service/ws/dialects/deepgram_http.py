@@ -1,5 +1,5 @@
 """Deepgram's ``POST /v1/speak`` (the SDK's ``speak.v1.audio.generate``, Pipecat's
-``DeepgramHttpTTSService``), on the context core of its socket (service/ws/dialects/http_speech.py).
+``DeepgramHttpTTSService``), a route of the one HTTP speech service (service/ws/dialects/http_speech.py).
 
 Body ``{"text"}``; query ``model`` (as on the socket: a voice, an alias such as
 ``aura-2-thalia-en``, or ``aura-<voice>-en``), ``encoding`` (``mp3``, Deepgram's default,
@@ -18,9 +18,10 @@ from aiohttp import web
 
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
+from service.speech import handler
 from service.synthesis.numbers import shown, whole_number
 from service.ws.dialects.deepgram import deepgram_key, deepgram_voice, query_rate, query_speed
-from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
+from service.ws.dialects.http_speech import DialectSpeech, Speech
 from service.ws.dialects.wire_audio import CONTENT_TYPES, MAX_RATE, MIN_RATE
 
 PREFIX = "/v1/speak"
@@ -41,10 +42,10 @@ def bad_query(message: str) -> ApiError:
     return ApiError(400, "invalid_query_parameter", message)
 
 
-class DeepgramSpeak(HttpSpeech):
+class DeepgramSpeak(DialectSpeech):
     ENDPOINT = PREFIX
 
-    async def parse(self, body: dict) -> Speech:
+    async def read(self, body: dict) -> Speech:
         query = self.request.query
         if "callback" in query:
             raise bad_query("callback: asynchronous delivery is not served; read the audio from this response")

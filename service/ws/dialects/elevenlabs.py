@@ -41,7 +41,7 @@ from service.errors import ApiError
 from service.synthesis.numbers import shown, whole_number
 from service.synthesis.timestamps import char_times
 from service.ws.contexts import Context
-from service.ws.dialects.common import known_voice, unknown_voice
+from service.ws.dialects.common import dialect_voice, unknown_voice
 from service.ws.dialects.encoded_socket import EncodedAudioSocket
 from service.ws.handshake import serve
 
@@ -99,7 +99,8 @@ class ElevenLabsSocket(EncodedAudioSocket):
 
     def __init__(self, request, ws, state):
         super().__init__(request, ws, state)
-        self.voice = request.match_info["voice_id"]
+        self.voice_id = request.match_info["voice_id"]
+        self.voice = None  # what voice_id names (dialect_voice), found in the handshake
         self.output_format = parse_output_format(DEFAULT_FORMAT)
         self.ended = False  # stream-input: EOS was sent
 
@@ -120,8 +121,9 @@ class ElevenLabsSocket(EncodedAudioSocket):
                 raise ApiError(400, "invalid_inactivity_timeout", f"inactivity_timeout: a whole number of seconds "
                                                                   f"from 1 to {MAX_INACTIVITY_S}, got {shown(timeout)}")
             self.idle_timeout_s = float(seconds)
-        if not await known_voice(self.request, self.voice):
-            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", self.voice))
+        self.voice = await dialect_voice(self.request, self.voice_id)
+        if self.voice is None:
+            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", self.voice_id))
 
     # -- client messages -----------------------------------------------------------
     async def on_message(self, message: dict) -> None:

@@ -1,4 +1,4 @@
-"""ElevenLabs' HTTP text-to-speech, on the context core of its sockets (service/ws/dialects/http_speech.py).
+"""ElevenLabs' HTTP text-to-speech, a route of the one HTTP speech service (service/ws/dialects/http_speech.py).
 
 - ``POST /v1/text-to-speech/{voice_id}`` (the SDK's ``text_to_speech.convert``) and
   ``POST …/stream``: the audio bytes, streamed as they are generated, in the ``output_format``
@@ -31,10 +31,11 @@ from aiohttp import web
 
 from service.errors import ApiError
 from service.http.middleware import ForeignApi
+from service.speech import handler
 from service.synthesis.timestamps import char_times
-from service.ws.dialects.common import known_voice, unknown_voice
+from service.ws.dialects.common import dialect_voice, unknown_voice
 from service.ws.dialects.elevenlabs import DEFAULT_FORMAT, elevenlabs_key, parse_output_format, speed_of
-from service.ws.dialects.http_speech import HttpSpeech, Speech, handler
+from service.ws.dialects.http_speech import DialectSpeech, Speech
 from service.ws.dialects.wire_audio import CONTENT_TYPES
 
 PREFIX = "/v1/text-to-speech"
@@ -47,15 +48,16 @@ def error_body(status: int, code: str, message: str, request_id: str) -> dict:
 API = ForeignApi("ElevenLabs", (PREFIX,), elevenlabs_key, "xi-api-key header", error_body)
 
 
-class ElevenLabsSpeech(HttpSpeech):
+class ElevenLabsSpeech(DialectSpeech):
     ENDPOINT = PREFIX + "/{voice_id}"
     TIMESTAMPS = False  # with-timestamps: JSON lines with base64 audio and character times
 
-    async def parse(self, body: dict) -> Speech:
+    async def read(self, body: dict) -> Speech:
         fmt = parse_output_format(self.request.query.get("output_format", DEFAULT_FORMAT))
-        voice = self.request.match_info["voice_id"]
-        if not await known_voice(self.request, voice):
-            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", voice))
+        voice_id = self.request.match_info["voice_id"]
+        voice = await dialect_voice(self.request, voice_id)
+        if voice is None:
+            raise ApiError(400, "voice_not_found", unknown_voice(self.request, "voice_id", voice_id))
         text, settings = body.get("text"), body.get("voice_settings") or {}
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, "invalid_text", "text: must be a non-empty string")

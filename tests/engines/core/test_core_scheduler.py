@@ -36,12 +36,12 @@ class FakePipeline:
 
     chunking = Chunking(1, 1)  # each chunk goes to the vocoder as it is
 
-    def prepare(self, request, voice_index):
+    def prepare(self, request):
         self.next_chunk[request.id] = 0
         return Prepared(frames=self.chunks * self.frames, units=self.chunks)  # a slot per chunk, one after another
 
-    def prepare_many(self, items):
-        return [self.prepare(r, v) for r, v in items]
+    def prepare_many(self, requests):
+        return [self.prepare(r) for r in requests]
 
     def start(self, request_id, prepared):
         self.in_slot[request_id] = self.steps
@@ -95,7 +95,7 @@ def run_burst(streams: int, vocoder_frames: int, chunks: int = 3, frames: int = 
     """Drive the core step by step until every stream's final chunk is delivered. ``keep_up=0``
     switches the scheduler's production-rate floor off, so the bound is exactly ``vocoder_frames``."""
     pipeline, vocalizer, trace = FakePipeline(streams, chunks, frames, steps), FakeVocalizer(), []
-    worker = Worker(pipeline, vocalizer, lambda voice: 0, max_slots=streams, vocoder_frames=vocoder_frames,
+    worker = Worker(pipeline, vocalizer, max_slots=streams, vocoder_frames=vocoder_frames,
                     vocoder_keep_up=keep_up, trace=trace)
     audio: dict[str, list[AudioChunk]] = {}
     done = threading.Event()

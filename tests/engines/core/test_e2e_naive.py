@@ -39,7 +39,7 @@ def naive_latents(engine, req: SynthesisRequest) -> torch.Tensor:
     """Plain flow-matching sampling, chunk after chunk, CFG as two forwards."""
     m, cfg = engine.models, engine.models.config
     D, Tc, shift = cfg.dit.latent_dim, cfg.dit.context_frames, cfg.stream.schedule_shift
-    plans = engine.pipeline.planner.plan(req.text, engine.profile.voice_index(req.voice), req.speed)
+    plans = engine.pipeline.planner.plan(req.text, engine.pipeline.voices.index(engine.resolve_voice(req.voice)), req.speed)
     ts = [shift * t / (1 + (shift - 1) * t) for t in np.linspace(1.0, 0.0, req.steps + 1).tolist()]
     context = torch.zeros(0, D)
     out = []

@@ -20,7 +20,7 @@ import torch
 
 from engines.contract import SynthesisRequest
 from engines.models.paged_kv import PagedKVCache
-from engines.pipelines.talker.source import TalkerSource
+from engines.pipelines.talker.source import SourceRunners, TalkerSource
 from testsupport.talker import admissible, make_bundle, step
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,9 +83,9 @@ def _interpreted(out_path: str) -> None:
         talker, *case = layer_case(sizes, seed)
         talker.fused_decode_step = FusedDecodeLayers(talker)
         results[name] = decode_step(talker, *case)
-    source = TalkerSource.from_bundle(stream_bundle(), max_slots=2, max_seq_len=128)
+    kernels = SourceRunners(predictor_kernels=lambda predictor: FusedCodePredictor(predictor, mode="persistent"))
+    source = TalkerSource.from_bundle(stream_bundle(), max_slots=2, max_seq_len=128, runners=kernels)
     source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
-    source.predictor = FusedCodePredictor(source.predictor, mode="persistent")
     assert admissible(source) == 2
     results["streams"] = run_streams(source)
     torch.save(results, out_path)
@@ -158,10 +158,10 @@ def test_on_cuda_the_graphed_fused_step_gives_the_reference_codes():
     from engines.runtime.graphed_talker import GraphedTalkerStep
 
     bundle = make_bundle(seed=4, eos_gain=0.5, max_new_tokens=FRAMES + 1, device="cuda")
-    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128)
-    source.talker.fused_decode_step = FusedDecodeLayers(source.talker)
-    source.predictor = FusedCodePredictor(source.predictor, mode="persistent")
-    source.step_runner = GraphedTalkerStep(source.step_spec())
+    runners = SourceRunners(predictor_kernels=lambda predictor: FusedCodePredictor(predictor, mode="persistent"),
+                            step=GraphedTalkerStep)
+    bundle.talker.fused_decode_step = FusedDecodeLayers(bundle.talker)
+    source = TalkerSource.from_bundle(bundle, max_slots=2, max_seq_len=128, runners=runners)
     got = run_streams(source)
     assert source.step_runner.captures > 0
     reference = make_bundle(seed=4, eos_gain=0.5, max_new_tokens=FRAMES + 1, device="cuda")

@@ -53,12 +53,12 @@ class ToyPipeline:
         self.done: dict[str, int] = {}  # in a slot: frames emitted
         self.last_batch_rows = 0
 
-    def prepare(self, request: SynthesisRequest, voice_index: int) -> Prepared:
+    def prepare(self, request: SynthesisRequest) -> Prepared:
         self.codes[request.id] = toy_codes(request.text, self.groups, self.codebook)
         return Prepared(frames=len(self.codes[request.id]))
 
-    def prepare_many(self, items):
-        return [self.prepare(r, v) for r, v in items]
+    def prepare_many(self, requests):
+        return [self.prepare(r) for r in requests]
 
     def start(self, request_id: str, prepared: Prepared) -> None:
         self.done[request_id] = 0

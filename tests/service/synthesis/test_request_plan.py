@@ -63,5 +63,6 @@ def test_the_plan_counts_its_utterances_after_speed_and_its_pauses(engine):
         plan.parts = ()  # type: ignore[misc]
     # text that fits one request is one utterance, exactly as sent
     whole = plan_text(engine, "  Short\n\n text.  ", SynthesisParams(), TIGHT)
-    assert whole.parts == (Utterance("  Short\n\n text.  ", None, 0, whole.utterances[0].frames,
-                                     whole.utterances[0].model_steps),)
+    spoken = whole.utterances[0]
+    assert whole.parts == (Utterance("  Short\n\n text.  ", spoken.request, 0, spoken.frames, spoken.model_steps),)
+    assert spoken.request.text == "  Short\n\n text.  "  # its engine request, as the engine planned it

@@ -72,6 +72,15 @@ class EventLines(SocketOwner, SessionSink):
         await self.write(event, index=event.index, samples=int(event.pcm.size))
         await self.ws.send_bytes(event.pcm.tobytes())
 
+    async def stream_behind(self, event) -> None:  # (a slow machine)
+        await self.write(event, index=event.index)
+
+    async def utterance_truncated(self, event) -> None:
+        await self.write(event, index=event.index, reason=event.reason)
+
+    async def alignment(self, event) -> None:
+        await self.write(event, index=event.index)
+
     async def utterance_done(self, event) -> None:
         await self.write(event, index=event.index, samples=event.samples, cancelled=event.cancelled,
                          error=event.error)
@@ -127,6 +136,8 @@ async def test_a_new_protocol_is_a_sink_of_typed_events(engine, tmp_path):
                 elif event["event"] == "Audio":
                     assert event["index"] == index, events
                     audio += event["samples"]
+                elif event["event"] == "StreamBehind":  # (a slow machine)
+                    assert event["index"] == index, events
                 else:
                     assert event == {"event": "UtteranceDone", "index": index, "samples": audio, "cancelled": False,
                                      "error": None} and audio > 0, events
