@@ -93,10 +93,11 @@ def test_no_adapter_sets_an_attribute_of_a_source_it_built():
 
 
 def test_no_function_on_the_build_path_takes_a_long_parameter_list():
-    """The settings build one EngineConfig; build_engine, the engine, the registry's loaders and
-    builders and the talker source's runners take it (or a part of it), not a keyword each."""
+    """The settings build one EngineConfig; build_engine, the engine, its worker, the registry's
+    loaders and builders and the talker source's runners take it (or a part of it), not a keyword each."""
     from engines import build
     from engines.core.engine import Engine
+    from engines.core.worker import Worker
     from engines.pipelines.profile import PipelineSetup
     from engines.pipelines.registry import PIPELINES
     from engines.pipelines.talker import adapter as talker
@@ -105,7 +106,7 @@ def test_no_function_on_the_build_path_takes_a_long_parameter_list():
     from service.settings import Settings
 
     path = [build.build_engine, build.resolve_config, build.load_aligner, build.cpu_threads, Engine.__init__,
-            PipelineSetup, talker.real_source, talker.source_runners, VirtualDevice.model_parts,
+            Worker.__init__, PipelineSetup, talker.real_source, talker.source_runners, VirtualDevice.model_parts,
             VirtualDevice.build_pipeline, build_engine_for, Settings.engine_config]
     path += [f for registration in PIPELINES.values() for f in (registration.load, registration.build)]
     long = {f.__qualname__: n for f in path if (n := too_many_parameters(f))}

@@ -38,7 +38,7 @@ from engines.contract import (
 )
 from engines.core.executor import split_cpu_threads
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
-from engines.core.worker import FaultHook, Worker
+from engines.core.worker import FaultHook, Worker, WorkerConfig
 from engines.cpu_features import ThreadPlan
 from engines.devices import canonical_device, dtype_name, dtype_named
 from engines.pipelines.profile import Loaded, PipelineSetup
@@ -103,15 +103,12 @@ class Engine:
         adapter = virtual.build_pipeline(setup) if virtual is not None else registration.build(setup)
         self.pipeline, self.profile = adapter.pipeline, adapter.profile
         self.aligner = aligner = loaded.aligner
-        self.worker = Worker(self.pipeline, self.vocalizer, max_slots=max_slots,
-                             max_queue=config.limits.max_queue, fault_hook=fault_hook,
-                             stage_sync=runtime.switches.stage_sync,
-                             batch_planning=(device.type == "cuda" if scheduler.batch_planning is None
-                                             else scheduler.batch_planning),
-                             aligner=aligner,
-                             prefill_token_budget=scheduler.prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET,
-                             host_copy_event=virtual.clock.record if virtual is not None else None,
-                             threads=self.threads if self.threads.codec else None)
+        batch_planning = device.type == "cuda" if scheduler.batch_planning is None else scheduler.batch_planning
+        self.worker = Worker(self.pipeline, self.vocalizer, WorkerConfig(
+            max_slots, config.limits.max_queue, batch_planning=batch_planning, stage_sync=runtime.switches.stage_sync,
+            prefill_token_budget=scheduler.prefill_token_budget or DEFAULT_PREFILL_TOKEN_BUDGET,
+            threads=self.threads if self.threads.codec else None), aligner=aligner, fault_hook=fault_hook,
+            host_copy_event=virtual.clock.record if virtual is not None else None)
         self._warmup = config.warmup
         self._ready = threading.Event()
         caps = self.profile.capabilities

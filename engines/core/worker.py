@@ -30,6 +30,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -89,34 +90,38 @@ def early_chunk(entry) -> bool:
     return active.delivered < EARLY_CHUNKS and active.request.priority == Priority.REALTIME
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The worker's queue, slots and budgets (the engine fills it from its EngineConfig)."""
+
+    max_slots: int
+    max_queue: int = 64  # requests submitted and not yet started; more: EngineOverloaded
+    batch_slot_share: float = 0.75  # the share of the slots batch work may hold (scheduler.py)
+    batch_planning: bool = False  # prepare the requests taken in one iteration together (see __init__)
+    vocoder_frames: int = 128  # frames one vocoder piece decodes at most
+    vocoder_keep_up: float = 2.0  # scheduler.py ``keep_up``
+    prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET  # prompt positions one step prefills in all
+    stage_sync: bool = False  # synchronise the device at each stage's end (stage_seconds; slower)
+    threads: ThreadPlan | None = None  # CPU: the talker's and the codec decoder's threads
+
+
 class Worker:
     """Owns the models and the device; everything here runs on one thread."""
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        vocalizer: Vocalizer,
-        max_slots: int,
-        max_queue: int = 64,
-        batch_slot_share: float = 0.75,
-        fault_hook: FaultHook | None = None,
-        name: str = "streamvox-worker",
-        batch_planning: bool = False,
-        vocoder_frames: int = 128,
-        vocoder_keep_up: float = 2.0,
-        trace: list | None = None,
-        stage_sync: bool = False,
-        aligner=None,
-        prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
-        host_copy_event: Callable[[], object] | None = None,
-        threads: ThreadPlan | None = None,
-    ):
+    def __init__(self, pipeline: Pipeline, vocalizer: Vocalizer, config: WorkerConfig, aligner=None,
+                 fault_hook: FaultHook | None = None, host_copy_event: Callable[[], object] | None = None,
+                 trace: list | None = None, name: str = "streamvox-worker"):
+        """``config``: the queue, slots and budgets (:class:`WorkerConfig`). ``aligner``: word
+        timestamps (an engines.pipelines.aligner.Aligner). ``fault_hook``: tests inject failures.
+        ``host_copy_event``: a virtual device's event for PCM on the host. ``trace``: executor spans."""
         self.pipeline = pipeline
         self.vocalizer = vocalizer
-        self.max_queue = max_queue
-        self.scheduler = Scheduler(max_slots, batch_slot_share, vocoder_frames, vocoder_keep_up,
-                                   prefill_token_budget=prefill_token_budget, chunking=pipeline.chunking,
+        self.max_queue = config.max_queue
+        self.scheduler = Scheduler(config.max_slots, config.batch_slot_share, config.vocoder_frames,
+                                   config.vocoder_keep_up, prefill_token_budget=config.prefill_token_budget,
+                                   chunking=pipeline.chunking,
                                    align_frames=WINDOW_FRAMES if getattr(vocalizer, "windowed", False) else 1)  # (test fakes: none)
+        threads = config.threads
         # CPU (``threads``): the codec decoder on a thread and cores of its own beside the talker
         # (executor.py); the worker thread keeps the talker's threads (set when it starts, _run)
         self._talker_threads, vocoder_threads = (threads.talker, threads.codec) if threads is not None else (0, 0)
@@ -134,7 +139,7 @@ class Worker:
         # Plan all requests taken from the inbox in one loop iteration together (one encoder
         # forward), when the pipeline can: a win where per-request launch overhead dominates
         # (CUDA). Results then depend on the batch at the fp32 rounding level, hence a switch.
-        self.batch_planning = batch_planning
+        self.batch_planning = config.batch_planning
         # vocoded audio not yet delivered, oldest first; ``host_copy_event``: a virtual device's
         # event for PCM already on the host (engines/virtual/), else CUDA events or none
         self._outbox = Outbox(host_copy_event=host_copy_event)
@@ -151,7 +156,7 @@ class Worker:
         self.stage_seconds: defaultdict[str, float] = defaultdict(float)
         for stage in STAGES:  # every key exists up front: readers on other threads copy the dict
             self.stage_seconds[stage] = 0.0
-        self._stage_sync = stage_sync and torch.cuda.is_available()
+        self._stage_sync = config.stage_sync and torch.cuda.is_available()
         self.trim = IdleTrim()  # free heap pages back to the kernel once idle after work
 
     # ----------------------------------------------------------------- any thread

@@ -14,7 +14,7 @@ import torch
 
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import LEAD_SCHEDULE, RequestState, Scheduler
-from engines.core.worker import Worker, first_chunk
+from engines.core.worker import Worker, WorkerConfig, first_chunk
 from engines.pipelines.base import Capacity, Chunking, Prepared, Produced
 from engines.pipelines.vocoder import VocalizeResult
 
@@ -155,7 +155,7 @@ def test_an_idle_gap_between_requests_is_not_a_slow_step():
     second request's first chunk is one frame like the first's (it was 4: a first audio 3 steps
     later, what the H100 showed at one client in run 7)."""
     pipeline, vocalizer = OneFramePipeline(), FakeVocalizer()
-    worker = Worker(pipeline, vocalizer, max_slots=4)
+    worker = Worker(pipeline, vocalizer, WorkerConfig(max_slots=4))
     first = speak(worker, "a")
     for _ in range(3):  # the loop turns of an idle engine
         worker.step()
@@ -183,7 +183,7 @@ def test_a_first_chunk_is_delivered_before_the_next_step_not_behind_it():
     is waited for and delivered at the start of the next loop turn, before that turn's step; a
     later chunk waits in the outbox behind steps as before (the host never waits for those)."""
     trace: list = []
-    worker = Worker(OneFramePipeline(frames=6), FakeVocalizer(), max_slots=4, trace=trace,
+    worker = Worker(OneFramePipeline(frames=6), FakeVocalizer(), WorkerConfig(max_slots=4), trace=trace,
                     host_copy_event=SlowCopy)
     speak(worker, "a", trace)
     first_vocode = trace.index(("vocode", 1))

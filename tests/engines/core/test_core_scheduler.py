@@ -14,7 +14,7 @@ import torch
 
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
 from engines.core.scheduler import RequestState, Scheduler
-from engines.core.worker import Worker
+from engines.core.worker import Worker, WorkerConfig
 from engines.pipelines.base import Capacity, Chunking, Prepared, Produced
 from engines.pipelines.vocoder import VocalizeResult
 
@@ -95,8 +95,8 @@ def run_burst(streams: int, vocoder_frames: int, chunks: int = 3, frames: int = 
     """Drive the core step by step until every stream's final chunk is delivered. ``keep_up=0``
     switches the scheduler's production-rate floor off, so the bound is exactly ``vocoder_frames``."""
     pipeline, vocalizer, trace = FakePipeline(streams, chunks, frames, steps), FakeVocalizer(), []
-    worker = Worker(pipeline, vocalizer, max_slots=streams, vocoder_frames=vocoder_frames,
-                    vocoder_keep_up=keep_up, trace=trace)
+    worker = Worker(pipeline, vocalizer, WorkerConfig(max_slots=streams, vocoder_frames=vocoder_frames,
+                                                      vocoder_keep_up=keep_up), trace=trace)
     audio: dict[str, list[AudioChunk]] = {}
     done = threading.Event()
     finals = []
