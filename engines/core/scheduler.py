@@ -26,6 +26,14 @@ and the vocoder's keys) and, apart, those ALIGNING (the pipeline and vocoder hav
   ``newcomer_slots`` free ones - they are kept for a tenant holding none, so a client
   with many streams cannot make another wait for one of them to finish. Requests without
   a tenant (direct engine use) are plain first come first served.
+* Running streams before new ones, past capacity: on a loaded device (steps over half real time),
+  while a realtime stream already playing would run dry before its next chunk is made and
+  delivered (its lead under (frames still to make + CHUNK_OVERHEAD_STEPS) steps of the measured
+  period: ``streams_at_risk``), no new request starts: a new row and its prompt's prefill would
+  lengthen the very steps that stream waits for. The newcomers wait in the queue (its bound
+  refuses more: EngineOverloaded, a 429 with Retry-After) and start together once the streams are
+  ahead again (one prefill call for them all): first audio grows with the load instead of every
+  stream underrunning. Below half real time every stream gains lead with each step: nothing is held.
 * First audio first: while a realtime request generates its first chunk, streams with more
   than ``ahead_seconds`` of audio in their listener's hands take no new slot and no vocoder
   time (they lose nothing: their listener is that far ahead). Their work waits for one
@@ -203,6 +211,7 @@ class Scheduler:
         self._rate = 0.0  # frames produced per generation step, moving average
         self.step_period = 0.0  # seconds between generation steps while busy, moving average
         self._last_step: float | None = None
+        self.admissions_held = 0  # slot fillings that held new requests back for the running streams
         self.requests: OrderedDict[str, RequestState] = OrderedDict()  # in flight, in admission order
         self.aligning: list[RequestState] = []  # ALIGNING, in the order their audio completed
 
@@ -334,6 +343,9 @@ class Scheduler:
         if free <= 0:
             return []
         waiting = [s for s in states if not s.handle.paused and s.wants_slot()]
+        if any(s.status is RequestStatus.WAITING for s in waiting) and self.streams_at_risk(states):
+            self.admissions_held += 1
+            waiting = [s for s in waiting if s.status is not RequestStatus.WAITING]  # a started one's next unit goes
         if waiting and self._first_audio_pending(states):
             now = self.clock()
             waiting = [s for s in waiting if not self._far_ahead(s, now)]
@@ -372,6 +384,22 @@ class Scheduler:
             if best is None or tenant_holds < (held[best.request.tenant] if best.request.tenant else 0):
                 best = s
         return best
+
+    def streams_at_risk(self, states: list[RequestState], now: float | None = None) -> bool:
+        """The device is past capacity for what runs on it (this module's docstring): steps over half
+        real time, and a realtime stream that is playing (its text complete, its listener not
+        pausing it) would run dry before its next chunk is made and delivered."""
+        if self.room_to_grow:
+            return False
+        now = self.clock() if now is None else now
+        for s in states:
+            if (s.status is not RequestStatus.RUNNING or s.first_audio_at is None or s.handle.paused
+                    or s.handle.cancelled or s.request.priority != Priority.REALTIME or s.text_arriving):
+                continue
+            to_make = max(0, self.flush_size(s, now) - sum(p.num_frames for p in s.pending))
+            if self.playback_deadline(s) - now < (to_make + CHUNK_OVERHEAD_STEPS) * self.step_period:
+                return True
+        return False
 
     def first_audio_waiting(self) -> bool:
         """A realtime request in flight has not had its first audio delivered yet (generated,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engines.contract import AudioChunk, Priority, RequestHandle, SynthesisRequest
-from engines.core.scheduler import LEAD_SCHEDULE, RequestState, Scheduler
+from engines.core.scheduler import LEAD_SCHEDULE, RequestState, RequestStatus, Scheduler
 from engines.core.worker import Worker, WorkerConfig, first_chunk
 from engines.pipelines.base import Capacity, Chunking, Prepared, Produced
 from engines.pipelines.vocoder import VocalizeResult
@@ -231,3 +231,51 @@ def test_chunks_of_a_window_or_more_end_on_window_ends_for_a_windowed_decoder(fr
     s = state("s", pending_frames=1, first_audio_at=now + lead_s - frames_done * 0.08, frames_done=frames_done)
     assert sched.flush_size(s, now=now) == expected
     assert Scheduler(max_slots=4).align_frames == 1  # a decoder that takes any chunk: as before
+
+
+def test_past_capacity_a_new_request_waits_while_a_playing_stream_is_at_risk():
+    """Steps of 60 ms (a loaded device) on a fake clock: a stream playing with 100 ms of audio in
+    its listener's hands would run dry before its next chunk is made and delivered, so the new
+    request is held in the queue (a new row would lengthen those steps); once that stream is ahead
+    again the new request starts. A started request's next unit is never held; below half real time
+    nothing is."""
+    now = [100.0]
+    sched = Scheduler(max_slots=4, chunking=Chunking(4, 12), clock=lambda: now[0])
+    sched.step_period = 0.060
+    playing = state("playing", frames_done=10, first_audio_at=now[0] - 10 * 0.08 + 0.100)  # lead 100 ms
+    new = state("new")
+    sched.add(playing, Prepared(frames=100))
+    playing.status, playing.units_started, playing.holds_slot = RequestStatus.RUNNING, 1, True
+    sched.add(new, Prepared(frames=100))
+    states = sched.in_flight()
+    assert sched.streams_at_risk(states)
+    assert sched.slot_order(states, free=3) == []  # held: the free rows stay free
+    assert sched.admissions_held == 1 and new.status is RequestStatus.WAITING
+
+    now[0] -= 0.5  # the same stream, 600 ms ahead: its next chunk is made in time
+    assert not sched.streams_at_risk(states)
+    assert sched.slot_order(states, free=3) == [new]
+
+    now[0] += 0.5  # at risk again, but the device has room (steps under half real time): nothing held
+    sched.step_period = 0.030
+    assert not sched.streams_at_risk(states)
+    assert sched.slot_order(states, free=3) == [new]
+
+
+def test_past_capacity_only_playing_realtime_streams_hold_admissions():
+    """A stream that cannot run dry through the device - batch work, a paused listener, text still
+    arriving, no audio yet - holds nothing back, whatever its lead."""
+    now = 100.0
+    sched = Scheduler(max_slots=4, chunking=Chunking(4, 12), clock=lambda: now)
+    sched.step_period = 0.060
+    behind = dict(frames_done=10, first_audio_at=now - 10 * 0.08)  # lead 0
+    batch = state("batch", Priority.BATCH, **behind)
+    paused = state("paused", **behind)
+    paused.handle.pause()
+    not_started = state("young")  # no audio yet: its deadline is its submission
+    for s in (batch, paused, not_started):
+        s.status = RequestStatus.RUNNING
+    assert not sched.streams_at_risk([batch, paused, not_started], now=now)
+    playing = state("playing", **behind)
+    playing.status = RequestStatus.RUNNING
+    assert sched.streams_at_risk([batch, paused, not_started, playing], now=now)
