@@ -233,15 +233,21 @@ def test_chunks_of_a_window_or_more_end_on_window_ends_for_a_windowed_decoder(fr
     assert Scheduler(max_slots=4).align_frames == 1  # a decoder that takes any chunk: as before
 
 
+def run_steps(sched: Scheduler, period: float, steps: int = 100) -> None:
+    """``steps`` generation steps ``period`` apart, on the scheduler's own measure (no clock read)."""
+    for k in range(steps):
+        sched.observe(1, now=1000.0 + k * period)
+
+
 def test_past_capacity_a_new_request_waits_while_a_playing_stream_is_at_risk():
-    """Steps of 60 ms (a loaded device) on a fake clock: a stream playing with 100 ms of audio in
-    its listener's hands would run dry before its next chunk is made and delivered, so the new
-    request is held in the queue (a new row would lengthen those steps); once that stream is ahead
-    again the new request starts. A started request's next unit is never held; below half real time
-    nothing is."""
+    """Steps of 60 ms for a while (past capacity) on a fake clock: a stream playing with 100 ms of
+    audio in its listener's hands would run dry before its next chunk is made and delivered, so the
+    new request is held in the queue (a new row would lengthen those steps); once that stream is
+    ahead again the new request starts, with the pipeline's first-chunk size (a lead for a device
+    past capacity). A started request's next unit is never held; below half real time nothing is."""
     now = [100.0]
     sched = Scheduler(max_slots=4, chunking=Chunking(4, 12), clock=lambda: now[0])
-    sched.step_period = 0.060
+    run_steps(sched, 0.060)
     playing = state("playing", frames_done=10, first_audio_at=now[0] - 10 * 0.08 + 0.100)  # lead 100 ms
     new = state("new")
     sched.add(playing, Prepared(frames=100))
@@ -250,24 +256,38 @@ def test_past_capacity_a_new_request_waits_while_a_playing_stream_is_at_risk():
     states = sched.in_flight()
     assert sched.streams_at_risk(states)
     assert sched.slot_order(states, free=3) == []  # held: the free rows stay free
-    assert sched.admissions_held == 1 and new.status is RequestStatus.WAITING
+    assert new.status is RequestStatus.WAITING and new.held
 
     now[0] -= 0.5  # the same stream, 600 ms ahead: its next chunk is made in time
     assert not sched.streams_at_risk(states)
     assert sched.slot_order(states, free=3) == [new]
+    assert sched.flush_size(new) == 4 and sched.flush_size(state("not-held")) == 1
 
-    now[0] += 0.5  # at risk again, but the device has room (steps under half real time): nothing held
-    sched.step_period = 0.030
-    assert not sched.streams_at_risk(states)
-    assert sched.slot_order(states, free=3) == [new]
+
+def test_a_load_that_does_not_last_holds_nothing():
+    """The same stream at risk, on a device under half real time, or over it for a step or two
+    only (a burst of prefills): the new request starts, with a one-frame first chunk."""
+    now = 100.0
+    for spike in (False, True):
+        sched = Scheduler(max_slots=4, chunking=Chunking(4, 12), clock=lambda: now)
+        run_steps(sched, 0.030)
+        if spike:  # one step of 120 ms: the step period is over half real time, the load did not last
+            sched.observe(1, now=1000.0 + 99 * 0.030 + 0.120)
+            assert not sched.room_to_grow
+        playing = state("playing", frames_done=10, first_audio_at=now - 10 * 0.08 + 0.050)
+        playing.status, playing.units_started, playing.holds_slot = RequestStatus.RUNNING, 1, True
+        new = state("new")
+        sched.add(new, Prepared(frames=100))
+        assert not sched.streams_at_risk([playing, new])
+        assert sched.slot_order([playing, new], free=3) == [new] and sched.flush_size(new) == 1
 
 
 def test_past_capacity_only_playing_realtime_streams_hold_admissions():
-    """A stream that cannot run dry through the device - batch work, a paused listener, text still
-    arriving, no audio yet - holds nothing back, whatever its lead."""
+    """A stream that cannot run dry through the device - batch work, a paused listener, no audio
+    yet - holds nothing back, whatever its lead."""
     now = 100.0
     sched = Scheduler(max_slots=4, chunking=Chunking(4, 12), clock=lambda: now)
-    sched.step_period = 0.060
+    run_steps(sched, 0.060)
     behind = dict(frames_done=10, first_audio_at=now - 10 * 0.08)  # lead 0
     batch = state("batch", Priority.BATCH, **behind)
     paused = state("paused", **behind)
