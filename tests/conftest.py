@@ -78,10 +78,10 @@ def engine():
     engine.stop()
 
 
-def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
-    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps. The
-    codes decide the audio; the codec decoder's float math (batched with whatever else streams at
-    the time, in chunks whose size follows the load) may move a sample by a step of rounding."""
+def same_pcm16(a: bytes, b: bytes, lsb: int = 1) -> bool:
+    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps (the
+    promise: the same request and seed give the same audio within 1 LSB whatever else streams;
+    the codec decodes on fixed windows, so its chunking cannot move a sample further)."""
     import numpy as np
 
     x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))

@@ -128,9 +128,9 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         # its progress is the whole job's, across both attempts: the frames of the uninterrupted run
         assert (job["progress"]["frames_done"], job["progress"]["frames_total"]) == (frames, frames)
         assert (job["attempt"], job["started_at"]) == (2, started_at)
-        # and its audio is the uninterrupted run's (the decoder's float math may move a PCM16 step)
+        # and its audio is the uninterrupted run's (<= 1 LSB: the decoder's windows do not follow the attempt)
         assert audio.shape == expected.shape
-        assert np.abs(audio - expected).max() <= 2 / 32768
+        assert np.abs(audio - expected).max() <= 1 / 32768
         # captions across the whole job: in order, within the audio, to its last words
         starts = [w["start_ms"] for w in words]
         assert starts == sorted(starts) and words[-1]["end_ms"] <= audio.size / 24 + 1
