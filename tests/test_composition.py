@@ -2,7 +2,8 @@
 the build path takes a long keyword list), no pipeline named outside the registry (nothing
 branches on a pipeline's name in the service, the engine core or the composition root; the
 service never probes the engine with getattr), and a pipeline's parts built with what they need
-(no adapter sets an attribute of a source it built). Each check reads the real tree; the cases at
+(no adapter sets an attribute of a source it built), and the engines root holding only its faces
+(contract, build, config; every other module in the subpackage of its layer). Each check reads the real tree; the cases at
 the bottom run each checker on a snippet that breaks its rule, so none can pass for nothing."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMETERS = 8
+# what the engines root holds: the interface, the composition root and the config the settings build
+ENGINES_FACES = {"__init__.py", "contract.py", "build.py", "config.py"}
 
 
 def sources(*parts: str) -> list[Path]:
@@ -90,6 +93,11 @@ def test_no_adapter_sets_an_attribute_of_a_source_it_built():
     adapters = [*sorted((ROOT / "engines/pipelines").glob("*/adapter.py")), ROOT / "engines/virtual/device.py"]
     found = [f"{path.relative_to(ROOT)}:{hit}" for path in adapters for hit in source_patches(path.read_text())]
     assert not found, "\n".join(found)
+
+
+def test_the_engines_root_holds_only_its_faces():
+    others = sorted(p.name for p in (ROOT / "engines").glob("*.py") if p.name not in ENGINES_FACES)
+    assert not others, f"engines/{others} belong in the subpackage of their layer (pyproject's engine-layers)"
 
 
 def test_no_function_on_the_build_path_takes_a_long_parameter_list():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.sampling import FrameSampling
