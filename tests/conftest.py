@@ -5,10 +5,10 @@
   (testsupport/server.py, which benchmarks use too; importable from here as before).
 * ``ServerProcess``: ``python -m clients.cli serve`` as a subprocess, for restart,
   drain and signal tests.
-* The oracle checkpoints' engines (``base_engine``, ``talker_engine``, ``unwarmed_talker_engine``,
-  ``aligned_talker``, ``aligned_engine``), a job store of each kind (``job_store``,
-  ``store_settings``, on the session's PostgreSQL) and a TLS certificate (``tls_files``): one
-  definition each, for every test module that needs one.
+* The tiny DiT's modules (``tiny_dit_models``), the oracle checkpoints' engines (``base_engine``,
+  ``talker_engine``, ``unwarmed_talker_engine``, ``aligned_talker``, ``aligned_engine``), a job
+  store of each kind (``job_store``, ``store_settings``, on the session's PostgreSQL) and a TLS
+  certificate (``tls_files``): one definition each, for every test module that needs one.
 """
 
 from __future__ import annotations
@@ -286,6 +286,15 @@ def unwarmed_talker_engine():
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_dit_models():
+    """The DiT pipeline's modules of the tiny preset on random weights (seed 0), on the CPU."""
+    from engines.config import get_preset
+    from engines.pipelines.dit.weights import build_models
+
+    return build_models(get_preset("tiny"), seed=0)
 
 
 ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"  # the random aligner scripts/aligner-oracle-env.sh makes

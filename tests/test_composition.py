@@ -2,9 +2,9 @@
 the build path takes a long keyword list), no pipeline named outside the registry (nothing
 branches on a pipeline's name in the service, the engine core or the composition root; the
 service never probes the engine with getattr), and a pipeline's parts built with what they need
-(no adapter sets an attribute of a part it built: a source, a frame coder), and the engines root holding only its faces
-(contract, build, config; every other module in the subpackage of its layer). Each check reads the real tree; the cases at
-the bottom run each checker on a snippet that breaks its rule, so none can pass for nothing."""
+(no adapter sets an attribute of a part it built: a source, a frame coder), and the engines root
+holding only its faces (contract, build, config; every other module in the subpackage of its
+layer). Each check reads the real tree; the cases at the bottom run each checker on a snippet that breaks its rule, so none can pass for nothing."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def part_patches(text: str) -> list[str]:
         if not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         nodes = list(own_nodes(scope))
-        built = {"source"} | {name.id for node in nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                              for target in node.targets
+        calls = [node for node in nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)]
+        built = {"source"} | {name.id for node in calls for target in node.targets
                               for name in (target.elts if isinstance(target, ast.Tuple) else [target])
                               if isinstance(name, ast.Name)}
         for node in nodes:
@@ -152,7 +152,7 @@ def test_no_function_on_the_build_path_takes_a_long_parameter_list():
                    "    coder.predictor = GraphedCodePredictor(coder.predictor)"),
     (lambda t: [too_many_parameters(eval(t))] if too_many_parameters(eval(t)) else [],  # noqa: S307
      "lambda a, b, c, d, e, f, g, h, i: None"),
-], ids=["name-compare", "unit-compare", "name-in-tuple", "getattr-engine", "source-attr", "source-part-attr", "built-part-attr",
-        "nine-params"])
+], ids=["name-compare", "unit-compare", "name-in-tuple", "getattr-engine", "source-attr", "source-part-attr",
+        "built-part-attr", "nine-params"])
 def test_each_checker_finds_what_breaks_its_rule(checker, snippet):
     assert checker(snippet)

@@ -108,7 +108,8 @@ async def test_every_numeric_query_parameter_refuses_hostile_text(server):
             for path in ("/v1/jobs", "/v1/audio/voices"):
                 async with http.get(f"{server.url}{path}?limit={value}") as r:
                     await refused_http(http, r, OWN_SHAPE)
-        assert await metric_value(server.url, "streamvox_requests_total", '{endpoint="/v1/speak",outcome="internal_error"}') == 0
+        assert await metric_value(server.url, "streamvox_requests_total",
+                                  '{endpoint="/v1/speak",outcome="internal_error"}') == 0
 
 
 async def test_vendor_json_numbers_refuse_hostile_values(server):

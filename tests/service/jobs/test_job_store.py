@@ -192,7 +192,8 @@ async def test_progress_is_planned_at_submit_and_kept_across_attempts(job_store)
     assert first.attempts == 1 and first.started_at is not None
     assert await job_store.start_plan(job.id, first.lease_token, "plan", 3) == []
     assert await job_store.put_segment(job.id, first.lease_token, 0, 48_000, 25, b"\0\0" * 48_000, None, "s16")
-    assert await job_store.renew(job.id, first.lease_token, LEASE, Progress(40, 90, 1, 3, 60_000, eta_at=time.time() + 9))
+    assert await job_store.renew(job.id, first.lease_token, LEASE,
+                                 Progress(40, 90, 1, 3, 60_000, eta_at=time.time() + 9))
     running = await job_store.get(job.id)
     assert (running.frames_done, running.frames_total, running.utterances_done, running.audio_samples) == \
         (40, 90, 1, 60_000)

@@ -65,7 +65,8 @@ async def uninterrupted(http, engine, data_dir) -> dict:
     return UNINTERRUPTED
 
 
-async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path, store_settings):
+async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path,
+                                                                                  store_settings):
     async with aiohttp.ClientSession() as http:
         whole = await uninterrupted(http, aligned_talker, tmp_path / "plain")
         job, expected, texts = whole["job"], whole["audio"], whole["texts"]
