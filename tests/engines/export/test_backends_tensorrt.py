@@ -261,21 +261,20 @@ class FakeTensorRT:
         self.Runtime = Runtime
 
 
-def write_trt_artifacts(tiny_dit_models, directory, version="10.9.0", dit_plan=b"dit-plan"):
+def write_trt_artifacts(tiny, directory, version="10.9.0", dit_plan=b"dit-plan"):
     """manifest.json + plan files as build-engines writes them; returns {plan bytes: fake engine}."""
     from engines.export.manifest import Manifest, jsonable, weights_hash
 
-    dit = dit_spec(tiny_dit_models, default_profiles(tiny_dit_models.config)["dit"])
-    step, graph = decoder_step_spec(tiny_dit_models, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
+    dit = dit_spec(tiny, default_profiles(tiny.config)["dit"])
+    step, graph = decoder_step_spec(tiny, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
     (directory / "dit.plan").write_bytes(dit_plan)
     (directory / "decoder_step.plan").write_bytes(b"step-plan")
     Manifest(preset="tiny", dtype="float32",
-             config=jsonable({"dit": tiny_dit_models.config.dit.to_dict(),
-                              "decoder": tiny_dit_models.config.decoder.to_dict()}),
-             weights={"dit": weights_hash(tiny_dit_models.dit), "decoder": weights_hash(tiny_dit_models.decoder)},
+             config=jsonable({"dit": tiny.config.dit.to_dict(), "decoder": tiny.config.decoder.to_dict()}),
+             weights={"dit": weights_hash(tiny.dit), "decoder": weights_hash(tiny.decoder)},
              graphs={"dit": dit, "decoder_step": step}, tensorrt={"version": version}).save(directory)
     engine_profile = {**dit.profile, "batch": AxisRange(1, 4, 6)}  # engine built for fewer rows than exported
-    return {b"dit-plan": FakeTrtEngine(dit, lambda *a: (tiny_dit_models.dit(*a),), engine_profile, []),
+    return {b"dit-plan": FakeTrtEngine(dit, lambda *a: (tiny.dit(*a),), engine_profile, []),
             b"step-plan": FakeTrtEngine(step, lambda *a: graph(*a), step.profile, [])}
 
 
