@@ -4,7 +4,8 @@
 * ``start_server(engine, data_dir, **settings)``: the aiohttp app on a real TCP socket
   (testsupport/server.py, which benchmarks use too; importable from here as before).
 * ``ServerProcess``: ``python -m clients.cli serve`` as a subprocess, for restart,
-  drain and signal tests.
+  drain and signal tests; ``serving(...)``: one listening for a block, which fails the test if
+  the server died meanwhile.
 * The tiny DiT's modules (``tiny_dit_models``), the oracle checkpoints' engines (``base_engine``,
   ``talker_engine``, ``unwarmed_talker_engine``, ``aligned_talker``, ``aligned_engine``), a job
   store of each kind (``job_store``, ``store_settings``, on the session's PostgreSQL) and a TLS
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -188,6 +190,19 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.lines)
+
+
+@contextmanager
+def serving(data_dir: Path, *extra_args: str, env: dict | None = None):
+    """A ServerProcess, listening; on leaving, the test fails if the server died meanwhile (the
+    tail of its log in the message), and it is stopped."""
+    server = ServerProcess(data_dir, *extra_args, env=env)
+    try:
+        server.wait_listening()
+        yield server
+        assert server.proc.poll() is None, "the server died:\n" + server.log[-4000:]
+    finally:
+        server.stop()
 
 
 # -- PostgreSQL: one real server per test session, a fresh database per test --------
