@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from conftest import same_pcm16, start_server
 
-from engines.cpu_features import has_native_bf16
+from engines.hardware.cpu_features import has_native_bf16
 from service.server import build_engine_for
 from service.settings import Settings
 from tests.oracle import talker_fixtures as fx
