@@ -4,6 +4,7 @@ OUR weights at the same sizes (``bench_talker.py --mnn`` times it beside ours).
     scripts/mnn-env.sh                                   # once: .venv-mnn with qwen3-tts-mnn 0.3.1 + MNN
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b            # ~3 min, 1.9 GB ONNX on the way
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b --check 8  # + greedy codes vs ours, both layouts
+    python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b-int8 --quant int8 --check 8  # its own int8
 
 The weights are ``testsupport.talker.make_bundle(seed=0, **bench_talker.SIZES[size])``, the
 talker bench_talker's "ours" variants time. What the peer's pure-pymnn path (the only one on
@@ -14,7 +15,9 @@ Linux: its native extension is a macOS arm64 build) loads, read from its engine.
   f32 -> ``last_hidden [1, L, D]`` (after the final norm: the peer applies the heads itself in
   numpy) and ``new_kv [2 x layers, 1, 8, T + L, 128]``. Built here from our own layer modules
   (``DecoderLayer.qkv`` / ``after_attention``, attention written out), exported to ONNX,
-  converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``). Position p
+  converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``; ``--quant int8``:
+  MNN's own weight quantization, ``--weightQuantBits 8 --weightQuantBlock 128
+  --weightQuantAsymmetric``, blocks of 128 weights with a scale and a zero point like ours). Position p
   attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE
   has its three position ids equal in TTS, which is the plain 1-D rotation used here (``--check``
   compares with our ``Talker.forward``, which computes M-RoPE).
@@ -56,6 +59,9 @@ REF_TEXT = "Hello world, this is a small test."
 REF_FRAMES = 8
 UNROLLED = "unrolled"  # the sub-directory where cp_unrolled.mnn sits beside links to the rest
 OPSET = 17
+# MNN's converter flags per --quant: int8 is its block-wise asymmetric weight quantization, blocks of 128
+# input channels with an fp32 scale and zero point (--weightQuantScaleBit's default), our int8's layout
+QUANT_FLAGS = {"fp32": [], "int8": ["--weightQuantBits", "8", "--weightQuantBlock", "128", "--weightQuantAsymmetric"]}
 
 
 def self_attention(q, k, v, mask, scale: float):
@@ -173,12 +179,13 @@ def vocoder_placeholder():
     return Placeholder()
 
 
-def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path) -> None:
-    """ONNX -> .mnn with MNN's converter (fp32 weights), through its C extension (see the docstring)."""
+def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path, quant: str = "fp32") -> None:
+    """ONNX -> .mnn with MNN's converter (``quant``: fp32 weights or its int8, ``QUANT_FLAGS``), through
+    its C extension (see the docstring)."""
     code = "import sys, _tools; _tools.mnnconvert(sys.argv)"
     mnn_path.unlink(missing_ok=True)
     done = subprocess.run([str(mnn_python), "-c", code, "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel",
-                    str(mnn_path), "--bizCode", "streamvox"], capture_output=True, text=True)
+                    str(mnn_path), "--bizCode", "streamvox", *QUANT_FLAGS[quant]], capture_output=True, text=True)
     if not mnn_path.is_file():
         raise RuntimeError(f"MNN's converter wrote no {mnn_path}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
@@ -247,8 +254,8 @@ def bench_bundle(size: str):
                        **SIZES[size])
 
 
-def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = False) -> None:
-    """The whole model directory (see the module docstring) into ``out``."""
+def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = False, quant: str = "fp32") -> None:
+    """The whole model directory (see the module docstring) into ``out``, its graphs' weights in ``quant``."""
     import torch
 
     from engines.models.layers import rope_cos_sin
@@ -291,7 +298,7 @@ def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = F
     for path, (graph, example, inputs, outputs, axes) in graphs.items():
         onnx = onnx_dir / (path.stem + ".onnx")
         export_graph(graph, example, onnx, inputs, outputs, axes)
-        convert(onnx, path, mnn_python)
+        convert(onnx, path, mnn_python, quant)
         print(f"  {path.relative_to(out)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         if not keep_onnx:
             onnx.unlink()
@@ -382,13 +389,15 @@ def main() -> None:
     ap.add_argument("--size", default="0.6b", choices=["0.6b"])
     ap.add_argument("--mnn-python", type=Path, default=MNN_PYTHON)
     ap.add_argument("--check", type=int, default=0, metavar="FRAMES", help="then compare greedy codes with ours")
+    ap.add_argument("--quant", default="fp32", choices=sorted(QUANT_FLAGS),
+                    help="the step graphs' weights: fp32, or MNN's converter's block-wise int8 (see the docstring)")
     ap.add_argument("--check-only", action="store_true", help="the directory exists: only --check")
     ap.add_argument("--keep-onnx", action="store_true")
     args = ap.parse_args()
     if not args.mnn_python.is_file():
         raise SystemExit(f"no {args.mnn_python}: build it with scripts/mnn-env.sh")
     if not args.check_only:
-        export(bench_bundle(args.size), args.out, args.mnn_python, args.keep_onnx)
+        export(bench_bundle(args.size), args.out, args.mnn_python, args.keep_onnx, args.quant)
         print(f"wrote {args.out}")
     if args.check or args.check_only:
         from bench_talker import TEXT
