@@ -184,8 +184,10 @@ def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path, quant: str = "fp3
     its C extension (see the docstring)."""
     code = "import sys, _tools; _tools.mnnconvert(sys.argv)"
     mnn_path.unlink(missing_ok=True)
-    done = subprocess.run([str(mnn_python), "-c", code, "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel",
-                    str(mnn_path), "--bizCode", "streamvox", *QUANT_FLAGS[quant]], capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as work:  # it writes a scratch file of the weights into its cwd
+        done = subprocess.run([str(mnn_python), "-c", code, "-f", "ONNX", "--modelFile", str(onnx_path.resolve()),
+                               "--MNNModel", str(mnn_path.resolve()), "--bizCode", "streamvox", *QUANT_FLAGS[quant]],
+                              capture_output=True, text=True, cwd=work)
     if not mnn_path.is_file():
         raise RuntimeError(f"MNN's converter wrote no {mnn_path}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
