@@ -6,7 +6,7 @@ prefill and decode timed apart, variants taking turns, next to the machine's flo
     scripts/mnn-env.sh && python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 2 \
         --no-official --mnn /tmp/mnn-0.6b     # + qwen3-tts-mnn (its model exported on first use; ~9 GB)
     python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 1 --quantize int8 --no-official \
-        --mnn /tmp/mnn-0.6b-int8 --mnn-quant int8   # + the peer in its own int8 beside ours ("mnn int8")
+        --mnn /tmp/mnn-0.6b-int8 --mnn-quant int8 --mnn-memory normal low   # + the peer in its own int8
     python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
         --official-batches 1 8 --step-graphs --oracle-python /tmp/oracle-python
 
@@ -18,7 +18,9 @@ How (every number printed comes from this procedure):
   and "mnn fp32 unroll" (``--mnn DIR``: the qwen3-tts-mnn peer in ``.venv-mnn`` on the same random
   talker, exported by benchmarks/export_mnn.py, with its per-pass and its unrolled code predictor
   graphs; batch 1 only; ``--mnn-quant int8``: "mnn int8" / "mnn int8 unroll", its graphs in MNN's
-  own block-wise int8, held to the floor of "ours int8") and on CUDA the step-graph variants. Only one works at
+  own block-wise int8, which MNN expands to fp32 in the sessions the peer creates; ``--mnn-memory
+  low``: "mnn int8 lowmem", its sessions with MNN's Memory_Low hint, computing on the int8 weights
+  and held to the floor of "ours int8") and on CUDA the step-graph variants. Only one works at
   a time; the others wait on their stdin.
 * **Rounds**: at each batch size, every round runs each variant once, in an order rotated by
   one per round (so no variant always goes first, or always runs right after another), and
@@ -545,8 +547,20 @@ def official_worker(args) -> None:
 
 def mnn_worker(args) -> None:
     """The peer's own generation loop on the model directory benchmarks/export_mnn.py wrote
-    (numpy + MNN only: this process has no torch)."""
+    (numpy + MNN only: this process has no torch). ``--mnn-memory low``: its sessions get MNN's
+    Memory_Low hint (the peer itself asks only for ``numThread``), under which MNN's CPU backend keeps
+    a weight-quantized graph's int8 weights and computes with them; without it MNN expands them to
+    fp32 when a session is sized (an int8 talker_step.mnn: 1,709 MB of session memory, 476 MB with it)."""
     from qwen3_tts_mnn import Qwen3TtsMnn
+
+    if args.mnn_memory == ["low"]:  # the peer's _MnnRunner makes MNN.Interpreter(path) (an immutable C type)
+        import MNN
+
+        class LowMemory(MNN.Interpreter):
+            def createSession(self, config=None, *rest):  # BackendConfig::Memory_Low (pymnn reads an int only)
+                return super().createSession({**(config or {}), "memory": 2}, *rest)
+
+        MNN.Interpreter = LowMemory
 
     tts = Qwen3TtsMnn(args.mnn, num_threads=args.threads or os.cpu_count(), language="english", backend="pymnn")
     tts.load_voice(str(Path(args.mnn) / "voice"))
@@ -595,8 +609,8 @@ def mnn_specs(args, env: dict) -> list[tuple]:
     env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     me = [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn"]
     layouts = {"step": (f"mnn {quant}", model), "unroll": (f"mnn {quant} unroll", model / "unrolled")}
-    return [(name, me + [str(path)], REPO, env, {1}) for layout, (name, path) in layouts.items()
-            if layout in args.mnn_layouts]
+    return [(name + (" lowmem" if memory == "low" else ""), me + [str(path), "--mnn-memory", memory], REPO, env, {1})
+            for layout, (name, path) in layouts.items() if layout in args.mnn_layouts for memory in args.mnn_memory]
 
 
 # --------------------------------------------------------------------------- coordinator
@@ -694,6 +708,9 @@ def main() -> None:
     ap.add_argument("--mnn-quant", default="fp32", choices=["fp32", "int8"],
                     help="the peer's weights: fp32, or its own int8 (MNN's block-wise weight quantization; "
                          "benchmarks/export_mnn.py --quant); give each its own --mnn DIR")
+    ap.add_argument("--mnn-memory", nargs="+", default=["normal"], choices=["normal", "low"],
+                    help="the peer's MNN sessions as it creates them (normal) and/or with MNN's Memory_Low hint "
+                         "(low: \"mnn ... lowmem\"; an int8 graph then computes on its int8 weights, see mnn_worker)")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
@@ -852,7 +869,7 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
             # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads, the
             # mnn peer what ours in its mode reads (int8: blocks of 128 with a scale and a zero point)
             ref = mine[0] if "weight_bytes" in mine[0] else fp
-            if name.startswith("mnn int8"):
+            if name.startswith("mnn int8") and name.endswith("lowmem"):  # else MNN expanded its weights to fp32
                 ref = next((t for t in turns if t["batch"] == b and t["variant"] == "ours int8"), None)
             pre = [t["prefill_ms"] for t in mine]
             step = [t["step_med_ms"] for t in mine]
