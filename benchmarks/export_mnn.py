@@ -17,7 +17,9 @@ Linux: its native extension is a macOS arm64 build) loads, read from its engine.
   (``DecoderLayer.qkv`` / ``after_attention``, attention written out), exported to ONNX,
   converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``; ``--quant int8``:
   MNN's own weight quantization, ``--weightQuantBits 8 --weightQuantBlock 128
-  --weightQuantAsymmetric``, blocks of 128 weights with a scale and a zero point like ours). Position p
+  --weightQuantAsymmetric``, blocks of 128 weights with a scale and a zero point like ours; MNN's CPU
+  backend computes on them only in a session with its Memory_Low hint, else it expands them to fp32:
+  ``--check`` then runs the peer both ways against ours fp32 and ours int8). Position p
   attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE
   has its three position ids equal in TTS, which is the plain 1-D rotation used here (``--check``
   compares with our ``Talker.forward``, which computes M-RoPE).
@@ -317,10 +319,16 @@ def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = F
 PEER_RUN = r"""
 import json, sys
 import numpy as np
+import MNN
 from qwen3_tts_mnn import Qwen3TtsMnn
 from qwen3_tts_mnn.engine import TTS_PAD
 from qwen3_tts_mnn.tokenizer import build_assistant_text_ids
-model, out, steps, text = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+model, out, steps, text, memory = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+if memory == 'low':  # its sessions with MNN's Memory_Low hint, as bench_talker's "mnn ... lowmem"
+    class LowMemory(MNN.Interpreter):
+        def createSession(self, config=None, *rest):
+            return super().createSession({**(config or {}), 'memory': 2}, *rest)
+    MNN.Interpreter = LowMemory
 tts = Qwen3TtsMnn(model, num_threads=1, language='english', backend='pymnn')
 tts.load_voice(model + '/voice')
 prefill, trailing = tts._build_prefill(build_assistant_text_ids(tts.tokenizer, text))
@@ -331,15 +339,16 @@ np.savez(out, prefill=prefill, trailing=trailing, tts_pad=tts._text_proj(np.arra
 """
 
 
-def peer_run(model: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON) -> dict:
+def peer_run(model: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON, memory: str = "normal") -> dict:
     """The peer's own greedy loop on ``model`` (the export directory: its cp_step path, or
-    ``unrolled/``: cp_unrolled) -> its prefill inputs, trailing text, tts_pad embedding, the
-    prefill's last hidden state and its codes [steps, 16]."""
+    ``unrolled/``: cp_unrolled; ``memory`` low: its MNN sessions with the Memory_Low hint) -> its
+    prefill inputs, trailing text, tts_pad embedding, the prefill's last hidden state and its codes
+    [steps, 16]."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "peer.npz"
-        subprocess.run([str(mnn_python), "-c", PEER_RUN, str(model), str(npz), str(steps), text], check=True)
+        subprocess.run([str(mnn_python), "-c", PEER_RUN, str(model), str(npz), str(steps), text, memory], check=True)
         return dict(np.load(npz))
 
 
@@ -347,7 +356,8 @@ def compare(bundle, peer: dict, steps: int) -> dict:
     """Our modules fed what the peer's loop was fed: its prefill embeddings and trailing text (its
     voice-clone prompt), its fp16 tables (ours rounded to fp16 here the same way); greedy code 0
     over codes < 2048 (EOS blocked), greedy codes 1..15 -> the agreement with ``peer_run``'s codes
-    and the prefill's last hidden state difference."""
+    and the prefill's last hidden state difference (``ours_codes``: ours, [steps][16]). Our
+    modules may be quantized (engines/models/quantize.py; their heads then are already rounded)."""
     import torch
 
     from engines.models.sampling import FrameSampling
@@ -355,7 +365,8 @@ def compare(bundle, peer: dict, steps: int) -> dict:
     talker, predictor = bundle.talker, bundle.predictor
     with torch.no_grad():
         for w in [talker.codec_head.weight, talker.model.codec_embedding.weight,
-                  *(m.weight for m in predictor.lm_head), *(m.weight for m in predictor.model.codec_embedding)]:
+                  *(m.weight for m in predictor.lm_head if isinstance(m, torch.nn.Linear)),
+                  *(m.weight for m in predictor.model.codec_embedding)]:
             w.copy_(w.half().float())
         prefill = torch.from_numpy(peer["prefill"])
         trailing, pad = torch.from_numpy(peer["trailing"]), torch.from_numpy(peer["tts_pad"])
@@ -382,7 +393,7 @@ def compare(bundle, peer: dict, steps: int) -> dict:
             "code0_equal": sum(a[0] == b[0] for a, b in zip(ours, theirs)),
             "codes_equal": sum(x == y for a, b in zip(ours, theirs) for x, y in zip(a, b)),
             "codes": n * 16, "first_differing_frame": first_diff, "prefill_hidden_max_abs_diff": hidden_diff,
-            "ours_code0": [f[0] for f in ours], "peer_code0": [f[0] for f in theirs]}
+            "ours_code0": [f[0] for f in ours], "peer_code0": [f[0] for f in theirs], "ours_codes": ours}
 
 
 def main() -> None:
@@ -405,11 +416,29 @@ def main() -> None:
         from bench_talker import TEXT
 
         steps = args.check or 8
+        # int8: the peer also with MNN's Memory_Low hint (its int8 computed as int8, not expanded to fp32)
+        # and ours also in int8 (blocks of 128 with a scale and a zero point, on ONNX Runtime)
+        modes = ["fp32", "int8"] if args.quant == "int8" else ["fp32"]
+        memories = ["normal", "low"] if args.quant == "int8" else ["normal"]
         # the peer first, while this process holds no model (both at once need ~6 GB)
-        peers = {model: peer_run(model, steps, TEXT, args.mnn_python) for model in (args.out, args.out / UNROLLED)}
+        peers = {(model, memory): peer_run(model, steps, TEXT, args.mnn_python, memory)
+                 for model in (args.out, args.out / UNROLLED) for memory in memories}
         bundle = bench_bundle(args.size)
-        for model, peer in peers.items():
-            print(f"{model}: {json.dumps(compare(bundle, peer, steps))}")
+        ours = {}
+        for mode in modes:
+            if mode == "int8":
+                from engines.models.quantize import quantize_talker
+
+                quantize_talker(bundle.talker, bundle.predictor, "int8", native=False)
+            for (model, memory), peer in peers.items():
+                got = compare(bundle, peer, steps)
+                ours[mode] = got.pop("ours_codes")  # the peers' prompts are the same: so are ours' codes
+                print(f"{model} (MNN memory {memory}) vs ours {mode}: {json.dumps(got)}")
+        if len(ours) == 2:
+            a, b = ours["fp32"], ours["int8"]
+            print(f"ours int8 vs ours fp32 on those inputs: frames equal {sum(x == y for x, y in zip(a, b))} / "
+                  f"{len(a)}, code 0 equal {sum(x[0] == y[0] for x, y in zip(a, b))}, codes equal "
+                  f"{sum(u == v for x, y in zip(a, b) for u, v in zip(x, y))} / {16 * len(a)}")
 
 
 if __name__ == "__main__":
