@@ -34,7 +34,7 @@ from loadgen import TEXTS, Playback, percentile  # noqa: E402
 
 from engines.build import build_engine  # noqa: E402
 from engines.config import EngineConfig, VirtualDeviceConfig  # noqa: E402
-from engines.devices import DTYPES  # noqa: E402
+from engines.hardware.devices import DTYPES  # noqa: E402
 from engines.contract import SAMPLE_RATE, AudioChunk, SynthesisRequest  # noqa: E402
 from service.settings import runtime_switches  # noqa: E402
 

@@ -5,6 +5,8 @@ prefill and decode timed apart, variants taking turns, next to the machine's flo
     python benchmarks/bench_talker.py --size 0.6b --batches 1 8 --baseline-commit HEAD~3   # + ours then
     scripts/mnn-env.sh && python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 2 \
         --no-official --mnn /tmp/mnn-0.6b     # + qwen3-tts-mnn (its model exported on first use; ~9 GB)
+    python benchmarks/bench_talker.py --size 0.6b --batches 1 --threads 1 --quantize int8 --no-official \
+        --mnn /tmp/mnn-0.6b-int8 --mnn-quant int8 --mnn-memory normal low   # + the peer in its own int8
     python benchmarks/bench_talker.py --size 0.6b --device cuda --dtype bfloat16 --batches 1 8 64 \
         --official-batches 1 8 --step-graphs --oracle-python /tmp/oracle-python
 
@@ -15,7 +17,10 @@ How (every number printed comes from this procedure):
   (``--baseline-commit``: that commit's engine, exported with ``git archive``), "mnn fp32"
   and "mnn fp32 unroll" (``--mnn DIR``: the qwen3-tts-mnn peer in ``.venv-mnn`` on the same random
   talker, exported by benchmarks/export_mnn.py, with its per-pass and its unrolled code predictor
-  graphs; batch 1 only) and on CUDA the step-graph variants. Only one works at
+  graphs; batch 1 only; ``--mnn-quant int8``: "mnn int8" / "mnn int8 unroll", its graphs in MNN's
+  own block-wise int8, which MNN expands to fp32 in the sessions the peer creates; ``--mnn-memory
+  low``: "mnn int8 lowmem", its sessions with MNN's Memory_Low hint, computing on the int8 weights
+  and held to the floor of "ours int8") and on CUDA the step-graph variants. Only one works at
   a time; the others wait on their stdin.
 * **Rounds**: at each batch size, every round runs each variant once, in an order rotated by
   one per round (so no variant always goes first, or always runs right after another), and
@@ -68,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import math
 import os
@@ -541,8 +547,20 @@ def official_worker(args) -> None:
 
 def mnn_worker(args) -> None:
     """The peer's own generation loop on the model directory benchmarks/export_mnn.py wrote
-    (numpy + MNN only: this process has no torch)."""
+    (numpy + MNN only: this process has no torch). ``--mnn-memory low``: its sessions get MNN's
+    Memory_Low hint (the peer itself asks only for ``numThread``), under which MNN's CPU backend keeps
+    a weight-quantized graph's int8 weights and computes with them; without it MNN expands them to
+    fp32 when a session is sized (an int8 talker_step.mnn: 1,709 MB of session memory, 476 MB with it)."""
     from qwen3_tts_mnn import Qwen3TtsMnn
+
+    if args.mnn_memory == ["low"]:  # the peer's _MnnRunner makes MNN.Interpreter(path) (an immutable C type)
+        import MNN
+
+        class LowMemory(MNN.Interpreter):
+            def createSession(self, config=None, *rest):  # BackendConfig::Memory_Low (pymnn reads an int only)
+                return super().createSession({**(config or {}), "memory": 2}, *rest)
+
+        MNN.Interpreter = LowMemory
 
     tts = Qwen3TtsMnn(args.mnn, num_threads=args.threads or os.cpu_count(), language="english", backend="pymnn")
     tts.load_voice(str(Path(args.mnn) / "voice"))
@@ -573,6 +591,7 @@ def mnn_specs(args, env: dict) -> list[tuple]:
     the path it prefers when ``cp_unrolled.mnn`` exists); the model is exported first if ``--mnn``
     has none. Empty (the reason printed) when they cannot run here."""
     python = Path(args.mnn_python)
+    quant = args.mnn_quant
     if not python.is_file():
         print(f"(no {python}: the mnn variants are skipped; build it with scripts/mnn-env.sh)")
         return []
@@ -580,17 +599,18 @@ def mnn_specs(args, env: dict) -> list[tuple]:
         print("(the mnn variants run at --size 0.6b only: the peer hard-codes the released K/V shapes)")
         return []
     model = Path(args.mnn)
-    if not (model / "unrolled" / "cp_unrolled.mnn").is_file():
-        print(f"exporting the talker for qwen3-tts-mnn into {model} (benchmarks/export_mnn.py, ~3 minutes)", flush=True)
+    if not (model / "unrolled" / "cp_unrolled.mnn").is_file():  # (an existing DIR is trusted to be in --mnn-quant)
+        print(f"exporting the talker for qwen3-tts-mnn ({quant}) into {model} (benchmarks/export_mnn.py, ~3 minutes)",
+              flush=True)
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "export_mnn.py"), "--size", args.size, str(model),
-                        "--mnn-python", str(python)], check=True, env=dict(env, PYTHONPATH=str(REPO)))
+                        "--mnn-python", str(python), "--quant", quant], check=True, env=dict(env, PYTHONPATH=str(REPO)))
     # MNN gets --threads; numpy's BLAS (the peer's code-0 and 15 predictor heads, small GEMVs) one thread,
     # its best here: with 2 OpenBLAS threads on the 2 loaded cores a frame took 1.7-2.1 s, not 0.7-0.9 s
     env = dict(env, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     me = [str(python), str(Path(__file__).resolve()), "--worker", "mnn", "--mnn"]
-    layouts = {"step": ("mnn fp32", model), "unroll": ("mnn fp32 unroll", model / "unrolled")}
-    return [(name, me + [str(path)], REPO, env, {1}) for layout, (name, path) in layouts.items()
-            if layout in args.mnn_layouts]
+    layouts = {"step": (f"mnn {quant}", model), "unroll": (f"mnn {quant} unroll", model / "unrolled")}
+    return [(name + (" lowmem" if memory == "low" else ""), me + [str(path), "--mnn-memory", memory], REPO, env, {1})
+            for layout, (name, path) in layouts.items() if layout in args.mnn_layouts for memory in args.mnn_memory]
 
 
 # --------------------------------------------------------------------------- coordinator
@@ -685,6 +705,12 @@ def main() -> None:
     ap.add_argument("--mnn-layouts", nargs="+", default=["step"], choices=["step", "unroll"],
                     help="which mnn variants: its per-pass code predictor (~9.4 GB resident: a session per "
                          "predictor input shape) and/or the unrolled one (~6.2 GB)")
+    ap.add_argument("--mnn-quant", default="fp32", choices=["fp32", "int8"],
+                    help="the peer's weights: fp32, or its own int8 (MNN's block-wise weight quantization; "
+                         "benchmarks/export_mnn.py --quant); give each its own --mnn DIR")
+    ap.add_argument("--mnn-memory", nargs="+", default=["normal"], choices=["normal", "low"],
+                    help="the peer's MNN sessions as it creates them (normal) and/or with MNN's Memory_Low hint "
+                         "(low: \"mnn ... lowmem\"; an int8 graph then computes on its int8 weights, see mnn_worker)")
     ap.add_argument("--mnn-python", default=str(REPO / ".venv-mnn" / "bin" / "python"))
     ap.add_argument("--json", default=None, help="write every turn's figures here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # variant name inside a worker
@@ -840,8 +866,11 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
             mine = [t for t in turns if t["variant"] == name and t["batch"] == b]
             if not mine:
                 continue
-            # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads
+            # the variant's own bytes (int8 / bf16 read fewer); the official reads what ours reads, the
+            # mnn peer what ours in its mode reads (int8: blocks of 128 with a scale and a zero point)
             ref = mine[0] if "weight_bytes" in mine[0] else fp
+            if name.startswith("mnn int8") and name.endswith("lowmem"):  # else MNN expanded its weights to fp32
+                ref = next((t for t in turns if t["batch"] == b and t["variant"] == "ours int8"), None)
             pre = [t["prefill_ms"] for t in mine]
             step = [t["step_med_ms"] for t in mine]
             best = min(step)
@@ -867,15 +896,18 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
     print("\nratios within a round (other / ours; > 1 = ours faster), min .. median .. max over rounds:")
     for b in args.batches:
         for name in names[1:]:
-            for what, key in (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"), ("prefill", "prefill_ms")):
+            # the peer in its own int8 also against ours int8 (the same format: its fairer comparison)
+            anchors = ["ours"] + (["ours int8"] if name.startswith("mnn int8") and "ours int8" in names else [])
+            for anchor, (what, key) in itertools.product(anchors, (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"),
+                                                                   ("prefill", "prefill_ms"))):
                 rs = []
                 for r in range(args.rounds):
-                    a = next((t for t in turns if t["variant"] == "ours" and t["batch"] == b and t["round"] == r), None)
+                    a = next((t for t in turns if t["variant"] == anchor and t["batch"] == b and t["round"] == r), None)
                     o = next((t for t in turns if t["variant"] == name and t["batch"] == b and t["round"] == r), None)
                     if a and o and key in a and key in o:
                         rs.append(o[key] / a[key])
                 if rs:
-                    print(f"  B={b:3d} {what:>7} {name:>14} / ours: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "
+                    print(f"  B={b:3d} {what:>7} {name:>14} / {anchor}: {min(rs):.2f} .. {statistics.median(rs):.2f} .. "
                           f"{max(rs):.2f}")
     if args.codec:
         report_whole_path(args, names, turns, flops, bw)

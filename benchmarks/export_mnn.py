@@ -4,6 +4,7 @@ OUR weights at the same sizes (``bench_talker.py --mnn`` times it beside ours).
     scripts/mnn-env.sh                                   # once: .venv-mnn with qwen3-tts-mnn 0.3.1 + MNN
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b            # ~3 min, 1.9 GB ONNX on the way
     python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b --check 8  # + greedy codes vs ours, both layouts
+    python benchmarks/export_mnn.py --size 0.6b /tmp/mnn-0.6b-int8 --quant int8 --check 8  # its own int8
 
 The weights are ``testsupport.talker.make_bundle(seed=0, **bench_talker.SIZES[size])``, the
 talker bench_talker's "ours" variants time. What the peer's pure-pymnn path (the only one on
@@ -14,7 +15,11 @@ Linux: its native extension is a macOS arm64 build) loads, read from its engine.
   f32 -> ``last_hidden [1, L, D]`` (after the final norm: the peer applies the heads itself in
   numpy) and ``new_kv [2 x layers, 1, 8, T + L, 128]``. Built here from our own layer modules
   (``DecoderLayer.qkv`` / ``after_attention``, attention written out), exported to ONNX,
-  converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``). Position p
+  converted by MNN's converter (fp32 weights: no ``--fp16`` / ``--weightQuantBits``; ``--quant int8``:
+  MNN's own weight quantization, ``--weightQuantBits 8 --weightQuantBlock 128
+  --weightQuantAsymmetric``, blocks of 128 weights with a scale and a zero point like ours; MNN's CPU
+  backend computes on them only in a session with its Memory_Low hint, else it expands them to fp32:
+  ``--check`` then runs the peer both ways against ours fp32 and ours int8). Position p
   attends to slots <= p, so the same graph is the prefill (T = 0) and a step. The talker's M-RoPE
   has its three position ids equal in TTS, which is the plain 1-D rotation used here (``--check``
   compares with our ``Talker.forward``, which computes M-RoPE).
@@ -56,6 +61,9 @@ REF_TEXT = "Hello world, this is a small test."
 REF_FRAMES = 8
 UNROLLED = "unrolled"  # the sub-directory where cp_unrolled.mnn sits beside links to the rest
 OPSET = 17
+# MNN's converter flags per --quant: int8 is its block-wise asymmetric weight quantization, blocks of 128
+# input channels with an fp32 scale and zero point (--weightQuantScaleBit's default), our int8's layout
+QUANT_FLAGS = {"fp32": [], "int8": ["--weightQuantBits", "8", "--weightQuantBlock", "128", "--weightQuantAsymmetric"]}
 
 
 def self_attention(q, k, v, mask, scale: float):
@@ -173,12 +181,15 @@ def vocoder_placeholder():
     return Placeholder()
 
 
-def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path) -> None:
-    """ONNX -> .mnn with MNN's converter (fp32 weights), through its C extension (see the docstring)."""
+def convert(onnx_path: Path, mnn_path: Path, mnn_python: Path, quant: str = "fp32") -> None:
+    """ONNX -> .mnn with MNN's converter (``quant``: fp32 weights or its int8, ``QUANT_FLAGS``), through
+    its C extension (see the docstring)."""
     code = "import sys, _tools; _tools.mnnconvert(sys.argv)"
     mnn_path.unlink(missing_ok=True)
-    done = subprocess.run([str(mnn_python), "-c", code, "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel",
-                    str(mnn_path), "--bizCode", "streamvox"], capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as work:  # it writes a scratch file of the weights into its cwd
+        done = subprocess.run([str(mnn_python), "-c", code, "-f", "ONNX", "--modelFile", str(onnx_path.resolve()),
+                               "--MNNModel", str(mnn_path.resolve()), "--bizCode", "streamvox", *QUANT_FLAGS[quant]],
+                              capture_output=True, text=True, cwd=work)
     if not mnn_path.is_file():
         raise RuntimeError(f"MNN's converter wrote no {mnn_path}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
@@ -247,8 +258,8 @@ def bench_bundle(size: str):
                        **SIZES[size])
 
 
-def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = False) -> None:
-    """The whole model directory (see the module docstring) into ``out``."""
+def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = False, quant: str = "fp32") -> None:
+    """The whole model directory (see the module docstring) into ``out``, its graphs' weights in ``quant``."""
     import torch
 
     from engines.models.layers import rope_cos_sin
@@ -291,7 +302,7 @@ def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = F
     for path, (graph, example, inputs, outputs, axes) in graphs.items():
         onnx = onnx_dir / (path.stem + ".onnx")
         export_graph(graph, example, onnx, inputs, outputs, axes)
-        convert(onnx, path, mnn_python)
+        convert(onnx, path, mnn_python, quant)
         print(f"  {path.relative_to(out)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         if not keep_onnx:
             onnx.unlink()
@@ -308,10 +319,16 @@ def export(bundle, out: Path, mnn_python: Path = MNN_PYTHON, keep_onnx: bool = F
 PEER_RUN = r"""
 import json, sys
 import numpy as np
+import MNN
 from qwen3_tts_mnn import Qwen3TtsMnn
 from qwen3_tts_mnn.engine import TTS_PAD
 from qwen3_tts_mnn.tokenizer import build_assistant_text_ids
-model, out, steps, text = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+model, out, steps, text, memory = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+if memory == 'low':  # its sessions with MNN's Memory_Low hint, as bench_talker's "mnn ... lowmem"
+    class LowMemory(MNN.Interpreter):
+        def createSession(self, config=None, *rest):
+            return super().createSession({**(config or {}), 'memory': 2}, *rest)
+    MNN.Interpreter = LowMemory
 tts = Qwen3TtsMnn(model, num_threads=1, language='english', backend='pymnn')
 tts.load_voice(model + '/voice')
 prefill, trailing = tts._build_prefill(build_assistant_text_ids(tts.tokenizer, text))
@@ -322,15 +339,16 @@ np.savez(out, prefill=prefill, trailing=trailing, tts_pad=tts._text_proj(np.arra
 """
 
 
-def peer_run(model: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON) -> dict:
+def peer_run(model: Path, steps: int, text: str, mnn_python: Path = MNN_PYTHON, memory: str = "normal") -> dict:
     """The peer's own greedy loop on ``model`` (the export directory: its cp_step path, or
-    ``unrolled/``: cp_unrolled) -> its prefill inputs, trailing text, tts_pad embedding, the
-    prefill's last hidden state and its codes [steps, 16]."""
+    ``unrolled/``: cp_unrolled; ``memory`` low: its MNN sessions with the Memory_Low hint) -> its
+    prefill inputs, trailing text, tts_pad embedding, the prefill's last hidden state and its codes
+    [steps, 16]."""
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "peer.npz"
-        subprocess.run([str(mnn_python), "-c", PEER_RUN, str(model), str(npz), str(steps), text], check=True)
+        subprocess.run([str(mnn_python), "-c", PEER_RUN, str(model), str(npz), str(steps), text, memory], check=True)
         return dict(np.load(npz))
 
 
@@ -338,7 +356,8 @@ def compare(bundle, peer: dict, steps: int) -> dict:
     """Our modules fed what the peer's loop was fed: its prefill embeddings and trailing text (its
     voice-clone prompt), its fp16 tables (ours rounded to fp16 here the same way); greedy code 0
     over codes < 2048 (EOS blocked), greedy codes 1..15 -> the agreement with ``peer_run``'s codes
-    and the prefill's last hidden state difference."""
+    and the prefill's last hidden state difference (``ours_codes``: ours, [steps][16]). Our
+    modules may be quantized (engines/models/quantize.py; their heads then are already rounded)."""
     import torch
 
     from engines.models.sampling import FrameSampling
@@ -346,7 +365,8 @@ def compare(bundle, peer: dict, steps: int) -> dict:
     talker, predictor = bundle.talker, bundle.predictor
     with torch.no_grad():
         for w in [talker.codec_head.weight, talker.model.codec_embedding.weight,
-                  *(m.weight for m in predictor.lm_head), *(m.weight for m in predictor.model.codec_embedding)]:
+                  *(m.weight for m in predictor.lm_head if isinstance(m, torch.nn.Linear)),
+                  *(m.weight for m in predictor.model.codec_embedding)]:
             w.copy_(w.half().float())
         prefill = torch.from_numpy(peer["prefill"])
         trailing, pad = torch.from_numpy(peer["trailing"]), torch.from_numpy(peer["tts_pad"])
@@ -373,7 +393,7 @@ def compare(bundle, peer: dict, steps: int) -> dict:
             "code0_equal": sum(a[0] == b[0] for a, b in zip(ours, theirs)),
             "codes_equal": sum(x == y for a, b in zip(ours, theirs) for x, y in zip(a, b)),
             "codes": n * 16, "first_differing_frame": first_diff, "prefill_hidden_max_abs_diff": hidden_diff,
-            "ours_code0": [f[0] for f in ours], "peer_code0": [f[0] for f in theirs]}
+            "ours_code0": [f[0] for f in ours], "peer_code0": [f[0] for f in theirs], "ours_codes": ours}
 
 
 def main() -> None:
@@ -382,23 +402,43 @@ def main() -> None:
     ap.add_argument("--size", default="0.6b", choices=["0.6b"])
     ap.add_argument("--mnn-python", type=Path, default=MNN_PYTHON)
     ap.add_argument("--check", type=int, default=0, metavar="FRAMES", help="then compare greedy codes with ours")
+    ap.add_argument("--quant", default="fp32", choices=sorted(QUANT_FLAGS),
+                    help="the step graphs' weights: fp32, or MNN's converter's block-wise int8 (see the docstring)")
     ap.add_argument("--check-only", action="store_true", help="the directory exists: only --check")
     ap.add_argument("--keep-onnx", action="store_true")
     args = ap.parse_args()
     if not args.mnn_python.is_file():
         raise SystemExit(f"no {args.mnn_python}: build it with scripts/mnn-env.sh")
     if not args.check_only:
-        export(bench_bundle(args.size), args.out, args.mnn_python, args.keep_onnx)
+        export(bench_bundle(args.size), args.out, args.mnn_python, args.keep_onnx, args.quant)
         print(f"wrote {args.out}")
     if args.check or args.check_only:
         from bench_talker import TEXT
 
         steps = args.check or 8
+        # int8: the peer also with MNN's Memory_Low hint (its int8 computed as int8, not expanded to fp32)
+        # and ours also in int8 (blocks of 128 with a scale and a zero point, on ONNX Runtime)
+        modes = ["fp32", "int8"] if args.quant == "int8" else ["fp32"]
+        memories = ["normal", "low"] if args.quant == "int8" else ["normal"]
         # the peer first, while this process holds no model (both at once need ~6 GB)
-        peers = {model: peer_run(model, steps, TEXT, args.mnn_python) for model in (args.out, args.out / UNROLLED)}
+        peers = {(model, memory): peer_run(model, steps, TEXT, args.mnn_python, memory)
+                 for model in (args.out, args.out / UNROLLED) for memory in memories}
         bundle = bench_bundle(args.size)
-        for model, peer in peers.items():
-            print(f"{model}: {json.dumps(compare(bundle, peer, steps))}")
+        ours = {}
+        for mode in modes:
+            if mode == "int8":
+                from engines.models.quantize import quantize_talker
+
+                quantize_talker(bundle.talker, bundle.predictor, "int8", native=False)
+            for (model, memory), peer in peers.items():
+                got = compare(bundle, peer, steps)
+                ours[mode] = got.pop("ours_codes")  # the peers' prompts are the same: so are ours' codes
+                print(f"{model} (MNN memory {memory}) vs ours {mode}: {json.dumps(got)}")
+        if len(ours) == 2:
+            a, b = ours["fp32"], ours["int8"]
+            print(f"ours int8 vs ours fp32 on those inputs: frames equal {sum(x == y for x, y in zip(a, b))} / "
+                  f"{len(a)}, code 0 equal {sum(x[0] == y[0] for x, y in zip(a, b))}, codes equal "
+                  f"{sum(u == v for x, y in zip(a, b) for u, v in zip(x, y))} / {16 * len(a)}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from engines.config import EngineConfig, RuntimeSwitches
 from engines.core.engine import Engine
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET, DEFAULT_PREFILL_TOKEN_BUDGET_GPU
 from engines.core.worker import FaultHook
-from engines.cpu_features import ThreadPlan, available_threads, has_native_bf16, plan_threads
-from engines.devices import DTYPES, canonical_device, dtype_name, dtype_named
+from engines.hardware.cpu_features import ThreadPlan, available_threads, has_native_bf16, plan_threads
+from engines.hardware.devices import DTYPES, canonical_device, dtype_name, dtype_named
 from engines.pipelines.registry import pipeline_for, registered
 from engines.pipelines.vocoder import WINDOW_THREADS, rounds_per_chunk_shape
 
@@ -156,7 +156,7 @@ def load_aligner(config: EngineConfig):
 
 def cpu_threads(device: torch.device, switches: RuntimeSwitches, codec_dtype: torch.dtype) -> ThreadPlan | None:
     """On a CPU whose codec decoder gets threads of its own (two or more available): the talker's
-    and the decoder's, by a probe of the memory bandwidth (engines/cpu_features.py); a decoder on
+    and the decoder's, by a probe of the memory bandwidth (engines/hardware/cpu_features.py); a decoder on
     fixed windows (a reduced precision: engines/pipelines/vocoder.py) decodes on one. None elsewhere."""
     if device.type != "cpu" or not switches.vocoder_thread or available_threads() < 2:
         return None

@@ -32,7 +32,7 @@ from engines.models.configs import (
 )
 
 if TYPE_CHECKING:  # (the settings import this module: no torch at run time)
-    from engines.cpu_features import ThreadPlan
+    from engines.hardware.cpu_features import ThreadPlan
 
 PRESET_NAMES = ("tiny", "small", "base")
 

@@ -4,7 +4,12 @@
 * ``start_server(engine, data_dir, **settings)``: the aiohttp app on a real TCP socket
   (testsupport/server.py, which benchmarks use too; importable from here as before).
 * ``ServerProcess``: ``python -m clients.cli serve`` as a subprocess, for restart,
-  drain and signal tests.
+  drain and signal tests; ``serving(...)``: one listening for a block, which fails the test if
+  the server died meanwhile.
+* The tiny DiT's modules (``tiny_dit_models``), the oracle checkpoints' engines (``base_engine``,
+  ``talker_engine``, ``unwarmed_talker_engine``, ``aligned_talker``, ``aligned_engine``), a job
+  store of each kind (``job_store``, ``store_settings``, on the session's PostgreSQL) and a TLS
+  certificate (``tls_files``): one definition each, for every test module that needs one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -78,10 +84,10 @@ def engine():
     engine.stop()
 
 
-def same_pcm16(a: bytes, b: bytes, lsb: int = 2) -> bool:
-    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps. The
-    codes decide the audio; the codec decoder's float math (batched with whatever else streams at
-    the time, in chunks whose size follows the load) may move a sample by a step of rounding."""
+def same_pcm16(a: bytes, b: bytes, lsb: int = 1) -> bool:
+    """Two served PCM16 bodies are the same audio: the same length and within ``lsb`` steps (the
+    promise: the same request and seed give the same audio within 1 LSB whatever else streams;
+    the codec decodes on fixed windows, so its chunking cannot move a sample further)."""
     import numpy as np
 
     x, y = (np.frombuffer(v, dtype="<i2").astype(np.int32) for v in (a, b))
@@ -186,6 +192,19 @@ class ServerProcess:
         return "".join(self.lines)
 
 
+@contextmanager
+def serving(data_dir: Path, *extra_args: str, env: dict | None = None):
+    """A ServerProcess, listening; on leaving, the test fails if the server died meanwhile (the
+    tail of its log in the message), and it is stopped."""
+    server = ServerProcess(data_dir, *extra_args, env=env)
+    try:
+        server.wait_listening()
+        yield server
+        assert server.proc.poll() is None, "the server died:\n" + server.log[-4000:]
+    finally:
+        server.stop()
+
+
 # -- PostgreSQL: one real server per test session, a fresh database per test --------
 
 @pytest.fixture(scope="session")
@@ -202,6 +221,46 @@ def postgres():
 def pg_url(postgres) -> str:
     """The URL of a new, empty database on the session's server."""
     return postgres.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_settings(request) -> dict:
+    """A server's job-store settings, once per store: SQLite under its data dir, or a fresh
+    PostgreSQL database."""
+    return {"jobs_db": request.getfixturevalue("pg_url")} if request.param == "postgresql" else {}
+
+
+class FakeClock:
+    """The stores' lease clock, moved by the test: leases expire when it says, not after a sleep."""
+
+    def __init__(self):
+        self.now = time.time()  # PostgreSQL keeps lease times as timestamps: start at a real one
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def job_store(request, tmp_path):
+    """An open job store of each kind on a FakeClock (``job_store.clock``), the events it
+    announced kept in ``job_store.events``."""
+    from service.jobs.store.postgres import PostgresJobStore
+    from service.jobs.store.sqlite import SqliteJobStore
+
+    clock = FakeClock()
+    if request.param == "sqlite":
+        opened = SqliteJobStore(tmp_path / "data", clock=clock)
+    else:
+        opened = PostgresJobStore(request.getfixturevalue("pg_url"), pool_size=4, clock=clock)
+    events: list[tuple[str, str | None]] = []
+    opened.set_listener(lambda event, job_id: events.append((event, job_id)))
+    await opened.open()
+    opened.events, opened.clock = events, clock
+    yield opened
+    await opened.close()
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +287,29 @@ def talker_engine():
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def unwarmed_talker_engine():
+    """``talker_engine`` without the warm-up request: started at once, its first request the test's."""
+    from engines.build import build_engine
+    from engines.config import EngineConfig
+    from tests.oracle import talker_fixtures
+
+    engine = build_engine(EngineConfig.for_tests(checkpoint=str(talker_fixtures.checkpoint_dir("cv_proj")),
+                                                 warmup=False))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_dit_models():
+    """The DiT pipeline's modules of the tiny preset on random weights (seed 0), on the CPU."""
+    from engines.config import get_preset
+    from engines.pipelines.dit.weights import build_models
+
+    return build_models(get_preset("tiny"), seed=0)
 
 
 ALIGNER = REPO / "tests" / "fixtures" / "aligner" / "tiny"  # the random aligner scripts/aligner-oracle-env.sh makes
@@ -262,3 +344,19 @@ def aligned_engine():
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and its key (clients trust it through
+    SSL_CERT_FILE, as a user trusts a private CA)."""
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI"):
+            pytest.fail("openssl is needed to make the TLS test certificate")
+        pytest.skip("openssl is not installed (needed to make a TLS test certificate)")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return cert, key

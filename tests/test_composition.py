@@ -2,8 +2,9 @@
 the build path takes a long keyword list), no pipeline named outside the registry (nothing
 branches on a pipeline's name in the service, the engine core or the composition root; the
 service never probes the engine with getattr), and a pipeline's parts built with what they need
-(no adapter sets an attribute of a source it built). Each check reads the real tree; the cases at
-the bottom run each checker on a snippet that breaks its rule, so none can pass for nothing."""
+(no adapter sets an attribute of a part it built: a source, a frame coder), and the engines root
+holding only its faces (contract, build, config; every other module in the subpackage of its
+layer). Each check reads the real tree; the cases at the bottom run each checker on a snippet that breaks its rule, so none can pass for nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PARAMETERS = 8
+# what the engines root holds: the interface, the composition root and the config the settings build
+ENGINES_FACES = {"__init__.py", "contract.py", "build.py", "config.py"}
 
 
 def sources(*parts: str) -> list[Path]:
@@ -46,18 +49,36 @@ def engine_probes(text: str) -> list[str]:
             and node.args and "engine" in ast.unparse(node.args[0]).lower()]
 
 
-def source_patches(text: str) -> list[str]:
-    """Assignments to an attribute of a built source (``source.x = ...``, ``source.prefill.runner = ...``)."""
+def own_nodes(scope: ast.AST):
+    """The nodes of one function (or module) body, not of the functions and classes inside it."""
+    for child in ast.iter_child_nodes(scope):
+        yield child
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from own_nodes(child)
+
+
+def part_patches(text: str) -> list[str]:
+    """Assignments to an attribute of a part the code built: a name bound to a call's result in the
+    same function (``coder = FrameCoder(...)``, then ``coder.predictor = ...``), or any ``source``
+    (``source.x = ...``, ``source.prefill.runner = ...``)."""
     found = []
-    for node in ast.walk(ast.parse(text)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
-        for target in targets:
-            base = target
-            while isinstance(base, ast.Attribute):
-                base = base.value
-            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name) and base.id == "source":
-                found.append(f"{node.lineno}: {ast.unparse(target)}")
+    for scope in ast.walk(ast.parse(text)):
+        if not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        nodes = list(own_nodes(scope))
+        calls = [node for node in nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)]
+        built = {"source"} | {name.id for node in calls for target in node.targets
+                              for name in (target.elts if isinstance(target, ast.Tuple) else [target])
+                              if isinstance(name, ast.Name)}
+        for node in nodes:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                base = target
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(target, ast.Attribute) and isinstance(base, ast.Name) and base.id in built:
+                    found.append(f"{node.lineno}: {ast.unparse(target)}")
     return found
 
 
@@ -86,10 +107,18 @@ def test_the_service_never_probes_the_engine_with_getattr():
     assert not found, "\n".join(found)
 
 
-def test_no_adapter_sets_an_attribute_of_a_source_it_built():
+def test_no_adapter_sets_an_attribute_of_a_part_it_built():
+    """Each adapter (the talker's, the DiT's, the virtual device's) hands a source or a frame coder
+    its runners at construction; none patches one afterwards."""
     adapters = [*sorted((ROOT / "engines/pipelines").glob("*/adapter.py")), ROOT / "engines/virtual/device.py"]
-    found = [f"{path.relative_to(ROOT)}:{hit}" for path in adapters for hit in source_patches(path.read_text())]
+    assert {"talker", "dit"} <= {path.parent.name for path in adapters}
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in adapters for hit in part_patches(path.read_text())]
     assert not found, "\n".join(found)
+
+
+def test_the_engines_root_holds_only_its_faces():
+    others = sorted(p.name for p in (ROOT / "engines").glob("*.py") if p.name not in ENGINES_FACES)
+    assert not others, f"engines/{others} belong in the subpackage of their layer (pyproject's engine-layers)"
 
 
 def test_no_function_on_the_build_path_takes_a_long_parameter_list():
@@ -118,11 +147,13 @@ def test_no_function_on_the_build_path_takes_a_long_parameter_list():
     (lambda t: pipeline_branches(t, {"talker", "dit"}), 'talker = plan.step_unit == "talker steps"'),
     (lambda t: pipeline_branches(t, {"talker", "dit"}), 'ok = source not in (None, "talker")'),
     (engine_probes, 'captures = getattr(self.engine, "graph_captures_after_start", None)'),
-    (source_patches, "source.batched_admission = False"),
-    (source_patches, "source.prefill.runner = GraphedPrefill(source.prefill_spec())"),
+    (part_patches, "source.batched_admission = False"),
+    (part_patches, "source.prefill.runner = GraphedPrefill(source.prefill_spec())"),
+    (part_patches, "def build(setup):\n    coder = FrameCoder(head, predictor, device)\n"
+                   "    coder.predictor = GraphedCodePredictor(coder.predictor)"),
     (lambda t: [too_many_parameters(eval(t))] if too_many_parameters(eval(t)) else [],  # noqa: S307
      "lambda a, b, c, d, e, f, g, h, i: None"),
 ], ids=["name-compare", "unit-compare", "name-in-tuple", "getattr-engine", "source-attr", "source-part-attr",
-        "nine-params"])
+        "built-part-attr", "nine-params"])
 def test_each_checker_finds_what_breaks_its_rule(checker, snippet):
     assert checker(snippet)

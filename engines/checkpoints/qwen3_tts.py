@@ -48,7 +48,7 @@ from engines.checkpoints.files import (
 )
 from engines.checkpoints.qwen3_text import PromptConfig, QwenTextTokenizer
 from engines.contract import SAMPLES_PER_FRAME
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.models.codec_head import CodecHead

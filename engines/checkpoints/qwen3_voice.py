@@ -31,7 +31,7 @@ from engines.checkpoints.files import (
     require,
 )
 from engines.contract import SAMPLE_RATE, SAMPLES_PER_FRAME
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.mel import LogMel
 from engines.models.speaker_encoder import SpeakerEncoder, SpeakerEncoderConfig
 from engines.models.speech_encoder import SpeechEncoder, SpeechEncoderConfig

@@ -39,8 +39,8 @@ from engines.contract import (
 from engines.core.executor import split_cpu_threads
 from engines.core.scheduler import DEFAULT_PREFILL_TOKEN_BUDGET
 from engines.core.worker import FaultHook, Worker, WorkerConfig
-from engines.cpu_features import ThreadPlan
-from engines.devices import canonical_device, dtype_name, dtype_named
+from engines.hardware.cpu_features import ThreadPlan
+from engines.hardware.devices import canonical_device, dtype_name, dtype_named
 from engines.pipelines.profile import Loaded, PipelineSetup
 from engines.pipelines.registry import registered
 from engines.pipelines.vocoder import Vocalizer

@@ -54,7 +54,7 @@ from engines.core.scheduler import (
     Scheduler,
     VocoderWork,
 )
-from engines.cpu_features import ThreadPlan
+from engines.hardware.cpu_features import ThreadPlan
 from engines.pipelines.base import Pipeline, Prepared
 from engines.pipelines.vocoder import WINDOW_FRAMES, VocalizeItem, Vocalizer
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.configs import CodePredictorConfig
 from engines.models.layers import (
     DecoderLayer,

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from engines.devices import upload
+from engines.hardware.devices import upload
 from engines.models.paged_attention import kernel_available
 
 

@@ -43,7 +43,7 @@ import logging
 import torch
 from torch import nn
 
-from engines.cpu_features import has_vnni
+from engines.hardware.cpu_features import has_vnni
 
 log = logging.getLogger("streamvox.quantize")
 

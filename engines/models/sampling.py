@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.devices import upload
+from engines.hardware.devices import upload
 
 _M32 = 0xFFFFFFFF
 

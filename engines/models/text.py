@@ -4,7 +4,7 @@
   (pad 256, bos 257, eos 258). It needs no files and covers every language.
 * :class:`Tokenizer` is what the planner needs from a tokenizer.
 
-Sentence and clause splitting, which the service uses too, is engines/sentences.py.
+Sentence and clause splitting, which the service uses too, is engines/text/sentences.py.
 """
 
 from __future__ import annotations

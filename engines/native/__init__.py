@@ -18,10 +18,10 @@ import importlib.util
 from ctypes import POINTER, c_float, c_int, c_int32, c_int64, c_size_t, c_uint8, c_uint64, c_void_p
 from functools import cache
 
-from engines.cpu_features import cpu_flags
+from engines.hardware.cpu_features import cpu_flags
 
 ISAS = ("scalar", "avx2", "avx512vnni")  # the C enum's order
-# the flags each needs (engines/cpu_features.py reads them): the C side checks the CPU again before use
+# the flags each needs (engines/hardware/cpu_features.py reads them): the C side checks the CPU again before use
 ISA_FLAGS = {"scalar": set(), "avx2": {"avx2", "fma"},
              "avx512vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "fma"}}
 QBLOCK = 128  # input channels per block: the only block size the native kernels take

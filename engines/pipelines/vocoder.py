@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 
 if TYPE_CHECKING:

@@ -59,7 +59,7 @@ import logging
 
 import torch
 
-from engines.devices import upload
+from engines.hardware.devices import upload
 from engines.models.codec_decoder import CodecDecoder, DecoderState
 from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, resolve_use_graphs, smallest_bucket
 from engines.runtime.graphed_dit import default_row_buckets, max_chunk_frames

@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from engines.devices import upload
+from engines.hardware.devices import upload
 from engines.runtime.cuda_graphs import BucketedGraphs, GraphedWrapper, smallest_bucket
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -12,7 +12,7 @@ as resolved, sampling, the voice prompt ``clone``, a live ``text_feed``): it is 
 A talker speaks one utterance per engine request, each with a frame budget from its own text
 (engines/pipelines/talker/budget.py). Text whose budget is over ``--utterance-max-frames`` (or
 the per-utterance work limit, if lower) is cut at sentence ends into utterances that fit
-(engines/sentences.py ``pack_sentences``: consecutive sentences joined while they fit, a
+(engines/text/sentences.py ``pack_sentences``: consecutive sentences joined while they fit, a
 sentence too long alone cut at clauses, then words), spoken in order with the same voice
 settings and seed (service/synthesis/sequence.py plays them as one stream). Text that fits is
 left exactly as sent: the same request as before, the same audio. Long utterances drift in
@@ -26,7 +26,7 @@ the same way into utterances that each fit.
 ``<break time="500ms"/>`` (ElevenLabs' and Cartesia's pause tag, read by service/synthesis/breaks.py)
 is a :class:`Pause`: that much silence between the utterances around it, on every pipeline.
 
-``sentences``: one utterance per sentence at least (engines/sentences.py ``split_sentences``), as
+``sentences``: one utterance per sentence at least (engines/text/sentences.py ``split_sentences``), as
 the voice-agent vendors' sockets speak text; their HTTP calls plan it so too.
 
 The limits hold for the whole plan (:func:`check_limits`): its text's frames and its pauses',
@@ -53,7 +53,7 @@ from engines.contract import (
     TextFeed,
     VoiceClone,
 )
-from engines.sentences import pack_sentences, split_sentences
+from engines.text.sentences import pack_sentences, split_sentences
 from service.errors import ApiError
 from service.synthesis.breaks import BreakTags, Pause, break_tag, split_breaks  # noqa: F401 (re-exported)
 from service.synthesis.params import SynthesisParams, engine_params, engine_request
@@ -210,7 +210,7 @@ def _sentences(text: str) -> list[str]:
 
 def _starts(text: str, pieces: list[str]) -> list[int]:
     """Where each piece starts in ``text``: the pieces hold text's characters in order with only
-    whitespace changed (engines/sentences.py cuts, strips and joins with one space)."""
+    whitespace changed (engines/text/sentences.py cuts, strips and joins with one space)."""
     out, i, n = [], 0, len(text)
     for piece in pieces:
         if text.startswith(piece, i):  # as written (the usual case): no character by character walk

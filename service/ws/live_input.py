@@ -7,7 +7,7 @@
 A live utterance's text goes to the engine through its :class:`~engines.contract.TextFeed`
 as it arrives (the talker tokenizes it stably and speaks from the first text ids). Utterance
 boundaries bound length and drift: once an utterance holds ``boundary_chars`` characters it
-ends at the next sentence end (engines/sentences.py ``split_sentences``), and the text after
+ends at the next sentence end (engines/text/sentences.py ``split_sentences``), and the text after
 it opens the next utterance; text with no sentence end ends at its first space past
 ``HARD_FACTOR`` x ``boundary_chars``. Leading whitespace of an utterance is dropped and trailing
 whitespace is held back until more text follows, so an utterance speaks ``text.strip()``.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engines.contract import TextFeed
-from engines.sentences import SentenceSplitter
+from engines.text.sentences import SentenceSplitter
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A session's text, cut into utterances and queued in order with the ends of its rounds.
 
-Sentence mode: text is cut at sentence ends (engines/sentences.py ``SentenceSplitter``, each
+Sentence mode: text is cut at sentence ends (engines/text/sentences.py ``SentenceSplitter``, each
 character read once) and each sentence is one utterance. Live text (service/ws/live_input.py):
 an utterance opens at the first text and its feed takes every later delta at once; a break tag
 (service/synthesis/breaks.py) ends it and is spoken as its own utterance, a pause; a delta with a
@@ -23,7 +23,7 @@ import collections
 from dataclasses import dataclass
 from typing import Iterable
 
-from engines.sentences import SentenceSplitter
+from engines.text.sentences import SentenceSplitter
 from service.errors import ApiError
 from service.synthesis.breaks import BreakTags, Pause, break_tag
 from service.ws.live_input import LiveInput, LiveUtterance

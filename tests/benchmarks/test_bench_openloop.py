@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.sentences import split_sentences
+from engines.text.sentences import split_sentences
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))

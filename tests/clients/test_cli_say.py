@@ -10,9 +10,7 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import ssl
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -126,22 +124,6 @@ def test_the_client_uses_the_same_parser():
 
 
 # -- every form against real servers ----------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory):
-    """A self-signed certificate for 127.0.0.1 and its key (the CLI trusts it through
-    SSL_CERT_FILE, as a user trusts a private CA)."""
-    if shutil.which("openssl") is None:
-        if os.environ.get("CI"):
-            pytest.fail("openssl is needed to make the TLS test certificate")
-        pytest.skip("openssl is not installed (needed to make a TLS test certificate)")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return cert, key
-
 
 def plain_forms(host: str, port: int) -> list[str]:
     return [f"http://{host}:{port}", f"http://{host}:{port}/", f"ws://{host}:{port}", f"ws://{host}:{port}/v1/stream",

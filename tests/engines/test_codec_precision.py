@@ -10,7 +10,7 @@ import torch
 from engines import build
 from engines.build import build_engine, resolve_codec_dtype
 from engines.config import EngineConfig
-from engines.cpu_features import cpu_flags, has_native_bf16
+from engines.hardware.cpu_features import cpu_flags, has_native_bf16
 
 
 def test_auto_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch):

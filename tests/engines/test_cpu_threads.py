@@ -11,7 +11,7 @@ import torch
 from engines import build
 from engines.build import build_engine
 from engines.config import EngineConfig, RuntimeSwitches
-from engines.cpu_features import ThreadPlan, plan_threads, read_bandwidth
+from engines.hardware.cpu_features import ThreadPlan, plan_threads, read_bandwidth
 from tests.oracle import talker_fixtures as fx
 
 

@@ -19,7 +19,6 @@ from urllib.parse import quote
 
 import aiohttp
 import numpy as np
-import pytest
 import soundfile as sf
 import websockets
 from conftest import metric_value
@@ -36,11 +35,6 @@ HOSTILE_JSON = ["8000", True, 8000.5, [8000], {"n": 8000}, None, -8000, 10**50, 
 HOSTILE_JSON_LITERALS = ["9" * 5001, "-" + "9" * 5001, "1e400", "8000.001", "-0"]
 
 TEXT = "Hello there."
-
-
-@pytest.fixture
-async def live(server):
-    return server
 
 
 # -- the parser -------------------------------------------------------------------------------
@@ -96,7 +90,7 @@ ELEVENLABS_SHAPE = {"detail"}
 OWN_SHAPE = {"error"}
 
 
-async def test_every_numeric_query_parameter_refuses_hostile_text(live):
+async def test_every_numeric_query_parameter_refuses_hostile_text(server):
     """Deepgram's POST /v1/speak (sample_rate, bit_rate, speed), ElevenLabs' output_format on each
     HTTP route, and the list pages' limit: a 4xx in the route's shape for every hostile text."""
     async with aiohttp.ClientSession() as http:
@@ -105,19 +99,20 @@ async def test_every_numeric_query_parameter_refuses_hostile_text(live):
                 continue  # not encodable in a URL (the handshake test sends it raw)
             value = quote(text, safe="")
             for name, query in DEEPGRAM_QUERY.items():
-                async with http.post(f"{live.url}/v1/speak?" + query.format(value), json={"text": TEXT}) as r:
+                async with http.post(f"{server.url}/v1/speak?" + query.format(value), json={"text": TEXT}) as r:
                     await refused_http(http, r, DEEPGRAM_SHAPE)
             for route in ("", "/stream", "/with-timestamps", "/stream/with-timestamps"):
-                async with http.post(f"{live.url}/v1/text-to-speech/default{route}?output_format=pcm_{value}",
+                async with http.post(f"{server.url}/v1/text-to-speech/default{route}?output_format=pcm_{value}",
                                      json={"text": TEXT}) as r:
                     await refused_http(http, r, ELEVENLABS_SHAPE)
             for path in ("/v1/jobs", "/v1/audio/voices"):
-                async with http.get(f"{live.url}{path}?limit={value}") as r:
+                async with http.get(f"{server.url}{path}?limit={value}") as r:
                     await refused_http(http, r, OWN_SHAPE)
-        assert await metric_value(live.url, "streamvox_requests_total", '{endpoint="/v1/speak",outcome="internal_error"}') == 0
+        assert await metric_value(server.url, "streamvox_requests_total",
+                                  '{endpoint="/v1/speak",outcome="internal_error"}') == 0
 
 
-async def test_vendor_json_numbers_refuse_hostile_values(live):
+async def test_vendor_json_numbers_refuse_hostile_values(server):
     """Cartesia's output_format.sample_rate / bit_rate on /tts/bytes and /tts/sse, as values and as
     raw JSON literals (5,001 digits): 400 in Cartesia's shape."""
     raw_format = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
@@ -129,19 +124,19 @@ async def test_vendor_json_numbers_refuse_hostile_values(live):
                     continue  # (SSE sends raw audio only: refused for that first)
                 for value in HOSTILE_JSON:
                     body = {"transcript": TEXT, "voice": "default", "output_format": {**fmt, field: value}}
-                    async with http.post(live.url + path, json=body) as r:
+                    async with http.post(server.url + path, json=body) as r:
                         await refused_http(http, r, CARTESIA_SHAPE)
                 for literal in HOSTILE_JSON_LITERALS:
                     fields = ", ".join(f'"{k}": {literal if k == field else repr(v).replace(chr(39), chr(34))}'
                                        for k, v in fmt.items())
                     raw = ('{"transcript": "Hi.", "voice": "default", "output_format": {' + fields + "}}").encode()
-                    async with http.post(live.url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
+                    async with http.post(server.url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
                         await refused_http(http, r, CARTESIA_SHAPE)
 
 
-async def raw_handshake(live, target: bytes) -> tuple[int, bytes, bytes]:
+async def raw_handshake(server, target: bytes) -> tuple[int, bytes, bytes]:
     """A WebSocket upgrade for ``target`` (the bytes as given) -> (status, head, body)."""
-    reader, writer = await asyncio.open_connection(live.host, live.port)
+    reader, writer = await asyncio.open_connection(server.host, server.port)
     try:
         writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + base64.b64encode(os.urandom(16)) + b"\r\n\r\n")
@@ -154,7 +149,7 @@ async def raw_handshake(live, target: bytes) -> tuple[int, bytes, bytes]:
         writer.close()
 
 
-async def test_handshakes_refuse_hostile_numbers_before_the_upgrade(live):
+async def test_handshakes_refuse_hostile_numbers_before_the_upgrade(server):
     """Deepgram's socket (sample_rate, speed) and ElevenLabs' (inactivity_timeout, output_format):
     an HTTP 400 in the vendor's shape, never a 500, never an upgrade; percent-encoded as clients
     send them, and raw (UTF-8 in the request line, as a careless client writes it)."""
@@ -167,35 +162,35 @@ async def test_handshakes_refuse_hostile_numbers_before_the_upgrade(live):
         for value in (encoded, raw if not any(c in raw for c in b" \r\n\x00") else encoded):
             for path, shape in cases:
                 target = path.encode().replace(b"{}", value)
-                status, head, body = await raw_handshake(live, target)
+                status, head, body = await raw_handshake(server, target)
                 assert 400 <= status < 500, (target[:80], head[:200])
                 if b"application/json" in head:  # (aiohttp's parser answers a malformed request line in plain text)
                     assert set(json.loads(body)) == shape, (target[:80], body[:200])
-    assert await metric_value(live.url, "streamvox_requests_total",
+    assert await metric_value(server.url, "streamvox_requests_total",
                               '{endpoint="/v1/speak",outcome="internal_error"}') == 0
 
 
-async def test_whole_numbers_written_as_floats_are_served(live):
+async def test_whole_numbers_written_as_floats_are_served(server):
     """Deepgram's SDK writes numbers as floats' text (sample_rate=16000.0), a JSON client may write
     8000.0: the audio comes at that rate, the samples of the same text at 24 kHz resampled."""
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{live.url}/v1/speak?encoding=linear16&sample_rate=24000&container=wav",
+        async with http.post(f"{server.url}/v1/speak?encoding=linear16&sample_rate=24000&container=wav",
                              json={"text": TEXT}) as r:
             assert r.status == 200
             reference, _ = sf.read(io.BytesIO(await r.read()), dtype="float32")
-        async with http.post(f"{live.url}/v1/speak?encoding=linear16&sample_rate=16000.0&container=wav&speed=1.0",
+        async with http.post(f"{server.url}/v1/speak?encoding=linear16&sample_rate=16000.0&container=wav&speed=1.0",
                              json={"text": TEXT}) as r:
             assert r.status == 200, await r.text()
             audio, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
             assert rate == 16000 and abs(audio.size - reference.size * 2 / 3) <= 2
         body = {"transcript": TEXT, "voice": "default", "output_format": {"container": "mp3", "sample_rate": 8000.0,
                                                                           "bit_rate": 32000.0}}
-        async with http.post(f"{live.url}/tts/bytes", json=body) as r:
+        async with http.post(f"{server.url}/tts/bytes", json=body) as r:
             assert r.status == 200, await r.text()
             audio, rate = sf.read(io.BytesIO(await r.read()), dtype="float32")
             # (MP3 at 8 kHz pads more than at 44.1: its frames and the encoder's delay are 6 times longer)
             assert rate == 8000 and abs(audio.size / 8000 - reference.size / 24000) < 0.3
             assert np.abs(audio).max() > 0.01
-    url = live.url.replace("http", "ws", 1) + "/v1/speak?encoding=linear16&sample_rate=16000.0"
+    url = server.url.replace("http", "ws", 1) + "/v1/speak?encoding=linear16&sample_rate=16000.0"
     async with websockets.connect(url) as ws:
         assert "Metadata" in await ws.recv()

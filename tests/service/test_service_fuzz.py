@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 import soundfile as sf
-from conftest import ServerProcess
+from conftest import serving
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
@@ -28,15 +28,9 @@ def live_url(request, tmp_path_factory):
     No job workers: accepted jobs are stored, never run (the fuzz is about what gets in)."""
     env = {"STREAMVOX_JOBS_DB": request.getfixturevalue("postgres").create_database()} \
         if request.param == "postgresql" else {}
-    server = ServerProcess(tmp_path_factory.mktemp("fuzz"), "--max-input-chars", str(MAX_CHARS), "--job-workers", "0",
-                           env=env)
-    try:
-        yield server.wait_listening()
-        assert server.proc.poll() is None, "the server died during fuzzing:\n" + server.log[-4000:]
-    finally:
-        server.terminate()
-        server.wait_exit()
-        server.kill()
+    with serving(tmp_path_factory.mktemp("fuzz"), "--max-input-chars", str(MAX_CHARS), "--job-workers", "0",
+                 env=env) as server:
+        yield server.url
 
 
 short_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)

@@ -20,7 +20,7 @@ from engine_helpers import run_requests
 
 from clients.client import StreamvoxClient
 from engines.contract import SynthesisRequest
-from engines.cpu_features import has_native_bf16
+from engines.hardware.cpu_features import has_native_bf16
 from engines.models.quantize import CPU_DEFAULT
 from tests.oracle import talker_fixtures as fx
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
-from engines.config import EngineConfig
+from engines.config import EngineConfig, RuntimeSwitches
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest
+from engines.models.code_predictor import CodePredictor
 from engines.models.configs import ModelConfig
 from engines.models.dit import FlowDiT
 from engines.models.text import ByteTokenizer
@@ -49,18 +50,26 @@ def build(setup: PipelineSetup) -> Adapter:
         # One CUDA graph per (rows, encoder-length) bucket, frames padded to the preset's
         # longest context + chunk, rows up to the batch ceiling; captured in start().
         dit = GraphedDiT.for_config(dit, cfg, compile_backend=switches.compile_backend("dit"))
-    coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype)
+    coder = FrameCoder(models.codec_head, models.code_predictor, device, dtype,
+                       predictor_graphs=predictor_graphs(device, switches))
     graphed = [] if dit is models.dit else [dit]  # a GraphedDiT (CUDA)
     if device.type == "cuda":
-        from engines.runtime.graphed_predictor import GraphedCodePredictor
-
-        coder.predictor = GraphedCodePredictor(coder.predictor,
-                                               compile_backend=switches.compile_backend("predictor"))
-        graphed.append(coder.predictor)
+        graphed.append(coder.predictor)  # the GraphedCodePredictor, captured in start()
     profile = DiTProfile(cfg, planner.tokenizer, models.random_components, setup.config.model.voice_aliases)
     pipeline = DiTPipeline(planner, Denoiser(dit, cfg.stream, device, dtype), cfg.dit.context_frames, coder,
                            profile.voices, graphed=tuple(graphed))
     return Adapter(pipeline, profile)
+
+
+def predictor_graphs(device, switches: RuntimeSwitches) -> Callable[[CodePredictor], Any] | None:
+    """What runs the frame coder's code predictor: on CUDA one graph per batch bucket
+    (engines/runtime/graphed_predictor.py); elsewhere eager (None)."""
+    if device.type != "cuda":
+        return None
+    from engines.runtime.graphed_predictor import GraphedCodePredictor
+
+    backend = switches.compile_backend("predictor")
+    return lambda predictor: GraphedCodePredictor(predictor, compile_backend=backend)
 
 
 class DiTProfile(Profile):

@@ -9,10 +9,11 @@ do not depend on its batch neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-from engines.devices import canonical_device
+from engines.hardware.devices import canonical_device
 from engines.models.code_predictor import CodePredictor
 from engines.models.codec_head import CodecHead
 from engines.models.sampling import FrameSampling
@@ -53,10 +54,14 @@ def reference_codes(head: CodecHead, predictor: CodePredictor, latents: torch.Te
 
 
 class FrameCoder:
-    """Codec head + code predictor, batched over every chunk given to one call."""
+    """Codec head + code predictor, batched over every chunk given to one call.
+
+    ``predictor_graphs``: what runs the predictor, picked by the adapter from the device
+    (engines/runtime/graphed_predictor.py ``GraphedCodePredictor`` on CUDA), called once with the
+    predictor on its device; None: eager."""
 
     def __init__(self, head: CodecHead, predictor: CodePredictor, device, dtype: torch.dtype = torch.float32,
-                 max_batch_rows: int = 512):
+                 max_batch_rows: int = 512, predictor_graphs: Callable[[CodePredictor], Any] | None = None):
         hc, pc = head.cfg, predictor.cfg
         if hc.hidden_size != pc.talker_hidden_size:
             raise ValueError(f"codec head width {hc.hidden_size} != predictor talker_hidden_size {pc.talker_hidden_size}")
@@ -66,7 +71,8 @@ class FrameCoder:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
         self.device, self.dtype, self.max_batch_rows = canonical_device(device), dtype, max_batch_rows
         self.head = head.to(self.device, dtype).eval()
-        self.predictor = predictor.to(self.device, dtype).eval()
+        predictor = predictor.to(self.device, dtype).eval()
+        self.predictor = predictor_graphs(predictor) if predictor_graphs is not None else predictor
         self.latent_dim, self.num_code_groups = hc.hidden_size, pc.num_code_groups
 
     @torch.no_grad()

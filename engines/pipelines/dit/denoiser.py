@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.devices import canonical_device, upload
+from engines.hardware.devices import canonical_device, upload
 from engines.models.configs import StreamConfig
 from engines.models.dit import FlowDiT
 from engines.models.sampling import DOMAIN_NOISE, keyed_normal

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.devices import canonical_device, stage, upload
+from engines.hardware.devices import canonical_device, stage, upload
 from engines.models.condition import ConditionEncoder
 from engines.models.configs import ModelConfig, StreamConfig
 from engines.models.duration import DurationModel
 from engines.models.text import Tokenizer
-from engines.sentences import split_clauses
+from engines.text.sentences import split_clauses
 
 
 @dataclass(frozen=True)

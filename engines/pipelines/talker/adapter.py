@@ -22,7 +22,7 @@ from engines.checkpoints.qwen3_tts import load_checkpoint
 from engines.checkpoints.qwen3_voice import VoiceFeatures
 from engines.config import EngineConfig, RuntimeSwitches
 from engines.contract import EngineCapabilities, InvalidRequest, PlannedWork, SynthesisRequest, VoiceClone
-from engines.devices import canonical_device, dtype_named
+from engines.hardware.devices import canonical_device, dtype_named
 from engines.models.configs import ModelConfig
 from engines.models.quantize import quantize_talker, resolve_quantize
 from engines.models.talker import Talker

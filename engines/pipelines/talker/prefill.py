@@ -10,7 +10,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engines.contract import SynthesisRequest
-from engines.devices import upload
+from engines.hardware.devices import upload
 from engines.models.paged_kv import KVPoolExhausted, PagedKVCache
 from engines.models.prefix_cache import PrefixCache, position_keys
 from engines.models.talker import Talker

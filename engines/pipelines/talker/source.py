@@ -75,7 +75,7 @@ import torch
 
 from engines.checkpoints.qwen3_tts import TalkerGenerationConfig
 from engines.contract import SynthesisRequest
-from engines.devices import canonical_device, upload
+from engines.hardware.devices import canonical_device, upload
 from engines.models.code_predictor import CodePredictor
 from engines.models.paged_kv import PagedKVCache
 from engines.models.prefix_cache import PrefixCache

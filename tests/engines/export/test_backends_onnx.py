@@ -45,37 +45,32 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return build_models(get_preset("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def artifacts(tiny, tmp_path_factory):
+def artifacts(tiny_dit_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("onnx_tiny")
-    export_models(tiny, out)
+    export_models(tiny_dit_models, out)
     return out
 
 
 @pytest.fixture(scope="module")
-def ort_dit(tiny, artifacts):
-    return make_dit_runner(tiny.dit, "onnxruntime", artifacts, "cpu", threads=1)
+def ort_dit(tiny_dit_models, artifacts):
+    return make_dit_runner(tiny_dit_models.dit, "onnxruntime", artifacts, "cpu", threads=1)
 
 
 @pytest.fixture(scope="module")
-def ort_decoder(tiny, artifacts):
-    return make_decoder_runner(tiny.decoder, "onnxruntime", artifacts, "cpu", threads=1)
+def ort_decoder(tiny_dit_models, artifacts):
+    return make_decoder_runner(tiny_dit_models.decoder, "onnxruntime", artifacts, "cpu", threads=1)
 
 
 # --------------------------------------------------------------------------- export
 
 
-def test_manifest_records_shapes_dtypes_profiles_and_hash(tiny, artifacts):
+def test_manifest_records_shapes_dtypes_profiles_and_hash(tiny_dit_models, artifacts):
     raw = json.loads((artifacts / "manifest.json").read_text())
     assert raw["preset"] == "tiny" and raw["dtype"] == "float32"
     m = Manifest.load(artifacts)
     assert set(m.graphs) == {"dit", "decoder_step", "decoder_full"}
-    assert m.weights == {"dit": weights_hash(tiny.dit), "decoder": weights_hash(tiny.decoder)}
-    profiles = default_profiles(tiny.config)
+    assert m.weights == {"dit": weights_hash(tiny_dit_models.dit), "decoder": weights_hash(tiny_dit_models.decoder)}
+    profiles = default_profiles(tiny_dit_models.config)
     for name, g in m.graphs.items():
         assert (artifacts / g.onnx).is_file() and g.exporter == "torchscript"
         assert g.profile == profiles[name]
@@ -90,7 +85,7 @@ def test_manifest_records_shapes_dtypes_profiles_and_hash(tiny, artifacts):
             assert onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) == \
                 np.dtype(str(spec.torch_dtype()).replace("torch.", "").replace("bool", "bool_"))
     dit = m.graphs["dit"]
-    assert dit.profile["batch"].max == tiny.config.stream.batch_ceiling
+    assert dit.profile["batch"].max == tiny_dit_models.config.stream.batch_ceiling
     assert [t.name for t in dit.inputs] == ["x", "positions", "context_mask", "frame_mask", "t", "enc", "enc_mask"]
 
 
@@ -109,20 +104,20 @@ def test_small_preset_exports_and_matches(tmp_path):
     assert wav.shape == ref_wav.shape and (wav - ref_wav).abs().max().item() < TOL
 
 
-def test_dynamo_exporter_dit_matches(tiny, tmp_path):
-    export_models(tiny, tmp_path, graphs=("dit",), exporter="dynamo")
-    dit = make_dit_runner(tiny.dit, "onnxruntime", tmp_path, "cpu", threads=1)
-    batch = example_dit_batch(tiny.dit.cfg, positive_rows=3, frames=9, enc_len=7)
+def test_dynamo_exporter_dit_matches(tiny_dit_models, tmp_path):
+    export_models(tiny_dit_models, tmp_path, graphs=("dit",), exporter="dynamo")
+    dit = make_dit_runner(tiny_dit_models.dit, "onnxruntime", tmp_path, "cpu", threads=1)
+    batch = example_dit_batch(tiny_dit_models.dit.cfg, positive_rows=3, frames=9, enc_len=7)
     with torch.no_grad():
-        ref = tiny.dit(*batch)
+        ref = tiny_dit_models.dit(*batch)
     assert (dit(*batch) - ref)[batch[3]].abs().max().item() < TOL
 
 
-def test_half_precision_export_keeps_fp32_islands(tiny, tmp_path):
+def test_half_precision_export_keeps_fp32_islands(tiny_dit_models, tmp_path):
     """A float16 graph computes norms, RoPE angles and the timestep embedding in fp32 (the
     torch code's casts are in the graph), the matmuls in fp16: what a strongly typed
     TensorRT build then obeys."""
-    export_models(tiny, tmp_path, dtype=torch.float16, graphs=("dit",))
+    export_models(tiny_dit_models, tmp_path, dtype=torch.float16, graphs=("dit",))
     model = onnx.shape_inference.infer_shapes(onnx.load(str(tmp_path / "dit.onnx")))
     types = {vi.name: vi.type.tensor_type.elem_type
              for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
@@ -145,19 +140,20 @@ def test_half_precision_export_keeps_fp32_islands(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("rows,frames,enc_len", [(1, 1, 1), (3, 12, 9), (16, 20, 40)])
-def test_dit_fused_cfg_batch_matches_torch(tiny, ort_dit, rows, frames, enc_len):
-    batch = example_dit_batch(tiny.dit.cfg, positive_rows=rows, frames=frames, enc_len=enc_len,
+def test_dit_fused_cfg_batch_matches_torch(tiny_dit_models, ort_dit, rows, frames, enc_len):
+    batch = example_dit_batch(tiny_dit_models.dit.cfg, positive_rows=rows, frames=frames, enc_len=enc_len,
                               context=min(2, frames - 1), generator=torch.Generator().manual_seed(rows))
     with torch.no_grad():
-        ref = tiny.dit(*batch)
+        ref = tiny_dit_models.dit(*batch)
     out = ort_dit(*batch)
-    assert out.shape == ref.shape == (2 * rows, frames, tiny.dit.cfg.latent_dim) and out.dtype == torch.float32
+    assert out.shape == ref.shape == (2 * rows, frames, tiny_dit_models.dit.cfg.latent_dim)
+    assert out.dtype == torch.float32
     real = batch[3]  # padded frames carry no meaning (masked out of every attention)
     assert (out - ref)[real].abs().max().item() < TOL
 
 
-def test_decoder_full_and_streaming_match_torch(tiny, ort_decoder):
-    dec = tiny.decoder
+def test_decoder_full_and_streaming_match_torch(tiny_dit_models, ort_decoder):
+    dec = tiny_dit_models.decoder
     codes = torch.randint(0, dec.cfg.codebook_size, (2, dec.cfg.num_quantizers, 40),
                           generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -176,15 +172,16 @@ def test_decoder_full_and_streaming_match_torch(tiny, ort_decoder):
     assert full.abs().max().item() > 1e-2  # not trivially zero audio
 
 
-def test_decoder_batch_over_profile_is_split(tiny, artifacts):
+def test_decoder_batch_over_profile_is_split(tiny_dit_models, artifacts):
     """A profile with max batch 2 still decodes 5 streams (rows split), identically."""
     m = Manifest.load(artifacts)
     g = m.graphs["decoder_step"]
     m.graphs["decoder_step"] = dataclasses.replace(g, profile={**g.profile, "batch": AxisRange(1, 1, 2)})
-    dec = make_decoder_runner(tiny.decoder, "onnxruntime", artifacts, "cpu", threads=1, manifest=m)
-    codes = torch.randint(0, tiny.decoder.cfg.codebook_size, (5, tiny.decoder.cfg.num_quantizers, 6))
+    dec = make_decoder_runner(tiny_dit_models.decoder, "onnxruntime", artifacts, "cpu", threads=1, manifest=m)
+    cfg = tiny_dit_models.decoder.cfg
+    codes = torch.randint(0, cfg.codebook_size, (5, cfg.num_quantizers, 6))
     wav, state = dec.decode_step(codes, dec.init_state(5))
-    ref, ref_state = tiny.decoder.decode_step(codes, tiny.decoder.init_state(5))
+    ref, ref_state = tiny_dit_models.decoder.decode_step(codes, tiny_dit_models.decoder.init_state(5))
     assert (wav - ref).abs().max().item() < TOL
     pairs = zip(state.keys + state.conv, ref_state.keys + ref_state.conv)
     assert all((a - b).abs().max().item() < TOL for a, b in pairs if a.numel())
@@ -201,10 +198,11 @@ def _job(i: int, cfg, guided=True, frames=12, context=4, steps=3) -> ChunkJob:
 
 
 @pytest.mark.parametrize("ceiling", [32, 4])  # 32: fused CFG (6 rows); 4: two passes per tick
-def test_stream_scheduler_through_ort_matches_torch(tiny, ort_dit, ceiling):
-    stream = dataclasses.replace(tiny.config.stream, batch_ceiling=ceiling, max_slots=min(16, ceiling))
-    jobs = [_job(0, tiny.config), _job(1, tiny.config), _job(2, tiny.config, guided=False, context=0)]
-    ref_sched = Denoiser(tiny.dit, stream, "cpu")
+def test_stream_scheduler_through_ort_matches_torch(tiny_dit_models, ort_dit, ceiling):
+    config = tiny_dit_models.config
+    stream = dataclasses.replace(config.stream, batch_ceiling=ceiling, max_slots=min(16, ceiling))
+    jobs = [_job(0, config), _job(1, config), _job(2, config, guided=False, context=0)]
+    ref_sched = Denoiser(tiny_dit_models.dit, stream, "cpu")
     ort_sched = Denoiser(ort_dit, stream, "cpu")
     ref, got = run_chunks(ref_sched, jobs), run_chunks(ort_sched, jobs)
     assert ort_sched.forward_count == ref_sched.forward_count == (3 if ceiling == 32 else 6)
@@ -213,11 +211,11 @@ def test_stream_scheduler_through_ort_matches_torch(tiny, ort_dit, ceiling):
         assert (got[k] - ref[k]).abs().max().item() < TOL, k
 
 
-def test_engine_pipeline_through_ort_matches_torch(tiny, artifacts):
+def test_engine_pipeline_through_ort_matches_torch(tiny_dit_models, artifacts):
     """The whole engine (planner, tick loop, vocalizer, worker) with apply_backend's models."""
     from engine_helpers import run_requests
 
-    config = tiny.config
+    config = tiny_dit_models.config
     request = lambda: SynthesisRequest(id="ort-1", text="Hello there. Two clauses.", seed=3, steps=3)  # noqa: E731
     pcm = {}
     for backend in ("torch", "onnxruntime"):
@@ -251,18 +249,18 @@ def test_other_weights_are_refused(artifacts):
         apply_backend(small, "onnxruntime", artifacts, "cpu")
 
 
-def test_missing_manifest_and_unknown_backend(tiny, tmp_path):
+def test_missing_manifest_and_unknown_backend(tiny_dit_models, tmp_path):
     with pytest.raises(ArtifactMismatch, match="manifest.json not found"):
-        apply_backend(tiny, "onnxruntime", tmp_path, "cpu")
+        apply_backend(tiny_dit_models, "onnxruntime", tmp_path, "cpu")
     with pytest.raises(ValueError, match="unknown backend"):
-        apply_backend(tiny, "openvino", tmp_path, "cpu")
+        apply_backend(tiny_dit_models, "openvino", tmp_path, "cpu")
     with pytest.raises(ValueError, match="needs the artifacts directory written by streamvox export"):
-        apply_backend(tiny, "onnxruntime", None, "cpu")
-    assert apply_backend(tiny, "torch", None, "cpu") is tiny
+        apply_backend(tiny_dit_models, "onnxruntime", None, "cpu")
+    assert apply_backend(tiny_dit_models, "torch", None, "cpu") is tiny_dit_models
 
 
-def test_shapes_outside_profile_are_refused(tiny, ort_dit):
-    cfg = tiny.dit.cfg
+def test_shapes_outside_profile_are_refused(tiny_dit_models, ort_dit):
+    cfg = tiny_dit_models.dit.cfg
     prof = ort_dit.profile
     with pytest.raises(ShapeOutsideProfile, match=r"batch = 34 .* \[1, 32\]"):  # 17 slots under fused CFG
         ort_dit(*example_dit_batch(cfg, positive_rows=17, frames=4, enc_len=3))
@@ -272,17 +270,18 @@ def test_shapes_outside_profile_are_refused(tiny, ort_dit):
         ort_dit(*example_dit_batch(cfg, positive_rows=1, frames=4, enc_len=prof["enc_len"].max + 1))
 
 
-def test_apply_backend_fits_batch_ceiling_to_profile(tiny, tmp_path):
-    prof = default_profiles(tiny.config)
+def test_apply_backend_fits_batch_ceiling_to_profile(tiny_dit_models, tmp_path):
+    prof = default_profiles(tiny_dit_models.config)
     prof["dit"]["batch"] = AxisRange(1, 4, 8)
-    export_models(tiny, tmp_path, graphs=("dit", "decoder_step"), profiles=prof)
-    models = apply_backend(tiny, "onnxruntime", tmp_path, "cpu")
+    export_models(tiny_dit_models, tmp_path, graphs=("dit", "decoder_step"), profiles=prof)
+    models = apply_backend(tiny_dit_models, "onnxruntime", tmp_path, "cpu")
     assert models.dit.max_batch == 8
     assert models.config.stream.batch_ceiling == 8 and models.config.stream.max_slots == 8
-    assert tiny.config.stream.batch_ceiling == 32 and tiny.dit is not models.dit  # input untouched
+    # the input untouched
+    assert tiny_dit_models.config.stream.batch_ceiling == 32 and tiny_dit_models.dit is not models.dit
 
 
-def test_tensorrt_backend_without_tensorrt_says_so(tiny, artifacts):
+def test_tensorrt_backend_without_tensorrt_says_so(tiny_dit_models, artifacts):
     try:
         import tensorrt  # noqa: F401
         if torch.cuda.is_available():
@@ -290,7 +289,7 @@ def test_tensorrt_backend_without_tensorrt_says_so(tiny, artifacts):
     except ImportError:
         pass
     with pytest.raises(BackendUnavailable, match="--backend tensorrt needs"):
-        apply_backend(tiny, "tensorrt", artifacts, "cpu")
+        apply_backend(tiny_dit_models, "tensorrt", artifacts, "cpu")
 
 
 def test_cli_export_and_build_engines(tmp_path, capsys):
@@ -318,7 +317,7 @@ def test_cli_export_and_build_engines(tmp_path, capsys):
 # --------------------------------------------------------------------------- served
 
 
-async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, artifacts, tmp_path):
+async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny_dit_models, artifacts, tmp_path):
     """POST /v1/audio/speech (chunked pcm) on a real 127.0.0.1 server whose engine runs the
     DiT and decoder in ONNX Runtime: the same int16 samples as the torch engine's (+-1 LSB)."""
     import aiohttp
@@ -326,7 +325,7 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
 
     got = {}
     for backend in ("torch", "onnxruntime"):
-        models = apply_backend(build_models(tiny.config, seed=0), backend, artifacts, "cpu", threads=1)
+        models = apply_backend(build_models(tiny_dit_models.config, seed=0), backend, artifacts, "cpu", threads=1)
         engine = Engine(Loaded(models), resolve_config(EngineConfig.for_tests(warmup=False)))
         engine.start()
         live = await start_server(engine, tmp_path / backend)
@@ -345,7 +344,7 @@ async def test_real_server_streams_same_audio_with_onnxruntime_backend(tiny, art
     assert np.abs(got["torch"]).max() > 100  # audible, not silence
 
 
-def test_cli_export_from_checkpoint_records_its_hash(tiny, tmp_path):
+def test_cli_export_from_checkpoint_records_its_hash(tiny_dit_models, tmp_path):
     from clients.cli import main
     from engines.export.manifest import file_hash
     from engines.pipelines.dit.weights import save_weights
@@ -356,7 +355,7 @@ def test_cli_export_from_checkpoint_records_its_hash(tiny, tmp_path):
                  "--out", str(tmp_path / "onnx"), "--graphs", "dit"]) == 0
     m = Manifest.load(tmp_path / "onnx")
     assert m.checkpoint == {"path": str(tmp_path / "w.safetensors"), "sha256": file_hash(tmp_path / "w.safetensors")}
-    assert m.weights["dit"] == weights_hash(other.dit) != weights_hash(tiny.dit)
+    assert m.weights["dit"] == weights_hash(other.dit) != weights_hash(tiny_dit_models.dit)
     make_dit_runner(other.dit, "onnxruntime", tmp_path / "onnx", "cpu")  # accepted
     with pytest.raises(ArtifactMismatch):
-        make_dit_runner(tiny.dit, "onnxruntime", tmp_path / "onnx", "cpu")
+        make_dit_runner(tiny_dit_models.dit, "onnxruntime", tmp_path / "onnx", "cpu")

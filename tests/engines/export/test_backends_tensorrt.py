@@ -56,11 +56,6 @@ def host_view(ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     return torch.frombuffer(raw, dtype=dtype, count=n).view(shape)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return build_models(get_preset("tiny"), seed=0)
-
-
 # --------------------------------------------------------------------------- the fake
 
 
@@ -204,16 +199,16 @@ def _job(i, cfg, steps=3) -> ChunkJob:
 
 
 @pytest.mark.parametrize("slots,forwards_per_tick", [(4, 1), (5, 2)])
-def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_per_tick):
+def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny_dit_models, slots, forwards_per_tick):
     """Engine max batch 8 (manifest: 32): 4 guided slots = 8 rows fuse; 5 need two passes.
     Two passes of 5 rows share one cached output buffer, so this also checks that the
     first pass's output is copied out before the second execute."""
     log: list = []
-    trt_dit = fake_dit(tiny, log, max_batch=8)
+    trt_dit = fake_dit(tiny_dit_models, log, max_batch=8)
     assert trt_dit.max_batch == 8  # read from the engine, not the manifest
-    config = fit_stream_to_profile(tiny.config, trt_dit.max_batch)
+    config = fit_stream_to_profile(tiny_dit_models.config, trt_dit.max_batch)
     assert config.stream.batch_ceiling == 8 and config.stream.max_slots == 8
-    jobs = [_job(i, tiny.config) for i in range(slots)]
+    jobs = [_job(i, tiny_dit_models.config) for i in range(slots)]
     sched = Denoiser(trt_dit, config.stream, "cpu")
     got = run_chunks(sched, jobs)
     assert sched.forward_count == 3 * forwards_per_tick
@@ -221,15 +216,15 @@ def test_engine_profile_ceiling_decides_fused_or_two_pass(tiny, slots, forwards_
     assert len(executes) == 3 * forwards_per_tick
     if forwards_per_tick == 2:  # both passes ran on the same output buffer
         assert len(trt_dit.runner._buffers) == 1
-    ref = run_chunks(Denoiser(tiny.dit, config.stream, "cpu"), jobs)
+    ref = run_chunks(Denoiser(tiny_dit_models.dit, config.stream, "cpu"), jobs)
     for k in ref:
         assert (got[k] - ref[k]).abs().max().item() < TOL, k
 
 
-def test_output_buffer_is_reused_per_shape(tiny):
+def test_output_buffer_is_reused_per_shape(tiny_dit_models):
     """The hazard the two-pass copy guards against is real: same shape, same buffer."""
-    trt_dit = fake_dit(tiny, [])
-    make = lambda seed: example_dit_batch(tiny.dit.cfg, positive_rows=2, frames=5, enc_len=3,  # noqa: E731
+    trt_dit = fake_dit(tiny_dit_models, [])
+    make = lambda seed: example_dit_batch(tiny_dit_models.dit.cfg, positive_rows=2, frames=5, enc_len=3,  # noqa: E731
                                           generator=torch.Generator().manual_seed(seed))
     a, b = make(0), make(1)
     va = trt_dit(*a)
@@ -237,8 +232,8 @@ def test_output_buffer_is_reused_per_shape(tiny):
     vb = trt_dit(*b)
     assert va.data_ptr() == vb.data_ptr() and not torch.equal(va, va_copy)
     with torch.no_grad():
-        assert (va_copy - tiny.dit(*a))[a[3]].abs().max().item() < TOL
-        assert (vb - tiny.dit(*b))[b[3]].abs().max().item() < TOL
+        assert (va_copy - tiny_dit_models.dit(*a))[a[3]].abs().max().item() < TOL
+        assert (vb - tiny_dit_models.dit(*b))[b[3]].abs().max().item() < TOL
 
 
 class FakeTensorRT:
@@ -300,41 +295,42 @@ def fake_tensorrt(monkeypatch):
     return install
 
 
-def test_apply_backend_tensorrt_loads_engines_and_uses_their_ceiling(tiny, tmp_path, fake_tensorrt):
-    fake_tensorrt(write_trt_artifacts(tiny, tmp_path))
-    models = apply_backend(tiny, "tensorrt", tmp_path, "cpu")
+def test_apply_backend_tensorrt_loads_engines_and_uses_their_ceiling(tiny_dit_models, tmp_path, fake_tensorrt):
+    fake_tensorrt(write_trt_artifacts(tiny_dit_models, tmp_path))
+    models = apply_backend(tiny_dit_models, "tensorrt", tmp_path, "cpu")
     assert isinstance(models.dit, TrtDiT) and isinstance(models.decoder, TrtDecoder)
     assert models.config.stream.batch_ceiling == 6 and models.config.stream.max_slots == 6
-    jobs = [_job(i, tiny.config) for i in range(3)]  # 6 rows: fused
+    jobs = [_job(i, tiny_dit_models.config) for i in range(3)]  # 6 rows: fused
     sched = Denoiser(models.dit, models.config.stream, "cpu")
     got = run_chunks(sched, jobs)
     assert sched.forward_count == 3
-    ref = run_chunks(Denoiser(tiny.dit, models.config.stream, "cpu"), jobs)
+    ref = run_chunks(Denoiser(tiny_dit_models.dit, models.config.stream, "cpu"), jobs)
     assert all((got[k] - ref[k]).abs().max().item() < TOL for k in ref)
-    codes = torch.randint(0, tiny.decoder.cfg.codebook_size, (1, tiny.decoder.cfg.num_quantizers, 5))
+    cfg = tiny_dit_models.decoder.cfg
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 5))
     wav, _ = models.decoder.decode_step(codes, models.decoder.init_state(1))
     with torch.no_grad():
-        assert (wav - tiny.decoder(codes)).abs().max().item() < TOL
+        assert (wav - tiny_dit_models.decoder(codes)).abs().max().item() < TOL
     other = build_models(get_preset("tiny"), seed=5)
     with pytest.raises(ArtifactMismatch, match="other dit weights"):
         apply_backend(other, "tensorrt", tmp_path, "cpu")
 
 
-def test_tensorrt_artifact_errors(tiny, tmp_path, fake_tensorrt):
-    plans = write_trt_artifacts(tiny, tmp_path, version="10.0.1")
+def test_tensorrt_artifact_errors(tiny_dit_models, tmp_path, fake_tensorrt):
+    plans = write_trt_artifacts(tiny_dit_models, tmp_path, version="10.0.1")
     fake_tensorrt(plans)
     with pytest.raises(ArtifactMismatch, match="built with TensorRT 10.0.1, this is 10.9.0"):
-        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
-    write_trt_artifacts(tiny, tmp_path, dit_plan=b"corrupt")
+        apply_backend(tiny_dit_models, "tensorrt", tmp_path, "cpu")
+    write_trt_artifacts(tiny_dit_models, tmp_path, dit_plan=b"corrupt")
     with pytest.raises(ArtifactMismatch, match="TensorRT could not load it"):
-        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
+        apply_backend(tiny_dit_models, "tensorrt", tmp_path, "cpu")
     from engines.export.manifest import Manifest
 
     m = Manifest.load(tmp_path)
     m.graphs["dit"] = dataclasses.replace(m.graphs["dit"], engine=None)  # exported, never built
     m.save(tmp_path)
     with pytest.raises(ArtifactMismatch, match="run streamvox build-engines"):
-        apply_backend(tiny, "tensorrt", tmp_path, "cpu")
+        apply_backend(tiny_dit_models, "tensorrt", tmp_path, "cpu")
 
 
 # --------------------------------------------------------------------------- buffers and events
@@ -344,10 +340,10 @@ def _batch(cfg, rows, frames):
     return example_dit_batch(cfg, positive_rows=rows, frames=frames, enc_len=3)
 
 
-def test_buffer_cache_evicts_least_recently_used_after_draining(tiny):
+def test_buffer_cache_evicts_least_recently_used_after_draining(tiny_dit_models):
     log: list = []
-    trt_dit = fake_dit(tiny, log, cache_size=2)
-    runner, cfg = trt_dit.runner, tiny.dit.cfg
+    trt_dit = fake_dit(tiny_dit_models, log, cache_size=2)
+    runner, cfg = trt_dit.runner, tiny_dit_models.dit.cfg
     A, B, C, D = (1, 4), (1, 5), (2, 4), (2, 6)  # (positive rows, frames) -> distinct input shapes
     key = lambda rf: tuple(tuple(x.shape) for x in _batch(cfg, *rf))  # noqa: E731
     for rf in (A, B, A, A):  # steady state: hits only, no drain
@@ -365,10 +361,10 @@ def test_buffer_cache_evicts_least_recently_used_after_draining(tiny):
         assert [e[0] for e in log[i + 1:i + 3]] == ["set_input_shape"] * 2
 
 
-def test_execute_is_ordered_with_events_and_no_host_sync(tiny):
+def test_execute_is_ordered_with_events_and_no_host_sync(tiny_dit_models):
     log: list = []
-    trt_dit = fake_dit(tiny, log)
-    batch = _batch(tiny.dit.cfg, 2, 5)
+    trt_dit = fake_dit(tiny_dit_models, log)
+    batch = _batch(tiny_dit_models.dit.cfg, 2, 5)
     trt_dit(*batch)  # first call: allocation, shapes set
     log.clear()
     trt_dit(*batch)  # steady state
@@ -379,16 +375,16 @@ def test_execute_is_ordered_with_events_and_no_host_sync(tiny):
     assert not [e for e in log if e[0] == "set_input_shape"]  # shapes unchanged: not set again
 
 
-def test_engine_profile_limits_and_name_checks(tiny):
-    trt_dit = fake_dit(tiny, [], max_batch=8)
+def test_engine_profile_limits_and_name_checks(tiny_dit_models):
+    trt_dit = fake_dit(tiny_dit_models, [], max_batch=8)
     with pytest.raises(ShapeOutsideProfile, match=r"batch = 10 is outside the engine's optimization profile \[1, 8\]"):
-        trt_dit(*_batch(tiny.dit.cfg, 5, 4))
+        trt_dit(*_batch(tiny_dit_models.dit.cfg, 5, 4))
     frames_max = trt_dit.profile["frames"].max
     with pytest.raises(ShapeOutsideProfile, match="frames"):
-        trt_dit(*_batch(tiny.dit.cfg, 1, frames_max + 1))
-    spec = dit_spec(tiny, default_profiles(tiny.config)["dit"])
+        trt_dit(*_batch(tiny_dit_models.dit.cfg, 1, frames_max + 1))
+    spec = dit_spec(tiny_dit_models, default_profiles(tiny_dit_models.config)["dit"])
     renamed = dataclasses.replace(spec, outputs=(TensorSpec("velocity", "float32", ("batch", "frames", 64)),))
-    engine = FakeTrtEngine(spec, lambda *a: (tiny.dit(*a),), spec.profile, [])
+    engine = FakeTrtEngine(spec, lambda *a: (tiny_dit_models.dit(*a),), spec.profile, [])
     with pytest.raises(ArtifactMismatch, match="differ from the manifest"):
         TrtRunner(engine, renamed, torch.device("cpu"), HostStreams())
 
@@ -396,10 +392,10 @@ def test_engine_profile_limits_and_name_checks(tiny):
 # --------------------------------------------------------------------------- decoder
 
 
-def test_decoder_streams_through_fake_engine_and_owns_its_state(tiny):
-    dec = tiny.decoder
+def test_decoder_streams_through_fake_engine_and_owns_its_state(tiny_dit_models):
+    dec = tiny_dit_models.decoder
     G = dec.cfg.num_quantizers
-    spec, graph = decoder_step_spec(tiny, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
+    spec, graph = decoder_step_spec(tiny_dit_models, {"batch": AxisRange(1, 1, 4), "frames": AxisRange(1, 4, 8)})
     engine = FakeTrtEngine(spec, lambda *a: graph(*a), spec.profile, [])
     trt_dec = TrtDecoder(TrtRunner(engine, spec, torch.device("cpu"), HostStreams()), None, dec.cfg,
                          dec.samples_per_frame, dec.init_state(1))
@@ -430,19 +426,19 @@ def _real_tensorrt_or_skip():
         pytest.skip("real TensorRT engine test: no CUDA device")
 
 
-def test_real_tensorrt_engines_match_torch(tiny, tmp_path):
+def test_real_tensorrt_engines_match_torch(tiny_dit_models, tmp_path):
     """Export -> build-engines -> apply_backend(tensorrt) on a GPU; fp32 engines (TF32 may be
     used by TensorRT), tolerance 5e-3."""
     _real_tensorrt_or_skip()
     from engines.export.onnx_export import export_models
     from engines.export.tensorrt_backend import build_engines
 
-    export_models(tiny, tmp_path / "onnx")
+    export_models(tiny_dit_models, tmp_path / "onnx")
     build_engines(tmp_path / "onnx", tmp_path / "trt")
     cuda = torch.device("cuda")
-    models = apply_backend(tiny, "tensorrt", tmp_path / "trt", cuda)
-    ref_dit = tiny.dit.to(cuda)
-    batch = [x.to(cuda) for x in example_dit_batch(tiny.dit.cfg, positive_rows=3, frames=10, enc_len=7)]
+    models = apply_backend(tiny_dit_models, "tensorrt", tmp_path / "trt", cuda)
+    ref_dit = tiny_dit_models.dit.to(cuda)
+    batch = [x.to(cuda) for x in example_dit_batch(tiny_dit_models.dit.cfg, positive_rows=3, frames=10, enc_len=7)]
     with torch.no_grad():
         ref = ref_dit(*batch)
     assert (models.dit(*batch) - ref)[batch[3]].abs().max().item() < 5e-3

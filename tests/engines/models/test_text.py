@@ -1,5 +1,5 @@
 """Text: the DiT's byte tokenizer (engines/models/text.py), streaming sentence splitting and
-clause splitting (engines/sentences.py)."""
+clause splitting (engines/text/sentences.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.models.text import BOS_ID, EOS_ID, ByteTokenizer, Tokenizer
-from engines.sentences import SentenceSplitter, split_clauses, split_sentences
+from engines.text.sentences import SentenceSplitter, split_clauses, split_sentences
 
 
 def _squash(s: str) -> str:

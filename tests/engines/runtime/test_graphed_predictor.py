@@ -170,8 +170,9 @@ def test_frame_coder_with_the_wrapper_gives_the_same_codes():
     chunks = [LatentChunk(torch.randn(t, TINY.latent_dim, generator=g), 0, seed=i, greedy=i % 2 == 0,
                           top_p=0.9 if i == 3 else 1.0) for i, t in enumerate([5, 7, 12, 3])]
     want = plain.codes(chunks)
-    wrapped = FrameCoder(models.codec_head, models.code_predictor, "cpu", max_batch_rows=16)
-    wrapped.predictor = GraphedCodePredictor(wrapped.predictor, buckets=SMALL_BUCKETS)
+    wrapped = FrameCoder(models.codec_head, models.code_predictor, "cpu", max_batch_rows=16,
+                         predictor_graphs=lambda predictor: GraphedCodePredictor(predictor, buckets=SMALL_BUCKETS))
+    assert isinstance(wrapped.predictor, GraphedCodePredictor)
     got = wrapped.codes(chunks)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 

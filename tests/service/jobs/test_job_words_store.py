@@ -5,35 +5,23 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from service.jobs.store.postgres import PostgresJobStore
 from service.jobs.store.sqlite import SqliteJobStore
 
 WORDS = json.dumps([{"word": "Hello", "start_ms": 0.0, "end_ms": 80.0, "char_start": 0, "char_end": 5},
                     {"word": "\u4f60", "start_ms": 80.0, "end_ms": 160.0, "char_start": 7, "char_end": 8}])
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request, tmp_path):
-    opened = (SqliteJobStore(tmp_path / "data") if request.param == "sqlite"
-              else PostgresJobStore(request.getfixturevalue("pg_url"), pool_size=2))
-    await opened.open()
-    yield opened
-    await opened.close()
-
-
-async def test_words_are_fenced_and_kept(store):
-    job = await store.create({"input": "Hello, \u4f60"}, owner="alice")
-    assert await store.get_words(job.id) is None
-    [claimed] = await store.claim("a", 1, 30.0)
-    assert not await store.put_words(job.id, "not-the-token", WORDS)
-    assert await store.get_words(job.id) is None
-    assert await store.put_words(job.id, claimed.lease_token, WORDS)
-    assert await store.finish(job.id, claimed.lease_token, "succeeded", audio_size=0)
-    assert json.loads(await store.get_words(job.id)) == json.loads(WORDS)
-    assert not await store.put_words(job.id, claimed.lease_token, "[]")  # finished: no longer the attempt's
-    assert await store.get_words("0" * 32) is None
+async def test_words_are_fenced_and_kept(job_store):
+    job = await job_store.create({"input": "Hello, \u4f60"}, owner="alice")
+    assert await job_store.get_words(job.id) is None
+    [claimed] = await job_store.claim("a", 1, 30.0)
+    assert not await job_store.put_words(job.id, "not-the-token", WORDS)
+    assert await job_store.get_words(job.id) is None
+    assert await job_store.put_words(job.id, claimed.lease_token, WORDS)
+    assert await job_store.finish(job.id, claimed.lease_token, "succeeded", audio_size=0)
+    assert json.loads(await job_store.get_words(job.id)) == json.loads(WORDS)
+    assert not await job_store.put_words(job.id, claimed.lease_token, "[]")  # finished: no longer the attempt's
+    assert await job_store.get_words("0" * 32) is None
 
 
 async def test_an_older_sqlite_database_gains_the_column(tmp_path):

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from conftest import start_server
 
 from clients.client import StreamvoxClient
 
 QUOTA_MB = 1.0
 LONG = " ".join(["A sentence of a long job."] * 8)  # about 770 KB of WAV on the tiny engine
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_settings(request) -> dict:
-    return {"jobs_db": request.getfixturevalue("pg_url")} if request.param == "postgresql" else {}
 
 
 async def test_the_quota_holds_while_long_jobs_write(engine, store_settings, tmp_path):

@@ -203,6 +203,12 @@ async def test_kill_9_of_the_replica_running_a_job_hands_it_to_the_other(replica
             done = await client.wait_job(job_id)
             assert done["status"] == "succeeded", done
             audio = assert_valid_wav(await client.fetch_audio(job_id))
+            # the same job run through on the survivor: the resumed file is its audio (<= 1 LSB)
+            again = await client.submit_job(LONG, seed=7)
+            assert (await client.wait_job(again["id"]))["status"] == "succeeded"
+            uninterrupted = assert_valid_wav(await client.fetch_audio(again["id"]))
+    assert audio.shape == uninterrupted.shape
+    assert np.abs(audio - uninterrupted).max() <= 1 / 32768
     progress = done["progress"]
     # Whole: every frame the finished attempt produced is in the file, nothing of the dead one.
     assert progress["frames_done"] == progress["frames_total"] > 0

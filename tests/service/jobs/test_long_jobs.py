@@ -48,14 +48,6 @@ async def finished(http, url: str, job_id: str) -> tuple[dict, np.ndarray, list[
     return job, audio, words
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request, tmp_path) -> dict:
-    """Settings for a server's job store: SQLite under a data dir, or a fresh PostgreSQL database."""
-    if request.param == "postgresql":
-        return {"jobs_db": request.getfixturevalue("pg_url")}
-    return {}
-
-
 async def uninterrupted(http, engine, data_dir) -> dict:
     """The job run once without interruption (made once for every test here): its job object,
     audio, words and the texts of its utterances."""
@@ -73,7 +65,8 @@ async def uninterrupted(http, engine, data_dir) -> dict:
     return UNINTERRUPTED
 
 
-async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path, store):
+async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance(aligned_talker, tmp_path,
+                                                                                  store_settings):
     async with aiohttp.ClientSession() as http:
         whole = await uninterrupted(http, aligned_talker, tmp_path / "plain")
         job, expected, texts = whole["job"], whole["audio"], whole["texts"]
@@ -86,7 +79,7 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         assert job["progress"]["frames_total"] == frames > 0 and job["progress"]["percent"] == 100.0
 
         # the same job, stopped halfway, then resumed by a new server on the same store
-        first = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
+        first = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store_settings)
         polls: list[dict] = []
         try:
             async with http.post(first.url + "/v1/jobs", json=JOB) as r:
@@ -116,7 +109,7 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         done_before = progress["utterances_done"]
         assert 3 <= done_before < total and progress["audio_seconds"] > 0
         assert 0 < progress["frames_done"] < frames  # what the kept utterances hold
-        second = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store)
+        second = await start_server(aligned_talker, tmp_path / "data", job_workers=1, **store_settings)
         try:
             with Recorded(aligned_talker) as resumed:
                 job, audio, words = await finished(http, second.url, job_id)
@@ -128,9 +121,9 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         # its progress is the whole job's, across both attempts: the frames of the uninterrupted run
         assert (job["progress"]["frames_done"], job["progress"]["frames_total"]) == (frames, frames)
         assert (job["attempt"], job["started_at"]) == (2, started_at)
-        # and its audio is the uninterrupted run's (the decoder's float math may move a PCM16 step)
+        # and its audio is the uninterrupted run's (<= 1 LSB: the decoder's windows do not follow the attempt)
         assert audio.shape == expected.shape
-        assert np.abs(audio - expected).max() <= 2 / 32768
+        assert np.abs(audio - expected).max() <= 1 / 32768
         # captions across the whole job: in order, within the audio, to its last words
         starts = [w["start_ms"] for w in words]
         assert starts == sorted(starts) and words[-1]["end_ms"] <= audio.size / 24 + 1
@@ -138,7 +131,7 @@ async def test_a_long_job_interrupted_by_a_restart_resumes_at_the_next_utterance
         assert all(TEXT[w["char_start"]:w["char_end"]] == w["word"] for w in words)
 
 
-async def test_a_long_job_over_the_quota_leaves_the_data_dir_within_it(aligned_talker, tmp_path, store):
+async def test_a_long_job_over_the_quota_leaves_the_data_dir_within_it(aligned_talker, tmp_path, store_settings):
     """A long job's utterances are kept as they finish (to resume after them): they count against
     --jobs-disk-quota-mb with its audio and the database. A job that cannot fit fails, and what it
     kept is given back: the data dir (SQLite: database, WAL and audio) ends within the quota.
@@ -149,7 +142,7 @@ async def test_a_long_job_over_the_quota_leaves_the_data_dir_within_it(aligned_t
         wav_bytes = 44 + 2 * whole["audio"].size
         limit = int(0.75 * wav_bytes)  # not even its audio fits
         live = await start_server(aligned_talker, tmp_path / "data", job_workers=1,
-                                  jobs_disk_quota_mb=limit / 2**20, **store)
+                                  jobs_disk_quota_mb=limit / 2**20, **store_settings)
         try:
             async with http.post(live.url + "/v1/jobs", json=JOB) as r:
                 job_id = (await r.json())["id"]

@@ -20,22 +20,11 @@ import soundfile as sf
 import websockets
 from conftest import finished_job, start_server
 
-from engines.build import build_engine
-from engines.config import EngineConfig
 from engines.pipelines.talker.prompt import PromptBuilder
-from tests.oracle import talker_fixtures as fx
 
 TEXT = "Hello world, this is a small test of streaming speech."
 # Greedy and seeded: speed 1 and speed 1.5 generate the same codes, so only the stretch differs.
 SAME_CODES = {"temperature": 0, "seed": 7, "voice": "default"}
-
-
-@pytest.fixture(scope="module")
-def talker_engine():
-    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False))
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture
@@ -75,9 +64,9 @@ async def job(http: aiohttp.ClientSession, url: str, **fields) -> np.ndarray:
         return wav_samples(await r.read())
 
 
-async def test_a_job_with_speed_is_stretched_like_speech(talker_engine, tmp_path):
-    assert not talker_engine.capabilities.honours("speed")  # the talker: the service stretches
-    server = await start_server(talker_engine, tmp_path / "data")
+async def test_a_job_with_speed_is_stretched_like_speech(unwarmed_talker_engine, tmp_path):
+    assert not unwarmed_talker_engine.capabilities.honours("speed")  # the talker: the service stretches
+    server = await start_server(unwarmed_talker_engine, tmp_path / "data")
     try:
         async with aiohttp.ClientSession() as http:
             lengths = {}
@@ -93,8 +82,8 @@ async def test_a_job_with_speed_is_stretched_like_speech(talker_engine, tmp_path
         await server.stop()
 
 
-async def test_a_request_is_tokenized_once_on_every_entry_point(talker_engine, tmp_path, prompt_tokenizations):
-    server = await start_server(talker_engine, tmp_path / "data")
+async def test_a_request_is_tokenized_once_on_every_entry_point(unwarmed_talker_engine, tmp_path, prompt_tokenizations):
+    server = await start_server(unwarmed_talker_engine, tmp_path / "data")
     calls = prompt_tokenizations
     try:
         async with aiohttp.ClientSession() as http:

@@ -19,11 +19,8 @@ import pytest
 import websockets
 from conftest import start_server
 
-from engines.build import build_engine
-from engines.config import EngineConfig
 from engines.pipelines.talker.budget import FRAMES_BASE
 from service.settings import from_args
-from tests.oracle import talker_fixtures as fx
 
 EMOJI_ATTACK = {"input": "\U0001F600" * 4096, "speed": 0.25, "steps": 1}  # 58,982 frames at 1 step each
 OMNI = "/v1/audio/speech/stream"
@@ -155,15 +152,7 @@ def test_the_work_limits_have_flags_and_environment_variables():
         from_args(parser.parse_args(["--max-work-audio-frames", "-1"]), env={})
 
 
-@pytest.fixture(scope="module")
-def talker_engine():
-    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("cv_proj")), warmup=False))
-    engine.start()
-    yield engine
-    engine.stop()
-
-
-async def test_the_talker_limit_checks_the_texts_budget_not_max_new_tokens(talker_engine, tmp_path):
+async def test_the_talker_limit_checks_the_texts_budget_not_max_new_tokens(unwarmed_talker_engine, tmp_path):
     """Each utterance is charged its text's frame budget (engines/pipelines/talker/budget.py),
     capped by max_new_tokens: a huge max_new_tokens on a short text is served, and a limit under
     the budget is refused on every entry point before any engine time (a live utterance is
@@ -171,9 +160,9 @@ async def test_the_talker_limit_checks_the_texts_budget_not_max_new_tokens(talke
     assert FRAMES_BASE > 40
     text = "Hello there."
     huge = {"input": text, "max_new_tokens": 16384}
-    live = await start_server(talker_engine, tmp_path / "data", job_workers=0, max_work_talker_steps=40)
+    live = await start_server(unwarmed_talker_engine, tmp_path / "data", job_workers=0, max_work_talker_steps=40)
     try:
-        with Submissions(talker_engine) as submitted:
+        with Submissions(unwarmed_talker_engine) as submitted:
             # (long text is cut into utterances that fit; no piece of any text fits under FRAMES_BASE)
             assert_refused(await http_refusals(live.url, huge), "talker steps", "--max-work-talker-steps")
             for url, omni in ((live.ws_url, False), (live.url.replace("http", "ws") + OMNI, True)):
@@ -191,9 +180,9 @@ async def test_the_talker_limit_checks_the_texts_budget_not_max_new_tokens(talke
             assert len(submitted.texts) == 1
     finally:
         await live.stop()
-    live = await start_server(talker_engine, tmp_path / "data2", job_workers=0)  # the default limit
+    live = await start_server(unwarmed_talker_engine, tmp_path / "data2", job_workers=0)  # the default limit
     try:
-        with Submissions(talker_engine) as submitted:
+        with Submissions(unwarmed_talker_engine) as submitted:
             async with aiohttp.ClientSession() as http:
                 for extra in ({}, {"max_new_tokens": 16384}):
                     async with http.post(live.url + "/v1/audio/speech",

@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import ref_audio_samples as samples
-from conftest import ServerProcess
+from conftest import serving
 
 # Generous on purpose: both cores may be busy with other work. What these bounds catch is a
 # loop frozen for seconds (20 s before the decoder moved to worker processes), not scheduler noise.
@@ -97,16 +97,9 @@ def refs_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, refs_dir):
-    server = ServerProcess(tmp_path_factory.mktemp("ref-audio"), "--job-workers", "0",
-                           "--ref-audio-url-prefixes", f"file://{refs_dir}/")
-    try:
-        url = server.wait_listening()
-        yield url, server
-        assert server.proc.poll() is None, "the server died:\n" + server.log[-4000:]
-    finally:
-        server.terminate()
-        server.wait_exit()
-        server.kill()
+    with serving(tmp_path_factory.mktemp("ref-audio"), "--job-workers", "0",
+                 "--ref-audio-url-prefixes", f"file://{refs_dir}/") as server:
+        yield server.url, server
 
 
 def _b64(data: bytes) -> str:

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 import ref_audio_samples as samples
-from conftest import ServerProcess
+from conftest import serving
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -27,14 +27,8 @@ REAL = samples.all_containers()
 
 @pytest.fixture(scope="module")
 def live_url(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("fuzz-ref"), "--job-workers", "0", "--max-ref-audio-seconds", "5")
-    try:
-        yield server.wait_listening()
-        assert server.proc.poll() is None, "the server died during fuzzing:\n" + server.log[-4000:]
-    finally:
-        server.terminate()
-        server.wait_exit()
-        server.kill()
+    with serving(tmp_path_factory.mktemp("fuzz-ref"), "--job-workers", "0", "--max-ref-audio-seconds", "5") as server:
+        yield server.url
 
 
 @st.composite

@@ -16,8 +16,6 @@ import soundfile as sf
 from clone_helpers import voice_form
 from conftest import same_pcm16, start_server
 
-from engines.build import build_engine
-from engines.config import EngineConfig
 from tests.oracle import clone_fixtures as fx
 
 KEY_A, KEY_B, ADMIN = "key-a-0123456789", "key-b-0123456789", "admin.root-0123456789"
@@ -28,24 +26,11 @@ def auth(key: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def base_engine():
-    engine = build_engine(EngineConfig.for_tests(checkpoint=str(fx.checkpoint_dir("base")), max_slots=4))
-    engine.start()
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture(scope="module")
 def reference() -> tuple[bytes, str]:
     refs, case = fx.references("base"), fx.info("base")["cases"]["icl_a_stream"]
     buf = io.BytesIO()
     sf.write(buf, refs["ref/a/wav"].numpy(), 24000, format="WAV", subtype="PCM_16")
     return buf.getvalue(), case["ref_text"]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_settings(request) -> dict:
-    return {"jobs_db": request.getfixturevalue("pg_url")} if request.param == "postgresql" else {}
 
 
 async def upload(http, url: str, key: str | None, name: str, reference) -> tuple[int, dict]:

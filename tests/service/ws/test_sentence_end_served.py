@@ -1,7 +1,7 @@
 """A sentence is spoken as soon as its end is certain: ``"Hello there. "`` (a terminator and the
 whitespace after it) starts its audio on every socket that cuts text into sentences
 (``/v1/stream``, vllm-omni's, ElevenLabs', Cartesia's and Deepgram's) without more text, a
-flush or ``input.done`` (an abbreviation, ``"Dr. "``, still waits: engines/sentences.py; every rule in
+flush or ``input.done`` (an abbreviation, ``"Dr. "``, still waits: engines/text/sentences.py; every rule in
 tests/engines/models/test_text.py).
 
 Real server on 127.0.0.1 with the tiny DiT (sentence mode), real websockets clients; the wait

@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.sentences import split_sentences
+from engines.text.sentences import split_sentences
 from service.ws.live_input import HARD_FACTOR, LiveInput
 
 ALPHABET = "ab AB3.,!?…。！？」\"')\n"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import ssl
 import subprocess
 import sys
@@ -24,18 +23,6 @@ from agents_helpers import KEY, TEXT, needs_agents, run_client
 from conftest import start_server
 
 pytestmark = needs_agents
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the TLS test certificate (the elevenlabs SDK only speaks wss)")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 async def reference_samples(url: str) -> int:
