@@ -43,7 +43,7 @@ client of their own. Every HTTP status they get is counted; a 5xx anywhere is a 
                  message), and 255 x ``<break time=10s>`` (42 min of silence in 4 KB) as mp3 from the
                  ElevenLabs, Deepgram and OpenAI routes (200, read to the end)
 
-All along, a thread polls ``/healthz`` from 127.0.0.1 on a connection of its own: the report's
+All along, a process of its own polls ``/healthz`` from 127.0.0.1 on its own connection: the report's
 longest wait for it is the longest stall of the event loop the attacks caused.
 
 ``load.py --attacks`` runs this file as a process of its own (so the attackers' work does not
@@ -72,7 +72,6 @@ import os
 import socket
 import struct
 import sys
-import threading
 import time
 import wave
 from dataclasses import dataclass, field
@@ -773,41 +772,51 @@ async def measure_job_listing(url: str, pid: int, jobs: int = 150) -> list[tuple
             ("list call seconds (each)", ", ".join(f"{x:.3f}" for x in seconds))]
 
 
+def _poll_health(host: str, port: int, every_s: float, longest, stop) -> None:
+    """HealthProbe's process: GET /healthz in a loop, the longest wait into ``longest``."""
+    import http.client
+
+    connection = None
+    while not stop.is_set():
+        start = time.monotonic()
+        try:
+            connection = connection or http.client.HTTPConnection(host, port, timeout=600)
+            connection.request("GET", "/healthz")
+            connection.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            connection = None  # (a refused connection is no stall: the next poll reconnects)
+            continue
+        finally:
+            longest.value = max(longest.value, time.monotonic() - start)
+        stop.wait(every_s)
+
+
 class HealthProbe:
-    """``GET /healthz`` in a loop on a thread of its own (never behind the attackers' event loop),
-    from 127.0.0.1: the longest wait for an answer while it runs (``longest_s``)."""
+    """``GET /healthz`` in a loop in a process of its own, from 127.0.0.1: the longest wait for an
+    answer while it runs (``longest_s``). A process, not a thread: the attackers' own event loop
+    and payload building hold this process's GIL for up to hundreds of ms, which a thread here
+    would count as the server's stall."""
 
     def __init__(self, url: str, every_s: float = 0.01):
-        self.host, self.port = _host_port(url)
-        self.every_s = every_s
-        self.longest_s = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        import multiprocessing
 
-    def _run(self) -> None:
-        import http.client
+        context = multiprocessing.get_context("spawn")
+        self._longest = context.Value("d", 0.0)
+        self._stop = context.Event()
+        self._process = context.Process(target=_poll_health, args=(*_host_port(url), every_s, self._longest,
+                                                                   self._stop), daemon=True)
 
-        connection = None
-        while not self._stop.is_set():
-            start = time.monotonic()
-            try:
-                connection = connection or http.client.HTTPConnection(self.host, self.port, timeout=600)
-                connection.request("GET", "/healthz")
-                connection.getresponse().read()
-            except (OSError, http.client.HTTPException):
-                connection = None  # (a refused connection is no stall: the next poll reconnects)
-                continue
-            finally:
-                self.longest_s = max(self.longest_s, time.monotonic() - start)
-            self._stop.wait(self.every_s)
+    @property
+    def longest_s(self) -> float:
+        return self._longest.value
 
     def __enter__(self) -> "HealthProbe":
-        self._thread.start()
+        self._process.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(600)
+        self._process.join(600)
 
 
 REDOS_BREAK = "Hello. <break time=1s" + " " * 4000 + "and on."  # never reaches ">" (and is no sentence's end)
