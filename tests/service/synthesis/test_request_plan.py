@@ -66,3 +66,36 @@ def test_the_plan_counts_its_utterances_after_speed_and_its_pauses(engine):
     spoken = whole.utterances[0]
     assert whole.parts == (Utterance("  Short\n\n text.  ", spoken.request, 0, spoken.frames, spoken.model_steps),)
     assert spoken.request.text == "  Short\n\n text.  "  # its engine request, as the engine planned it
+
+
+async def test_a_request_as_long_as_the_speech_routes_take_is_planned_while_the_loop_turns(engine):
+    """The costliest text one speech request may carry (4,096 emoji at speed 0.25: ~59,000 frames
+    to plan, then refused) is planned off the event loop: the loop keeps turning meanwhile. Planned
+    on the loop, it held every other request for ~100 ms."""
+    import asyncio
+
+    from service.errors import ApiError
+    from service.synthesis.plan import check_work, off_loop
+
+    turns = 0
+    planning = True
+
+    async def ticker():
+        nonlocal turns
+        while planning:
+            turns += 1
+            await asyncio.sleep(0)
+
+    text = "\U0001F600" * 4096
+    settings = Settings(preset="tiny", device="cpu")
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = turns
+    try:
+        with pytest.raises(ApiError) as refused:
+            await off_loop(text, check_work, engine, text, SynthesisParams(speed=0.25, steps=1), settings)
+    finally:
+        planning = False
+        await task
+    assert refused.value.status == 413
+    assert turns - before > 1  # inline, the loop could not turn at all until the plan was done
