@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import re
 import sys
 import tempfile
 import time
@@ -65,6 +66,7 @@ class LoadReport:
     log_bytes: int | None = None  # the server's log during the run (a server it started)
     tracebacks: int | None = None
     forged_lines: int | None = None
+    loop_lag_max_s: float | None = None  # the server's own reading (streamvox_event_loop_lag_max_seconds)
 
     def table(self) -> str:
         p50, p95 = percentile(self.ttfa, 0.5), percentile(self.ttfa, 0.95)
@@ -82,11 +84,21 @@ class LoadReport:
                      ("server RSS baseline -> settled MiB", f"{self.rss_baseline_mb:.0f} -> {self.rss_settled_mb:.0f}"),
                      ("server RSS every 10 s under attack MiB", ", ".join(f"{x:.0f}" for x in self.rss_samples_mb)),
                      ("server open fds baseline -> settled", f"{self.fds_baseline} -> {self.fds_settled}")]
+        if self.loop_lag_max_s is not None:  # the loop's own clock: no client's scheduling in it
+            rows += [("server event loop's longest lag ms (its own timer)", f"{self.loop_lag_max_s * 1000:.0f}")]
         if self.log_bytes is not None:
             rows += [("server log KiB / tracebacks / lines forged by a client",
                       f"{self.log_bytes / 1024:.0f} / {self.tracebacks} / {self.forged_lines}")]
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+async def loop_lag_max(http: aiohttp.ClientSession, url: str) -> float | None:
+    """The server's longest event-loop lag since start, from its /metrics (None: not exported)."""
+    async with http.get(url + "/metrics") as response:
+        text = await response.text() if response.status == 200 else ""
+    found = re.search(r"^streamvox_event_loop_lag_max_seconds ([0-9.eE+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
 
 
 async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int | None = None,
@@ -152,7 +164,8 @@ async def run_load(url: str, sessions: int, jobs: int, seconds: float, pid: int 
     async with aiohttp.ClientSession() as http:
         await asyncio.gather(*(ws_loop(i) for i in range(sessions)), *(job_loop(http) for _ in range(jobs)),
                              *([attack()] if attacks else []))
-    report.seconds = time.monotonic() - t0
+        report.seconds = time.monotonic() - t0
+        report.loop_lag_max_s = await loop_lag_max(http, url)
     if pid:
         report.rss_end_mb, report.fds_end = process_rss_mb(pid), process_open_fds(pid)
         if attacks:

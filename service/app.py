@@ -6,6 +6,7 @@ caller has already started (``service.server`` in production, fixtures in tests)
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from aiohttp import web
@@ -34,6 +35,13 @@ from service.voices import routes as saved_voices
 from service.ws import omni as omni_stream
 from service.ws import session as ws
 from service.ws.dialects import cartesia, cartesia_http, deepgram, deepgram_http, elevenlabs, elevenlabs_http
+
+
+async def watching_the_event_loop(app: web.Application):
+    """The event loop's lag measured while the app runs (streamvox_event_loop_lag_seconds)."""
+    watch = asyncio.create_task(app[STATE_KEY].metrics.watch_event_loop())
+    yield
+    watch.cancel()
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -141,6 +149,7 @@ def create_app(settings: Settings, engine: SynthesisEngine) -> web.Application:
     engine.add_tick_listener(state.metrics.on_tick)
     app[STATE_KEY] = state
     app.on_response_prepare.append(on_response_prepare)
+    app.cleanup_ctx.append(watching_the_event_loop)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/models", models)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -17,6 +19,8 @@ from engines.contract import SynthesisEngine, TickReport
 # Fine-grained at the low end so "at least 8 rows in one tick" is visible (le=7 vs le=8).
 BATCH_ROW_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+LOOP_LAG_PERIOD_S = 0.02
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -62,6 +66,12 @@ class Metrics:
         self.tick_batch_rows_max = Gauge("streamvox_tick_batch_rows_max", "Most rows in one tick's model forward "
                                          "since start", registry=r)
         self._most_rows = 0
+        # How late the event loop wakes from a short sleep: a stall holds every request (/healthz too)
+        self.loop_lag = Histogram("streamvox_event_loop_lag_seconds", "How late the event loop ran a "
+                                  f"{LOOP_LAG_PERIOD_S * 1000:.0f} ms timer", buckets=LOOP_LAG_BUCKETS, registry=r)
+        self.loop_lag_max = Gauge("streamvox_event_loop_lag_max_seconds", "The event loop's longest lag since "
+                                  "start", registry=r)
+        self._longest_lag = 0.0
         self.tick_seconds = Histogram("streamvox_tick_seconds", "Wall time of one worker tick",
                                       buckets=LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("streamvox_time_to_first_audio_seconds", "Submit to first audio chunk",
@@ -82,6 +92,20 @@ class Metrics:
         r.register(_StageCollector(engine))
         r.register(_KVCacheCollector(engine))  # no samples where the pipeline has no KV pool (the DiT)
         r.register(_GraphCaptureCollector(engine))
+
+    def observe_loop_lag(self, lag_s: float) -> None:
+        self.loop_lag.observe(lag_s)
+        if lag_s > self._longest_lag:
+            self._longest_lag = lag_s
+            self.loop_lag_max.set(lag_s)
+
+    async def watch_event_loop(self) -> None:
+        """Until cancelled: sleep LOOP_LAG_PERIOD_S on the running loop and record how late it woke."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(LOOP_LAG_PERIOD_S)
+            self.observe_loop_lag(max(0.0, loop.time() - start - LOOP_LAG_PERIOD_S))
 
     def on_tick(self, report: TickReport) -> None:
         """Tick listener; runs on the worker thread (prometheus-client is thread-safe)."""

@@ -197,11 +197,12 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
         log.info("expected speed on this machine (one request alone, measured after the start-up warm-up, "
                  "quantize=%s, codec %s, threads: %s): %s", info.quantize, info.codec_dtype, info.threads, speed)
     app = create_app(settings, engine)
-    runner = await start_http(app, settings, sock=sock)
     # What is loaded now (modules, the models' Python objects) lives as long as the process: frozen,
-    # a full collection no longer walks it (one held the event loop 0.2-0.6 s under load)
+    # a full collection no longer walks it (one held the event loop 0.2-0.6 s under load). Before
+    # the app runs: this collection is no stall of a serving loop
     gc.collect()
     gc.freeze()
+    runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]
     log.info("listening on http://%s:%s", host, port)
     if listening is not None:

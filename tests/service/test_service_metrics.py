@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from conftest import start_server
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,5 +34,24 @@ async def test_worker_stage_seconds_grow_with_work(engine, tmp_path):
         for stage in ("plan", "tick", "vocalize", "decode"):
             assert after[stage] > before[stage], stage
         assert all(after[s] >= before[s] for s in STAGES)
+    finally:
+        await live.stop()
+
+
+async def test_a_stalled_event_loop_shows_in_its_lag(engine, tmp_path):
+    """The server's event loop watches itself: a 0.3 s stall (this test's server shares the test's
+    loop, so blocking the test blocks the server) shows in the longest lag /metrics reports."""
+    import time
+
+    from conftest import metric_value
+
+    live = await start_server(engine, tmp_path / "data")
+    try:
+        await asyncio.sleep(0.1)  # the watch is running
+        time.sleep(0.3)  # noqa: ASYNC251 - the stall under test
+        await asyncio.sleep(0.05)
+        # the watch's timer was due at most one period into the stall: at least 0.28 s late
+        assert await metric_value(live.url, "streamvox_event_loop_lag_max_seconds") >= 0.28
+        assert await metric_value(live.url, "streamvox_event_loop_lag_seconds_count") > 0
     finally:
         await live.stop()
