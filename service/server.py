@@ -26,6 +26,12 @@ log = logging.getLogger("streamvox.server")
 
 WATCHDOG_SECONDS = 1.0
 EXIT_WORKER_DIED = 1
+# How long a thread holding the GIL keeps it while another waits (Python's default: 5 ms). The
+# event loop gives up the GIL at every socket call and must win it back from the engine's and
+# the planners' threads each time: with hundreds of sockets a turn, 5 ms a time made the loop
+# ~300 ms late under every attack at once; 0.5 ms made it ~120 ms (benchmarks/RESULTS.md), at
+# no measurable cost to the talker's step.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -182,6 +188,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     from service.state import STATE_KEY, drain
 
     loop = asyncio.get_running_loop()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     if sock is None:
         sock = reserve_address(settings.host, settings.port)  # PortUnavailable before any model loads
     if engine is None:

@@ -55,3 +55,30 @@ async def test_a_stalled_event_loop_shows_in_its_lag(engine, tmp_path):
         assert await metric_value(live.url, "streamvox_event_loop_lag_seconds_count") > 0
     finally:
         await live.stop()
+
+
+async def test_a_serving_process_hands_the_gil_back_within_half_a_millisecond(tmp_path):
+    """The event loop gives up the GIL at every socket call and waits to win it back from the
+    engine's threads: ``serve`` shortens Python's switch interval (5 ms by default) so that a loop
+    turn with hundreds of sockets is not hundreds of 5 ms waits (benchmarks/RESULTS.md)."""
+    import sys
+
+    from conftest import make_engine
+
+    from service.server import GIL_SWITCH_INTERVAL_S, serve
+    from service.settings import Settings
+
+    default = sys.getswitchinterval()
+    engine = await asyncio.to_thread(make_engine)
+    await asyncio.to_thread(engine.start)
+    stop = asyncio.Event()
+    listening = asyncio.get_running_loop().create_future()
+    settings = Settings(host="127.0.0.1", port=0, preset="tiny", device="cpu", data_dir=tmp_path / "data")
+    server = asyncio.create_task(serve(settings, engine=engine, stop=stop, listening=listening))
+    try:
+        await asyncio.wait_for(listening, 60)
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S <= 0.0005
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(server, 60) == 0
+        sys.setswitchinterval(default)
