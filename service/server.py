@@ -29,8 +29,8 @@ EXIT_WORKER_DIED = 1
 # How long a thread holding the GIL keeps it while another waits (Python's default: 5 ms). The
 # event loop gives up the GIL at every socket call and must win it back from the engine's and
 # the planners' threads each time: with hundreds of sockets a turn, 5 ms a time made the loop
-# ~300 ms late under every attack at once; 0.5 ms made it ~120 ms (benchmarks/RESULTS.md), at
-# no measurable cost to the talker's step.
+# 300-400 ms late under every attack at once; 0.5 ms, 120-220 ms (benchmarks/RESULTS.md), at no
+# measurable cost to the talker's step.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
