@@ -38,13 +38,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def configure_logging(level: str) -> None:
-    """Log lines to stderr; what a client sent cannot forge a line, repeated errors cannot flood
-    (service/http/log_safety.py)."""
-    from service.http.log_safety import configure
+    """Log lines to stderr, written by a thread of their own; what a client sent cannot forge a
+    line, repeated errors cannot flood (service/http/log_safety.py)."""
+    from service.http.log_safety import queued_writer
 
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
-    for handler in logging.getLogger().handlers:
-        configure(handler, LOG_FORMAT)
+    root = logging.getLogger()
+    if root.handlers:  # configured already (an embedding program's own): leave it
+        return
+    root.setLevel(level.upper())
+    root.addHandler(queued_writer(sys.stderr, LOG_FORMAT))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # access lines would carry query strings
 
 

@@ -140,9 +140,10 @@ async def finished_job(http: aiohttp.ClientSession, job_url: str, headers: dict 
 
 
 class ServerProcess:
-    """``streamvox serve`` in a subprocess; stderr is collected by a thread."""
+    """``streamvox serve`` in a subprocess; stderr is collected by a thread (``reader=False``:
+    only until it listens, then nobody reads it until :meth:`read_stderr`)."""
 
-    def __init__(self, data_dir: Path, *extra_args: str, env: dict | None = None):
+    def __init__(self, data_dir: Path, *extra_args: str, env: dict | None = None, reader: bool = True):
         cmd = [sys.executable, "-m", "clients.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--preset", "tiny",
                "--device", "cpu", "--data-dir", str(data_dir), *extra_args]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(TEST_TORCH_THREADS), **(env or {})}
@@ -151,15 +152,21 @@ class ServerProcess:
         self.lines: list[str] = []
         self.url: str | None = None
         self._listening = threading.Event()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(reader,), daemon=True).start()
 
-    def _read_stderr(self) -> None:
+    def _read_stderr(self, to_the_end: bool = True) -> None:
         for line in self.proc.stderr:
             self.lines.append(line)
             match = re.search(r"listening on (http://\S+)", line)
             if match:
                 self.url = match.group(1)
                 self._listening.set()
+                if not to_the_end:
+                    return
+
+    def read_stderr(self) -> None:
+        """Read stderr again from where a ``reader=False`` server's reading stopped."""
+        threading.Thread(target=self._read_stderr, daemon=True).start()
 
     def wait_listening(self, timeout_s: float = 120.0) -> str:
         deadline = time.monotonic() + timeout_s

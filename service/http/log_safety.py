@@ -7,13 +7,20 @@ written, until its window passes.
 applies it to every message the server logs (whatever a future call forgets),
 :class:`ClientErrorFilter` writes a request aiohttp could not parse (the client's fault, answered
 400) as one line, not the parser's traceback, and :class:`RepeatFilter` bounds repeated warnings
-and errors. ``configure`` installs them on the process's log handler (service/server.py)."""
+and errors. ``configure`` installs them on a handler; :func:`queued_writer` is the process's log
+handler (service/server.py): a line is filtered and formatted where it is logged and written to
+the stream by a thread of its own, so a slow reader of the log (a full pipe) never holds the
+event loop."""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import queue
 import re
 import time
+from logging.handlers import QueueHandler, QueueListener
+from typing import TextIO
 
 from aiohttp.http_exceptions import BadHttpMessage
 
@@ -26,6 +33,7 @@ _NEEDS_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 REPEAT_WINDOW_S = 60.0  # a repeated message is counted per window...
 REPEAT_BURST = 5  # ...and written this many times in one
+LOG_QUEUE_LINES = 10_000  # lines waiting for the writer at most; past that they are counted, not kept
 _VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+")  # task names, addresses, counts: the same error all the same
 
 
@@ -98,4 +106,44 @@ def configure(handler: logging.Handler, fmt: str) -> None:
     handler.addFilter(RepeatFilter())
 
 
-__all__ = ["ClientErrorFilter", "RepeatFilter", "SafeFormatter", "configure", "escape_controls"]
+class _LineQueue(QueueHandler):
+    """Filters and formats a record where it is logged (its traceback, its values as they are
+    then); the writer thread only writes the finished line. A full queue counts what it could
+    not keep, and the next line kept says how many."""
+
+    def __init__(self, lines: queue.Queue):
+        super().__init__(lines)
+        self.left_out = 0
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = super().prepare(record)
+        record.stack_info = None  # in the line already
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        if self.left_out:
+            record.msg = record.message = (f"{record.msg} [{self.left_out} lines before it left out: "
+                                           "the log could not keep up]")
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.left_out += 1
+        else:
+            self.left_out = 0
+
+
+def queued_writer(stream: TextIO, fmt: str) -> logging.Handler:
+    """The handler to log through: lines safe as :func:`configure` makes them, written to
+    ``stream`` by a thread (started here; flushed and stopped at exit)."""
+    handler = _LineQueue(queue.Queue(LOG_QUEUE_LINES))
+    configure(handler, fmt)
+    writer = logging.StreamHandler(stream)
+    writer.setFormatter(logging.Formatter("%(message)s"))  # the line as the queue's formatter made it
+    listener = QueueListener(handler.queue, writer)
+    listener.start()
+    atexit.register(listener.stop)
+    return handler
+
+
+__all__ = ["ClientErrorFilter", "RepeatFilter", "SafeFormatter", "configure", "escape_controls", "queued_writer"]
+

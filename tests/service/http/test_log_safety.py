@@ -153,3 +153,28 @@ def test_repeated_errors_are_written_a_few_times_then_counted():
     repeat.window_s = 0.0  # the window has passed: the next one says how many were left out
     record = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task-9 exception at 0x9", None, None)
     assert repeat.filter(record) and "495 more like this left out" in record.getMessage()
+
+
+async def test_a_log_nobody_reads_never_holds_the_server(tmp_path):
+    """The server's stderr is a pipe its reader stopped reading (a stuck log collector): after
+    ~64 KiB of lines a write to it blocks. Lines are written by a thread of their own, so the
+    server keeps answering (it froze at the first blocked access line before), and once the pipe
+    is read again every line that was waiting comes out."""
+    server = ServerProcess(tmp_path / "data", reader=False)
+    try:
+        url = server.wait_listening()
+        padding = "x" * 2000  # each access line carries the path: ~35 of them fill the pipe
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+            for i in range(200):
+                async with http.get(f"{url}/nothing-{i}-{padding}") as response:
+                    assert response.status == 404
+                    last = response.headers["X-Request-Id"]
+        server.read_stderr()
+
+        async def drained() -> bool:
+            return f"request {last})" in server.log
+
+        await wait_until(drained, timeout_s=30)
+        assert sum("/nothing-" in line for line in server.lines) == 200
+    finally:
+        server.stop()
