@@ -184,6 +184,36 @@ def test_split_clauses_never_truncates_and_respects_budget(text, max_chars):
     assert _squash("".join(pieces)) == _squash(text)
 
 
+def _grown_a_character_at_a_time(word: str, max_len: int, measure) -> list[str]:
+    """The reference for a word cut by characters: a piece grows until the next character would not fit."""
+    out, cur = [], ""
+    for ch in word:
+        if cur and measure(cur + ch) > max_len:
+            out.append(cur)
+            cur = ""
+        cur += ch
+    return out + [cur] if cur else out
+
+
+@given(st.text(alphabet="ab世😀", min_size=1, max_size=300), st.integers(min_value=1, max_value=40))
+@settings(max_examples=200, deadline=None)
+def test_a_word_too_long_is_cut_as_growing_it_would_in_few_measures(word, max_len):
+    """Bisection cuts a word where growing it a character at a time does (for any measure that
+    never shrinks as text grows: characters, UTF-8 bytes), and measures each piece a logarithmic
+    number of times, not once per character (4,096 emoji were 4,096 measures of growing text)."""
+    from engines.text.sentences import _hard_split
+
+    calls = []
+
+    def utf8(text: str) -> int:
+        calls.append(len(text))
+        return len(text.encode("utf-8"))
+
+    pieces = _hard_split(word, max_len, utf8)
+    assert pieces == _grown_a_character_at_a_time(word, max_len, lambda t: len(t.encode("utf-8")))
+    assert len(calls) <= len(pieces) * (len(word).bit_length() + 2)
+
+
 def test_split_clauses_bad_input():
     with pytest.raises(ValueError, match="max_chars"):
         split_clauses("abc", 0)
