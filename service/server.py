@@ -26,11 +26,12 @@ log = logging.getLogger("streamvox.server")
 
 WATCHDOG_SECONDS = 1.0
 EXIT_WORKER_DIED = 1
-# How long a thread holding the GIL keeps it while another waits (Python's default: 5 ms). The
-# event loop gives up the GIL at every socket call and must win it back from the engine's and
-# the planners' threads each time: with hundreds of sockets a turn, 5 ms a time made the loop
-# 300-400 ms late under every attack at once; 0.5 ms, 120-220 ms (benchmarks/RESULTS.md), at no
-# measurable cost to the talker's step.
+# How long a thread holding the GIL keeps it while another waits (Python's default: 5 ms). On
+# asyncio's own loop the loop gives up the GIL at every socket call and must win it back from the
+# engine's and the planners' threads each time: with hundreds of sockets a turn, 5 ms a time made
+# the loop 300-400 ms late under every attack at once; 0.5 ms, 120-220 ms (benchmarks/RESULTS.md),
+# at no measurable cost to the talker's step. uvloop (the default loop) keeps the GIL through its
+# socket calls; it still waits for it after each poll and for each callback a thread hands over.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -213,7 +214,7 @@ async def serve(settings: Settings, engine=None, stop: asyncio.Event | None = No
     gc.freeze()
     runner = await start_http(app, settings, sock=sock)
     host, port = runner.addresses[0][:2]
-    log.info("listening on http://%s:%s", host, port)
+    log.info("listening on http://%s:%s (event loop: %s)", host, port, type(loop).__module__.split(".")[0])
     if listening is not None:
         listening.set_result(f"http://{host}:{port}")
 
@@ -295,4 +296,14 @@ def run(settings: Settings) -> int:
         sock.close()
         print(f"streamvox serve: {exc}", file=sys.stderr)  # one line: unknown id, gated, offline, unknown pipeline...
         return 2
-    return asyncio.run(serve(settings, sock=sock))
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+        return runner.run(serve(settings, sock=sock))
+
+
+def event_loop_factory(name: str):
+    """``--event-loop``'s loop: uvloop's, or None (asyncio's own)."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None

@@ -177,6 +177,9 @@ class Settings(BaseSettings):
                                 "finish: an interrupted job resumes)", ge=1)
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(str.lower)] = option(
         "info", "log verbosity")
+    event_loop: Literal["uvloop", "asyncio"] = option(
+        "uvloop", "the event loop: uvloop (libuv: a socket call keeps the GIL, so the loop never waits to win it "
+                  "back from the engine's threads) or Python's own asyncio loop")
     rate_limit: float = option(0.0, "requests/s per API key that start work (0 = off)", ge=0)
     rate_burst: int = option(20, "token-bucket size for --rate-limit", ge=1)
     max_sessions_per_key: int = option(
