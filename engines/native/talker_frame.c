@@ -766,6 +766,47 @@ uint64_t sv_read_bytes(const uint8_t *p, size_t n)
     return acc;
 }
 
+/* benchmarks (benchmarks/bench_qgemv.py): the products of `count` matrices in turn, one thread, with the
+   input x [rows, kmax] quantized for each as the frame does (quantize != 0) or once per width (0: the
+   products alone); y [rows, nmax] */
+int sv_bench_products(const sv_qlinear *Ws, int count, int rows, const float *x, int kmax, float *y, int nmax,
+                      int quantize)
+{
+    if (isa_now < 0) sv_get_isa();
+    sv_act a;
+    a.q = malloc((size_t)rows * kmax);
+    a.scale = malloc(sizeof(float) * rows * (kmax / QBLOCK));
+    a.sum = malloc(sizeof(int32_t) * rows * (kmax / QBLOCK));
+    if (!a.q || !a.scale || !a.sum) {
+        free(a.q); free(a.scale); free(a.sum);
+        return -1;
+    }
+    int k_now = -1, bits_now = -1;
+    for (int i = 0; i < count; i++) {
+        if (quantize || Ws[i].k != k_now || Ws[i].bits != bits_now)
+            quantize_rows(x, kmax, rows, Ws[i].k, Ws[i].bits, &a);
+        k_now = Ws[i].k;
+        bits_now = Ws[i].bits;
+        qgemv_impl(&Ws[i], rows, &a, y, nmax);
+    }
+    free(a.q); free(a.scale); free(a.sum);
+    return 0;
+}
+
+/* the plain read of the same matrices' bytes (codes, scales, zero points) */
+uint64_t sv_bench_read(const sv_qlinear *Ws, int count)
+{
+    uint64_t acc = 0;
+    for (int i = 0; i < count; i++) {
+        const sv_qlinear *W = &Ws[i];
+        size_t nb = W->k / QBLOCK;
+        acc ^= sv_read_bytes(W->w, (size_t)W->n * W->k * W->bits / 8);
+        acc ^= sv_read_bytes((const uint8_t *)W->scale, sizeof(float) * W->n * nb);
+        acc ^= sv_read_bytes(W->zero, W->bits == 8 ? W->n * nb : W->n * ((nb + 1) / 2));
+    }
+    return acc;
+}
+
 /* a module too, so that the import system finds the library (engines/native/__init__.py opens it with ctypes) */
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_talker_frame", "see talker_frame.c", -1, NULL};
 
