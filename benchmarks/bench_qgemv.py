@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from engines import native  # noqa: E402
 
 HIDDEN, INTER, HEADS, KV, HD, VOCAB = 1024, 3072, 16, 8, 128, 2048
-SHAPES = {"qkv": ((HEADS + 2 * KV) * HD, HIDDEN), "o": (HIDDEN, HEADS * HD), "gate_up": (2 * INTER, HIDDEN),
+SHAPES = {"l2": (256, HIDDEN), "qkv": ((HEADS + 2 * KV) * HD, HIDDEN), "o": (HIDDEN, HEADS * HD), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER), "head": (VOCAB, HIDDEN)}
 
 
@@ -65,13 +65,21 @@ class Run:
         self.y = np.empty((rows, self.nmax), np.float32)
         self.nbytes = sum(m.nbytes for m in mats)
 
-    def products(self) -> None:
-        if native.lib.sv_bench_products(self.array, len(self.mats), self.rows, self.x.ctypes.data, self.kmax,
+    def products(self, lib=None) -> None:
+        if (lib or native.lib).sv_bench_products(self.array, len(self.mats), self.rows, self.x.ctypes.data, self.kmax,
                                         self.y.ctypes.data, self.nmax, int(self.quantize)):
             raise MemoryError
 
     def read(self) -> None:
         native.lib.sv_bench_read(self.array, len(self.mats))
+
+
+def declare(lib) -> None:
+    lib.sv_bench_products.argtypes = [ctypes.POINTER(native.QLinear), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.sv_bench_products.restype = ctypes.c_int
+    lib.sv_bench_read.argtypes = [ctypes.POINTER(native.QLinear), ctypes.c_int]
+    lib.sv_bench_read.restype = ctypes.c_uint64
 
 
 def timed(fn) -> tuple[float, float]:
@@ -86,18 +94,22 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mb", type=float, default=192, help="bytes of distinct matrices per shape (MB)")
-    ap.add_argument("--shapes", nargs="+", default=[*SHAPES, "frame"], choices=[*SHAPES, "frame"])
+    ap.add_argument("--shapes", nargs="+", default=[*list(SHAPES)[1:], "frame"], choices=[*SHAPES, "frame"])
     ap.add_argument("--isa", default=None, choices=native.ISAS)
+    ap.add_argument("--hot", action="store_true",
+                    help="one matrix per shape run over and over (its bytes in the caches): the kernel's compute rate")
     ap.add_argument("--no-quantize", action="store_true", help="quantize the input once per width (the products alone)")
+    ap.add_argument("--libs", nargs="+", default=[], metavar="SO",
+                    help="also time the products of these builds of the extension (copies of _talker_frame*.so), "
+                         "taking turns with this one in every round")
     args = ap.parse_args()
-    lib = native.lib
-    lib.sv_bench_products.argtypes = [ctypes.POINTER(native.QLinear), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    lib.sv_bench_products.restype = ctypes.c_int
-    lib.sv_bench_read.argtypes = [ctypes.POINTER(native.QLinear), ctypes.c_int]
-    lib.sv_bench_read.restype = ctypes.c_uint64
+    libs = {"this": native.lib} | {Path(p).stem: ctypes.CDLL(str(Path(p).resolve())) for p in args.libs}
+    for lib in libs.values():
+        declare(lib)
     if args.isa:
         native.set_isa(args.isa)
+        for lib in libs.values():
+            lib.sv_set_isa(native.ISAS.index(args.isa))
     rng = np.random.default_rng(0)
     runs = {}
     for bits in args.bits:
@@ -109,31 +121,37 @@ def main() -> None:
             else:
                 n, k = SHAPES[name]
                 one = n * k * bits // 8
-                mats = [Matrix(n, k, bits, rng) for _ in range(max(2, int(args.mb * 1e6 / one)))]
+                count = max(2, int(args.mb * 1e6 / one))
+                mats = [Matrix(n, k, bits, rng)] * count if args.hot else [Matrix(n, k, bits, rng) for _ in range(count)]
             runs[(bits, name)] = Run(mats, args.rows, not args.no_quantize)
     for run in runs.values():  # warm: every page touched
-        run.products()
+        for lib in libs.values():
+            run.products(lib)
         run.read()
     turns = []
-    keys = [(key, what) for key in runs for what in ("products", "read")]
+    keys = [(key, what) for key in runs for what in [*libs, "read"]]
     for r in range(args.rounds):
         k = (r * 3) % len(keys)
-        turns.append({kw: timed(getattr(runs[kw[0]], kw[1])) for kw in keys[k:] + keys[:k]})
+        turns.append({kw: timed(runs[kw[0]].read if kw[1] == "read" else
+                                (lambda kw=kw: runs[kw[0]].products(libs[kw[1]])))
+                      for kw in keys[k:] + keys[:k]})
     print(f"native products ({native.get_isa()}), {platform.processor() or platform.machine()} "
           f"{os.cpu_count()} cores, rows {args.rows}, 1 thread, rounds {args.rounds}, "
           f"{'input quantized once per width' if args.no_quantize else 'input quantized per matrix'}; "
           f"load {os.getloadavg()[0]:.2f} at the end")
-    print(f"{'bits':>4} | {'shape':>8} | {'n x k':>11} | {'MB':>7} | {'products ms':>11} | {'read ms':>7} | "
-          f"{'GB/s read':>9} | {'x read wall min / med':>21} | {'x read CPU min / med':>20}")
+    print(f"{'bits':>4} | {'shape':>8} | {'build':>10} | {'n x k':>11} | {'MB':>7} | {'products ms':>11} | {'read ms':>7} | "
+          f"{'GB/s read':>9} | {'GB/s prod':>9} | {'x read wall min / med':>21} | {'x read CPU min / med':>20}")
     for (bits, name), run in runs.items():
-        prod = [t[((bits, name), "products")] for t in turns]
         read = [t[((bits, name), "read")] for t in turns]
-        wall = [p[0] / q[0] for p, q in zip(prod, read)]
-        cpu = [p[1] / q[1] for p, q in zip(prod, read)]
-        shape = "mixed" if name == "frame" else "%d x %d" % SHAPES[name]
-        print(f"{bits:4d} | {name:>8} | {shape:>11} | {run.nbytes / 1e6:7.1f} | {min(p[0] for p in prod) * 1e3:11.2f} | "
-              f"{min(q[0] for q in read) * 1e3:7.2f} | {run.nbytes / min(q[0] for q in read) / 1e9:9.1f} | "
-              f"{min(wall):9.3f} / {statistics.median(wall):9.3f} | {min(cpu):8.3f} / {statistics.median(cpu):9.3f}")
+        for build in libs:
+            prod = [t[((bits, name), build)] for t in turns]
+            wall = [p[0] / q[0] for p, q in zip(prod, read)]
+            cpu = [p[1] / q[1] for p, q in zip(prod, read)]
+            shape = "mixed" if name == "frame" else "%d x %d" % SHAPES[name]
+            print(f"{bits:4d} | {name:>8} | {build[:10]:>10} | {shape:>11} | {run.nbytes / 1e6:7.1f} | "
+                  f"{min(p[0] for p in prod) * 1e3:11.2f} | {min(q[0] for q in read) * 1e3:7.2f} | "
+                  f"{run.nbytes / min(q[0] for q in read) / 1e9:9.1f} | {run.nbytes / min(p[0] for p in prod) / 1e9:9.1f} | "
+                  f"{min(wall):9.3f} / {statistics.median(wall):9.3f} | {min(cpu):8.3f} / {statistics.median(cpu):9.3f}")
 
 
 if __name__ == "__main__":

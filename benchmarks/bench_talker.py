@@ -697,6 +697,8 @@ def main() -> None:
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
+    ap.add_argument("--no-fp32", action="store_true",
+                    help="skip the fp32 'ours' variant (with --quantize: only the quantized modes are timed)")
     ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
     ap.add_argument("--mnn", default=None, metavar="DIR",
                     help="also time qwen3-tts-mnn (fp32, batch 1; see --mnn-layouts) on the same random talker, "
@@ -750,7 +752,7 @@ def main() -> None:
     if args.codec:
         common += ["--codec", "--codec-chunk", str(args.codec_chunk)]
     me = [sys.executable, str(Path(__file__).resolve())]
-    specs = [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
+    specs = [] if args.no_fp32 and args.quantize else [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
     if args.step_graphs:  # on a CPU the same static-buffer step runs eagerly (the dry run checks it)
         specs.append(("ours+graphs", me + ["--worker", str(REPO), "--variant", "ours+graphs"], REPO))
     if args.compile_talker:

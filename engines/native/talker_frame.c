@@ -34,6 +34,12 @@
 #ifndef PREFETCH
 #define PREFETCH 8192 /* bytes ahead of the weight loads (4 KB: 1.35x a plain read, 8 KB 1.27x, 1 KB 1.85x; load 10) */
 #endif
+#ifndef PF_STRIDE
+#define PF_STRIDE 64
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 
 /* ------------------------------------------------------------------ the structs (mirrored in __init__.py) */
 
@@ -291,14 +297,24 @@ AVX512 static inline float reduce16_avx512(__m512 v)
     return _mm_cvtss_f32(d);
 }
 
-/* rows R (1..4) of one matrix, C (1 or 2) columns at a time: the weights stream from memory once (in
-   their order, a few KB ahead of the loads), each block used R times */
+/* rows R (1..4) of one matrix, C (1, 2, 4 or 8) columns at a time: the weights stream from memory once (in
+   their order, a few KB ahead of the loads), each block used R times, each activation block loaded once
+   for the C columns. Per chunk of up to 16 blocks the zero points' corrections (-zp * sum(q), exact in
+   int32) and the scale products (activation scale * weight scale, one fp32 multiply) of every (column,
+   row) are computed 16 at a time into small tables; each block's product then starts from its
+   correction in lane 0 (an exact int32 sum either way: the same lanes as adding it after the two dot
+   products) and is accumulated with one fma whose broadcast operand comes from the table. */
+#define CHUNK 16
+#ifndef TABLES
+#define TABLES 1
+#endif
 AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int R,
                                                                           const int C, int r0, int n,
                                                                           const sv_act *a, float *y, size_t ystride)
 {
     const int nb = W->k / QBLOCK, bpb = W->bits == 8 ? QBLOCK : QBLOCK / 2;
     const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i nib_shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
     const int8_t *q[4];
     const float *as[4];
     const int32_t *sum[4];
@@ -307,31 +323,78 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         as[r] = a->scale + (size_t)(r0 + r) * nb;
         sum[r] = a->sum + (size_t)(r0 + r) * nb;
     }
-    __m512 acc[2][4];
+    const uint8_t *wc[8];
+    for (int c = 0; c < C; c++) wc[c] = W->w + (size_t)(n + c) * nb * bpb;
+    __attribute__((aligned(64))) int32_t corr[8][4][CHUNK];
+    __attribute__((aligned(64))) float sc[8][4][CHUNK];
+    __m512 acc[8][4];
     for (int c = 0; c < C; c++)
         for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    for (int b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int nc = nb - b0 < CHUNK ? nb - b0 : CHUNK;
+        const __mmask16 m = (__mmask16)((1u << nc) - 1);
+        if (TABLES) {
+        __m512i sumv[4];
+        __m512 asv[4];
+        for (int r = 0; r < R; r++) {
+            sumv[r] = _mm512_maskz_loadu_epi32(m, sum[r] + b0);
+            asv[r] = _mm512_maskz_loadu_ps(m, as[r] + b0);
+        }
         for (int c = 0; c < C; c++) {
-            const uint8_t *wb = W->w + ((size_t)(n + c) * nb + b) * bpb;
-            _mm_prefetch((const char *)(wb + PREFETCH), _MM_HINT_T0);
-            __m512i w0, w1;
+            __m512i zv;
             if (W->bits == 8) {
-                w0 = _mm512_loadu_si512(wb);
-                w1 = _mm512_loadu_si512(wb + 64);
-                _mm_prefetch((const char *)(wb + PREFETCH + 64), _MM_HINT_T0);
-            } else {
-                __m512i byte = _mm512_loadu_si512(wb);
-                w0 = _mm512_and_si512(byte, low4);
-                w1 = _mm512_and_si512(_mm512_srli_epi16(byte, 4), low4);
+                zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, W->zero + (size_t)(n + c) * nb + b0));
+            } else { /* two nibbles a byte, low first; b0 is even */
+                const int per_row = (nb + 1) / 2;
+                __m128i zb = _mm_maskz_loadu_epi8((__mmask16)((1u << ((nc + 1) / 2)) - 1),
+                                                  W->zero + (size_t)(n + c) * per_row + b0 / 2);
+                zv = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(zb, zb));
+                zv = _mm512_and_si512(_mm512_srlv_epi32(zv, nib_shift), _mm512_set1_epi32(15));
             }
-            int z = zero_point(W, n + c, b);
-            float sw = W->scale[(size_t)(n + c) * nb + b];
+            __m512 swv = _mm512_maskz_loadu_ps(m, W->scale + (size_t)(n + c) * nb + b0);
             for (int r = 0; r < R; r++) {
-                const int8_t *qb = q[r] + (size_t)b * QBLOCK;
-                __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_loadu_si512(qb));
-                t = _mm512_dpbusd_epi32(t, w1, _mm512_loadu_si512(qb + 64));
-                t = _mm512_mask_add_epi32(t, 1, t, _mm512_set1_epi32(-z * sum[r][b]));
-                acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(as[r][b] * sw), acc[c][r]);
+                _mm512_store_si512(corr[c][r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_mullo_epi32(zv, sumv[r])));
+                _mm512_store_ps(sc[c][r], _mm512_mul_ps(asv[r], swv));
+            }
+        }
+        }
+        for (int j = 0; j < nc; j++) {
+            const int b = b0 + j;
+            __m512i a0[4], a1[4];
+            for (int r = 0; r < R; r++) {
+                a0[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK);
+                a1[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK + 64);
+            }
+            if (PREFETCH) { /* the tile's bytes as one stream: C blocks' bytes a step, PREFETCH ahead of its start */
+                const char *pf = (const char *)wc[0] + PREFETCH + (size_t)b * C * bpb;
+                for (int i = 0; i < C * bpb; i += PF_STRIDE) _mm_prefetch(pf + i, PF_HINT);
+#ifdef PREFETCH2
+                for (int i = 0; i < C * bpb; i += 64) _mm_prefetch(pf + PREFETCH2 - PREFETCH + i, _MM_HINT_T2);
+#endif
+            }
+            for (int c = 0; c < C; c++) {
+                const uint8_t *wb = wc[c] + (size_t)b * bpb;
+                __m512i w0, w1;
+                if (W->bits == 8) {
+                    w0 = _mm512_loadu_si512(wb);
+                    w1 = _mm512_loadu_si512(wb + 64);
+                } else {
+                    __m512i byte = _mm512_loadu_si512(wb);
+                    w0 = _mm512_and_si512(byte, low4);
+                    w1 = _mm512_and_si512(_mm512_srli_epi16(byte, 4), low4);
+                }
+                for (int r = 0; r < R; r++) {
+#if TABLES
+                    __m512i t = _mm512_zextsi128_si512(_mm_cvtsi32_si128(corr[c][r][j]));
+                    float sj = sc[c][r][j];
+#else
+                    __m512i t = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-zero_point(W, n + c, b) * sum[r][b]));
+                    float sj = as[r][b] * W->scale[(size_t)(n + c) * nb + b];
+#endif
+                    t = _mm512_dpbusd_epi32(t, w0, a0[r]);
+                    t = _mm512_dpbusd_epi32(t, w1, a1[r]);
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(sj), acc[c][r]);
+                }
             }
         }
     }
@@ -342,11 +405,24 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         }
 }
 
+#ifndef TILE_C1
+#define TILE_C1 4 /* columns a tile at one row */
+#endif
+#ifndef TILE_CN
+#define TILE_CN 2 /* at 2..4 rows */
+#endif
+
 AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_rows(const sv_qlinear *W, const int R, int r0,
                                                                           const sv_act *a, float *y, size_t ystride)
 {
+    const int C = R == 1 ? TILE_C1 : TILE_CN;
     int n = 0;
-    for (; n + 2 <= W->n; n += 2) qgemv_avx512_tile(W, R, 2, r0, n, a, y, ystride);
+    if (C >= 8)
+        for (; n + 8 <= W->n; n += 8) qgemv_avx512_tile(W, R, 8, r0, n, a, y, ystride);
+    if (C >= 4)
+        for (; n + 4 <= W->n; n += 4) qgemv_avx512_tile(W, R, 4, r0, n, a, y, ystride);
+    if (C >= 2)
+        for (; n + 2 <= W->n; n += 2) qgemv_avx512_tile(W, R, 2, r0, n, a, y, ystride);
     for (; n < W->n; n++) qgemv_avx512_tile(W, R, 1, r0, n, a, y, ystride);
 }
 
@@ -403,7 +479,7 @@ int sv_get_isa(void)
 /* ------------------------------------------------------------------ activations */
 
 /* x [rows, k] (row stride xstride) -> int8 blocks, scales and sums (for a ``bits``-bit matrix) */
-static void quantize_rows(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+static void quantize_rows_scalar(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
 {
     const int nb = k / QBLOCK;
     a->k = k;
@@ -430,6 +506,57 @@ static void quantize_rows(const float *x, size_t xstride, int rows, int k, int b
             a->sum[(size_t)r * nb + b] = sum;
         }
     }
+}
+
+/* the same integers with AVX-512: the block's max |x| (exact in any order), the same fp32 multiply by
+   127 / max, the same rounding (the default mode, half to even), int32 sums (exact) */
+AVX512 static void quantize_rows_avx512(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+{
+    const int nb = k / QBLOCK;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    a->k = k;
+    a->bits = bits;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * xstride;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xr + (size_t)b * QBLOCK;
+            __m512 v[8];
+            __m512 m = _mm512_setzero_ps();
+            for (int i = 0; i < 8; i++) {
+                v[i] = _mm512_loadu_ps(xb + 16 * i);
+                m = _mm512_max_ps(m, _mm512_abs_ps(v[i]));
+            }
+            float amax = _mm512_reduce_max_ps(m);
+            float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+            const __m512 vinv = _mm512_set1_ps(inv);
+            int8_t *qb = a->q + (size_t)r * k + (size_t)b * QBLOCK;
+            __m512i sum = _mm512_setzero_si512();
+            __m512i qi[8];
+            for (int i = 0; i < 8; i++) {
+                qi[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], vinv));
+                sum = _mm512_add_epi32(sum, qi[i]);
+            }
+            if (bits == 8) {
+                for (int i = 0; i < 8; i++) _mm_storeu_si128((__m128i *)(qb + 16 * i), _mm512_cvtepi32_epi8(qi[i]));
+            } else { /* each block as its 64 even then 64 odd elements */
+                for (int i = 0; i < 4; i++) {
+                    _mm_storeu_si128((__m128i *)(qb + 16 * i),
+                                     _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(qi[2 * i], even, qi[2 * i + 1])));
+                    _mm_storeu_si128((__m128i *)(qb + 64 + 16 * i),
+                                     _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(qi[2 * i], odd, qi[2 * i + 1])));
+                }
+            }
+            a->scale[(size_t)r * nb + b] = amax / 127.0f;
+            a->sum[(size_t)r * nb + b] = _mm512_reduce_add_epi32(sum);
+        }
+    }
+}
+
+static void quantize_rows(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+{
+    if (isa_now == ISA_AVX512VNNI) quantize_rows_avx512(x, xstride, rows, k, bits, a);
+    else quantize_rows_scalar(x, xstride, rows, k, bits, a);
 }
 
 /* ------------------------------------------------------------------ the small ops */
