@@ -308,11 +308,11 @@ AVX512 static inline float reduce16_avx512(__m512 v)
 #ifndef TABLES
 #define TABLES 1
 #endif
-AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int R,
-                                                                          const int C, int r0, int n,
+AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int BITS,
+                                                                          const int R, const int C, int r0, int n,
                                                                           const sv_act *a, float *y, size_t ystride)
 {
-    const int nb = W->k / QBLOCK, bpb = W->bits == 8 ? QBLOCK : QBLOCK / 2;
+    const int nb = W->k / QBLOCK, bpb = BITS == 8 ? QBLOCK : QBLOCK / 2;
     const __m512i low4 = _mm512_set1_epi8(15);
     const __m512i nib_shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
     const int8_t *q[4];
@@ -342,7 +342,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         }
         for (int c = 0; c < C; c++) {
             __m512i zv;
-            if (W->bits == 8) {
+            if (BITS == 8) {
                 zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, W->zero + (size_t)(n + c) * nb + b0));
             } else { /* two nibbles a byte, low first; b0 is even */
                 const int per_row = (nb + 1) / 2;
@@ -375,7 +375,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
             for (int c = 0; c < C; c++) {
                 const uint8_t *wb = wc[c] + (size_t)b * bpb;
                 __m512i w0, w1;
-                if (W->bits == 8) {
+                if (BITS == 8) {
                     w0 = _mm512_loadu_si512(wb);
                     w1 = _mm512_loadu_si512(wb + 64);
                 } else {
@@ -385,10 +385,10 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
                 }
                 for (int r = 0; r < R; r++) {
 #if TABLES
-                    __m512i t = _mm512_zextsi128_si512(_mm_cvtsi32_si128(corr[c][r][j]));
+                    __m512i t = _mm512_maskz_set1_epi32(1, corr[c][r][j]);
                     float sj = sc[c][r][j];
 #else
-                    __m512i t = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-zero_point(W, n + c, b) * sum[r][b]));
+                    __m512i t = _mm512_maskz_set1_epi32(1, -zero_point(W, n + c, b) * sum[r][b]);
                     float sj = as[r][b] * W->scale[(size_t)(n + c) * nb + b];
 #endif
                     t = _mm512_dpbusd_epi32(t, w0, a0[r]);
@@ -405,37 +405,66 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         }
 }
 
-#ifndef TILE_C1
-#define TILE_C1 4 /* columns a tile at one row */
+#ifndef TILE_C1_8
+#define TILE_C1_8 4 /* columns a tile at one row, 8-bit weights */
+#endif
+#ifndef TILE_C1_4
+#define TILE_C1_4 4 /* 4-bit */
 #endif
 #ifndef TILE_CN
 #define TILE_CN 2 /* at 2..4 rows */
 #endif
 
-AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_rows(const sv_qlinear *W, const int R, int r0,
-                                                                          const sv_act *a, float *y, size_t ystride)
-{
-    const int C = R == 1 ? TILE_C1 : TILE_CN;
-    int n = 0;
-    if (C >= 8)
-        for (; n + 8 <= W->n; n += 8) qgemv_avx512_tile(W, R, 8, r0, n, a, y, ystride);
-    if (C >= 4)
-        for (; n + 4 <= W->n; n += 4) qgemv_avx512_tile(W, R, 4, r0, n, a, y, ystride);
-    if (C >= 2)
-        for (; n + 2 <= W->n; n += 2) qgemv_avx512_tile(W, R, 2, r0, n, a, y, ystride);
-    for (; n < W->n; n++) qgemv_avx512_tile(W, R, 1, r0, n, a, y, ystride);
-}
+/* each (bits, rows, columns) tile shape in a function of its own: its own registers and loop */
+#define TILE_FN(BITS, R, C)                                                                                          \
+    AVX512 __attribute__((noinline)) static int qgemv_avx512_##BITS##_##R##x##C(                                     \
+        const sv_qlinear *W, int r0, int n, const sv_act *a, float *y, size_t ystride)                                 \
+    {                                                                                                                \
+        for (; n + C <= W->n; n += C) qgemv_avx512_tile(W, BITS, R, C, r0, n, a, y, ystride);                         \
+        return n;                                                                                                    \
+    }
+#define TILE_FNS(BITS)                                                                                               \
+    TILE_FN(BITS, 1, 8) TILE_FN(BITS, 1, 4) TILE_FN(BITS, 1, 2) TILE_FN(BITS, 1, 1)                                  \
+    TILE_FN(BITS, 2, 4) TILE_FN(BITS, 2, 2) TILE_FN(BITS, 2, 1)                                                      \
+    TILE_FN(BITS, 3, 4) TILE_FN(BITS, 3, 2) TILE_FN(BITS, 3, 1)                                                      \
+    TILE_FN(BITS, 4, 4) TILE_FN(BITS, 4, 2) TILE_FN(BITS, 4, 1)                                                      \
+                                                                                                                     \
+    AVX512 static void qgemv_avx512_##BITS(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)  \
+    {                                                                                                                \
+        for (int r0 = 0; r0 < rows; r0 += 4) {                                                                       \
+            int n = 0;                                                                                               \
+            switch (rows - r0) {                                                                                     \
+            case 1:                                                                                                  \
+                if (TILE_C1_##BITS >= 8) n = qgemv_avx512_##BITS##_1x8(W, r0, n, a, y, ystride);                            \
+                if (TILE_C1_##BITS >= 4) n = qgemv_avx512_##BITS##_1x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_C1_##BITS >= 2) n = qgemv_avx512_##BITS##_1x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_1x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            case 2:                                                                                                  \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_2x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_2x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_2x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            case 3:                                                                                                  \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_3x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_3x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_3x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            default:                                                                                                 \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_4x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_4x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_4x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+TILE_FNS(8)
+TILE_FNS(4)
 
 AVX512 static void qgemv_avx512(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)
 {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        switch (rows - r0) {
-        case 1: qgemv_avx512_rows(W, 1, r0, a, y, ystride); break;
-        case 2: qgemv_avx512_rows(W, 2, r0, a, y, ystride); break;
-        case 3: qgemv_avx512_rows(W, 3, r0, a, y, ystride); break;
-        default: qgemv_avx512_rows(W, 4, r0, a, y, ystride); break;
-        }
-    }
+    if (W->bits == 8) qgemv_avx512_8(W, rows, a, y, ystride);
+    else qgemv_avx512_4(W, rows, a, y, ystride);
 }
 
 AVX512 static float dot_avx512(const float *a, const float *b, int n)
