@@ -664,6 +664,9 @@ def export_commit(rev: str) -> Path:
     out = Path(tempfile.mkdtemp(prefix="bench-talker-"))
     archive = subprocess.run(["git", "archive", rev], cwd=REPO, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    if (out / "engines" / "native" / "talker_frame.c").is_file():  # its native frame built too (else ORT runs)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=out, check=True,
+                       capture_output=True, env=dict(os.environ, PYTHONPATH=str(out)))
     return out
 
 
@@ -772,7 +775,8 @@ def main() -> None:
         old_tree = export_commit(args.baseline_commit)
         rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_commit], cwd=REPO, capture_output=True,
                              text=True).stdout.strip()
-        specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
+        if not (args.no_fp32 and args.quantize):
+            specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
         for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
             specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
                                                       "--quantize", mode], old_tree))

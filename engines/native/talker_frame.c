@@ -34,6 +34,9 @@
 #ifndef PREFETCH
 #define PREFETCH 8192 /* bytes ahead of the weight loads (4 KB: 1.35x a plain read, 8 KB 1.27x, 1 KB 1.85x; load 10) */
 #endif
+#ifndef ATT_AHEAD
+#define ATT_AHEAD 4 /* positions ahead that the attention prefetches a K / V row */
+#endif
 #ifndef PF_STRIDE
 #define PF_STRIDE 64
 #endif
@@ -94,6 +97,23 @@ typedef struct {
     float *h_out;                 /* out [B, Dt] */
     float *logits;                /* out [B, G - 1, V], or NULL */
 } sv_frame_args;
+
+/* ------------------------------------------------------------------ profiling (built with -DSV_PROFILE only) */
+
+#ifdef SV_PROFILE
+#include <x86intrin.h>
+static uint64_t prof[4]; /* TSC ticks: the frame, the products (with their quantisation), the attention */
+#define PROF_START(v) uint64_t v = __rdtsc()
+#define PROF_ADD(i, v) (prof[i] += __rdtsc() - (v))
+void sv_profile(uint64_t *out, int reset)
+{
+    memcpy(out, prof, sizeof(prof));
+    if (reset) memset(prof, 0, sizeof(prof));
+}
+#else
+#define PROF_START(v) ((void)0)
+#define PROF_ADD(i, v) ((void)0)
+#endif
 
 /* ------------------------------------------------------------------ instruction sets */
 
@@ -686,8 +706,12 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
     float *pk = kv->pool_k[li], *pv = kv->pool_v[li];
 
     for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * D, L->input_norm, D, dec->eps, w->xn + (size_t)t * D);
+    {
+    PROF_START(t_q);
     quantize_rows(w->xn, D, T, D, L->qkv.bits, &w->a);
     qgemv_impl(&L->qkv, T, &w->a, w->qkv, qkv_w);
+    PROF_ADD(1, t_q);
+    }
     for (int t = 0; t < T; t++) {
         float *q = w->qkv + (size_t)t * qkv_w, *k = q + H * hd, *v = k + KVH * hd;
         for (int h = 0; h < H; h++) {
@@ -701,36 +725,52 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
         memcpy(pk + write_slot[t] * KVH * hd, k, sizeof(float) * KVH * hd);
         memcpy(pv + write_slot[t] * KVH * hd, v, sizeof(float) * KVH * hd);
     }
+    PROF_START(t_att);
     for (int t = 0; t < T; t++) { /* every token's K/V is written before any attends (a row's 2 positions) */
         const float *q = w->qkv + (size_t)t * qkv_w;
         float *out = w->attn + (size_t)t * H * hd;
-        int n = tok_pos[t] + 1;
+        const int n = tok_pos[t] + 1;
         memset(out, 0, sizeof(float) * H * hd);
-        for (int h = 0; h < H; h++) {
-            int kh = h / group;
-            float m = -INFINITY, total = 0.0f;
-            for (int p = 0; p < n; p++) {
-                const float *kp = pk + (slot_of(kv, tok_row[t], p) * KVH + kh) * hd;
-                float s = dot_impl(q + h * hd, kp, hd) * dec->attn_scale;
-                w->scores[p] = s;
-                m = s > m ? s : m;
-            }
-            for (int p = 0; p < n; p++) {
-                w->scores[p] = expf(w->scores[p] - m);
-                total += w->scores[p];
-            }
-            for (int p = 0; p < n; p++) {
-                const float *vp = pv + (slot_of(kv, tok_row[t], p) * KVH + kh) * hd;
-                axpy_impl(w->scores[p] / total, vp, out + h * hd, hd);
+        /* positions outer, heads inner: each position's K (then V) rows of every head read once, in their
+           order in memory (a block of the paged cache holds consecutive positions); every head's scores,
+           softmax and sums computed as that head alone computes them (the same operations, in the same
+           order of positions) */
+        float *sc = w->scores; /* [H, n] */
+        float m[256], total[256];
+        for (int h = 0; h < H; h++) m[h] = -INFINITY, total[h] = 0.0f;
+        for (int p = 0; p < n; p++) {
+            const float *kp = pk + slot_of(kv, tok_row[t], p) * KVH * hd;
+            for (int h = 0; h < H; h++) {
+                float v = dot_impl(q + h * hd, kp + (h / group) * hd, hd) * dec->attn_scale;
+                sc[(size_t)h * n + p] = v;
+                m[h] = v > m[h] ? v : m[h];
             }
         }
+        for (int h = 0; h < H; h++)
+            for (int p = 0; p < n; p++) {
+                sc[(size_t)h * n + p] = expf(sc[(size_t)h * n + p] - m[h]);
+                total[h] += sc[(size_t)h * n + p];
+            }
+        for (int p = 0; p < n; p++) {
+            const float *vp = pv + slot_of(kv, tok_row[t], p) * KVH * hd;
+            for (int h = 0; h < H; h++) axpy_impl(sc[(size_t)h * n + p] / total[h], vp + (h / group) * hd, out + h * hd, hd);
+        }
     }
+    PROF_ADD(2, t_att);
+    {
+    PROF_START(t_q);
     quantize_rows(w->attn, H * hd, T, H * hd, L->o.bits, &w->a);
     qgemv_impl(&L->o, T, &w->a, w->xn, D);
+    PROF_ADD(1, t_q);
+    }
     for (size_t i = 0; i < (size_t)T * D; i++) x[i] = x[i] + w->xn[i];
     for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * D, L->post_norm, D, dec->eps, w->xn + (size_t)t * D);
+    {
+    PROF_START(t_q);
     quantize_rows(w->xn, D, T, D, L->gate_up.bits, &w->a);
     qgemv_impl(&L->gate_up, T, &w->a, w->gu, 2 * I);
+    PROF_ADD(1, t_q);
+    }
     for (int t = 0; t < T; t++) {
         const float *g = w->gu + (size_t)t * 2 * I, *u = g + I;
         float *o = w->act + (size_t)t * I;
@@ -740,8 +780,12 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
             o[i] = gs * u[i];
         }
     }
+    {
+    PROF_START(t_q);
     quantize_rows(w->act, I, T, I, L->down.bits, &w->a);
     qgemv_impl(&L->down, T, &w->a, w->xn, D);
+    PROF_ADD(1, t_q);
+    }
     for (size_t i = 0; i < (size_t)T * D; i++) x[i] = x[i] + w->xn[i];
 }
 
@@ -751,6 +795,7 @@ static size_t max_i(size_t a, size_t b) { return a > b ? a : b; }
 
 int sv_frame(const sv_model *m, const sv_frame_args *args)
 {
+    PROF_START(t_frame);
     if (isa_now < 0) sv_get_isa();
     const int B = args->rows, G = m->groups, V = m->vocab, Dt = m->talker_hidden;
     const sv_decoder *pd = &m->predictor, *td = &m->talker;
@@ -766,7 +811,9 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) positions = max_i(positions, (size_t)args->length[r]);
     positions = max_i(positions, (size_t)G);
     size_t pred_cache = (size_t)B * G * pd->kv_heads * hdp;
-    size_t floats = T * (D /* x */ + D /* xn */ + QKV + HD + 2 * I + I + D /* x_in */) + positions + 2 * (size_t)V
+    size_t heads = max_i(td->heads, pd->heads);
+    if (heads > 256) return -1; /* the attention's per-head state (layer_forward) */
+    size_t floats = T * (D /* x */ + D /* xn */ + QKV + HD + 2 * I + I + D /* x_in */) + heads * positions + 2 * (size_t)V
                     + 2 * (size_t)pd->n_layers * pred_cache + T * (size_t)K / QBLOCK + 2 * (size_t)T * hdp;
     float *buf = malloc(sizeof(float) * floats);
     int8_t *qbuf = malloc((size_t)T * K);
@@ -786,7 +833,7 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
     w.gu = w.attn + T * HD;
     w.act = w.gu + T * 2 * I;
     w.scores = w.act + T * I;
-    float *logits = w.scores + positions, *scratch = logits + V;
+    float *logits = w.scores + heads * positions, *scratch = logits + V;
     float *cache_base = scratch + V;
     for (int l = 0; l < 2 * pd->n_layers; l++) kcache[l] = cache_base + (size_t)l * pred_cache;
     w.a.scale = cache_base + 2 * (size_t)pd->n_layers * pred_cache;
@@ -826,8 +873,12 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) { /* the row's last position: final norm, head g - 1, the sampled code */
             const float *last = x + (size_t)(r * per_row + per_row - 1) * Dp;
             rms_norm(last, pd->final_norm, Dp, pd->eps, w.xn);
+            {
+            PROF_START(t_q);
             quantize_rows(w.xn, Dp, 1, Dp, m->heads[g - 1].bits, &w.a);
             qgemv_impl(&m->heads[g - 1], 1, &w.a, logits, V);
+            PROF_ADD(1, t_q);
+            }
             if (args->logits) memcpy(args->logits + ((size_t)r * (G - 1) + g - 1) * V, logits, sizeof(float) * V);
             const float *noise = args->gumbel ? args->gumbel + ((size_t)r * (G - 1) + g - 1) * V : NULL;
             args->codes[(size_t)r * G + g] =
@@ -857,6 +908,7 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) rms_norm(x + (size_t)r * Dt, td->final_norm, Dt, td->eps, args->h_out + (size_t)r * Dt);
     }
     free(buf); free(qbuf); free(sums); free(kcache); free(tok); free(wslot);
+    PROF_ADD(0, t_frame);
     return 0;
 }
 
