@@ -146,7 +146,12 @@ typedef void (*qgemv_fn)(const sv_qlinear *W, int rows, const sv_act *a, float *
 typedef float (*dot_fn)(const float *a, const float *b, int n);
 typedef void (*axpy_fn)(float a, const float *x, float *y, int n);
 
+typedef void (*silu_fn)(const float *g, const float *u, float *o, int n);
+typedef void (*exps_fn)(const float *x, float m, float *out, int n);
+
 static qgemv_fn qgemv_impl;
+static silu_fn silu_impl;
+static exps_fn exps_impl;
 static dot_fn dot_impl;
 static axpy_fn axpy_impl;
 static int isa_now = -1;
@@ -215,6 +220,57 @@ static float dot_scalar(const float *a, const float *b, int n)
 static void axpy_scalar(float a, const float *x, float *y, int n)
 {
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* e^x, the same operations on every instruction set (so the SiLU and the softmax give the same bits on
+   each; libm's expf may differ from one library to the next): x = n ln 2 + r (Cody-Waite, two fused
+   multiply-adds), e^r by Cephes' degree-5 polynomial with fused multiply-adds (about 1 ulp), times 2^n;
+   0 below -87, +inf above 88 */
+#define EXP_LO -87.0f
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static inline float exp_scalar(float x)
+{
+    if (x < EXP_LO) return 0.0f;
+    if (x > EXP_HI) return INFINITY;
+    float n = nearbyintf(x * EXP_LOG2E);
+    float r = fmaf(n, -EXP_C1, x);
+    r = fmaf(n, -EXP_C2, r);
+    float p = fmaf(EXP_P0, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return y * scale;
+}
+
+/* o = silu(g) * u: g * (1 / (1 + e^-g)) * u */
+static void silu_scalar(const float *g, const float *u, float *o, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + exp_scalar(-g[i]));
+        float gs = g[i] * sig;
+        o[i] = gs * u[i];
+    }
+}
+
+/* out = e^(x - m) */
+static void exps_scalar(const float *x, float m, float *out, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = exp_scalar(x[i] - m);
 }
 
 /* ------------------------------------------------------------------ AVX2 (+ FMA) */
@@ -303,6 +359,9 @@ AVX2 static void axpy_avx2(float a, const float *x, float *y, int n)
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
+
+AVX2 static void silu_avx2(const float *g, const float *u, float *o, int n) { silu_scalar(g, u, o, n); }
+AVX2 static void exps_avx2(const float *x, float m, float *out, int n) { exps_scalar(x, m, out, n); }
 
 /* ------------------------------------------------------------------ AVX-512 VNNI */
 
@@ -502,6 +561,44 @@ AVX512 static void axpy_avx512(float a, const float *x, float *y, int n)
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* exp_scalar on 16 lanes: the same operations */
+AVX512 static inline __m512 exp_avx512(__m512 x)
+{
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C1), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C2), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    __m512 e = _mm512_mul_ps(y, scale);
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+}
+
+AVX512 static void silu_avx512(const float *g, const float *u, float *o, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
+    }
+    silu_scalar(g + i, u + i, o + i, n - i);
+}
+
+AVX512 static void exps_avx512(const float *x, float m, float *out, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(m))));
+    exps_scalar(x + i, m, out + i, n - i);
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 int sv_set_isa(int isa)
@@ -509,10 +606,13 @@ int sv_set_isa(int isa)
     if (!sv_isa_supported(isa)) return -1;
     if (isa == ISA_AVX512VNNI) {
         qgemv_impl = qgemv_avx512; dot_impl = dot_avx512; axpy_impl = axpy_avx512;
+        silu_impl = silu_avx512; exps_impl = exps_avx512;
     } else if (isa == ISA_AVX2) {
         qgemv_impl = qgemv_avx2; dot_impl = dot_avx2; axpy_impl = axpy_avx2;
+        silu_impl = silu_avx2; exps_impl = exps_avx2;
     } else {
         qgemv_impl = qgemv_scalar; dot_impl = dot_scalar; axpy_impl = axpy_scalar;
+        silu_impl = silu_scalar; exps_impl = exps_scalar;
     }
     isa_now = isa;
     return 0;
@@ -746,11 +846,10 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
                 m[h] = v > m[h] ? v : m[h];
             }
         }
-        for (int h = 0; h < H; h++)
-            for (int p = 0; p < n; p++) {
-                sc[(size_t)h * n + p] = expf(sc[(size_t)h * n + p] - m[h]);
-                total[h] += sc[(size_t)h * n + p];
-            }
+        for (int h = 0; h < H; h++) {
+            exps_impl(sc + (size_t)h * n, m[h], sc + (size_t)h * n, n);
+            for (int p = 0; p < n; p++) total[h] += sc[(size_t)h * n + p];
+        }
         for (int p = 0; p < n; p++) {
             const float *vp = pv + slot_of(kv, tok_row[t], p) * KVH * hd;
             for (int h = 0; h < H; h++) axpy_impl(sc[(size_t)h * n + p] / total[h], vp + (h / group) * hd, out + h * hd, hd);
@@ -774,11 +873,7 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
     for (int t = 0; t < T; t++) {
         const float *g = w->gu + (size_t)t * 2 * I, *u = g + I;
         float *o = w->act + (size_t)t * I;
-        for (int i = 0; i < I; i++) {
-            float sig = 1.0f / (1.0f + expf(-g[i]));
-            float gs = g[i] * sig;
-            o[i] = gs * u[i];
-        }
+        silu_impl(g, u, o, I);
     }
     {
     PROF_START(t_q);
@@ -931,6 +1026,13 @@ int sv_qlinear_forward(const sv_qlinear *W, int rows, const float *x, float *y)
     qgemv_impl(W, rows, &a, y, W->n);
     free(a.q); free(a.scale); free(a.sum);
     return 0;
+}
+
+/* out [n] = e^(x - m) as the frame's softmax and SiLU compute it (tests) */
+void sv_exps(const float *x, float m, float *out, int n)
+{
+    if (isa_now < 0) sv_get_isa();
+    exps_impl(x, m, out, n);
 }
 
 /* the bytes' plain read, as fast as this core streams them: the floor a kernel is measured against */
