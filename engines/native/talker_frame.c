@@ -32,16 +32,9 @@
 #define QBLOCK 128
 #define LANES 16
 #ifndef PREFETCH
-#define PREFETCH 8192 /* bytes ahead of the weight loads (4 KB: 1.35x a plain read, 8 KB 1.27x, 1 KB 1.85x; load 10) */
-#endif
-#ifndef ATT_AHEAD
-#define ATT_AHEAD 4 /* positions ahead that the attention prefetches a K / V row */
-#endif
-#ifndef PF_STRIDE
-#define PF_STRIDE 64
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
+#define PREFETCH 8192 /* bytes ahead of the weight loads, into L1, every line: the 0.6B frame's int8 products at
+                          1.04x a plain read (4 KB 1.11x, 12-16 KB 1.07-1.10x, 24 KB 1.12x; none 1.56x; a line
+                          in two 1.49x; a second stream into L2 1.38x; benchmarks/bench_qgemv.py, load 1-4) */
 #endif
 
 /* ------------------------------------------------------------------ the structs (mirrored in __init__.py) */
@@ -384,9 +377,6 @@ AVX512 static inline float reduce16_avx512(__m512 v)
    correction in lane 0 (an exact int32 sum either way: the same lanes as adding it after the two dot
    products) and is accumulated with one fma whose broadcast operand comes from the table. */
 #define CHUNK 16
-#ifndef TABLES
-#define TABLES 1
-#endif
 AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int BITS,
                                                                           const int R, const int C, int r0, int n,
                                                                           const sv_act *a, float *y, size_t ystride)
@@ -412,7 +402,6 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
     for (int b0 = 0; b0 < nb; b0 += CHUNK) {
         const int nc = nb - b0 < CHUNK ? nb - b0 : CHUNK;
         const __mmask16 m = (__mmask16)((1u << nc) - 1);
-        if (TABLES) {
         __m512i sumv[4];
         __m512 asv[4];
         for (int r = 0; r < R; r++) {
@@ -436,7 +425,6 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
                 _mm512_store_ps(sc[c][r], _mm512_mul_ps(asv[r], swv));
             }
         }
-        }
         for (int j = 0; j < nc; j++) {
             const int b = b0 + j;
             __m512i a0[4], a1[4];
@@ -446,10 +434,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
             }
             if (PREFETCH) { /* the tile's bytes as one stream: C blocks' bytes a step, PREFETCH ahead of its start */
                 const char *pf = (const char *)wc[0] + PREFETCH + (size_t)b * C * bpb;
-                for (int i = 0; i < C * bpb; i += PF_STRIDE) _mm_prefetch(pf + i, PF_HINT);
-#ifdef PREFETCH2
-                for (int i = 0; i < C * bpb; i += 64) _mm_prefetch(pf + PREFETCH2 - PREFETCH + i, _MM_HINT_T2);
-#endif
+                for (int i = 0; i < C * bpb; i += 64) _mm_prefetch(pf + i, _MM_HINT_T0);
             }
             for (int c = 0; c < C; c++) {
                 const uint8_t *wb = wc[c] + (size_t)b * bpb;
@@ -463,13 +448,8 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
                     w1 = _mm512_and_si512(_mm512_srli_epi16(byte, 4), low4);
                 }
                 for (int r = 0; r < R; r++) {
-#if TABLES
                     __m512i t = _mm512_maskz_set1_epi32(1, corr[c][r][j]);
                     float sj = sc[c][r][j];
-#else
-                    __m512i t = _mm512_maskz_set1_epi32(1, -zero_point(W, n + c, b) * sum[r][b]);
-                    float sj = as[r][b] * W->scale[(size_t)(n + c) * nb + b];
-#endif
                     t = _mm512_dpbusd_epi32(t, w0, a0[r]);
                     t = _mm512_dpbusd_epi32(t, w1, a1[r]);
                     acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(sj), acc[c][r]);
