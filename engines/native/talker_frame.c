@@ -444,6 +444,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
                     w1 = _mm512_loadu_si512(wb + 64);
                 } else {
                     __m512i byte = _mm512_loadu_si512(wb);
+                    __asm__("" : "+v"(byte)); /* one load of the bytes, not one for each nibble's operation */
                     w0 = _mm512_and_si512(byte, low4);
                     w1 = _mm512_and_si512(_mm512_srli_epi16(byte, 4), low4);
                 }
