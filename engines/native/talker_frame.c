@@ -18,7 +18,8 @@
  *     correction -zp * sum(q) added to lane 0; each lane is converted to fp32 and accumulated
  *     over the blocks with one fused multiply-add by (activation scale * weight scale);
  *   - the 16 lanes are summed in one fixed tree (l + l+8, then + 4, + 2, + 1).
- *   Float dot products (norms, attention scores) use the same 16 lanes and tree.
+ *   Float dot products (norms, attention scores) use the same 16 lanes and tree; e^x (the SiLU, the
+ *   softmax) is this file's own (exp_scalar: the same operations on every instruction set, not libm's).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -469,7 +470,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
 #define TILE_C1_8 1 /* columns a tile at one row, 8-bit weights (the served int8 step: 2 columns 10 %, 4 15 % slower) */
 #endif
 #ifndef TILE_C1_4
-#define TILE_C1_4 2 /* 4-bit (the served int4 step: 1 column 19 %, 4 columns 6 % slower) */
+#define TILE_C1_4 2 /* 4-bit, where OLD_TILE_4 is 0 (the served int4 step: 1 column 19 %, 4 columns 6 % slower) */
 #endif
 #ifndef TILE_CN
 #define TILE_CN 2 /* at 2..4 rows */
