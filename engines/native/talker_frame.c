@@ -599,12 +599,16 @@ AVX512 static void qgemv_avx512_z(const sv_qlinear *W, int rows, const sv_act *a
 #ifndef OLD_TILE_4
 #define OLD_TILE_4 1
 #endif
+#ifndef NEW_TILE_ROWS
+#define NEW_TILE_ROWS 1 /* 8-bit weights: the new tile up to this many rows (at 2 and 4 rows it was 5-7 % slower
+                           than the earlier one, benchmarks/bench_qgemv.py --rows) */
+#endif
 
 AVX512 static void qgemv_avx512(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)
 {
-    if (W->bits == 8) qgemv_avx512_8(W, rows, a, y, ystride);
-    else if (OLD_TILE_4) qgemv_avx512_z(W, rows, a, y, ystride);
-    else qgemv_avx512_4(W, rows, a, y, ystride);
+    if (W->bits == 8 && rows <= NEW_TILE_ROWS) qgemv_avx512_8(W, rows, a, y, ystride);
+    else if (W->bits == 4 && !OLD_TILE_4) qgemv_avx512_4(W, rows, a, y, ystride);
+    else qgemv_avx512_z(W, rows, a, y, ystride);
 }
 
 AVX512 static float dot_avx512(const float *a, const float *b, int n)
