@@ -664,6 +664,9 @@ def export_commit(rev: str) -> Path:
     out = Path(tempfile.mkdtemp(prefix="bench-talker-"))
     archive = subprocess.run(["git", "archive", rev], cwd=REPO, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    if (out / "engines" / "native" / "talker_frame.c").is_file():  # its native frame built too (else ORT runs)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=out, check=True,
+                       capture_output=True, env=dict(os.environ, PYTHONPATH=str(out)))
     return out
 
 
@@ -697,6 +700,8 @@ def main() -> None:
     ap.add_argument("--compile-talker", action="store_true", help="also step graphs + compiled talker layers")
     ap.add_argument("--eager-predictor", action="store_true", help=argparse.SUPPRESS)  # kept for old command lines
     ap.add_argument("--no-official", action="store_true", help="skip the .venv-oracle variant")
+    ap.add_argument("--no-fp32", action="store_true",
+                    help="skip the fp32 'ours' variant (with --quantize: only the quantized modes are timed)")
     ap.add_argument("--oracle-python", default=str(REPO / ".venv-oracle" / "bin" / "python"))
     ap.add_argument("--mnn", default=None, metavar="DIR",
                     help="also time qwen3-tts-mnn (fp32, batch 1; see --mnn-layouts) on the same random talker, "
@@ -750,7 +755,7 @@ def main() -> None:
     if args.codec:
         common += ["--codec", "--codec-chunk", str(args.codec_chunk)]
     me = [sys.executable, str(Path(__file__).resolve())]
-    specs = [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
+    specs = [] if args.no_fp32 and args.quantize else [("ours", me + ["--worker", str(REPO), "--variant", "ours"], REPO)]
     if args.step_graphs:  # on a CPU the same static-buffer step runs eagerly (the dry run checks it)
         specs.append(("ours+graphs", me + ["--worker", str(REPO), "--variant", "ours+graphs"], REPO))
     if args.compile_talker:
@@ -770,7 +775,8 @@ def main() -> None:
         old_tree = export_commit(args.baseline_commit)
         rev = subprocess.run(["git", "rev-parse", "--short", args.baseline_commit], cwd=REPO, capture_output=True,
                              text=True).stdout.strip()
-        specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
+        if not (args.no_fp32 and args.quantize):
+            specs.append((f"ours@{rev}", me + ["--worker", str(old_tree), "--variant", "ours"], old_tree))
         for mode in args.quantize:  # the talker (and with --codec the whole path) before, in every mode
             specs.append((f"ours@{rev} {mode}", me + ["--worker", str(old_tree), "--variant", "ours",
                                                       "--quantize", mode], old_tree))
@@ -897,7 +903,9 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
     for b in args.batches:
         for name in names[1:]:
             # the peer in its own int8 also against ours int8 (the same format: its fairer comparison)
-            anchors = ["ours"] + (["ours int8"] if name.startswith("mnn int8") and "ours int8" in names else [])
+            # without the fp32 variant (--no-fp32) the first one is the anchor
+            anchors = ["ours" if "ours" in names else names[0]] + (
+                ["ours int8"] if name.startswith("mnn int8") and "ours int8" in names else [])
             for anchor, (what, key) in itertools.product(anchors, (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"),
                                                                    ("prefill", "prefill_ms"))):
                 rs = []

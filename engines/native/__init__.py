@@ -70,6 +70,8 @@ def _load():
     lib.sv_frame.restype = c_int
     lib.sv_qlinear_forward.argtypes = [POINTER(QLinear), c_int, c_void_p, c_void_p]
     lib.sv_qlinear_forward.restype = c_int
+    lib.sv_exps.argtypes = [c_void_p, c_float, c_void_p, c_int]
+    lib.sv_exps.restype = None
     lib.sv_read_bytes.argtypes = [c_void_p, c_size_t]
     lib.sv_read_bytes.restype = c_uint64
     for name in ("sv_set_isa", "sv_isa_supported"):

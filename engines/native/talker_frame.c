@@ -18,7 +18,8 @@
  *     correction -zp * sum(q) added to lane 0; each lane is converted to fp32 and accumulated
  *     over the blocks with one fused multiply-add by (activation scale * weight scale);
  *   - the 16 lanes are summed in one fixed tree (l + l+8, then + 4, + 2, + 1).
- *   Float dot products (norms, attention scores) use the same 16 lanes and tree.
+ *   Float dot products (norms, attention scores) use the same 16 lanes and tree; e^x (the SiLU, the
+ *   softmax) is this file's own (exp_scalar: the same operations on every instruction set, not libm's).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +33,9 @@
 #define QBLOCK 128
 #define LANES 16
 #ifndef PREFETCH
-#define PREFETCH 8192 /* bytes ahead of the weight loads (4 KB: 1.35x a plain read, 8 KB 1.27x, 1 KB 1.85x; load 10) */
+#define PREFETCH 8192 /* bytes ahead of the weight loads, into L1, every line: the 0.6B frame's int8 products at
+                          1.04x a plain read (4 KB 1.11x, 12-16 KB 1.07-1.10x, 24 KB 1.12x; none 1.56x; a line
+                          in two 1.49x; a second stream into L2 1.38x; benchmarks/bench_qgemv.py, load 1-4) */
 #endif
 
 /* ------------------------------------------------------------------ the structs (mirrored in __init__.py) */
@@ -89,6 +92,23 @@ typedef struct {
     float *logits;                /* out [B, G - 1, V], or NULL */
 } sv_frame_args;
 
+/* ------------------------------------------------------------------ profiling (built with -DSV_PROFILE only) */
+
+#ifdef SV_PROFILE
+#include <x86intrin.h>
+static uint64_t prof[4]; /* TSC ticks: the frame, the products (with their quantisation), the attention */
+#define PROF_START(v) uint64_t v = __rdtsc()
+#define PROF_ADD(i, v) (prof[i] += __rdtsc() - (v))
+void sv_profile(uint64_t *out, int reset)
+{
+    memcpy(out, prof, sizeof(prof));
+    if (reset) memset(prof, 0, sizeof(prof));
+}
+#else
+#define PROF_START(v) ((void)0)
+#define PROF_ADD(i, v) ((void)0)
+#endif
+
 /* ------------------------------------------------------------------ instruction sets */
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512VNNI = 2 };
@@ -120,7 +140,12 @@ typedef void (*qgemv_fn)(const sv_qlinear *W, int rows, const sv_act *a, float *
 typedef float (*dot_fn)(const float *a, const float *b, int n);
 typedef void (*axpy_fn)(float a, const float *x, float *y, int n);
 
+typedef void (*silu_fn)(const float *g, const float *u, float *o, int n);
+typedef void (*exps_fn)(const float *x, float m, float *out, int n);
+
 static qgemv_fn qgemv_impl;
+static silu_fn silu_impl;
+static exps_fn exps_impl;
 static dot_fn dot_impl;
 static axpy_fn axpy_impl;
 static int isa_now = -1;
@@ -189,6 +214,57 @@ static float dot_scalar(const float *a, const float *b, int n)
 static void axpy_scalar(float a, const float *x, float *y, int n)
 {
     for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* e^x, the same operations on every instruction set (so the SiLU and the softmax give the same bits on
+   each; libm's expf may differ from one library to the next): x = n ln 2 + r (Cody-Waite, two fused
+   multiply-adds), e^r by Cephes' degree-5 polynomial with fused multiply-adds (about 1 ulp), times 2^n;
+   0 below -87, +inf above 88 */
+#define EXP_LO -87.0f
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static inline float exp_scalar(float x)
+{
+    if (x < EXP_LO) return 0.0f;
+    if (x > EXP_HI) return INFINITY;
+    float n = nearbyintf(x * EXP_LOG2E);
+    float r = fmaf(n, -EXP_C1, x);
+    r = fmaf(n, -EXP_C2, r);
+    float p = fmaf(EXP_P0, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return y * scale;
+}
+
+/* o = silu(g) * u: g * (1 / (1 + e^-g)) * u */
+static void silu_scalar(const float *g, const float *u, float *o, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + exp_scalar(-g[i]));
+        float gs = g[i] * sig;
+        o[i] = gs * u[i];
+    }
+}
+
+/* out = e^(x - m) */
+static void exps_scalar(const float *x, float m, float *out, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = exp_scalar(x[i] - m);
 }
 
 /* ------------------------------------------------------------------ AVX2 (+ FMA) */
@@ -278,6 +354,9 @@ AVX2 static void axpy_avx2(float a, const float *x, float *y, int n)
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+AVX2 static void silu_avx2(const float *g, const float *u, float *o, int n) { silu_scalar(g, u, o, n); }
+AVX2 static void exps_avx2(const float *x, float m, float *out, int n) { exps_scalar(x, m, out, n); }
+
 /* ------------------------------------------------------------------ AVX-512 VNNI */
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma")))
@@ -291,9 +370,163 @@ AVX512 static inline float reduce16_avx512(__m512 v)
     return _mm_cvtss_f32(d);
 }
 
-/* rows R (1..4) of one matrix, C (1 or 2) columns at a time: the weights stream from memory once (in
-   their order, a few KB ahead of the loads), each block used R times */
-AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int R,
+/* rows R (1..4) of one matrix, C (1, 2, 4 or 8) columns at a time: the weights stream from memory once (in
+   their order, a few KB ahead of the loads), each block used R times, each activation block loaded once
+   for the C columns. Per chunk of up to 16 blocks the zero points' corrections (-zp * sum(q), exact in
+   int32) and the scale products (activation scale * weight scale, one fp32 multiply) of every (column,
+   row) are computed 16 at a time into small tables; each block's product then starts from its
+   correction in lane 0 (an exact int32 sum either way: the same lanes as adding it after the two dot
+   products) and is accumulated with one fma whose broadcast operand comes from the table. */
+#define CHUNK 16
+AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int BITS,
+                                                                          const int R, const int C, int r0, int n,
+                                                                          const sv_act *a, float *y, size_t ystride)
+{
+    const int nb = W->k / QBLOCK, bpb = BITS == 8 ? QBLOCK : QBLOCK / 2;
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i nib_shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    const int8_t *q[4];
+    const float *as[4];
+    const int32_t *sum[4];
+    for (int r = 0; r < R; r++) {
+        q[r] = a->q + (size_t)(r0 + r) * a->k;
+        as[r] = a->scale + (size_t)(r0 + r) * nb;
+        sum[r] = a->sum + (size_t)(r0 + r) * nb;
+    }
+    const uint8_t *wc[8];
+    for (int c = 0; c < C; c++) wc[c] = W->w + (size_t)(n + c) * nb * bpb;
+    __attribute__((aligned(64))) int32_t corr[8][4][CHUNK];
+    __attribute__((aligned(64))) float sc[8][4][CHUNK];
+    __m512 acc[8][4];
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int nc = nb - b0 < CHUNK ? nb - b0 : CHUNK;
+        const __mmask16 m = (__mmask16)((1u << nc) - 1);
+        __m512i sumv[4];
+        __m512 asv[4];
+        for (int r = 0; r < R; r++) {
+            sumv[r] = _mm512_maskz_loadu_epi32(m, sum[r] + b0);
+            asv[r] = _mm512_maskz_loadu_ps(m, as[r] + b0);
+        }
+        for (int c = 0; c < C; c++) {
+            __m512i zv;
+            if (BITS == 8) {
+                zv = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, W->zero + (size_t)(n + c) * nb + b0));
+            } else { /* two nibbles a byte, low first; b0 is even */
+                const int per_row = (nb + 1) / 2;
+                __m128i zb = _mm_maskz_loadu_epi8((__mmask16)((1u << ((nc + 1) / 2)) - 1),
+                                                  W->zero + (size_t)(n + c) * per_row + b0 / 2);
+                zv = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(zb, zb));
+                zv = _mm512_and_si512(_mm512_srlv_epi32(zv, nib_shift), _mm512_set1_epi32(15));
+            }
+            __m512 swv = _mm512_maskz_loadu_ps(m, W->scale + (size_t)(n + c) * nb + b0);
+            for (int r = 0; r < R; r++) {
+                _mm512_store_si512(corr[c][r], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_mullo_epi32(zv, sumv[r])));
+                _mm512_store_ps(sc[c][r], _mm512_mul_ps(asv[r], swv));
+            }
+        }
+        for (int j = 0; j < nc; j++) {
+            const int b = b0 + j;
+            __m512i a0[4], a1[4];
+            for (int r = 0; r < R; r++) {
+                a0[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK);
+                a1[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK + 64);
+            }
+            if (PREFETCH) { /* the tile's bytes as one stream: C blocks' bytes a step, PREFETCH ahead of its start */
+                const char *pf = (const char *)wc[0] + PREFETCH + (size_t)b * C * bpb;
+                for (int i = 0; i < C * bpb; i += 64) _mm_prefetch(pf + i, _MM_HINT_T0);
+            }
+            for (int c = 0; c < C; c++) {
+                const uint8_t *wb = wc[c] + (size_t)b * bpb;
+                __m512i w0, w1;
+                if (BITS == 8) {
+                    w0 = _mm512_loadu_si512(wb);
+                    w1 = _mm512_loadu_si512(wb + 64);
+                } else {
+                    __m512i byte = _mm512_loadu_si512(wb);
+                    __asm__("" : "+v"(byte)); /* one load of the bytes, not one for each nibble's operation */
+                    w0 = _mm512_and_si512(byte, low4);
+                    w1 = _mm512_and_si512(_mm512_srli_epi16(byte, 4), low4);
+                }
+                for (int r = 0; r < R; r++) {
+                    __m512i t = _mm512_maskz_set1_epi32(1, corr[c][r][j]);
+                    float sj = sc[c][r][j];
+                    t = _mm512_dpbusd_epi32(t, w0, a0[r]);
+                    t = _mm512_dpbusd_epi32(t, w1, a1[r]);
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(sj), acc[c][r]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) {
+            float out = reduce16_avx512(acc[c][r]);
+            y[(size_t)(r0 + r) * ystride + n + c] = W->bias ? out + W->bias[n + c] : out;
+        }
+}
+
+#ifndef TILE_C1_8
+#define TILE_C1_8 1 /* columns a tile at one row, 8-bit weights (the served int8 step: 2 columns 10 %, 4 15 % slower) */
+#endif
+#ifndef TILE_C1_4
+#define TILE_C1_4 2 /* 4-bit, where OLD_TILE_4 is 0 (the served int4 step: 1 column 19 %, 4 columns 6 % slower) */
+#endif
+#ifndef TILE_CN
+#define TILE_CN 2 /* at 2..4 rows */
+#endif
+
+/* each (bits, rows, columns) tile shape in a function of its own: its own registers and loop */
+#define TILE_FN(BITS, R, C)                                                                                          \
+    AVX512 __attribute__((noinline)) static int qgemv_avx512_##BITS##_##R##x##C(                                     \
+        const sv_qlinear *W, int r0, int n, const sv_act *a, float *y, size_t ystride)                                 \
+    {                                                                                                                \
+        for (; n + C <= W->n; n += C) qgemv_avx512_tile(W, BITS, R, C, r0, n, a, y, ystride);                         \
+        return n;                                                                                                    \
+    }
+#define TILE_FNS(BITS)                                                                                               \
+    TILE_FN(BITS, 1, 8) TILE_FN(BITS, 1, 4) TILE_FN(BITS, 1, 2) TILE_FN(BITS, 1, 1)                                  \
+    TILE_FN(BITS, 2, 4) TILE_FN(BITS, 2, 2) TILE_FN(BITS, 2, 1)                                                      \
+    TILE_FN(BITS, 3, 4) TILE_FN(BITS, 3, 2) TILE_FN(BITS, 3, 1)                                                      \
+    TILE_FN(BITS, 4, 4) TILE_FN(BITS, 4, 2) TILE_FN(BITS, 4, 1)                                                      \
+                                                                                                                     \
+    AVX512 static void qgemv_avx512_##BITS(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)  \
+    {                                                                                                                \
+        for (int r0 = 0; r0 < rows; r0 += 4) {                                                                       \
+            int n = 0;                                                                                               \
+            switch (rows - r0) {                                                                                     \
+            case 1:                                                                                                  \
+                if (TILE_C1_##BITS >= 8) n = qgemv_avx512_##BITS##_1x8(W, r0, n, a, y, ystride);                            \
+                if (TILE_C1_##BITS >= 4) n = qgemv_avx512_##BITS##_1x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_C1_##BITS >= 2) n = qgemv_avx512_##BITS##_1x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_1x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            case 2:                                                                                                  \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_2x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_2x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_2x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            case 3:                                                                                                  \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_3x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_3x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_3x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            default:                                                                                                 \
+                if (TILE_CN >= 4) n = qgemv_avx512_##BITS##_4x4(W, r0, n, a, y, ystride);                            \
+                if (TILE_CN >= 2) n = qgemv_avx512_##BITS##_4x2(W, r0, n, a, y, ystride);                            \
+                qgemv_avx512_##BITS##_4x1(W, r0, n, a, y, ystride);                                                  \
+                break;                                                                                               \
+            }                                                                                                        \
+        }                                                                                                            \
+    }
+TILE_FNS(8)
+TILE_FNS(4)
+
+/* 4-bit weights: the earlier tile, rows R (1..4) of one matrix, C (1 or 2) columns at a time, each block's
+   zero point and scales read as it comes (the same arithmetic as qgemv_avx512_tile). In the served int4
+   step it was 1-6 % faster than the tile above (bench_talker, alternating rounds; from L2 the tile above
+   is 1.5x faster: the difference is in how its loads meet memory, not understood yet) */
+AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile_z(const sv_qlinear *W, const int R,
                                                                           const int C, int r0, int n,
                                                                           const sv_act *a, float *y, size_t ystride)
 {
@@ -342,24 +575,40 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         }
 }
 
-AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_rows(const sv_qlinear *W, const int R, int r0,
+AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_rows_z(const sv_qlinear *W, const int R, int r0,
                                                                           const sv_act *a, float *y, size_t ystride)
 {
     int n = 0;
-    for (; n + 2 <= W->n; n += 2) qgemv_avx512_tile(W, R, 2, r0, n, a, y, ystride);
-    for (; n < W->n; n++) qgemv_avx512_tile(W, R, 1, r0, n, a, y, ystride);
+    for (; n + 2 <= W->n; n += 2) qgemv_avx512_tile_z(W, R, 2, r0, n, a, y, ystride);
+    for (; n < W->n; n++) qgemv_avx512_tile_z(W, R, 1, r0, n, a, y, ystride);
 }
 
-AVX512 static void qgemv_avx512(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)
+
+AVX512 static void qgemv_avx512_z(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)
 {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         switch (rows - r0) {
-        case 1: qgemv_avx512_rows(W, 1, r0, a, y, ystride); break;
-        case 2: qgemv_avx512_rows(W, 2, r0, a, y, ystride); break;
-        case 3: qgemv_avx512_rows(W, 3, r0, a, y, ystride); break;
-        default: qgemv_avx512_rows(W, 4, r0, a, y, ystride); break;
+        case 1: qgemv_avx512_rows_z(W, 1, r0, a, y, ystride); break;
+        case 2: qgemv_avx512_rows_z(W, 2, r0, a, y, ystride); break;
+        case 3: qgemv_avx512_rows_z(W, 3, r0, a, y, ystride); break;
+        default: qgemv_avx512_rows_z(W, 4, r0, a, y, ystride); break;
         }
     }
+}
+
+#ifndef OLD_TILE_4
+#define OLD_TILE_4 1
+#endif
+#ifndef NEW_TILE_ROWS
+#define NEW_TILE_ROWS 1 /* 8-bit weights: the new tile up to this many rows (at 2 and 4 rows it was 5-7 % slower
+                           than the earlier one, benchmarks/bench_qgemv.py --rows) */
+#endif
+
+AVX512 static void qgemv_avx512(const sv_qlinear *W, int rows, const sv_act *a, float *y, size_t ystride)
+{
+    if (W->bits == 8 && rows <= NEW_TILE_ROWS) qgemv_avx512_8(W, rows, a, y, ystride);
+    else if (W->bits == 4 && !OLD_TILE_4) qgemv_avx512_4(W, rows, a, y, ystride);
+    else qgemv_avx512_z(W, rows, a, y, ystride);
 }
 
 AVX512 static float dot_avx512(const float *a, const float *b, int n)
@@ -377,6 +626,44 @@ AVX512 static void axpy_avx512(float a, const float *x, float *y, int n)
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* exp_scalar on 16 lanes: the same operations */
+AVX512 static inline __m512 exp_avx512(__m512 x)
+{
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C1), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C2), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    __m512 e = _mm512_mul_ps(y, scale);
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+}
+
+AVX512 static void silu_avx512(const float *g, const float *u, float *o, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
+    }
+    silu_scalar(g + i, u + i, o + i, n - i);
+}
+
+AVX512 static void exps_avx512(const float *x, float m, float *out, int n)
+{
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(m))));
+    exps_scalar(x + i, m, out + i, n - i);
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 int sv_set_isa(int isa)
@@ -384,10 +671,13 @@ int sv_set_isa(int isa)
     if (!sv_isa_supported(isa)) return -1;
     if (isa == ISA_AVX512VNNI) {
         qgemv_impl = qgemv_avx512; dot_impl = dot_avx512; axpy_impl = axpy_avx512;
+        silu_impl = silu_avx512; exps_impl = exps_avx512;
     } else if (isa == ISA_AVX2) {
         qgemv_impl = qgemv_avx2; dot_impl = dot_avx2; axpy_impl = axpy_avx2;
+        silu_impl = silu_avx2; exps_impl = exps_avx2;
     } else {
         qgemv_impl = qgemv_scalar; dot_impl = dot_scalar; axpy_impl = axpy_scalar;
+        silu_impl = silu_scalar; exps_impl = exps_scalar;
     }
     isa_now = isa;
     return 0;
@@ -403,7 +693,7 @@ int sv_get_isa(void)
 /* ------------------------------------------------------------------ activations */
 
 /* x [rows, k] (row stride xstride) -> int8 blocks, scales and sums (for a ``bits``-bit matrix) */
-static void quantize_rows(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+static void quantize_rows_scalar(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
 {
     const int nb = k / QBLOCK;
     a->k = k;
@@ -430,6 +720,57 @@ static void quantize_rows(const float *x, size_t xstride, int rows, int k, int b
             a->sum[(size_t)r * nb + b] = sum;
         }
     }
+}
+
+/* the same integers with AVX-512: the block's max |x| (exact in any order), the same fp32 multiply by
+   127 / max, the same rounding (the default mode, half to even), int32 sums (exact) */
+AVX512 static void quantize_rows_avx512(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+{
+    const int nb = k / QBLOCK;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    a->k = k;
+    a->bits = bits;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * xstride;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xr + (size_t)b * QBLOCK;
+            __m512 v[8];
+            __m512 m = _mm512_setzero_ps();
+            for (int i = 0; i < 8; i++) {
+                v[i] = _mm512_loadu_ps(xb + 16 * i);
+                m = _mm512_max_ps(m, _mm512_abs_ps(v[i]));
+            }
+            float amax = _mm512_reduce_max_ps(m);
+            float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+            const __m512 vinv = _mm512_set1_ps(inv);
+            int8_t *qb = a->q + (size_t)r * k + (size_t)b * QBLOCK;
+            __m512i sum = _mm512_setzero_si512();
+            __m512i qi[8];
+            for (int i = 0; i < 8; i++) {
+                qi[i] = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], vinv));
+                sum = _mm512_add_epi32(sum, qi[i]);
+            }
+            if (bits == 8) {
+                for (int i = 0; i < 8; i++) _mm_storeu_si128((__m128i *)(qb + 16 * i), _mm512_cvtepi32_epi8(qi[i]));
+            } else { /* each block as its 64 even then 64 odd elements */
+                for (int i = 0; i < 4; i++) {
+                    _mm_storeu_si128((__m128i *)(qb + 16 * i),
+                                     _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(qi[2 * i], even, qi[2 * i + 1])));
+                    _mm_storeu_si128((__m128i *)(qb + 64 + 16 * i),
+                                     _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(qi[2 * i], odd, qi[2 * i + 1])));
+                }
+            }
+            a->scale[(size_t)r * nb + b] = amax / 127.0f;
+            a->sum[(size_t)r * nb + b] = _mm512_reduce_add_epi32(sum);
+        }
+    }
+}
+
+static void quantize_rows(const float *x, size_t xstride, int rows, int k, int bits, sv_act *a)
+{
+    if (isa_now == ISA_AVX512VNNI) quantize_rows_avx512(x, xstride, rows, k, bits, a);
+    else quantize_rows_scalar(x, xstride, rows, k, bits, a);
 }
 
 /* ------------------------------------------------------------------ the small ops */
@@ -530,8 +871,12 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
     float *pk = kv->pool_k[li], *pv = kv->pool_v[li];
 
     for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * D, L->input_norm, D, dec->eps, w->xn + (size_t)t * D);
+    {
+    PROF_START(t_q);
     quantize_rows(w->xn, D, T, D, L->qkv.bits, &w->a);
     qgemv_impl(&L->qkv, T, &w->a, w->qkv, qkv_w);
+    PROF_ADD(1, t_q);
+    }
     for (int t = 0; t < T; t++) {
         float *q = w->qkv + (size_t)t * qkv_w, *k = q + H * hd, *v = k + KVH * hd;
         for (int h = 0; h < H; h++) {
@@ -545,47 +890,62 @@ static void layer_forward(const sv_decoder *dec, int li, int T, float *x, const 
         memcpy(pk + write_slot[t] * KVH * hd, k, sizeof(float) * KVH * hd);
         memcpy(pv + write_slot[t] * KVH * hd, v, sizeof(float) * KVH * hd);
     }
+    PROF_START(t_att);
     for (int t = 0; t < T; t++) { /* every token's K/V is written before any attends (a row's 2 positions) */
         const float *q = w->qkv + (size_t)t * qkv_w;
         float *out = w->attn + (size_t)t * H * hd;
-        int n = tok_pos[t] + 1;
+        const int n = tok_pos[t] + 1;
         memset(out, 0, sizeof(float) * H * hd);
-        for (int h = 0; h < H; h++) {
-            int kh = h / group;
-            float m = -INFINITY, total = 0.0f;
-            for (int p = 0; p < n; p++) {
-                const float *kp = pk + (slot_of(kv, tok_row[t], p) * KVH + kh) * hd;
-                float s = dot_impl(q + h * hd, kp, hd) * dec->attn_scale;
-                w->scores[p] = s;
-                m = s > m ? s : m;
-            }
-            for (int p = 0; p < n; p++) {
-                w->scores[p] = expf(w->scores[p] - m);
-                total += w->scores[p];
-            }
-            for (int p = 0; p < n; p++) {
-                const float *vp = pv + (slot_of(kv, tok_row[t], p) * KVH + kh) * hd;
-                axpy_impl(w->scores[p] / total, vp, out + h * hd, hd);
+        /* positions outer, heads inner: each position's K (then V) rows of every head read once, in their
+           order in memory (a block of the paged cache holds consecutive positions); every head's scores,
+           softmax and sums computed as that head alone computes them (the same operations, in the same
+           order of positions) */
+        float *sc = w->scores; /* [H, n] */
+        float m[256], total[256];
+        for (int h = 0; h < H; h++) m[h] = -INFINITY, total[h] = 0.0f;
+        for (int p = 0; p < n; p++) {
+            const float *kp = pk + slot_of(kv, tok_row[t], p) * KVH * hd;
+            for (int h = 0; h < H; h++) {
+                float v = dot_impl(q + h * hd, kp + (h / group) * hd, hd) * dec->attn_scale;
+                sc[(size_t)h * n + p] = v;
+                m[h] = v > m[h] ? v : m[h];
             }
         }
+        for (int h = 0; h < H; h++) {
+            exps_impl(sc + (size_t)h * n, m[h], sc + (size_t)h * n, n);
+            for (int p = 0; p < n; p++) total[h] += sc[(size_t)h * n + p];
+        }
+        for (int p = 0; p < n; p++) {
+            const float *vp = pv + slot_of(kv, tok_row[t], p) * KVH * hd;
+            for (int h = 0; h < H; h++) axpy_impl(sc[(size_t)h * n + p] / total[h], vp + (h / group) * hd, out + h * hd, hd);
+        }
     }
+    PROF_ADD(2, t_att);
+    {
+    PROF_START(t_q);
     quantize_rows(w->attn, H * hd, T, H * hd, L->o.bits, &w->a);
     qgemv_impl(&L->o, T, &w->a, w->xn, D);
+    PROF_ADD(1, t_q);
+    }
     for (size_t i = 0; i < (size_t)T * D; i++) x[i] = x[i] + w->xn[i];
     for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * D, L->post_norm, D, dec->eps, w->xn + (size_t)t * D);
+    {
+    PROF_START(t_q);
     quantize_rows(w->xn, D, T, D, L->gate_up.bits, &w->a);
     qgemv_impl(&L->gate_up, T, &w->a, w->gu, 2 * I);
+    PROF_ADD(1, t_q);
+    }
     for (int t = 0; t < T; t++) {
         const float *g = w->gu + (size_t)t * 2 * I, *u = g + I;
         float *o = w->act + (size_t)t * I;
-        for (int i = 0; i < I; i++) {
-            float sig = 1.0f / (1.0f + expf(-g[i]));
-            float gs = g[i] * sig;
-            o[i] = gs * u[i];
-        }
+        silu_impl(g, u, o, I);
     }
+    {
+    PROF_START(t_q);
     quantize_rows(w->act, I, T, I, L->down.bits, &w->a);
     qgemv_impl(&L->down, T, &w->a, w->xn, D);
+    PROF_ADD(1, t_q);
+    }
     for (size_t i = 0; i < (size_t)T * D; i++) x[i] = x[i] + w->xn[i];
 }
 
@@ -595,6 +955,7 @@ static size_t max_i(size_t a, size_t b) { return a > b ? a : b; }
 
 int sv_frame(const sv_model *m, const sv_frame_args *args)
 {
+    PROF_START(t_frame);
     if (isa_now < 0) sv_get_isa();
     const int B = args->rows, G = m->groups, V = m->vocab, Dt = m->talker_hidden;
     const sv_decoder *pd = &m->predictor, *td = &m->talker;
@@ -610,7 +971,9 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) positions = max_i(positions, (size_t)args->length[r]);
     positions = max_i(positions, (size_t)G);
     size_t pred_cache = (size_t)B * G * pd->kv_heads * hdp;
-    size_t floats = T * (D /* x */ + D /* xn */ + QKV + HD + 2 * I + I + D /* x_in */) + positions + 2 * (size_t)V
+    size_t heads = max_i(td->heads, pd->heads);
+    if (heads > 256) return -1; /* the attention's per-head state (layer_forward) */
+    size_t floats = T * (D /* x */ + D /* xn */ + QKV + HD + 2 * I + I + D /* x_in */) + heads * positions + 2 * (size_t)V
                     + 2 * (size_t)pd->n_layers * pred_cache + T * (size_t)K / QBLOCK + 2 * (size_t)T * hdp;
     float *buf = malloc(sizeof(float) * floats);
     int8_t *qbuf = malloc((size_t)T * K);
@@ -630,7 +993,7 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
     w.gu = w.attn + T * HD;
     w.act = w.gu + T * 2 * I;
     w.scores = w.act + T * I;
-    float *logits = w.scores + positions, *scratch = logits + V;
+    float *logits = w.scores + heads * positions, *scratch = logits + V;
     float *cache_base = scratch + V;
     for (int l = 0; l < 2 * pd->n_layers; l++) kcache[l] = cache_base + (size_t)l * pred_cache;
     w.a.scale = cache_base + 2 * (size_t)pd->n_layers * pred_cache;
@@ -670,8 +1033,12 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) { /* the row's last position: final norm, head g - 1, the sampled code */
             const float *last = x + (size_t)(r * per_row + per_row - 1) * Dp;
             rms_norm(last, pd->final_norm, Dp, pd->eps, w.xn);
+            {
+            PROF_START(t_q);
             quantize_rows(w.xn, Dp, 1, Dp, m->heads[g - 1].bits, &w.a);
             qgemv_impl(&m->heads[g - 1], 1, &w.a, logits, V);
+            PROF_ADD(1, t_q);
+            }
             if (args->logits) memcpy(args->logits + ((size_t)r * (G - 1) + g - 1) * V, logits, sizeof(float) * V);
             const float *noise = args->gumbel ? args->gumbel + ((size_t)r * (G - 1) + g - 1) * V : NULL;
             args->codes[(size_t)r * G + g] =
@@ -701,6 +1068,7 @@ int sv_frame(const sv_model *m, const sv_frame_args *args)
         for (int r = 0; r < B; r++) rms_norm(x + (size_t)r * Dt, td->final_norm, Dt, td->eps, args->h_out + (size_t)r * Dt);
     }
     free(buf); free(qbuf); free(sums); free(kcache); free(tok); free(wslot);
+    PROF_ADD(0, t_frame);
     return 0;
 }
 
@@ -723,6 +1091,13 @@ int sv_qlinear_forward(const sv_qlinear *W, int rows, const float *x, float *y)
     qgemv_impl(W, rows, &a, y, W->n);
     free(a.q); free(a.scale); free(a.sum);
     return 0;
+}
+
+/* out [n] = e^(x - m) as the frame's softmax and SiLU compute it (tests) */
+void sv_exps(const float *x, float m, float *out, int n)
+{
+    if (isa_now < 0) sv_get_isa();
+    exps_impl(x, m, out, n);
 }
 
 /* the bytes' plain read, as fast as this core streams them: the floor a kernel is measured against */
@@ -762,6 +1137,47 @@ uint64_t sv_read_bytes(const uint8_t *p, size_t n)
         uint64_t v;
         memcpy(&v, p + i, 8);
         acc ^= v;
+    }
+    return acc;
+}
+
+/* benchmarks (benchmarks/bench_qgemv.py): the products of `count` matrices in turn, one thread, with the
+   input x [rows, kmax] quantized for each as the frame does (quantize != 0) or once per width (0: the
+   products alone); y [rows, nmax] */
+int sv_bench_products(const sv_qlinear *Ws, int count, int rows, const float *x, int kmax, float *y, int nmax,
+                      int quantize)
+{
+    if (isa_now < 0) sv_get_isa();
+    sv_act a;
+    a.q = malloc((size_t)rows * kmax);
+    a.scale = malloc(sizeof(float) * rows * (kmax / QBLOCK));
+    a.sum = malloc(sizeof(int32_t) * rows * (kmax / QBLOCK));
+    if (!a.q || !a.scale || !a.sum) {
+        free(a.q); free(a.scale); free(a.sum);
+        return -1;
+    }
+    int k_now = -1, bits_now = -1;
+    for (int i = 0; i < count; i++) {
+        if (quantize || Ws[i].k != k_now || Ws[i].bits != bits_now)
+            quantize_rows(x, kmax, rows, Ws[i].k, Ws[i].bits, &a);
+        k_now = Ws[i].k;
+        bits_now = Ws[i].bits;
+        qgemv_impl(&Ws[i], rows, &a, y, nmax);
+    }
+    free(a.q); free(a.scale); free(a.sum);
+    return 0;
+}
+
+/* the plain read of the same matrices' bytes (codes, scales, zero points) */
+uint64_t sv_bench_read(const sv_qlinear *Ws, int count)
+{
+    uint64_t acc = 0;
+    for (int i = 0; i < count; i++) {
+        const sv_qlinear *W = &Ws[i];
+        size_t nb = W->k / QBLOCK;
+        acc ^= sv_read_bytes(W->w, (size_t)W->n * W->k * W->bits / 8);
+        acc ^= sv_read_bytes((const uint8_t *)W->scale, sizeof(float) * W->n * nb);
+        acc ^= sv_read_bytes(W->zero, W->bits == 8 ? W->n * nb : W->n * ((nb + 1) / 2));
     }
     return acc;
 }
