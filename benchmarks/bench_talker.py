@@ -904,8 +904,8 @@ def report(args, device, names: list[str], turns: list[dict]) -> None:
         for name in names[1:]:
             # the peer in its own int8 also against ours int8 (the same format: its fairer comparison)
             # without the fp32 variant (--no-fp32) the first one is the anchor
-            anchors = ["ours" if "ours" in names else names[0]] + (
-                ["ours int8"] if name.startswith("mnn int8") and "ours int8" in names else [])
+            anchors = list(dict.fromkeys(["ours" if "ours" in names else names[0]] + (
+                ["ours int8"] if name.startswith("mnn int8") and "ours int8" in names else [])))  # each once
             for anchor, (what, key) in itertools.product(anchors, (("decode", "step_med_ms"), ("dec CPU", "step_cpu_ms"),
                                                                    ("prefill", "prefill_ms"))):
                 rs = []
