@@ -378,6 +378,29 @@ AVX512 static inline float reduce16_avx512(__m512 v)
    correction in lane 0 (an exact int32 sum either way: the same lanes as adding it after the two dot
    products) and is accumulated with one fma whose broadcast operand comes from the table. */
 #define CHUNK 16
+/* rows r0 .. r0 + R of the quantized activations, as a tile reads them */
+typedef struct {
+    const int8_t *q[4];
+    const float *as[4];
+    const int32_t *sum[4];
+} act_rows;
+
+static inline __attribute__((always_inline)) void act_rows_at(const sv_act *a, int R, int r0, int nb, act_rows *out)
+{
+    for (int r = 0; r < R; r++) {
+        out->q[r] = a->q + (size_t)(r0 + r) * a->k;
+        out->as[r] = a->scale + (size_t)(r0 + r) * nb;
+        out->sum[r] = a->sum + (size_t)(r0 + r) * nb;
+    }
+}
+
+/* a tile's accumulator summed into output column col of a row (its bias added) */
+AVX512 static inline __attribute__((always_inline)) void store_product(const sv_qlinear *W, __m512 acc, int col,
+                                                                      float *y_row)
+{
+    float out = reduce16_avx512(acc);
+    y_row[col] = W->bias ? out + W->bias[col] : out;
+}
 AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const sv_qlinear *W, const int BITS,
                                                                           const int R, const int C, int r0, int n,
                                                                           const sv_act *a, float *y, size_t ystride)
@@ -385,14 +408,8 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
     const int nb = W->k / QBLOCK, bpb = BITS == 8 ? QBLOCK : QBLOCK / 2;
     const __m512i low4 = _mm512_set1_epi8(15);
     const __m512i nib_shift = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-    const int8_t *q[4];
-    const float *as[4];
-    const int32_t *sum[4];
-    for (int r = 0; r < R; r++) {
-        q[r] = a->q + (size_t)(r0 + r) * a->k;
-        as[r] = a->scale + (size_t)(r0 + r) * nb;
-        sum[r] = a->sum + (size_t)(r0 + r) * nb;
-    }
+    act_rows rows;
+    act_rows_at(a, R, r0, nb, &rows);
     const uint8_t *wc[8];
     for (int c = 0; c < C; c++) wc[c] = W->w + (size_t)(n + c) * nb * bpb;
     __attribute__((aligned(64))) int32_t corr[8][4][CHUNK];
@@ -406,8 +423,8 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         __m512i sumv[4];
         __m512 asv[4];
         for (int r = 0; r < R; r++) {
-            sumv[r] = _mm512_maskz_loadu_epi32(m, sum[r] + b0);
-            asv[r] = _mm512_maskz_loadu_ps(m, as[r] + b0);
+            sumv[r] = _mm512_maskz_loadu_epi32(m, rows.sum[r] + b0);
+            asv[r] = _mm512_maskz_loadu_ps(m, rows.as[r] + b0);
         }
         for (int c = 0; c < C; c++) {
             __m512i zv;
@@ -430,8 +447,8 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
             const int b = b0 + j;
             __m512i a0[4], a1[4];
             for (int r = 0; r < R; r++) {
-                a0[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK);
-                a1[r] = _mm512_loadu_si512(q[r] + (size_t)b * QBLOCK + 64);
+                a0[r] = _mm512_loadu_si512(rows.q[r] + (size_t)b * QBLOCK);
+                a1[r] = _mm512_loadu_si512(rows.q[r] + (size_t)b * QBLOCK + 64);
             }
             if (PREFETCH) { /* the tile's bytes as one stream: C blocks' bytes a step, PREFETCH ahead of its start */
                 const char *pf = (const char *)wc[0] + PREFETCH + (size_t)b * C * bpb;
@@ -460,10 +477,7 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile(const
         }
     }
     for (int c = 0; c < C; c++)
-        for (int r = 0; r < R; r++) {
-            float out = reduce16_avx512(acc[c][r]);
-            y[(size_t)(r0 + r) * ystride + n + c] = W->bias ? out + W->bias[n + c] : out;
-        }
+        for (int r = 0; r < R; r++) store_product(W, acc[c][r], n + c, y + (size_t)(r0 + r) * ystride);
 }
 
 #ifndef TILE_C1_8
@@ -532,14 +546,8 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile_z(con
 {
     const int nb = W->k / QBLOCK, bpb = W->bits == 8 ? QBLOCK : QBLOCK / 2;
     const __m512i low4 = _mm512_set1_epi8(15);
-    const int8_t *q[4];
-    const float *as[4];
-    const int32_t *sum[4];
-    for (int r = 0; r < R; r++) {
-        q[r] = a->q + (size_t)(r0 + r) * a->k;
-        as[r] = a->scale + (size_t)(r0 + r) * nb;
-        sum[r] = a->sum + (size_t)(r0 + r) * nb;
-    }
+    act_rows rows;
+    act_rows_at(a, R, r0, nb, &rows);
     __m512 acc[2][4];
     for (int c = 0; c < C; c++)
         for (int r = 0; r < R; r++) acc[c][r] = _mm512_setzero_ps();
@@ -560,19 +568,16 @@ AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_tile_z(con
             int z = zero_point(W, n + c, b);
             float sw = W->scale[(size_t)(n + c) * nb + b];
             for (int r = 0; r < R; r++) {
-                const int8_t *qb = q[r] + (size_t)b * QBLOCK;
+                const int8_t *qb = rows.q[r] + (size_t)b * QBLOCK;
                 __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_loadu_si512(qb));
                 t = _mm512_dpbusd_epi32(t, w1, _mm512_loadu_si512(qb + 64));
-                t = _mm512_mask_add_epi32(t, 1, t, _mm512_set1_epi32(-z * sum[r][b]));
-                acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(as[r][b] * sw), acc[c][r]);
+                t = _mm512_mask_add_epi32(t, 1, t, _mm512_set1_epi32(-z * rows.sum[r][b]));
+                acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(rows.as[r][b] * sw), acc[c][r]);
             }
         }
     }
     for (int c = 0; c < C; c++)
-        for (int r = 0; r < R; r++) {
-            float out = reduce16_avx512(acc[c][r]);
-            y[(size_t)(r0 + r) * ystride + n + c] = W->bias ? out + W->bias[n + c] : out;
-        }
+        for (int r = 0; r < R; r++) store_product(W, acc[c][r], n + c, y + (size_t)(r0 + r) * ystride);
 }
 
 AVX512 static inline __attribute__((always_inline)) void qgemv_avx512_rows_z(const sv_qlinear *W, const int R, int r0,
