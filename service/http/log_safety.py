@@ -148,9 +148,12 @@ class _LineWriter(threading.Thread):
     def write_out(self) -> None:
         if not self.lines:
             return
-        while self.lines:
-            self.stream.write(self.lines.popleft().msg + "\n")
-        self.stream.flush()
+        try:
+            while self.lines:
+                self.stream.write(self.lines.popleft().msg + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # the stream is gone (its reader exited): nothing can be written
+            self.lines.clear()
 
     def stop(self) -> None:
         self.stopping.set()
