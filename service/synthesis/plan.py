@@ -247,7 +247,7 @@ def _piece_starts(text: str, pieces: list[str | Pause]) -> list[int]:
     return out
 
 
-INLINE_CHARS = 256  # longer text is planned and prepared on a thread (4,096 emoji took ~100 ms): the loop never waits
+INLINE_CHARS = 256  # longer text is planned and prepared on a thread: the loop never waits on a long plan
 
 
 async def off_loop(text: str, call, *args, **kwargs):
